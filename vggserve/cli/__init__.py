@@ -1,0 +1,44 @@
+"""`vggserve` command line: one module per subcommand, each with `register(subparsers)`.
+
+A subcommand module adds its parser and sets `func` (called with the parsed args; returns an exit code).
+Errors derived from VggserveError are printed as one line on stderr, never as a traceback.
+"""
+
+import argparse
+import importlib
+import sys
+
+from ..errors import VggserveError
+
+# subcommand modules, in the order `vggserve --help` lists them
+SUBCOMMANDS = ("classify", "devices", "weights", "bench", "batch", "serve", "loadtest", "tune")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vggserve", description="VGG16 image classification on OpenCL.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__name__}.{name}":
+                continue  # subcommand not written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except VggserveError as exc:
+        print(f"vggserve: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("vggserve: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,37 @@
+"""Exceptions users see. Each message names the cause and, where there is one, the fix."""
+
+
+class VggserveError(Exception):
+    """Base class: the CLI prints these as one line and exits non-zero."""
+
+    exit_code = 1
+
+
+class DeviceError(VggserveError):
+    """No usable OpenCL device, or a device spec that selects nothing."""
+
+    exit_code = 3
+
+
+class KernelBuildError(VggserveError):
+    """An OpenCL program failed to build; the message carries the build log."""
+
+    exit_code = 3
+
+
+class WeightsError(VggserveError):
+    """A weights file is unreadable, truncated, or has a missing key or a wrong shape."""
+
+    exit_code = 4
+
+
+class WeightsNotFound(WeightsError):
+    """No weights were given and none were found in the default places."""
+
+
+class ImageError(VggserveError):
+    """An input is not a decodable image, or is outside the allowed formats or size."""
+
+    exit_code = 5
+    code = "invalid_image"
+    http_status = 400

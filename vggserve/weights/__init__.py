@@ -1,0 +1,1 @@
+"""Weights: the VGG16 spec, generated weights, loaders for every supported format, fetching."""
