@@ -1,0 +1,254 @@
+"""Decoding untrusted image input into RGB Pillow images.
+
+`open_image` takes a path, bytes or a binary file object and decides from the header alone (Pillow's lazy
+open) whether the format is accepted and the pixel count is within limits, before any pixel data is decoded.
+Only then is the first frame decoded, the EXIF orientation applied and the result converted to RGB with
+`to_rgb`. Every failure is an `ImageError` subclass carrying `.code` and `.http_status`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import BinaryIO, Iterable, Union
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .errors import ImageError
+
+#: Default decompression-bomb limit: 40 megapixels (e.g. 8000 x 5000).
+DEFAULT_MAX_PIXELS = 40_000_000
+
+#: Pillow format names accepted by default. MPO is what Pillow calls many camera JPEGs.
+ALLOWED_FORMATS = ("JPEG", "MPO", "PNG", "GIF", "WEBP", "BMP", "TIFF")
+
+#: Formats refused whatever the caller allows: vector and document formats (EPS would run Ghostscript).
+NEVER_FORMATS = frozenset({"SVG", "PDF", "EPS", "PS"})
+
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
+
+# Header signatures of formats Pillow cannot identify but users send; named in the 415 message.
+_FOREIGN_SIGNATURES = (
+    (b"%PDF-", "PDF"),
+    (b"%!PS", "PS"),
+    (b"\xc5\xd0\xd3\xc6", "EPS"),
+    (b"<svg", "SVG"),
+)
+
+# warnings.catch_warnings mutates process-wide state; serialise our (header-only, fast) uses of it.
+_WARNINGS_LOCK = threading.Lock()
+
+
+class UnsupportedImageFormat(ImageError):
+    """The input is an image (or document) in a format outside the allowlist."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class ImageTooLarge(ImageError):
+    """The header declares more pixels than allowed (decompression-bomb guard)."""
+
+    code = "image_too_large"
+    http_status = 413
+
+
+class ImageDecodeError(ImageError):
+    """Empty input, not an image, or truncated/corrupt image data."""
+
+    code = "invalid_image"
+    http_status = 400
+
+
+def open_image(
+    source: Source,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    formats: Iterable[str] = ALLOWED_FORMATS,
+) -> Image.Image:
+    """Decode `source` into a fully loaded RGB image (first frame, EXIF orientation applied).
+
+    `source`: a path (str or os.PathLike), bytes-like data, or a binary file object (read to its end).
+    `max_pixels`: width * height above which `ImageTooLarge` is raised without decoding.
+    `formats`: accepted Pillow format names (case-insensitive); SVG, PDF, EPS and PS are never accepted.
+    Raises `UnsupportedImageFormat` (415), `ImageTooLarge` (413) or `ImageDecodeError` (400). The returned
+    image holds no file handle.
+    """
+    accepted = _accepted_formats(formats)
+    data, where = _read_source(source)
+    image = _open_header(data, where, max_pixels)
+    try:
+        _check_format(image, accepted, where)
+        _check_pixels(image.size, max_pixels, where)
+        _decode(image, where)
+        upright = _exif_upright(image)
+    finally:
+        image.close()
+    return to_rgb(upright)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Return `img` as an 8-bit RGB image; an RGB image is returned as is.
+
+    Alpha is dropped exactly as `img.convert("RGB")` does (no compositing), palette images use their
+    palette, CMYK/YCbCr/1/L/LA use Pillow's conversions. High-bit-depth modes are scaled, not clipped:
+    I;16* divide by 257 (65535 -> 255); "I" is treated as 16-bit when all values lie in 0..65535, else
+    2**31 - 1 maps to 255 (negatives become 0); "F" is scaled by 255 when all values lie in 0..1, else
+    clipped to 0..255 (NaN -> 0).
+    """
+    if img.mode == "RGB":
+        return img
+    if img.mode.startswith("I") or img.mode == "F":
+        return _gray_to_rgb(_scale_to_uint8(img))
+    if img.mode == "PA":
+        img = img.convert("RGBA")
+    try:
+        return img.convert("RGB")
+    except ValueError as exc:
+        raise ImageDecodeError(f"cannot convert image mode '{img.mode}' to RGB: {exc}") from exc
+
+
+def _accepted_formats(formats: Iterable[str]) -> frozenset[str]:
+    """Upper-cased allowlist; refuses a list that names a never-accepted format."""
+    if isinstance(formats, str):
+        formats = [formats]
+    accepted = frozenset(f.upper() for f in formats)
+    forbidden = accepted & NEVER_FORMATS
+    if forbidden:
+        raise ValueError(f"formats {sorted(forbidden)} can never be accepted")
+    return accepted
+
+
+def _read_source(source: Source) -> tuple[bytes, str]:
+    """The encoded bytes of `source` and a phrase naming it for messages ("file 'x.jpg'" or "input")."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        where = f"file '{path}'"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ImageDecodeError(f"{where} does not exist") from None
+        except IsADirectoryError:
+            raise ImageDecodeError(f"{where} is a directory, not an image") from None
+        except OSError as exc:
+            raise ImageDecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
+        if not data:
+            raise ImageDecodeError(f"{where} is empty")
+        return data, where
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    elif hasattr(source, "read"):
+        data = source.read()
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError("open_image needs a binary file object (opened with 'rb')")
+        data = bytes(data)
+    else:
+        raise TypeError(f"open_image takes a path, bytes or a binary file object, not {type(source).__name__}")
+    if not data:
+        raise ImageDecodeError("empty body: no image data was sent")
+    return data, "input"
+
+
+def _open_header(data: bytes, where: str, max_pixels: int) -> Image.Image:
+    """Pillow's lazy open (header only); Pillow's bomb warning/error become `ImageTooLarge`."""
+    pillow_limit = Image.MAX_IMAGE_PIXELS
+    action = "error" if pillow_limit is not None and max_pixels <= pillow_limit else "ignore"
+    try:
+        with _WARNINGS_LOCK, warnings.catch_warnings():
+            warnings.simplefilter(action, Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise ImageTooLarge(f"{_capital(where)} is too large: {exc}") from None
+    except UnidentifiedImageError:
+        foreign = _foreign_format(data)
+        if foreign is not None:
+            raise UnsupportedImageFormat(
+                f"format '{foreign}' of {where} is not accepted; accepted: {', '.join(ALLOWED_FORMATS)}"
+            ) from None
+        raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({len(data)} bytes)") from None
+    except Exception as exc:  # plugins raise many types on malformed headers
+        raise ImageDecodeError(f"{_capital(where)} has a corrupt image header: {exc}") from None
+
+
+def _foreign_format(data: bytes) -> str | None:
+    """Name of a known non-raster format (PDF, SVG, ...) recognised from the first bytes, else None."""
+    head = data[:1024].lstrip().lower()
+    for signature, name in _FOREIGN_SIGNATURES:
+        if head.startswith(signature.lower()):
+            return name
+    if head.startswith(b"<?xml") and b"<svg" in head:
+        return "SVG"
+    return None
+
+
+def _check_format(image: Image.Image, accepted: frozenset[str], where: str) -> None:
+    fmt = image.format or "unknown"
+    if fmt.upper() not in accepted:
+        raise UnsupportedImageFormat(
+            f"format '{fmt}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
+        )
+
+
+def _check_pixels(size: tuple[int, int], max_pixels: int, where: str) -> None:
+    width, height = size
+    if width * height > max_pixels:
+        raise ImageTooLarge(
+            f"{_capital(where)} is {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{max_pixels} pixels"
+        )
+    if width < 1 or height < 1:
+        raise ImageDecodeError(f"{_capital(where)} declares an empty size {width}x{height}")
+
+
+def _decode(image: Image.Image, where: str) -> None:
+    """Decode the first frame's pixels; truncated or corrupt data becomes `ImageDecodeError`."""
+    try:
+        image.load()
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLarge(f"{_capital(where)} is too large: {exc}") from None
+    except MemoryError:
+        raise
+    except OSError as exc:
+        text = str(exc)
+        if "truncated" in text.lower() or isinstance(exc, EOFError):
+            raise ImageDecodeError(f"image data is truncated: {where} ends early ({text})") from None
+        raise ImageDecodeError(f"image data of {where} is corrupt: {text}") from None
+    except Exception as exc:  # zlib.error, struct.error, SyntaxError, ValueError... from decoders
+        raise ImageDecodeError(f"image data of {where} is corrupt: {exc}") from None
+
+
+def _exif_upright(image: Image.Image) -> Image.Image:
+    """A new image with the EXIF orientation applied; unreadable EXIF leaves the pixels as stored."""
+    try:
+        upright = ImageOps.exif_transpose(image)
+    except Exception:  # malformed EXIF: browsers also show such pictures as stored
+        upright = None
+    return upright if upright is not None else image.copy()
+
+
+def _scale_to_uint8(img: Image.Image) -> np.ndarray:
+    """(H, W) uint8 from a 16/32-bit integer or float image, scaled as documented in `to_rgb`."""
+    if img.mode not in ("I;16", "I;16B", "I;16L", "I", "F"):
+        img = img.convert("I")
+    values = np.asarray(img)
+    if img.mode == "F":
+        values = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+        if values.size and values.min() >= 0.0 and values.max() <= 1.0:
+            values = values * 255.0
+        return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+    values = values.astype(np.int64)
+    top = 65535 if img.mode != "I" or (values.min(initial=0) >= 0 and values.max(initial=0) <= 65535) else 2**31 - 1
+    scaled = (np.clip(values, 0, top) * 255 + top // 2) // top
+    return scaled.astype(np.uint8)
+
+
+def _gray_to_rgb(gray: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(gray)).convert("RGB")
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]

@@ -1,0 +1,97 @@
+"""VGG16 input preprocessing: PIL image -> float32 array (3, 224, 224), channels first.
+
+`mode="torchvision"` reproduces torchvision's evaluation transform for PIL images exactly:
+Resize(256) with Pillow BILINEAR, CenterCrop(224), ToTensor (x / 255 in float32), Normalize
+((x - mean) / std in float32), channels R, G, B.
+`mode="caffe"` is what Keras' VGG16 weights expect: the same geometry, channels B, G, R, values in 0..255
+minus the per-channel ImageNet mean (103.939, 116.779, 123.68), no std scaling.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+from PIL import Image
+
+from .images import Source, open_image, to_rgb
+
+RESIZE_SHORTER = 256
+CROP_SIZE = 224
+MODES = ("torchvision", "caffe")
+
+TORCHVISION_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
+TORCHVISION_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
+#: Caffe/Keras means in B, G, R order, 0..255 scale.
+CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(3, 1, 1)
+
+
+def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
+    """A PIL image in any mode -> C-contiguous float32 array (3, 224, 224) for VGG16 in `mode`."""
+    _check_mode(mode)
+    pixels = crop_pixels(resize_shorter(to_rgb(img), RESIZE_SHORTER), CROP_SIZE)
+    chw = pixels.transpose(2, 0, 1).astype(np.float32)
+    if mode == "torchvision":
+        chw /= np.float32(255)
+        chw -= TORCHVISION_MEAN
+        chw /= TORCHVISION_STD
+        return chw
+    bgr = np.ascontiguousarray(chw[::-1])
+    bgr -= CAFFE_MEAN_BGR
+    return bgr
+
+
+def preprocess_batch(images: Iterable[Image.Image], mode: str = "torchvision") -> np.ndarray:
+    """Preprocess each image and stack them: float32 (N, 3, 224, 224); N may be 0."""
+    _check_mode(mode)
+    arrays = [preprocess(img, mode) for img in images]
+    if not arrays:
+        return np.empty((0, 3, CROP_SIZE, CROP_SIZE), dtype=np.float32)
+    return np.stack(arrays)
+
+
+def load_and_preprocess(source: Source, mode: str = "torchvision", **limits) -> np.ndarray:
+    """`open_image(source, **limits)` then `preprocess`: float32 (3, 224, 224). Raises `ImageError`s."""
+    _check_mode(mode)
+    return preprocess(open_image(source, **limits), mode)
+
+
+def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:
+    """(width, height) after torchvision's Resize(shorter): long side int(shorter * long / short)."""
+    if width <= height:
+        return shorter, int(shorter * height / width)
+    return int(shorter * width / height), shorter
+
+
+def resize_shorter(img: Image.Image, shorter: int = RESIZE_SHORTER) -> Image.Image:
+    """Resize so the shorter side is `shorter`, Pillow BILINEAR; the same object if already that size."""
+    size = resized_size(img.width, img.height, shorter)
+    if size == img.size:
+        return img
+    return img.resize(size, Image.BILINEAR)
+
+
+def crop_offsets(height: int, width: int, crop: int = CROP_SIZE) -> tuple[int, int]:
+    """(top, left) of torchvision's CenterCrop on an image at least `crop` in both sides."""
+    return int(round((height - crop) / 2.0)), int(round((width - crop) / 2.0))
+
+
+def crop_pixels(img: Image.Image, crop: int = CROP_SIZE) -> np.ndarray:
+    """torchvision CenterCrop(crop) of an RGB image as uint8 (crop, crop, 3).
+
+    A side shorter than `crop` is first zero-padded by (crop - side) // 2 before and the rest after, as
+    torchvision's center_crop does; the offsets are then computed on the padded size.
+    """
+    pixels = np.asarray(img, dtype=np.uint8)
+    height, width = pixels.shape[:2]
+    if height < crop or width < crop:
+        pad_h, pad_w = max(crop - height, 0), max(crop - width, 0)
+        pixels = np.pad(pixels, ((pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+        height, width = pixels.shape[:2]
+    top, left = crop_offsets(height, width, crop)
+    return pixels[top : top + crop, left : left + crop]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown preprocessing mode {mode!r}; choose one of {', '.join(MODES)}")
