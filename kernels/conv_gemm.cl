@@ -1,0 +1,150 @@
+/* conv_gemm.cl -- convolution as an implicit, padded GEMM (im2col folded into the local-memory loads).
+ *
+ *   out[b, m, y, x] = act( bias[m] + sum_k  W[m, k] * col[k, p] ),   p = (b*H + y)*W + x,  k = (ci*KS + ky)*KS + kx
+ *   col[k, p]       = in[b, ci, y + ky - PAD, x + kx - PAD]   (zero outside the image; never stored anywhere)
+ *
+ * GEMM view: M = output channels, N = batch * H * W pixels, K = Cin * KS * KS.
+ *   A = weights, re-laid out once at load ("transposed, padded, column blocks"):  wt[k * Mpad + m],
+ *       Kpad = K rounded up to TK, Mpad = M rounded up to TM, padding filled with zeros, so A loads need no checks.
+ *   B = the implicit im2col matrix, gathered straight from the NCHW input `in` with bounds checks.
+ *   C = NCHW output `out[(b * M + m) * H * W + y * W + x]`.
+ * A fully connected layer is the same kernel with KS = 1, PAD = 0, H = W = 1 (a 1x1 convolution on a 1x1 image):
+ *   out[b * M + m] = act(bias[m] + sum_k W[m, k] * in[b * K + k]).
+ *
+ *           N (pixels) ->   one work-group computes a TM x TN tile of C; the K loop walks TK-deep slices:
+ *        +-----------+        As[buf][TK][TM]  <- wt rows k0..k0+TK, columns m0..m0+TM   (coalesced)
+ *      M |   TM x TN |        Bs[buf][TK][TN]  <- col rows k0..k0+TK, columns n0..n0+TN  (gathered, checked)
+ *        +-----------+      double buffered: slice t+1 is fetched into registers while slice t is multiplied.
+ * Work-item (tx, ty) of the (TN/WN) x (TM/WM) work-group holds a WM x WN register block of C:
+ *   rows m0 + ty + i * (TM/WM), columns n0 + tx + j * (TN/WN)   (strided, so local reads are conflict-free).
+ * The host launches whole work-groups only (global size rounded up to the tile); every tail is handled by the
+ * bounds checks on B and on the store, so there are no partial work-groups.
+ */
+
+#ifndef TM
+#define TM 64   /* tile size in M (output channels) per work-group, e.g. 32, 64, 128 */
+#endif
+#ifndef TN
+#define TN 64   /* tile size in N (pixels) per work-group, e.g. 32, 64, 128 */
+#endif
+#ifndef TK
+#define TK 16   /* depth of one K slice held in local memory, e.g. 8, 16, 32 */
+#endif
+#ifndef WM
+#define WM 4    /* outputs per work-item in M (register blocking), e.g. 2, 4, 8 */
+#endif
+#ifndef WN
+#define WN 4    /* outputs per work-item in N (register blocking), e.g. 2, 4, 8 */
+#endif
+#ifndef LPAD
+#define LPAD 1  /* extra floats per local-memory row, against bank conflicts (0 or 1) */
+#endif
+#ifndef KS
+#define KS 3    /* kernel size (3 for VGG's convolutions, 1 for fully connected layers) */
+#endif
+#ifndef PAD
+#define PAD 1   /* zero padding on each side (1 for 3x3 "same" convolutions, 0 for fully connected) */
+#endif
+#ifndef RELU
+#define RELU 1  /* fuse max(0, .) into the store */
+#endif
+
+#define LM (TM / WM)            /* work-group size in M */
+#define LN (TN / WN)            /* work-group size in N */
+#define NT (LM * LN)            /* work-items per work-group */
+#define A_LOADS (TK * TM / NT)  /* elements of A each work-item fetches per slice */
+#define B_LOADS (TK * TN / NT)  /* elements of B each work-item fetches per slice */
+#define KK (KS * KS)
+
+__kernel __attribute__((reqd_work_group_size(LN, LM, 1)))
+void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x W */
+               __global const float *restrict wt,    /* Kpad x Mpad re-laid weights */
+               __global const float *restrict bias,  /* M */
+               __global float *restrict out,         /* NCHW output, B x M x H x W */
+               const int C, const int H, const int W, const int M, const int Mpad, const int N)
+{
+    const int K = C * KK;
+    const int HW = H * W;
+    const int tx = get_local_id(0), ty = get_local_id(1);
+    const int tid = ty * LN + tx;
+    const int m0 = get_group_id(1) * TM;
+    const int n0 = get_group_id(0) * TN;
+
+    __local float As[2][TK][TM + LPAD];
+    __local float Bs[2][TK][TN + LPAD];
+
+    /* This work-item always gathers the same B column (NT is a multiple of TN): decompose its pixel once. */
+    const int bcol = tid % TN;
+    const int brow0 = tid / TN;
+    const int p = n0 + bcol;
+    const int p_ok = p < N;
+    const int pb = p_ok ? p / HW : 0;
+    const int pyx = p_ok ? p - pb * HW : 0;
+    const int py = pyx / W, px = pyx - (pyx / W) * W;
+    __global const float *inb = in + (size_t)pb * C * HW;
+
+    float ra[A_LOADS], rb[B_LOADS];
+    float acc[WM][WN];
+    for (int i = 0; i < WM; ++i)
+        for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
+
+    const int ntiles = (K + TK - 1) / TK;
+
+#define FETCH(k0)                                                                        \
+    for (int l = 0; l < A_LOADS; ++l) {                                                  \
+        const int e = tid + l * NT;                                                      \
+        ra[l] = wt[(size_t)((k0) + e / TM) * Mpad + m0 + e % TM];                        \
+    }                                                                                    \
+    for (int l = 0; l < B_LOADS; ++l) {                                                  \
+        const int k = (k0) + brow0 + l * (NT / TN);                                      \
+        float v = 0.0f;                                                                  \
+        if (p_ok && k < K) {                                                             \
+            const int ci = k / KK, r = k - (k / KK) * KK;                                \
+            const int iy = py + r / KS - PAD, ix = px + r % KS - PAD;                    \
+            if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = inb[(size_t)ci * HW + iy * W + ix]; \
+        }                                                                                \
+        rb[l] = v;                                                                       \
+    }
+
+#define STASH(buf)                                                                       \
+    for (int l = 0; l < A_LOADS; ++l) {                                                  \
+        const int e = tid + l * NT;                                                      \
+        As[buf][e / TM][e % TM] = ra[l];                                                 \
+    }                                                                                    \
+    for (int l = 0; l < B_LOADS; ++l) Bs[buf][brow0 + l * (NT / TN)][bcol] = rb[l];
+
+    FETCH(0)
+    STASH(0)
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    for (int t = 0; t < ntiles; ++t) {
+        const int cur = t & 1;
+        if (t + 1 < ntiles) { FETCH((t + 1) * TK) }
+        for (int kk = 0; kk < TK; ++kk) {
+            float a[WM], b[WN];
+            for (int i = 0; i < WM; ++i) a[i] = As[cur][kk][ty + i * LM];
+            for (int j = 0; j < WN; ++j) b[j] = Bs[cur][kk][tx + j * LN];
+            for (int i = 0; i < WM; ++i)
+                for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+        }
+        if (t + 1 < ntiles) { STASH(cur ^ 1) }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    for (int j = 0; j < WN; ++j) {
+        const int q = n0 + tx + j * LN;
+        if (q >= N) continue;
+        const int qb = q / HW, qyx = q - (q / HW) * HW;
+        __global float *o = out + (size_t)qb * M * HW + qyx;
+        for (int i = 0; i < WM; ++i) {
+            const int m = m0 + ty + i * LM;
+            if (m < M) {
+                float v = acc[i][j] + bias[m];
+#if RELU
+                v = fmax(v, 0.0f);
+#endif
+                o[(size_t)m * HW] = v;
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+/* fc_gemv.cl -- fully connected layers at small batch (1 .. GEMV_NB): matrix-vector products, bandwidth-bound.
+ *
+ *   y[b, m] = act(bias[m] + sum_k W[m, k] * x[b, k]),   b < NB
+ * Weights use the same re-laid layout as conv_gemm.cl: wt[k * Mpad + m] (K x Mpad, zero padded), so one copy
+ * serves both paths. Work-item (lm, lk) of a GEMV_LM x GEMV_LK work-group owns output m = m0 + lm and walks
+ * k = kbase + lk, kbase + lk + GEMV_LK, ...: for each k the GEMV_LM work-items of a row read GEMV_LM consecutive
+ * floats (coalesced); x[b, k] is the same for the whole row (broadcast).
+ * Work-group (gm, gk) covers outputs m0 = gm * GEMV_LM and the K chunk [gk * kchunk, (gk+1) * kchunk):
+ * split K fills the device even for 1000 outputs. The GEMV_LK partial sums are reduced in local memory and
+ * written to part[(gk * NB + b) * Mpad + m]; fc_reduce adds the chunks, the bias and the activation.
+ */
+
+#ifndef GEMV_LM
+#define GEMV_LM 64  /* outputs per work-group (consecutive m), e.g. 32, 64 */
+#endif
+#ifndef GEMV_LK
+#define GEMV_LK 4   /* work-items sharing one output's K range, e.g. 1, 2, 4, 8 */
+#endif
+#ifndef GEMV_NB
+#define GEMV_NB 4   /* largest batch handled by this path (register accumulators per work-item) */
+#endif
+#ifndef RELU
+#define RELU 1
+#endif
+
+__kernel __attribute__((reqd_work_group_size(GEMV_LM, GEMV_LK, 1)))
+void fc_gemv(__global const float *restrict x,   /* NB x K */
+             __global const float *restrict wt,  /* K x Mpad */
+             __global float *restrict part,      /* KSPLIT x NB x Mpad partial sums */
+             const int K, const int Mpad, const int NB, const int kchunk)
+{
+    const int lm = get_local_id(0), lk = get_local_id(1);
+    const int m = get_group_id(0) * GEMV_LM + lm;
+    const int gk = get_group_id(1);
+    const int kbeg = gk * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+    float acc[GEMV_NB];
+    for (int b = 0; b < GEMV_NB; ++b) acc[b] = 0.0f;
+    for (int k = kbeg + lk; k < kend; k += GEMV_LK) {
+        const float w = wt[(size_t)k * Mpad + m];
+        for (int b = 0; b < GEMV_NB; ++b)
+            if (b < NB) acc[b] = fma(w, x[(size_t)b * K + k], acc[b]);
+    }
+    __local float red[GEMV_LK][GEMV_LM];
+    for (int b = 0; b < GEMV_NB; ++b) {
+        if (b >= NB) break;  /* uniform across the work-group */
+        red[lk][lm] = acc[b];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lk == 0) {
+            float s = 0.0f;
+            for (int j = 0; j < GEMV_LK; ++j) s += red[j][lm];
+            part[((size_t)gk * NB + b) * Mpad + m] = s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
+
+/* y[b * M + m] = act(bias[m] + sum_gk part[(gk * NB + b) * Mpad + m]); one work-item per (b, m), guarded. */
+__kernel void fc_reduce(__global const float *restrict part, __global const float *restrict bias,
+                        __global float *restrict y, const int M, const int Mpad, const int NB, const int ksplit)
+{
+    const int idx = get_global_id(0);
+    if (idx >= NB * M) return;
+    const int b = idx / M, m = idx - (idx / M) * M;
+    float s = bias[m];
+    for (int g = 0; g < ksplit; ++g) s += part[((size_t)g * NB + b) * Mpad + m];
+#if RELU
+    s = fmax(s, 0.0f);
+#endif
+    y[idx] = s;
+}

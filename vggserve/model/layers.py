@@ -1,0 +1,102 @@
+"""Host-side wrappers of the kernels: each owns its device weights and enqueues one layer.
+
+Every wrapper is built once (weights re-laid out and uploaded at load) and enqueued many times with no
+allocation: `enqueue(queue, src, dst, n)` returns the OpenCL event of its last kernel.
+"""
+
+import numpy as np
+import pyopencl as cl
+
+MF = cl.mem_flags
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def relayout(weight: np.ndarray, tk: int, tm: int) -> np.ndarray:
+    """(M, K...) weights -> zero-padded (Kpad, Mpad) float32, k-major: wt[k, m] = W[m, k] (kernels' A layout)."""
+    m = weight.shape[0]
+    w2 = np.ascontiguousarray(weight, dtype=np.float32).reshape(m, -1)
+    k = w2.shape[1]
+    out = np.zeros((round_up(k, tk), round_up(m, tm)), dtype=np.float32)
+    out[:k, :m] = w2.T
+    return out
+
+
+def upload(ctx, array: np.ndarray):
+    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(array, dtype=np.float32))
+
+
+class GemmLayer:
+    """conv_gemm.cl: a 3x3 convolution (ks=3, pad=1) or a fully connected layer over the batch (ks=1, pad=0)."""
+
+    def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray):
+        self.p = params
+        self.m = weight.shape[0]
+        self.cin = weight.shape[1]
+        wt = relayout(weight, params["TK"], params["TM"])
+        self.mpad = wt.shape[1]
+        self.wt, self.bias = upload(ctx, wt), upload(ctx, bias)
+        self.kernel = cl.Kernel(program, "conv_gemm")
+        self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"])
+
+    def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
+        npix = n * h * w
+        p = self.p
+        grid = (round_up(npix, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1])
+        self.kernel.set_args(src, self.wt, self.bias, dst, np.int32(self.cin), np.int32(h), np.int32(w),
+                             np.int32(self.m), np.int32(self.mpad), np.int32(npix))
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, self.local)
+
+    def flops(self, n: int, h: int = 1, w: int = 1, ks: int = 3) -> float:
+        return 2.0 * n * h * w * self.m * self.cin * ks * ks
+
+
+class GemvLayer:
+    """fc_gemv.cl: a fully connected layer at batch <= GEMV_NB, split over K, sharing GemmLayer's weights."""
+
+    def __init__(self, ctx, program, params: dict, gemm: GemmLayer):
+        self.p, self.g = params, gemm
+        self.k = gemm.cin
+        lm, lk = params["GEMV_LM"], params["GEMV_LK"]
+        assert gemm.mpad % lm == 0, "Mpad must be a multiple of GEMV_LM"
+        groups_m = gemm.mpad // lm
+        self.ksplit = max(1, min(-(-params["ksplit_target"] // groups_m), -(-self.k // (lk * 16))))
+        self.kchunk = -(-self.k // self.ksplit)
+        self.ksplit = -(-self.k // self.kchunk)
+        self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.ksplit * params["GEMV_NB"] * gemm.mpad)
+        self.gemv = cl.Kernel(program, "fc_gemv")
+        self.reduce = cl.Kernel(program, "fc_reduce")
+        self.local = (lm, lk)
+        self.grid = (gemm.mpad, self.ksplit * lk)
+
+    def enqueue(self, queue, src, dst, n: int):
+        g = self.g
+        self.gemv.set_args(src, g.wt, self.part, np.int32(self.k), np.int32(g.mpad), np.int32(n),
+                           np.int32(self.kchunk))
+        cl.enqueue_nd_range_kernel(queue, self.gemv, self.grid, self.local)
+        self.reduce.set_args(self.part, g.bias, dst, np.int32(g.m), np.int32(g.mpad), np.int32(n),
+                             np.int32(self.ksplit))
+        return cl.enqueue_nd_range_kernel(queue, self.reduce, (round_up(n * g.m, 64),), None)
+
+
+class MaxPool:
+    def __init__(self, program, params: dict):
+        self.kernel = cl.Kernel(program, "maxpool2x2")
+        self.wg = params.get("POOL_WG", 256)
+
+    def enqueue(self, queue, src, dst, n: int, c: int, h: int, w: int):
+        total = n * c * (h // 2) * (w // 2)
+        self.kernel.set_args(src, dst, np.int32(n * c), np.int32(h), np.int32(w))
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (round_up(total, self.wg),), (self.wg,))
+
+
+class Softmax:
+    def __init__(self, program, params: dict):
+        self.kernel = cl.Kernel(program, "softmax")
+        self.wg = params.get("SOFTMAX_WG", 256)
+
+    def enqueue(self, queue, src, dst, n: int, ncls: int):
+        self.kernel.set_args(src, dst, np.int32(ncls))
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, (n * self.wg,), (self.wg,))

@@ -1,0 +1,206 @@
+"""The VGG16 engine: weights on one OpenCL device, the whole forward pass enqueued with one read at the end.
+
+    model = VGG16.load("vgg16.safetensors", device="auto", max_batch_size=16)
+    model.logits(x)                 # (N, 3, 224, 224) float32, normalised -> (N, 1000) float32
+    model.classify(["cat.jpg"], 5)  # -> [[{"index", "label", "probability"}, ...]]
+
+Device memory: weights once (re-laid out for the kernels), two ping-pong activation buffers sized for
+`max_batch_size` images of the largest layer, an input and two output buffers. Larger inputs run in chunks of
+`max_batch_size`; nothing is allocated per call. Calls are serialised by a lock (one queue per model).
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from ..predictions import top_k
+from ..runtime import devices as devs
+from ..runtime.params import params_for
+from ..runtime.programs import ProgramCache
+from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
+from .layers import GemmLayer, GemvLayer, MaxPool, Softmax
+
+MF = cl.mem_flags
+
+
+@dataclass
+class StartupTimes:
+    discovery_s: float = 0.0
+    build_s: float = 0.0
+    upload_s: float = 0.0
+    programs_compiled: int = 0
+    programs_cached: int = 0
+
+
+class VGG16:
+    def __init__(self, tensors: dict, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
+                 weights_info: dict | None = None, preprocessing: str = "torchvision"):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.startup = StartupTimes()
+        t0 = time.perf_counter()
+        self.device_info = devs.resolve(device)
+        self.device = devs.cl_device(self.device_info)
+        self.context = cl.Context([self.device])
+        props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
+        self.queue = cl.CommandQueue(self.context, properties=props)
+        self.startup.discovery_s = time.perf_counter() - t0
+
+        self.spec = vgg16_spec(infer_width(tensors))
+        self.max_batch_size = int(max_batch_size)
+        self.preprocessing = preprocessing
+        self.weights_info = weights_info or {"path": None, "format": "in-memory", "sha256": None}
+        self.params = params_for(self.device_info.kind, self.device_info.label)
+        self._lock = threading.Lock()
+        self._build_programs()
+        t1 = time.perf_counter()
+        self._upload(tensors)
+        self.queue.finish()
+        self.startup.upload_s = time.perf_counter() - t1
+
+    # ---- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, weights, device: str = "auto", max_batch_size: int = 16, profile: bool = False) -> "VGG16":
+        """From a weights file (any supported format) or a dict of torchvision-named arrays."""
+        if isinstance(weights, dict):
+            return cls(weights, device, max_batch_size, profile)
+        from ..weights.loading import load_weights
+
+        loaded = load_weights(weights)
+        info = {"path": str(loaded.path), "format": loaded.format, "key_scheme": loaded.key_scheme,
+                "sha256_lazy": loaded}
+        model = cls(loaded.tensors, device, max_batch_size, profile, info, loaded.preprocessing)
+        return model
+
+    def _build_programs(self):
+        cache = ProgramCache(self.context, self.device)
+        conv = self.params["conv"]
+        gemv = self.params["gemv"]
+        gemv_defs = {k: v for k, v in gemv.items() if k.startswith("GEMV_")}
+        self._prog_conv = cache.build("conv_gemm.cl", {**conv, "KS": 3, "PAD": 1, "RELU": 1})
+        self._prog_fc = {relu: cache.build("conv_gemm.cl", {**conv, "KS": 1, "PAD": 0, "RELU": relu}) for relu in (0, 1)}
+        self._prog_gemv = {relu: cache.build("fc_gemv.cl", {**gemv_defs, "RELU": relu}) for relu in (0, 1)}
+        self._prog_pool = cache.build("maxpool.cl", {})
+        self._prog_softmax = cache.build("softmax.cl", {})
+        self.startup.build_s = cache.seconds
+        self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
+        self.program_cache = cache
+
+    def _upload(self, tensors: dict):
+        conv_p, gemv_p = self.params["conv"], self.params["gemv"]
+        self.convs = []
+        for c in self.spec.convs:
+            layer = GemmLayer(self.context, self._prog_conv, conv_p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
+            self.convs.append((c, layer))
+        self.fcs = []
+        for f in self.spec.fcs:
+            relu = int(f.relu)
+            gemm = GemmLayer(self.context, self._prog_fc[relu], conv_p, tensors[f"{f.name}.weight"], tensors[f"{f.name}.bias"])
+            gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
+            self.fcs.append((f, gemm, gemv))
+        self.pool = MaxPool(self._prog_pool, {})
+        self.softmax_op = Softmax(self._prog_softmax, {})
+        b = self.max_batch_size
+        largest = max(c.cout for c in self.spec.convs) * INPUT_SIZE * INPUT_SIZE  # generous upper bound
+        largest = max(largest, max(f.fout for f in self.spec.fcs), self.spec.fcs[0].fin)
+        self.ping = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)
+        self.pong = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)
+        self.input_buf = cl.Buffer(self.context, MF.READ_ONLY, 4 * b * 3 * INPUT_SIZE * INPUT_SIZE)
+        self.logits_buf = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * NUM_CLASSES)
+        self.probs_buf = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * NUM_CLASSES)
+        self.gemv_max_batch = gemv_p["GEMV_NB"]
+
+    # ---- the forward pass ---------------------------------------------------------------------------------
+    def _enqueue_forward(self, n: int, events: list | None):
+        """All layers for n <= max_batch_size images already in input_buf; logits end in logits_buf."""
+        src, other = self.input_buf, (self.ping, self.pong)
+        flip = 0
+        size = INPUT_SIZE
+
+        def note(name, ev, flops):
+            if events is not None:
+                events.append((name, ev, flops))
+
+        for c, layer in self.convs:
+            dst = other[flip]
+            note(c.name, layer.enqueue(self.queue, src, dst, n, size, size), layer.flops(n, size, size))
+            src, flip = dst, flip ^ 1
+            if c.pool_after:
+                dst = other[flip]
+                note(f"pool after {c.name}", self.pool.enqueue(self.queue, src, dst, n, c.cout, size, size), 0.0)
+                src, flip, size = dst, flip ^ 1, size // 2
+        for i, (f, gemm, gemv) in enumerate(self.fcs):
+            dst = self.logits_buf if i == len(self.fcs) - 1 else other[flip]
+            if n <= self.gemv_max_batch:
+                ev = gemv.enqueue(self.queue, src, dst, n)
+            else:
+                ev = gemm.enqueue(self.queue, src, dst, n)
+            note(f.name, ev, 2.0 * n * f.fin * f.fout)
+            src, flip = dst, flip ^ 1
+
+    def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 4 or x.shape[1:] != (3, INPUT_SIZE, INPUT_SIZE):
+            raise ValueError(f"expected input of shape (N, 3, {INPUT_SIZE}, {INPUT_SIZE}), got {x.shape}")
+        out = np.empty((x.shape[0], NUM_CLASSES), dtype=np.float32)
+        with self._lock:
+            for s in range(0, x.shape[0], self.max_batch_size):
+                n = min(self.max_batch_size, x.shape[0] - s)
+                cl.enqueue_copy(self.queue, self.input_buf, x[s:s + n], is_blocking=False)
+                self._enqueue_forward(n, events)
+                result = self.logits_buf
+                if want == "probs":
+                    ev = self.softmax_op.enqueue(self.queue, self.logits_buf, self.probs_buf, n, NUM_CLASSES)
+                    if events is not None:
+                        events.append(("softmax", ev, 0.0))
+                    result = self.probs_buf
+                cl.enqueue_copy(self.queue, out[s:s + n], result, is_blocking=True)
+        return out
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Pre-softmax scores (N, 1000) for normalised float32 input (N, 3, 224, 224)."""
+        return self._run(x, "logits")
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """Softmax of the logits, computed on the device."""
+        return self._run(x, "probs")
+
+    def classify(self, images, top_k: int = 5) -> list[list[dict]]:
+        """PIL images or paths -> per image, the top_k classes [{"index", "label", "probability"}]."""
+        from ..images import open_image
+        from ..preprocess import preprocess
+
+        batch = np.stack([preprocess(img if hasattr(img, "size") and hasattr(img, "mode") else open_image(img),
+                                     mode=self.preprocessing) for img in images]) if len(images) else \
+            np.zeros((0, 3, INPUT_SIZE, INPUT_SIZE), np.float32)
+        return _top_k(self.probabilities(batch), top_k) if len(batch) else []
+
+    # ---- introspection ------------------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return self.device_info.label
+
+    def layer_times(self, x: np.ndarray) -> list[tuple[str, float, float]]:
+        """One profiled forward pass: (layer name, milliseconds, flops) per kernel launch (needs profile=True)."""
+        events: list = []
+        self._run(x, "logits", events)
+        return [(name, (ev.profile.end - ev.profile.start) * 1e-6, flops) for name, ev, flops in events]
+
+    def close(self):
+        for attr in ("ping", "pong", "input_buf", "logits_buf", "probs_buf"):
+            buf = getattr(self, attr, None)
+            if buf is not None:
+                buf.release()
+                setattr(self, attr, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_top_k = top_k

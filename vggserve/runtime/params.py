@@ -1,0 +1,37 @@
+"""Per-device kernel parameters: the `#define`s prepended to each kernel file.
+
+One source serves every device: the table maps a device class to overrides of the defaults documented in the
+kernel banners. `vggserve tune` (when run) stores per-device winners in a JSON file that takes precedence.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+
+# the design card's reference variant: 64x64 work-group tiles, 4x4 per work-item, TK-deep double buffer
+GPU_DEFAULT = {"conv": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 1},
+               "gemv": {"GEMV_LM": 64, "GEMV_LK": 4, "GEMV_NB": 4, "ksplit_target": 1024}}
+# CPUs (PoCL): one work-group runs on one core; fewer, fatter work-items vectorise better
+CPU_DEFAULT = {"conv": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 0},
+               "gemv": {"GEMV_LM": 64, "GEMV_LK": 1, "GEMV_NB": 4, "ksplit_target": 8}}
+
+TABLE = {"gpu": GPU_DEFAULT, "cpu": CPU_DEFAULT}
+
+
+def tuned_file() -> Path:
+    return Path(os.environ.get("VGGSERVE_CACHE_DIR") or user_cache_dir("vggserve")) / "tuned.json"
+
+
+def params_for(kind: str, device_name: str) -> dict:
+    """Kernel parameters for a device: tuned winners if stored, else the table row for its kind."""
+    base = TABLE.get(kind, GPU_DEFAULT)
+    params = {role: dict(values) for role, values in base.items()}
+    try:
+        stored = json.loads(tuned_file().read_text()).get(device_name, {})
+    except (OSError, ValueError):
+        stored = {}
+    for role, values in stored.items():
+        params.setdefault(role, {}).update(values)
+    return params

@@ -1,0 +1,100 @@
+"""Kernel sources and compiled programs, with an on-disk binary cache.
+
+Sources live in the top-level `kernels/` folder (shipped inside the wheel as `vggserve/_kernels`). A program is
+source + `#define` lines; its binary is cached under the user cache dir, keyed by device name, driver version,
+platform version and the full source text, so a second start does not compile. `VGGSERVE_NO_PROGRAM_CACHE=1`
+turns the cache off.
+"""
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pyopencl as cl
+from platformdirs import user_cache_dir
+
+from ..errors import KernelBuildError
+
+_HERE = Path(__file__).resolve().parent.parent
+
+
+def kernels_dir() -> Path:
+    for candidate in (_HERE / "_kernels", _HERE.parent / "kernels"):
+        if candidate.is_dir():
+            return candidate
+    raise KernelBuildError(f"kernel sources not found (looked in {_HERE / '_kernels'} and {_HERE.parent / 'kernels'})")
+
+
+def kernel_source(name: str, defines: dict) -> str:
+    body = (kernels_dir() / name).read_text()
+    head = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(defines.items()))
+    return head + body
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VGGSERVE_CACHE_DIR") or user_cache_dir("vggserve")) / "programs"
+
+
+def cache_key(device, source: str, options: str) -> str:
+    h = hashlib.sha256()
+    for part in (device.name, device.driver_version, device.platform.version, options, source):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class ProgramCache:
+    """Builds programs for one context/device, reusing cached binaries; counts hits and compiles."""
+
+    def __init__(self, context, device, options: str = "-cl-mad-enable"):
+        self.context, self.device, self.options = context, device, options
+        self.enabled = os.environ.get("VGGSERVE_NO_PROGRAM_CACHE", "") not in ("1", "true", "yes")
+        self.hits = self.compiles = 0
+        self.seconds = 0.0
+
+    def build(self, name: str, defines: dict):
+        t0 = time.perf_counter()
+        source = kernel_source(name, defines)
+        key = cache_key(self.device, source, self.options)
+        path = cache_dir() / f"{key}.bin"
+        program = self._from_binary(path) if self.enabled else None
+        if program is None:
+            program = self._compile(name, source)
+            self.compiles += 1
+            if self.enabled:
+                self._store(path, program)
+        else:
+            self.hits += 1
+        self.seconds += time.perf_counter() - t0
+        return program
+
+    def _from_binary(self, path: Path):
+        try:
+            binary = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            return cl.Program(self.context, [self.device], [binary]).build(options=self.options)
+        except cl.Error:
+            return None  # stale or foreign binary: rebuild from source
+
+    def _compile(self, name: str, source: str):
+        try:
+            return cl.Program(self.context, source).build(options=self.options, devices=[self.device])
+        except cl.RuntimeError as exc:
+            log = str(exc).strip().splitlines()
+            detail = " | ".join(line for line in log if "error" in line.lower())[:1500] or " ".join(log)[:1500]
+            raise KernelBuildError(f"building kernels/{name} for {self.device.name.strip()} failed: {detail}") from exc
+
+    def _store(self, path: Path, program) -> None:
+        try:
+            binary = program.get_info(cl.program_info.BINARIES)[0]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(binary)
+            os.replace(tmp, path)
+        except (OSError, cl.Error):
+            pass  # a cache that cannot be written only costs a compile next time
