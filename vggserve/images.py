@@ -80,7 +80,7 @@ def open_image(
     """
     accepted = _accepted_formats(formats)
     data, where = _read_source(source)
-    image = _open_header(data, where, max_pixels)
+    image = _open_header(data, where, max_pixels, accepted)
     try:
         _check_format(image, accepted, where)
         _check_pixels(image.size, max_pixels, where)
@@ -92,24 +92,38 @@ def open_image(
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """Return `img` as an 8-bit RGB image; an RGB image is returned as is.
+    """Return `img` as an 8-bit RGB image; an RGB image is returned as is (not copied).
 
-    Alpha is dropped exactly as `img.convert("RGB")` does (no compositing), palette images use their
-    palette, CMYK/YCbCr/1/L/LA use Pillow's conversions. High-bit-depth modes are scaled, not clipped:
-    I;16* divide by 257 (65535 -> 255); "I" is treated as 16-bit when all values lie in 0..65535, else
-    2**31 - 1 maps to 255 (negatives become 0); "F" is scaled by 255 when all values lie in 0..1, else
-    clipped to 0..255 (NaN -> 0).
+    Alpha is dropped exactly as `img.convert("RGB")` does (no compositing onto a background). Palette
+    images use their palette colours (transparency ignored). CMYK, YCbCr, LAB, HSV, 1, L and LA use
+    Pillow's conversions; PA goes through RGBA and La through LA. High-bit-depth modes are scaled, not
+    clipped: I;16, I;16B, I;16L map 0..65535 to 0..255 (v * 255 / 65535, rounded; 65535 -> 255);
+    "I" is treated the same when all values lie in 0..65535, else 0..2**31-1 maps to 0..255 (negatives
+    become 0); "F" is multiplied by 255 when all values lie in 0..1, else clipped to 0..255 (NaN -> 0).
+    Raises `ImageDecodeError` for a mode Pillow cannot convert.
     """
     if img.mode == "RGB":
         return img
     if img.mode.startswith("I") or img.mode == "F":
         return _gray_to_rgb(_scale_to_uint8(img))
-    if img.mode == "PA":
-        img = img.convert("RGBA")
+    if img.mode in ("PA", "La"):
+        img = img.convert("RGBA" if img.mode == "PA" else "LA")
+    if img.mode == "P" and isinstance(img.info.get("transparency"), bytes):
+        img = _without_transparency(img)
     try:
         return img.convert("RGB")
     except ValueError as exc:
         raise ImageDecodeError(f"cannot convert image mode '{img.mode}' to RGB: {exc}") from exc
+
+
+def _without_transparency(img: Image.Image) -> Image.Image:
+    """A copy of a palette image without its per-entry alpha table.
+
+    Pillow's P -> RGB conversion ignores that table anyway but warns about it; the pixels are the same.
+    """
+    copy = img.copy()
+    del copy.info["transparency"]
+    return copy
 
 
 def _accepted_formats(formats: Iterable[str]) -> frozenset[str]:
@@ -153,7 +167,7 @@ def _read_source(source: Source) -> tuple[bytes, str]:
     return data, "input"
 
 
-def _open_header(data: bytes, where: str, max_pixels: int) -> Image.Image:
+def _open_header(data: bytes, where: str, max_pixels: int, accepted: frozenset[str]) -> Image.Image:
     """Pillow's lazy open (header only); Pillow's bomb warning/error become `ImageTooLarge`."""
     pillow_limit = Image.MAX_IMAGE_PIXELS
     action = "error" if pillow_limit is not None and max_pixels <= pillow_limit else "ignore"
@@ -162,16 +176,21 @@ def _open_header(data: bytes, where: str, max_pixels: int) -> Image.Image:
             warnings.simplefilter(action, Image.DecompressionBombWarning)
             return Image.open(io.BytesIO(data))
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise ImageTooLarge(f"{_capital(where)} is too large: {exc}") from None
+        raise _too_large(where, exc, max_pixels) from None
     except UnidentifiedImageError:
         foreign = _foreign_format(data)
         if foreign is not None:
             raise UnsupportedImageFormat(
-                f"format '{foreign}' of {where} is not accepted; accepted: {', '.join(ALLOWED_FORMATS)}"
+                f"format '{foreign}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
             ) from None
         raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({len(data)} bytes)") from None
     except Exception as exc:  # plugins raise many types on malformed headers
         raise ImageDecodeError(f"{_capital(where)} has a corrupt image header: {exc}") from None
+
+
+def _too_large(where: str, exc: Exception, max_pixels: int | None) -> ImageTooLarge:
+    limit = f" (limit: {max_pixels} pixels)" if max_pixels is not None else ""
+    return ImageTooLarge(f"{_capital(where)} is too large{limit}: Pillow says: {exc}")
 
 
 def _foreign_format(data: bytes) -> str | None:
@@ -209,7 +228,7 @@ def _decode(image: Image.Image, where: str) -> None:
     try:
         image.load()
     except Image.DecompressionBombError as exc:
-        raise ImageTooLarge(f"{_capital(where)} is too large: {exc}") from None
+        raise _too_large(where, exc, None) from None
     except MemoryError:
         raise
     except OSError as exc:
