@@ -1,0 +1,116 @@
+"""`vggserve weights init|fetch|convert|info|where`: make, download, convert and inspect VGG16 weights."""
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("weights", help="make, fetch, convert and inspect VGG16 weights")
+    sub = parser.add_subparsers(dest="weights_command", metavar="ACTION")
+    sub.required = True
+
+    p = sub.add_parser("init", help="write deterministic random weights (for tests and benchmarks)")
+    p.add_argument("--seed", type=int, required=True, help="random seed; the same seed gives the same file")
+    p.add_argument("--output", type=Path, required=True, help="safetensors file to write")
+    p.add_argument("--width", type=_width, default=1.0,
+                   help="channel width multiplier, for tests (default 1 = VGG16; 0.125 = the tiny test net)")
+    p.set_defaults(func=_init)
+
+    p = sub.add_parser("fetch", help="download published ImageNet weights and verify their checksum")
+    p.add_argument("--source", choices=("timm", "torchvision"), default="timm",
+                   help="timm: vgg16.tv_in1k from the Hugging Face hub (default); torchvision: vgg16-397923af.pth")
+    p.add_argument("--dir", type=Path, default=None,
+                   help="folder to put the file in (default: the cache folder the default lookup searches)")
+    p.add_argument("--url", default=None, help="torchvision only: download from this URL instead")
+    p.add_argument("--endpoint", default=None, help="timm only: Hugging Face endpoint (default: $HF_ENDPOINT)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_fetch)
+
+    p = sub.add_parser("convert", help="write any supported weights file as safetensors in torchvision names")
+    p.add_argument("input", type=Path, help="safetensors, .npz, torch .pth or Keras .h5 file")
+    p.add_argument("output", type=Path, help="safetensors file to write")
+    p.set_defaults(func=_convert)
+
+    p = sub.add_parser("info", help="format, key scheme, parameter count, width, SHA256, preprocessing")
+    p.add_argument("path", type=Path)
+    p.set_defaults(func=_info)
+
+    p = sub.add_parser("where", help="print the weights file the default lookup finds")
+    p.set_defaults(func=_where)
+
+
+def _width(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"width must be in (0, 1], got {value}")
+    return value
+
+
+def _init(args) -> int:
+    from ..weights.init import init_weights
+    from ..weights.loaded import sha256_file
+    from ..weights.safetensors_io import save_safetensors
+
+    tensors = init_weights(args.seed, args.width)
+    metadata = {"source": "vggserve weights init", "seed": str(args.seed), "width": repr(args.width),
+                "key_scheme": "torchvision", "preprocessing": "torchvision"}
+    path = save_safetensors(tensors, args.output, metadata)
+    count = sum(t.size for t in tensors.values())
+    print(f"path: {path}")
+    print(f"parameters: {count:,}")
+    print(f"sha256: {sha256_file(path)}")
+    return 0
+
+
+def _fetch(args) -> int:
+    from ..weights.fetch import fetch
+
+    path = fetch(args.source, folder=args.dir, url=args.url, endpoint=args.endpoint, progress=not args.no_progress)
+    print(f"path: {path}")
+    if args.dir is not None:
+        print(f"use it with --weights {path} or VGGSERVE_WEIGHTS={path}")
+    return 0
+
+
+def _convert(args) -> int:
+    from ..weights.convert import convert
+
+    loaded, out = convert(args.input, args.output)
+    print(f"{args.input} ({loaded.format}, {loaded.key_scheme} names) -> {out}")
+    print(f"preprocessing: {loaded.preprocessing}")
+    return 0
+
+
+def _info(args) -> int:
+    from ..weights.loading import load_weights
+
+    w = load_weights(args.path)
+    rows = [
+        ("path", str(w.path)),
+        ("format", w.format),
+        ("key scheme", w.key_scheme),
+        ("parameters", f"{w.parameter_count:,}"),
+        ("width", f"{w.width:g}" + ("" if w.width == 1 else " (narrow test network, not VGG16 itself)")),
+        ("sha256", w.sha256),
+        ("preprocessing", w.preprocessing + _PREPROCESSING_NOTE[w.preprocessing]),
+    ]
+    for name, value in rows:
+        print(f"{name + ':':15}{value}")
+    return 0
+
+
+_PREPROCESSING_NOTE = {
+    "torchvision": " (RGB, scaled to 0..1, ImageNet mean/std)",
+    "caffe": " (BGR, 0..255 minus the ImageNet mean, no scaling)",
+}
+
+
+def _where(args) -> int:
+    from ..weights.lookup import find_weights
+
+    print(find_weights())
+    return 0
+
