@@ -1,0 +1,177 @@
+"""Download published VGG16 weights, verify them, and put them where `find_weights` looks.
+
+timm: through ``huggingface_hub.hf_hub_download`` (its cache, token, ``HF_ENDPOINT`` mirror and
+``HF_HUB_OFFLINE`` apply), SHA256-checked, then hard-linked (else symlinked, else copied) into the folder.
+torchvision: streamed over HTTP(S) with a progress bar to a temporary name in the folder, checked against the
+SHA256 prefix in its file name (and the full digest once recorded in ``<file>.json``), then renamed.
+A file that fails its check is deleted. Offline or unreachable, fetching fails at once with a message that
+names the file to copy in by hand and the folder it goes to.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import WeightsError
+from .loaded import sha256_file
+from .lookup import weights_dir
+from .provenance import TIMM, TORCHVISION, WeightsSource
+
+ENV_TORCHVISION_URL = "VGGSERVE_TORCHVISION_URL"
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
+
+
+class ChecksumMismatch(WeightsError):
+    """A downloaded file is not the published one; it has been deleted."""
+
+
+def fetch(source: str = "timm", folder=None, url=None, endpoint=None, progress: bool = True) -> Path:
+    """Fetch `source` ("timm" or "torchvision") into `folder` (default: `weights_dir()`); returns the file."""
+    if source == "timm":
+        return fetch_timm(folder, endpoint=endpoint)
+    if source == "torchvision":
+        return fetch_torchvision(folder, url=url, progress=progress)
+    raise WeightsError(f"unknown weights source {source!r} (choose timm or torchvision)")
+
+
+def fetch_timm(folder=None, endpoint=None, expected_sha256: str = TIMM.sha256) -> Path:
+    """timm/vgg16.tv_in1k model.safetensors via the Hugging Face hub; `endpoint` overrides $HF_ENDPOINT."""
+    target = Path(folder or weights_dir()) / TIMM.local_name
+    if target.is_file():
+        if sha256_file(target) == expected_sha256:
+            return target
+        target.unlink()
+    import huggingface_hub
+
+    try:
+        downloaded = huggingface_hub.hf_hub_download(repo_id=TIMM.hub_repo, filename=TIMM.file_name, endpoint=endpoint)
+    except Exception as exc:  # offline (LocalEntryNotFoundError), HTTP errors, connection errors of several types
+        raise _unreachable(TIMM, target, _reason(exc)) from None
+    downloaded = Path(downloaded)
+    digest = sha256_file(downloaded)
+    if digest != expected_sha256:
+        _remove_download(downloaded)
+        raise ChecksumMismatch(
+            f"checksum mismatch: {TIMM.file_name} from {TIMM.hub_repo} has sha256 {digest}, expected "
+            f"{expected_sha256}; the downloaded file was deleted"
+        )
+    _place(downloaded, target)
+    return target
+
+
+def fetch_torchvision(folder=None, url=None, expected_prefix: str = TORCHVISION.sha256_prefix,
+                      progress: bool = True) -> Path:
+    """vgg16-397923af.pth from `url` (default: $VGGSERVE_TORCHVISION_URL, else the published URL)."""
+    url = url or os.environ.get(ENV_TORCHVISION_URL) or TORCHVISION.url
+    target = Path(folder or weights_dir()) / TORCHVISION.local_name
+    sidecar = target.with_name(target.name + ".json")
+    known = _recorded_sha256(sidecar) or TORCHVISION.sha256
+    if target.is_file() and _matches(sha256_file(target), expected_prefix, known):
+        return target
+    if _offline():
+        raise _unreachable(TORCHVISION, target, "HF_HUB_OFFLINE is set", url)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp, digest = _download(url, target, progress)
+    if not _matches(digest, expected_prefix, known):
+        Path(tmp).unlink(missing_ok=True)
+        wanted = known or f"a digest starting with {expected_prefix}"
+        raise ChecksumMismatch(
+            f"checksum mismatch: {TORCHVISION.file_name} from {url} has sha256 {digest}, expected {wanted}; "
+            "the download was deleted"
+        )
+    os.replace(tmp, target)
+    _write_json(sidecar, {"file": target.name, "url": url, "sha256": digest, "sha256_prefix": expected_prefix})
+    return target
+
+
+def _download(url: str, target: Path, progress: bool) -> tuple[str, str]:
+    """Stream `url` to a temporary file next to `target`; (temporary path, sha256). Deletes it on failure."""
+    import hashlib
+
+    import httpx
+    from tqdm import tqdm
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    digest = hashlib.sha256()
+    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    try:
+        with os.fdopen(fd, "wb") as out, httpx.stream("GET", url, timeout=timeout, follow_redirects=True) as resp:
+            if resp.status_code != 200:
+                raise _unreachable(TORCHVISION, target, f"HTTP {resp.status_code}", url)
+            total = int(resp.headers.get("content-length", 0)) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=target.name, disable=not progress) as bar:
+                for chunk in resp.iter_bytes(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+            if total is not None and out.tell() != total:
+                raise WeightsError(f"incomplete download of {url}: {out.tell()} of {total} bytes")
+            out.flush()
+            os.fsync(out.fileno())
+    except httpx.HTTPError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _unreachable(TORCHVISION, target, _reason(exc), url) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp, digest.hexdigest()
+
+
+def _matches(digest: str, prefix: str, full: str | None) -> bool:
+    return digest == full if full else digest.startswith(prefix)
+
+
+def _recorded_sha256(sidecar: Path) -> str | None:
+    try:
+        return json.loads(sidecar.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _unreachable(src: WeightsSource, target: Path, reason: str, url: str | None = None) -> WeightsError:
+    return WeightsError(
+        f"cannot download {src.file_name} ({reason}); if this machine is offline, download "
+        f"{url or src.url} elsewhere and copy it to {target} (folder {target.parent})"
+    )
+
+
+def _remove_download(path: Path) -> None:
+    """Delete a bad hub download: the snapshot link and the blob it points to."""
+    real = path.resolve()
+    path.unlink(missing_ok=True)
+    real.unlink(missing_ok=True)
+
+
+def _place(src: Path, target: Path) -> None:
+    """Put `src` at `target`: a hard link (no extra space, survives hub cache cleanup), else a symlink, else a
+    copy; through a temporary name so `target` is never half-written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    real = src.resolve()
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(real, tmp)
+    except OSError:
+        try:
+            os.symlink(real, tmp)
+        except OSError:
+            shutil.copyfile(real, tmp)
+    os.replace(tmp, target)
