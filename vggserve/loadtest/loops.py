@@ -1,0 +1,186 @@
+"""The two ways of offering load, one level at a time.
+
+Closed loop: `concurrency` clients, each sending its next request as soon as the last one returns, so the
+offered load adapts to the server. Open loop: request i is due at start + i/rate whatever happened before;
+latency is counted from that due time, so a server (or a client) that falls behind shows the wait in its
+latency instead of hiding it by sending less (no coordinated omission). A request that finds the client's
+in-flight cap full is not sent and is counted as `dropped`; one that goes out more than the lag threshold
+after its due time is flagged `late`.
+
+Both loops are bounded by time (warm-up + duration) and by a request cap, stop early when `stop` is set
+(Ctrl-C), and wait at most `drain_s` for answers still in flight before cancelling them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from .client import send_one
+from .images import ImageSet
+from .records import CANCELLED, DROPPED, MEASURE, WARMUP, RequestRecord
+
+STOP_POLL_S = 0.05  # how often a sleeping loop looks at the stop flag
+
+
+@dataclass
+class LevelPlan:
+    """What one level asks for; `level` is a concurrency (closed) or a rate in requests/s (open)."""
+
+    mode: str
+    level: float
+    label: str
+    url: str
+    warmup_s: float
+    duration_s: float
+    max_requests: int
+    max_inflight: int = 512
+    lag_threshold_s: float = 0.010
+    drain_s: float = 30.0
+    multipart: bool = False
+
+
+@dataclass
+class LevelRun:
+    """A level's requests and its measurement window, in run-relative seconds, filled in while it runs."""
+
+    plan: LevelPlan
+    clock0: float
+    records: list[RequestRecord] = field(default_factory=list)
+    start_s: float = 0.0
+    window_start_s: float = 0.0
+    window_end_s: float = 0.0
+    end_s: float = 0.0
+    interrupted: bool = False
+    inflight: int = 0
+
+    def now(self) -> float:
+        """Seconds since the run's origin."""
+        return time.perf_counter() - self.clock0
+
+    def measured(self) -> list[RequestRecord]:
+        """The records that count: warm-up excluded."""
+        return [r for r in self.records if r.phase == MEASURE]
+
+    @property
+    def window_s(self) -> float:
+        return max(self.window_end_s - self.window_start_s, 0.0)
+
+
+async def _sleep_until(run: LevelRun, target_s: float, stop: asyncio.Event) -> bool:
+    """Sleep until run-relative time `target_s`; False if `stop` was set first."""
+    while not stop.is_set():
+        delay = target_s - run.now()
+        if delay <= 0:
+            return True
+        await asyncio.sleep(min(delay, STOP_POLL_S))
+    return False
+
+
+async def _settle(run: LevelRun, tasks: set[asyncio.Task], deadline_s: float, stop: asyncio.Event) -> None:
+    """Wait for `tasks` until all finish, `stop` is set or `deadline_s` passes; cancel what is left."""
+    pending = {t for t in tasks if not t.done()}
+    while pending and not stop.is_set():
+        remaining = deadline_s - run.now()
+        if remaining <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(remaining, STOP_POLL_S))
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    if stop.is_set():
+        run.interrupted = True
+    for record in run.records:
+        if not record.outcome:  # created but never got to run
+            record.outcome = CANCELLED
+
+
+def _new_record(run: LevelRun, images: ImageSet, index: int, phase: str, due_s: float) -> RequestRecord:
+    image = images.pick(index)
+    record = RequestRecord(index=index, phase=phase, scheduled_s=due_s, image=image.name, bytes=len(image.data))
+    run.records.append(record)
+    return record
+
+
+async def run_closed(client: httpx.AsyncClient, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
+    """`plan.level` clients in a loop; requests sent before warm-up ends are not counted."""
+    plan, clock0 = run.plan, run.clock0
+    run.start_s = run.now()
+    warm_end = run.start_s + plan.warmup_s
+    end = warm_end + plan.duration_s
+    counts = {WARMUP: 0, MEASURE: 0}
+    next_index = iter(range(10**12))
+
+    async def client_loop() -> None:
+        while not stop.is_set():
+            now = run.now()
+            if now >= end:
+                return
+            phase = WARMUP if now < warm_end else MEASURE
+            if counts[phase] >= plan.max_requests:
+                if phase == MEASURE:
+                    return
+                if not await _sleep_until(run, warm_end, stop):
+                    return
+                continue
+            counts[phase] += 1
+            record = _new_record(run, images, next(next_index), phase, now)
+            run.inflight += 1
+            try:
+                await send_one(client, plan.url, images.pick(record.index), record, clock0, plan.multipart)
+            finally:
+                run.inflight -= 1
+
+    tasks = {asyncio.create_task(client_loop()) for _ in range(int(plan.level))}
+    await _settle(run, tasks, end + plan.drain_s, stop)
+    run.end_s = run.now()
+    run.window_start_s = warm_end
+    run.window_end_s = min(end, run.end_s)
+    if counts[MEASURE] >= plan.max_requests:  # the cap, not the clock, ended it: up to the last answer
+        run.window_end_s = min(run.window_end_s, max(r.done_s or 0.0 for r in run.measured()))
+    return run
+
+
+def open_loop_counts(plan: LevelPlan) -> tuple[int, int]:
+    """(warm-up, measured) request counts of the open-loop schedule, each within the request cap."""
+    rate = plan.level
+    warm = math.ceil(plan.warmup_s * rate - 1e-9)
+    total = math.ceil((plan.warmup_s + plan.duration_s) * rate - 1e-9)
+    return min(warm, plan.max_requests), min(total - warm, plan.max_requests)
+
+
+async def run_open(client: httpx.AsyncClient, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
+    """Request i due at start + i/rate; the first `warm` of them are warm-up."""
+    plan, clock0 = run.plan, run.clock0
+    run.start_s = run.now()
+    rate = plan.level
+    n_warm, n_measure = open_loop_counts(plan)
+    tasks: set[asyncio.Task] = set()
+
+    def finished(task: asyncio.Task) -> None:
+        run.inflight -= 1
+
+    for index in range(n_warm + n_measure):
+        due = run.start_s + index / rate
+        if not await _sleep_until(run, due, stop):
+            break
+        record = _new_record(run, images, index, WARMUP if index < n_warm else MEASURE, due)
+        if run.inflight >= plan.max_inflight:
+            record.outcome = DROPPED
+            continue
+        record.late = run.now() - due > plan.lag_threshold_s
+        run.inflight += 1
+        task = asyncio.create_task(send_one(client, plan.url, images.pick(index), record, clock0, plan.multipart))
+        task.add_done_callback(finished)
+        tasks.add(task)
+    schedule_end = run.start_s + (n_warm + n_measure) / rate
+    await _settle(run, tasks, max(run.now(), schedule_end) + plan.drain_s, stop)
+    run.end_s = run.now()
+    run.window_start_s = run.start_s + n_warm / rate
+    run.window_end_s = min(schedule_end, run.end_s)
+    return run

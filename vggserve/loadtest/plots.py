@@ -1,0 +1,169 @@
+"""PNG figures of a run (matplotlib, Agg backend, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+
+PCT_STYLES = (("latency_p50_ms", "p50"), ("latency_p90_ms", "p90"), ("latency_p95_ms", "p95"),
+              ("latency_p99_ms", "p99"), ("latency_max_ms", "max"))
+SPLIT_PARTS = (("server_queue_ms", "queue (per request)", "#4c72b0"),
+               ("server_preprocess_ms", "preprocess (per image)", "#dd8452"),
+               ("server_inference_ms", "inference (per batch)", "#55a868"))
+
+
+def _load_axis(mode: str) -> str:
+    return "concurrent clients" if mode == "closed" else "offered rate (requests/s)"
+
+
+def _x(rows: list[dict]) -> list[float]:
+    return [row["level"] for row in rows]
+
+
+def _log_x(ax, rows: list[dict]) -> None:
+    """Log x for spread-out levels (1, 4, 16, 64), ticks at the levels themselves."""
+    levels = _x(rows)
+    if len(levels) > 1 and max(levels) / min(levels) >= 8:
+        ax.set_xscale("log")
+    ax.set_xticks(levels)
+    ax.set_xticklabels([f"{v:g}" for v in levels])
+    ax.minorticks_off()
+
+
+def plot_throughput(rows: list[dict], mode: str, path: Path) -> Path:
+    """Images/s against load; in the open loop the offered rate is drawn as a dashed reference."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(_x(rows), [r["throughput_ips"] for r in rows], "o-", label="achieved (2xx answers/s)")
+    if mode == "open":
+        ax.plot(_x(rows), _x(rows), "--", color="gray", label="offered rate")
+    errors = [r["errors"] / r["window_s"] if r["window_s"] else 0 for r in rows]
+    if any(errors):
+        ax.plot(_x(rows), errors, "x:", color="tab:red", label="errors/s (dropped included)")
+    _log_x(ax, rows)
+    ax.set_xlabel(_load_axis(mode))
+    ax.set_ylabel("throughput (images/s)")
+    ax.set_title(f"Throughput against load ({mode} loop)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_latency(rows: list[dict], mode: str, path: Path) -> Path:
+    """Client-side latency percentiles against load (log y)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, name in PCT_STYLES:
+        points = [(r["level"], r[key]) for r in rows if r[key] is not None]
+        if points:
+            ax.plot(*zip(*points), "o-", label=name)
+    _log_x(ax, rows)
+    start = "due time" if mode == "open" else "send time"
+    values = [r[k] for r in rows for k, _ in PCT_STYLES if r[k]]
+    if values and max(values) / min(values) > 20:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        ax.set_ylabel(f"latency from {start} (ms, log scale)")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(f"latency from {start} (ms)")
+    ax.set_xlabel(_load_axis(mode))
+    ax.set_title(f"Latency percentiles against load ({mode} loop, successful requests)")
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title="percentile")
+    else:
+        ax.text(0.5, 0.5, "no successful requests", transform=ax.transAxes, ha="center", color="gray")
+    return _save(fig, path)
+
+
+def plot_server_split(rows: list[dict], mode: str, path: Path) -> Path | None:
+    """Where the server's time goes per level: mean queue, preprocess and inference ms, and batch size."""
+    if all(r.get("server_queue_ms") is None and r.get("server_inference_ms") is None for r in rows):
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = [f"{r['level']:g}" for r in rows]
+    positions = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for key, name, color in SPLIT_PARTS:
+        values = [r.get(key) or 0.0 for r in rows]
+        ax.bar(positions, values, bottom=bottom, label=name, color=color)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, row, top in zip(positions, rows, bottom):
+        if row.get("server_batch_size") is not None:
+            ax.annotate(f"batch {row['server_batch_size']:.1f}", (x, top), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(positions))
+    ax.set_xticklabels(labels)
+    ax.set_xlabel(_load_axis(mode))
+    ax.set_ylabel("server-side mean time (ms)")
+    ax.set_title("Where the server's time goes (from /metrics)")
+    ax.margins(y=0.12)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def _steps(ax, series: list[dict], key: str, end_s: float, color: str, label: str) -> None:
+    """One value per bucket, drawn as a flat step across the bucket (the last one up to `end_s`)."""
+    points = [(b["t_s"], b[key]) for b in series if b[key] is not None]
+    if points:
+        t, v = zip(*points)
+        ax.step(list(t) + [end_s], list(v) + [v[-1]], where="post", color=color, label=label)
+
+
+def plot_timeline(series: list[dict], rows: list[dict], path: Path) -> Path:
+    """Throughput, p95 latency and errors per second over the run; warm-ups shaded, levels labelled."""
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    end_s = series[-1]["t_s"] + series[-1]["width_s"]
+    errors = [{**b, "errors_ps": b["errors"] / b["width_s"] if b["width_s"] else 0.0} for b in series]
+    _steps(axes[0], series, "throughput_ips", end_s, "tab:blue", "2xx answers/s")
+    _steps(axes[1], series, "p95_ms", end_s, "tab:orange", "p95")
+    _steps(axes[2], errors, "errors_ps", end_s, "tab:red", "errors/s")
+    axes[0].set_title("Throughput, p95 latency and errors over the run (1 s buckets, by answer time)")
+    axes[0].set_ylabel("throughput\n(images/s)")
+    axes[1].set_ylabel("p95 latency (ms)")
+    axes[2].set_ylabel("errors (per s)")
+    axes[2].set_xlabel("time since start of run (s); shaded: warm-up, not counted")
+    for ax in axes:
+        ax.set_ylim(bottom=0)
+        ax.margins(y=0.15)
+        ax.grid(True, alpha=0.3)
+    _mark_levels(axes, rows)
+    return _save(fig, path)
+
+
+def _mark_levels(axes, rows: list[dict]) -> None:
+    """Shade each level's warm-up, draw a dotted line at each level's start and label it on top."""
+    for row in rows:
+        for ax in axes:
+            ax.axvspan(row["start_s"], row["window_start_s"], color="gray", alpha=0.15, linewidth=0)
+            ax.axvline(row["start_s"], color="gray", linestyle=":", linewidth=1)
+        axes[0].annotate(row["label"], (row["start_s"], 1.0), xycoords=("data", "axes fraction"),
+                         xytext=(3, -12), textcoords="offset points", fontsize=9, color="dimgray")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(folder: Path, rows: list[dict], mode: str, series: list[dict]) -> list[Path]:
+    """All figures of a run; the server split only when /metrics gave numbers."""
+    paths = []
+    if rows:
+        paths.append(plot_throughput(rows, mode, folder / "throughput.png"))
+        paths.append(plot_latency(rows, mode, folder / "latency.png"))
+        split = plot_server_split(rows, mode, folder / "server_split.png")
+        if split:
+            paths.append(split)
+    if series:
+        paths.append(plot_timeline(series, rows, folder / "timeline.png"))
+    return paths

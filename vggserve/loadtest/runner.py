@@ -1,0 +1,172 @@
+"""A whole load test: a readiness check, then each level in turn (scraping /metrics around its measured
+window), writing results after every level so that Ctrl-C or a crash mid-run keeps what was measured."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from ..errors import VggserveError
+from .client import make_client
+from .config import LoadTestConfig
+from .images import ImageSet
+from .loops import LevelPlan, LevelRun, run_closed, run_open
+from .metrics import Snapshot, scrape, server_split
+from .plots import write_plots
+from .progress import show_progress
+from .report import write_level_csv, write_summary
+from .stats import summarize, timeline
+
+READY_POLL_S = 0.5
+
+
+@dataclass
+class RunResult:
+    """What a run measured and where it wrote it."""
+
+    rows: list[dict] = field(default_factory=list)
+    runs: list[LevelRun] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def run_loadtest(config: LoadTestConfig, wait_ready_s: float = 0.0, images: ImageSet | None = None) -> RunResult:
+    """Run every level of `config` and write its outputs; SIGINT stops early and still writes them.
+
+    `images` defaults to the files of config.images.
+    """
+    images = images or ImageSet.from_folder(config.images)
+    try:
+        Path(config.output).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise VggserveError(f"cannot create --output {str(config.output)!r}: {exc.strerror}") from None
+    return asyncio.run(_run(config, images, wait_ready_s))
+
+
+async def _run(config: LoadTestConfig, images: ImageSet, wait_ready_s: float) -> RunResult:
+    stop = asyncio.Event()
+    with _sigint_sets(stop):
+        result = RunResult()
+        meta = _meta(config, images)
+        clock0 = time.perf_counter()
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False) as side_client:
+            await _check_ready(side_client, config, wait_ready_s, result)
+            for level in config.levels:
+                if stop.is_set():
+                    break
+                await _run_level(config, images, level, clock0, stop, side_client, result)
+                _write_tables(config, result, meta)
+        result.interrupted = stop.is_set() or any(run.interrupted for run in result.runs)
+        meta["interrupted"] = result.interrupted
+        result.files = _write_tables(config, result, meta)
+        series = timeline(result.runs)
+        result.files += write_plots(Path(config.output), result.rows, config.mode, series)
+        return result
+
+
+@contextlib.contextmanager
+def _sigint_sets(stop: asyncio.Event):
+    """Within the block, Ctrl-C sets `stop` instead of raising (main thread only)."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        installed = True
+    except (NotImplementedError, RuntimeError, ValueError):
+        installed = False
+    try:
+        yield
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _check_ready(client: httpx.AsyncClient, config: LoadTestConfig, wait_s: float,
+                       result: RunResult) -> None:
+    """GET /health/ready (polling up to `wait_s`): unreachable is an error, not-ready only a warning."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            response = await client.get(config.ready_url)
+            if response.status_code == 200 or time.monotonic() >= deadline:
+                break
+        except httpx.HTTPError as exc:
+            if time.monotonic() >= deadline:
+                raise VggserveError(f"cannot reach {config.url}: {type(exc).__name__} {exc}".strip()) from None
+        await asyncio.sleep(READY_POLL_S)
+    if response.status_code != 200:
+        _warn(result, f"{config.ready_url} answered HTTP {response.status_code}; measuring anyway")
+
+
+def _plan(config: LoadTestConfig, level: float) -> LevelPlan:
+    return LevelPlan(
+        mode=config.mode, level=level, label=config.level_label(level), url=config.classify_url,
+        warmup_s=config.warmup_s, duration_s=config.duration_s, max_requests=config.max_requests,
+        max_inflight=config.max_inflight, lag_threshold_s=config.lag_threshold_ms / 1000.0,
+        drain_s=config.timeout_s + 1.0, multipart=config.multipart,
+    )
+
+
+async def _run_level(config: LoadTestConfig, images: ImageSet, level: float, clock0: float,
+                     stop: asyncio.Event, side_client: httpx.AsyncClient, result: RunResult) -> None:
+    """One level: the loop, a scrape when its warm-up ends and one after it, the progress line."""
+    plan = _plan(config, level)
+    connections = int(level) if config.mode == "closed" else config.max_inflight
+    before_task = None
+    if config.scrape_metrics:
+        before_task = asyncio.create_task(_scrape_later(side_client, config.metrics_url, plan.warmup_s))
+    run = LevelRun(plan, clock0)
+    loop = run_closed if config.mode == "closed" else run_open
+    async with make_client(connections, config.timeout_s) as client:
+        progress_task = asyncio.create_task(show_progress(run)) if config.progress else None
+        try:
+            await loop(client, images, run, stop)
+        finally:
+            if progress_task:
+                progress_task.cancel()
+                await asyncio.gather(progress_task, return_exceptions=True)
+    before = after = None
+    if before_task:
+        before, why = await before_task
+        if before is not None:
+            after, why = await scrape(side_client, config.metrics_url)
+        if why:
+            _warn(result, f"{plan.label}: {why}; no server-side split for this level")
+    result.runs.append(run)
+    result.rows.append(summarize(run, server_split(before, after)))
+
+
+async def _scrape_later(client: httpx.AsyncClient, url: str, delay_s: float) -> tuple[Snapshot | None, str | None]:
+    await asyncio.sleep(delay_s)
+    return await scrape(client, url)
+
+
+def _write_tables(config: LoadTestConfig, result: RunResult, meta: dict) -> list[Path]:
+    folder = Path(config.output)
+    files = [write_level_csv(folder, run) for run in result.runs]
+    meta["warnings"] = list(result.warnings)
+    files += write_summary(folder, result.rows, meta, timeline(result.runs))
+    return files
+
+
+def _meta(config: LoadTestConfig, images: ImageSet) -> dict:
+    return {
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": config.to_json(),
+        "images": images.describe(),
+        "interrupted": False,
+        "warnings": [],
+    }
+
+
+def _warn(result: RunResult, message: str) -> None:
+    result.warnings.append(message)
+    print(f"vggserve loadtest: warning: {message}", file=sys.stderr)
