@@ -1,0 +1,75 @@
+"""`vggserve batch`: classify a directory or list of images over every MPI rank (one device per rank).
+
+    mpirun -n 4 vggserve batch --weights W --input DIR_OR_LIST --output results.jsonl --device gpu
+
+Without mpirun it runs as one rank. See docs/batch.md for the output files, resuming and deploy/ scripts.
+mpi4py is imported only when the command runs, so other subcommands never start MPI.
+"""
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "batch",
+        help="classify many images under mpirun, one device per rank; resumable",
+        description="Classify every image of --input into --output (one JSON line per image, as `classify "
+                    "--json` prints it). Run under mpirun/mpiexec for several devices; a rerun with the same "
+                    "--output finishes what is missing.",
+    )
+    parser.add_argument("--input", required=True, metavar="DIR_OR_LIST",
+                        help="directory (searched recursively for image files), list file (one path per line, "
+                             "relative to the list's folder) or one image file")
+    parser.add_argument("--output", required=True, metavar="RESULTS.jsonl",
+                        help="results file, appended to; unreadable images go to <stem>.errors.jsonl beside it")
+    parser.add_argument("--weights", default=None,
+                        help="weights file (default: $VGGSERVE_WEIGHTS, then the fetched weights)")
+    parser.add_argument("--batch-size", type=_positive, default=16,
+                        help="images per chunk handed to a rank and per device batch (default 16)")
+    parser.add_argument("--device", default="auto", metavar="SPEC",
+                        help="gpu (GPU number <local rank>), cpu, auto, or one device per local rank: "
+                             "gpu:0,gpu:2 (default auto)")
+    parser.add_argument("--top-k", type=_top_k, default=5, help="predictions per image (default 5)")
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="classify again the images listed in the errors file (default: skip them)")
+    parser.add_argument("--decode-threads", type=_positive, default=2,
+                        help="threads per rank reading and preprocessing images ahead (default 2)")
+    parser.add_argument("--summary", default=None, metavar="FILE.json",
+                        help="also write the final summary (per-rank throughput) as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _top_k(text: str) -> int:
+    value = _positive(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError(f"must be at most 1000 (the number of classes), got {value}")
+    return value
+
+
+def _run(args) -> int:
+    from ..distributed.job import BatchOptions, run_batch
+
+    options = BatchOptions(
+        input=args.input,
+        output=args.output,
+        weights=args.weights,
+        batch_size=args.batch_size,
+        device=args.device,
+        top_k=args.top_k,
+        retry_errors=args.retry_errors,
+        decode_threads=args.decode_threads,
+        progress=not args.no_progress,
+        summary_path=args.summary,
+    )
+    return run_batch(options)

@@ -1,0 +1,104 @@
+"""MPI plumbing shared by the batch job and batch sharding.
+
+- `world()`: MPI.COMM_WORLD (a one-rank world when the program was not started by mpirun/mpiexec).
+- `node_layout(comm)`: (local_rank, local_size), this rank's index among the ranks of its node.
+- `wait(request)`, `wait_for_message(...)`, `barrier(comm)`: waits that sleep between polls. MPI's blocking
+  calls spin a core while they wait; ranks that share cores (several ranks per node, oversubscribed CI
+  machines, decode threads) would lose that core to a rank that is only waiting.
+- `abort_all(comm, who, exc)`: print the failing rank's message on stderr, then MPI_Abort every rank.
+
+mpi4py is imported inside the functions: importing this module does not start MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from ..errors import VggserveError
+
+# launcher variables holding the node-local rank: Open MPI, MPICH (Hydra), Slurm's srun
+LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+_FIRST_SLEEP = 0.0002
+_LONGEST_SLEEP = 0.005  # the latency a sleeping wait adds at most
+
+
+def world():
+    """MPI.COMM_WORLD; importing mpi4py initialises MPI (as one rank when no launcher started us)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def node_layout(comm) -> tuple[int, int]:
+    """(local_rank, local_size) of this rank on its node. Collective over `comm`.
+
+    The launcher's variable is used when it gives distinct ranks on the node (an inherited SLURM_LOCALID, for
+    example when mpiexec runs inside one srun task, does not); otherwise the rank's index in the node's
+    shared-memory communicator (MPI_COMM_TYPE_SHARED).
+    """
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        fallback, local_size = node.Get_rank(), node.Get_size()
+        from_env = _local_rank_from_environment()
+        claimed = node.allgather(from_env)
+    finally:
+        node.Free()
+    if from_env is not None and None not in claimed and sorted(claimed) == list(range(local_size)):
+        return from_env, local_size
+    return fallback, local_size
+
+
+def _local_rank_from_environment() -> int | None:
+    for name in LOCAL_RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _sleep_until(done) -> None:
+    delay = _FIRST_SLEEP
+    while not done():
+        time.sleep(delay)
+        delay = min(delay * 2, _LONGEST_SLEEP)
+
+
+def wait(request) -> None:
+    """Complete an MPI request (Isend, Ibcast, Ibarrier, ...), sleeping between tests."""
+    _sleep_until(request.Test)
+
+
+def wait_for_message(comm, source: int, tag: int, status=None) -> None:
+    """Return once a message from `source` (may be MPI.ANY_SOURCE) with `tag` can be received."""
+    _sleep_until(lambda: comm.Iprobe(source=source, tag=tag, status=status))
+
+
+def barrier(comm) -> None:
+    """A barrier that sleeps while it waits for the slower ranks."""
+    wait(comm.Ibarrier())
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a user: the message of our own errors, `Type: message` for anything else."""
+    if isinstance(exc, VggserveError):
+        return str(exc)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def abort_all(comm, who: str, exc: BaseException, program: str = "vggserve") -> None:
+    """Print why `who` (e.g. "rank 1 (gpu:1)") failed, then abort every rank of `comm` with exit status 1.
+
+    Unexpected exceptions get their traceback first; our own errors are one line. Does not return.
+    """
+    if not isinstance(exc, (VggserveError, KeyboardInterrupt)):
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"{program}: error: {who}: {describe(exc)} (aborting all ranks)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    comm.Abort(1)

@@ -1,0 +1,125 @@
+"""One rank's work on chunks of image paths: decode ahead on threads, classify in order on the rank's model.
+
+    runner = ChunkRunner(model, top_k=5, decode_threads=2)
+    runner.submit(paths)              # starts decoding this chunk on the thread pool
+    outcome = runner.run_next()       # oldest submitted chunk: waits for its pixels, runs the model
+
+An image that cannot be opened or decoded becomes an error line and never reaches the model; an exception
+from the model itself propagates (the job aborts: that is a device or engine failure, not a bad image).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..predictions import top_k as top_k_predictions
+from .store import error_line, result_line
+
+
+@dataclass
+class ChunkOutcome:
+    """What a chunk produced: JSON lines for the results and the errors file."""
+
+    results: list[str]
+    errors: list[str]
+
+    @property
+    def images(self) -> int:
+        return len(self.results) + len(self.errors)
+
+
+@dataclass
+class RankStats:
+    """Work done by one rank in this run; `active_seconds` spans its first chunk's start to its last's end."""
+
+    rank: int
+    device: str
+    images: int = 0
+    errors: int = 0
+    active_seconds: float = 0.0
+    _started: float | None = field(default=None, repr=False)
+
+    def record(self, outcome: ChunkOutcome, started: float, ended: float) -> None:
+        if self._started is None:
+            self._started = started
+        self.images += outcome.images
+        self.errors += len(outcome.errors)
+        self.active_seconds = ended - self._started
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.active_seconds if self.active_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "device": self.device,
+            "images": self.images,
+            "errors": self.errors,
+            "active_seconds": round(self.active_seconds, 3),
+            "images_per_second": round(self.images_per_second, 3),
+        }
+
+
+def decode(path: str, mode: str):
+    """(pixels float32 (3, 224, 224), None) for a readable image, else (None, (reason, exception type))."""
+    from ..images import open_image
+    from ..preprocess import preprocess
+
+    try:
+        return np.asarray(preprocess(open_image(path), mode), dtype=np.float32), None
+    except Exception as exc:  # an unreadable image of any kind is recorded, never fatal
+        reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
+        return None, (reason or str(exc) or type(exc).__name__, type(exc).__name__)
+
+
+class ChunkRunner:
+    """Decode-ahead classification of chunks on one model (which only this runner's thread may call)."""
+
+    def __init__(self, model, top_k: int = 5, decode_threads: int = 2):
+        self.model = model
+        self.top_k = top_k
+        self._pool = ThreadPoolExecutor(max_workers=max(1, decode_threads), thread_name_prefix="decode")
+        self._queue: deque[tuple[list[str], list[Future]]] = deque()
+
+    @property
+    def pending(self) -> int:
+        """Chunks submitted and not yet run."""
+        return len(self._queue)
+
+    def submit(self, paths: list[str]) -> None:
+        mode = self.model.preprocessing
+        self._queue.append((list(paths), [self._pool.submit(decode, path, mode) for path in paths]))
+
+    def run_next(self) -> ChunkOutcome:
+        """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
+        paths, futures = self._queue.popleft()
+        good_paths, pixels, errors = [], [], []
+        for path, future in zip(paths, futures):
+            array, problem = future.result()
+            if problem is None:
+                good_paths.append(path)
+                pixels.append(array)
+            else:
+                errors.append(error_line(path, *problem))
+        results = []
+        if pixels:
+            probabilities = self.model.probabilities(np.stack(pixels))
+            predictions = top_k_predictions(probabilities, self.top_k)
+            results = [result_line(path, preds) for path, preds in zip(good_paths, predictions)]
+        return ChunkOutcome(results, errors)
+
+    def run_timed(self, stats: RankStats) -> ChunkOutcome:
+        """run_next, recorded in `stats`."""
+        started = time.perf_counter()
+        outcome = self.run_next()
+        stats.record(outcome, started, time.perf_counter())
+        return outcome
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,65 @@
+"""The batch job's final summary: a dict (written with `--summary FILE.json`) and the text rank 0 prints.
+
+Summary dict layout:
+
+    {"images": int,              # images finished by this run (classified + errors)
+     "classified": int, "errors": int,
+     "already_done": int,        # skipped because an earlier run recorded them
+     "wall_seconds": float,      # from the first chunk handed out to the last result written
+     "setup_seconds": float,     # listing inputs, loading weights and building kernels on every rank
+     "images_per_second": float, # images / wall_seconds, all ranks together
+     "ranks": [{"rank", "device", "device_name", "images", "errors", "active_seconds",
+                "images_per_second"}, ...],   # per rank: its images / its active_seconds
+     "output": str, "errors_file": str}
+"""
+
+from __future__ import annotations
+
+
+def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, setup: float, skipped: int,
+              output: str, errors_file: str) -> dict:
+    """Combine per-rank stats (RankStats.as_dict; ranks that got no work may be missing) into the summary."""
+    per_rank = []
+    for info in ranks:
+        stats = stats_by_rank.get(info["rank"], {})
+        per_rank.append({
+            "rank": info["rank"],
+            "device": info["device"],
+            "device_name": info["device_name"],
+            "images": stats.get("images", 0),
+            "errors": stats.get("errors", 0),
+            "active_seconds": stats.get("active_seconds", 0.0),
+            "images_per_second": stats.get("images_per_second", 0.0),
+        })
+    images = sum(entry["images"] for entry in per_rank)
+    errors = sum(entry["errors"] for entry in per_rank)
+    return {
+        "images": images,
+        "classified": images - errors,
+        "errors": errors,
+        "already_done": skipped,
+        "wall_seconds": round(wall, 3),
+        "setup_seconds": round(setup, 3),
+        "images_per_second": round(images / wall, 3) if wall > 0 else 0.0,
+        "ranks": per_rank,
+        "output": output,
+        "errors_file": errors_file,
+    }
+
+
+def format_summary(summary: dict) -> str:
+    """Human-readable lines: totals, then one row per rank."""
+    lines = [
+        f"batch: {summary['images']} images ({summary['classified']} classified, {summary['errors']} errors) "
+        f"in {summary['wall_seconds']:.2f} s = {summary['images_per_second']:.2f} images/s "
+        f"on {len(summary['ranks'])} rank(s); {summary['already_done']} already done before this run; "
+        f"setup {summary['setup_seconds']:.1f} s",
+        f"  {'rank':>4}  {'device':<10} {'images':>7} {'errors':>7} {'images/s':>9}  device name",
+    ]
+    for entry in summary["ranks"]:
+        lines.append(
+            f"  {entry['rank']:>4}  {entry['device']:<10} {entry['images']:>7} {entry['errors']:>7} "
+            f"{entry['images_per_second']:>9.2f}  {entry['device_name']}"
+        )
+    lines.append(f"results: {summary['output']}  errors: {summary['errors_file']}")
+    return "\n".join(lines)
