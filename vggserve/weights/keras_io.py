@@ -51,6 +51,8 @@ def _layer_groups(f, h5py) -> dict:
 def _layer_tensors(path: Path, layer: str, group, h5py) -> dict[str, np.ndarray]:
     datasets = []
     group.visititems(lambda _n, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)
+    if not datasets:
+        return {}  # a layer group without weights: reported as a missing key by validation
     kernels = [d for d in datasets if d.ndim >= 2]
     biases = [d for d in datasets if d.ndim == 1]
     if len(kernels) != 1 or len(biases) != 1:
