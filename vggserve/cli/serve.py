@@ -1,0 +1,119 @@
+"""`vggserve serve`: the HTTP service (FastAPI under uvicorn), one worker thread per device, or under mpirun
+with each batch sharded over every rank's device.
+
+    vggserve serve --weights W [--host 127.0.0.1] [--port 8000] [--device gpu:0,gpu:1] [--max-batch-size 16]
+    mpirun -n 4 vggserve serve --weights W --device gpu      # rank 0 serves HTTP; batches go to all 4 GPUs
+
+See docs/serving.md for the API, every setting and the deploy files.
+"""
+
+import argparse
+import os
+import signal
+import sys
+
+MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="run the HTTP classification service",
+        description="Serve POST /classify with dynamic batching over one or more devices. Binds to 127.0.0.1 "
+                    "unless --host says otherwise. Under mpirun/mpiexec rank 0 serves HTTP and every batch is "
+                    "sharded across all ranks. SIGTERM drains: readiness turns 503, in-flight requests finish, "
+                    "then it exits 0.")
+    p.add_argument("--weights", default=None,
+                   help="weights file (default: $VGGSERVE_WEIGHTS, then the fetched weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--device", default=None, metavar="SPEC",
+                   help="device spec, or a comma list for one worker per device, e.g. gpu:0,gpu:1 (default auto; "
+                        "under mpirun: gpu, meaning GPU number <local rank>)")
+    p.add_argument("--max-batch-size", type=int, default=16, help="images per device batch (default 16)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="longest wait for a batch to fill after its first image arrives (default 5)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="images admitted and not yet on a device; beyond it requests get 429 (default 256)")
+    p.add_argument("--request-timeout-ms", type=int, default=30_000,
+                   help="default deadline per request, queue time included; header X-Request-Timeout-Ms "
+                        "overrides it (default 30000)")
+    p.add_argument("--max-body-bytes", type=int, default=20 * 1024 * 1024,
+                   help="largest request body; larger ones get 413 before they are read (default 20 MiB)")
+    p.add_argument("--max-pixels", type=int, default=40_000_000,
+                   help="largest image in pixels, from its header; larger ones get 413 (default 40000000)")
+    p.add_argument("--max-files", type=int, default=16, help="files per POST /classify/batch (default 16)")
+    p.add_argument("--preprocess-threads", type=int, default=None,
+                   help="threads decoding and preprocessing images (default: one per core, 2..16)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on every endpoint but /health/* (default: "
+                        "$VGGSERVE_API_KEY; none if unset). Prefer the variable: arguments show in `ps`")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch before reporting ready")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    p.set_defaults(func=_run)
+
+
+def _settings(args, **overrides):
+    from ..serving.settings import API_KEY_ENV, Settings, default_preprocess_threads, parse_devices
+
+    values = dict(
+        weights=str(args.weights) if args.weights else None, host=args.host, port=args.port,
+        devices=parse_devices(args.device), max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue, request_timeout_ms=args.request_timeout_ms, max_body_bytes=args.max_body_bytes,
+        max_pixels=args.max_pixels, max_files=args.max_files,
+        preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
+        drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        warmup=not args.no_warmup)
+    values.update(overrides)
+    return Settings(**values)
+
+
+def _under_mpi() -> bool:
+    """True when a launcher started several ranks (checked from its variables before MPI is initialised)."""
+    for name in MPI_SIZE_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 1:
+            return True
+    return False
+
+
+def _run(args) -> int:
+    from ..weights import find_weights
+
+    args.weights = find_weights(args.weights)  # fails now, with how to get weights, not in a worker later
+    if _under_mpi():
+        return _run_mpi(args)
+    from ..serving.server import run_server
+
+    settings = _settings(args)
+    print(f"vggserve: serving on http://{settings.host}:{settings.port} with {len(settings.devices)} device "
+          f"worker(s) ({', '.join(settings.devices)})", file=sys.stderr)
+    return run_server(settings, log_level=args.log_level, access_log=args.access_log)
+
+
+def _run_mpi(args) -> int:
+    """Rank 0: HTTP with one worker whose model is the ShardedModel; other ranks: compute their pieces."""
+    from ..distributed.mpi import world
+    from ..distributed.sharding import run_sharded
+    from ..serving.server import run_server
+
+    comm = world()
+    device = args.device or "gpu"
+    if comm.Get_rank() != 0:
+        # rank 0 drains and then releases this rank; a launcher's SIGTERM/SIGINT must not cut it short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # validate the flags on every rank before any collective, so a bad value fails everywhere alike
+    settings = _settings(args, devices=("mpi",), mpi=True)
+
+    def serve(model) -> int:
+        front = _settings(args, devices=("mpi",), mpi=True, max_batch_size=int(model.max_batch_size),
+                          max_queue=max(settings.max_queue, int(model.max_batch_size)))
+        print(f"vggserve: serving on http://{front.host}:{front.port} with batches of up to "
+              f"{front.max_batch_size} sharded over {model.device_name}", file=sys.stderr)
+        return run_server(front, model_factory=lambda _device: model, log_level=args.log_level,
+                          access_log=args.access_log)
+
+    return run_sharded(serve, str(args.weights), device=device, max_batch_size=settings.max_batch_size, comm=comm)

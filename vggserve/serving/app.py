@@ -1,0 +1,71 @@
+"""The FastAPI application: routers, error handlers, middlewares, and the lifespan that starts the device workers.
+
+    app = create_app(Settings(weights="vgg16.safetensors", devices=("gpu:0", "gpu:1")))
+
+Models are loaded in the lifespan (never at import), by one worker thread per device, so the server answers
+/health/live at once and /health/ready turns 200 when every worker has loaded and warmed up.
+"""
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from .. import __version__
+from .auth import OPEN_PATHS, ApiKeyMiddleware
+from .drain import DrainMiddleware
+from .errors import install_error_handlers
+from .limits import BodySizeLimitMiddleware
+from .metrics import RequestMetricsMiddleware
+from .routes_classify import router as classify_router
+from .routes_health import router as health_router
+from .service import ModelFactory, Service
+from .settings import Settings
+
+DESCRIPTION = """VGG16 ImageNet classification on our own OpenCL kernels, with dynamic batching across devices.
+
+Every error has the body `{"error": {"code": "...", "message": "..."}}`. Send `X-Request-Timeout-Ms` to set a
+request's deadline. When the server has an API key, every endpoint but `/health/*` needs
+`Authorization: Bearer <key>`."""
+
+
+def create_app(settings: Settings, model_factory: ModelFactory | None = None) -> FastAPI:
+    """The app for `settings`. `model_factory(device_spec) -> model` replaces loading the weights (for tests)."""
+    service = Service(settings, model_factory)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, service.stop)
+
+    app = FastAPI(title="vggserve", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    app.include_router(classify_router)
+    app.include_router(health_router)
+    # add_middleware puts each one outside the previous: requests meet metrics, drain, auth, then the body limit
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(DrainMiddleware, drain=service.drain)
+    app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics)
+    app.openapi = lambda: _openapi(app, bool(settings.api_key))
+    return app
+
+
+def _openapi(app: FastAPI, needs_key: bool) -> dict:
+    """FastAPI's schema, plus the bearer-key requirement on every non-health path when a key is configured."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        if needs_key:
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+                "type": "http", "scheme": "bearer", "description": "The server's API key."}
+            for path, operations in schema.get("paths", {}).items():
+                for operation in operations.values():
+                    operation["security"] = [] if path in OPEN_PATHS else [{"bearer": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,75 @@
+"""Response bodies, as pydantic models so /docs shows them. Routes build plain dicts of the same shape."""
+
+from pydantic import BaseModel, Field
+
+from .errors import ErrorDetail
+
+
+class Prediction(BaseModel):
+    index: int = Field(description="ImageNet-1k class index, 0..999.")
+    label: str = Field(description="Class name.")
+    probability: float = Field(description="Softmax probability, 0..1.")
+
+
+class Timing(BaseModel):
+    queue: float = Field(description="Milliseconds from entering the device queue to the start of its batch.")
+    preprocess: float = Field(description="Milliseconds decoding and preprocessing the image.")
+    inference: float = Field(description="Milliseconds of device time for the batch the image ran in.")
+    total: float = Field(description="Milliseconds the server spent on the request.")
+
+
+class ClassifyResponse(BaseModel):
+    request_id: str = Field(description="Unique id of this request, also in the `X-Request-ID` header.")
+    model: str = Field(description="Model name, `vgg16`.")
+    predictions: list[Prediction] = Field(description="The `top_k` most probable classes, highest first.")
+    timing_ms: Timing
+
+
+class BatchItem(BaseModel):
+    filename: str | None = Field(description="The file's name in the multipart request, if it had one.")
+    predictions: list[Prediction] | None = Field(None, description="Present when this file was classified.")
+    timing_ms: Timing | None = None
+    error: ErrorDetail | None = Field(None, description="Present instead of predictions when this file failed.")
+
+
+class BatchResponse(BaseModel):
+    request_id: str
+    model: str
+    results: list[BatchItem] = Field(description="One entry per file, in the order the files were sent.")
+
+
+class Health(BaseModel):
+    status: str = Field(description="`ok`/`ready`, or why not, e.g. `not_ready`, `draining`, `worker_failed`.")
+    detail: str = Field(description="Human-readable detail.")
+
+
+class WeightsInfo(BaseModel):
+    path: str | None
+    format: str | None
+    sha256: str | None
+
+
+class DeviceInfo(BaseModel):
+    spec: str = Field(description="Device spec the worker was started with, e.g. `gpu:0`.")
+    state: str = Field(description="starting, loading, warming, ready, stopped or failed.")
+    error: str | None
+    batches: int = Field(description="Batches computed so far.")
+    name: str | None = Field(description="OpenCL device name once loaded.")
+
+
+class Metadata(BaseModel):
+    model: str
+    version: str
+    weights: WeightsInfo
+    preprocessing: str | None = Field(description="`torchvision` or `caffe` input normalisation.")
+    input: dict = Field(description="Model input shape and dtype.")
+    labels: int = Field(description="Number of classes.")
+    devices: list[DeviceInfo]
+    max_batch_size: int
+    max_wait_ms: float
+    max_queue: int
+    request_timeout_ms: int
+    max_body_bytes: int
+    max_pixels: int
+    max_files: int
+    mpi: bool

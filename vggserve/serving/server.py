@@ -1,0 +1,33 @@
+"""Running the app under uvicorn, with graceful drain on SIGTERM."""
+
+import logging
+
+import uvicorn
+
+from .app import create_app
+from .drain import DrainingServer
+from .service import ModelFactory
+from .settings import Settings
+
+# after the drain, how long uvicorn waits for idle connections to close before it stops
+CLOSE_CONNECTIONS_S = 5
+
+
+def build_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
+                 access_log: bool = False) -> DrainingServer:
+    """A uvicorn server for `create_app(settings, model_factory)` on settings.host:settings.port."""
+    app = create_app(settings, model_factory)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            access_log=access_log, timeout_graceful_shutdown=CLOSE_CONNECTIONS_S,
+                            lifespan="on", server_header=False)
+    return DrainingServer(config, app.state.service.drain)
+
+
+def run_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
+               access_log: bool = False) -> int:
+    """Serve until SIGTERM/SIGINT (drained) and return the exit status: 0 after a clean drain."""
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = build_server(settings, model_factory, log_level, access_log)
+    server.run()
+    return 0 if server.started else 1

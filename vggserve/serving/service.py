@@ -1,0 +1,153 @@
+"""The service's state: settings, metrics, the queue, the device workers, the preprocessing pool, the drain.
+Started and stopped by the app's lifespan; the routes ask it whether it is ready and what it serves."""
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from .. import __version__
+from ..weights.spec import INPUT_SIZE, NUM_CLASSES
+from .batcher import BatchQueue
+from .drain import Drain
+from .errors import ApiError
+from .metrics import Metrics
+from .settings import Settings
+from .worker import DeviceWorker
+
+log = logging.getLogger("vggserve.serving")
+
+ModelFactory = Callable[[str], object]  # device spec -> a model with logits/probabilities/close
+
+
+def default_model_factory(settings: Settings) -> ModelFactory:
+    """Each device worker loads the weights file itself with the real engine, in its own thread."""
+    if not settings.weights:
+        raise ApiError(500, "no_weights", "no weights file configured")
+
+    def load(device: str):
+        from ..model.vgg16 import VGG16
+
+        return VGG16.load(settings.weights, device=device, max_batch_size=settings.max_batch_size)
+
+    return load
+
+
+def unavailable(code: str, message: str) -> ApiError:
+    return ApiError(503, code, message, {"Retry-After": "1"})
+
+
+class Service:
+    """Owns everything the routes need; one per app."""
+
+    def __init__(self, settings: Settings, model_factory: ModelFactory | None = None):
+        self.settings = settings
+        self.model_factory = model_factory
+        self.metrics = Metrics()
+        self.drain = Drain(settings.drain_timeout_s, self.metrics)
+        self.queue = BatchQueue(settings.max_queue, self.metrics)
+        self.workers: list[DeviceWorker] = []
+        self.pool: ThreadPoolExecutor | None = None
+        self._sha256 = None  # Future of the weights file's checksum, computed once in the pool
+        self.started_at: float | None = None
+        self.stopping = False
+        self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
+        self.metrics.queue_length.set_function(lambda: len(self.queue))
+        self.metrics.workers_ready.set_function(lambda: sum(w.ready for w in self.workers))
+
+    # lifecycle -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the preprocessing pool and one worker thread per device; returns at once (loading runs on)."""
+        factory = self.model_factory or default_model_factory(self.settings)
+        self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
+        self.started_at = time.monotonic()
+        if self.settings.weights:
+            from ..weights import sha256_file
+
+            self._sha256 = self.pool.submit(sha256_file, self.settings.weights)
+        for device in self.settings.devices:
+            worker = DeviceWorker(device, factory, self.queue, self.metrics,
+                                  max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
+                                  warmup=self.settings.warmup, on_change=self._worker_changed)
+            self.workers.append(worker)
+            worker.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Fail what still waits, let workers finish their batch and close their models, stop the pool."""
+        self.stopping = True
+        self.queue.close(unavailable("shutting_down", "the server is shutting down"))
+        end = time.monotonic() + timeout_s
+        for worker in self.workers:
+            worker.join(max(0.0, end - time.monotonic()))
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _worker_changed(self) -> None:
+        if self.workers and not self.stopping and not any(w.alive for w in self.workers):
+            reasons = "; ".join(f"{w.device}: {w.error or w.state}" for w in self.workers)
+            log.error("no device worker is alive (%s)", reasons)
+            self.queue.close(unavailable("no_workers", f"no device worker is alive ({reasons})"))
+
+    # state the routes ask for --------------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str, str]:
+        """(ready, code, message): ready once every worker has loaded and warmed up, and none has died."""
+        if self.drain.draining:
+            return False, "draining", "the server is draining for shutdown"
+        if not self.workers:
+            return False, "not_ready", "the service has not started"
+        dead = [w for w in self.workers if not w.alive and w.state != "starting"]
+        if dead:
+            return False, "worker_failed", "; ".join(f"device worker {w.device} is {w.state}"
+                                                     + (f": {w.error}" if w.error else "") for w in dead)
+        waiting = [w for w in self.workers if not w.ready]
+        if waiting:
+            return False, "not_ready", "waiting for " + ", ".join(f"{w.device} ({w.state})" for w in waiting)
+        return True, "ready", f"{len(self.workers)} device worker(s) ready"
+
+    def ensure_accepting(self) -> None:
+        """Raise 503 unless some device worker can take images (one dead worker of several is not fatal)."""
+        if self.drain.draining:
+            raise unavailable("draining", "the server is draining for shutdown; retry on another instance")
+        if any(w.ready for w in self.workers):
+            return
+        if any(w.alive or w.state == "starting" for w in self.workers):
+            raise unavailable("not_ready", "the model is still loading or warming up; retry in a moment "
+                              "(GET /health/ready answers 200 when it is ready)")
+        raise unavailable("no_workers", "no device worker is alive; " + self.readiness()[2])
+
+    def model_info(self) -> dict:
+        """What the first ready worker reported about its model ({} before any is ready)."""
+        for worker in self.workers:
+            if worker.info:
+                return worker.info
+        return {}
+
+    @property
+    def preprocessing(self) -> str:
+        return self.model_info().get("preprocessing", "torchvision")
+
+    def metadata(self) -> dict:
+        info = self.model_info()
+        weights = info.get("weights_info") or {}
+        sha256 = weights.get("sha256")
+        if not isinstance(sha256, str) and self._sha256 is not None and self._sha256.done() \
+                and self._sha256.exception() is None:
+            sha256 = self._sha256.result()
+        return {
+            "model": "vgg16",
+            "version": __version__,
+            "weights": {"path": str(weights.get("path") or self.settings.weights or "") or None,
+                        "format": weights.get("format"), "sha256": sha256 if isinstance(sha256, str) else None},
+            "preprocessing": info.get("preprocessing"),
+            "input": {"shape": [3, INPUT_SIZE, INPUT_SIZE], "dtype": "float32"},
+            "labels": NUM_CLASSES,
+            "devices": [w.describe() for w in self.workers],
+            "max_batch_size": self.settings.max_batch_size,
+            "max_wait_ms": self.settings.max_wait_ms,
+            "max_queue": self.settings.max_queue,
+            "request_timeout_ms": self.settings.request_timeout_ms,
+            "max_body_bytes": self.settings.max_body_bytes,
+            "max_pixels": self.settings.max_pixels,
+            "max_files": self.settings.max_files,
+            "mpi": self.settings.mpi,
+        }

@@ -1,0 +1,110 @@
+"""Service settings, validated when built: a bad value fails at start-up with a message that says how to fix it."""
+
+import os
+from dataclasses import dataclass, field, fields
+
+from ..errors import VggserveError
+
+API_KEY_ENV = "VGGSERVE_API_KEY"
+MAX_TOP_K = 100  # the `top_k` query parameter is bounded to 1..MAX_TOP_K
+MAX_TIMEOUT_MS = 600_000  # the largest deadline a request header may ask for (10 minutes)
+
+
+class SettingsError(VggserveError):
+    """A service setting is out of range or malformed; the message names the flag and a valid example."""
+
+    exit_code = 2
+
+
+def default_preprocess_threads() -> int:
+    """Decode/preprocess threads: one per core, at least 2, at most 16."""
+    return max(2, min(16, os.cpu_count() or 2))
+
+
+def parse_devices(text: str | None) -> tuple[str, ...]:
+    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each."""
+    parts = tuple(p.strip() for p in (text or "auto").split(","))
+    if any(not p for p in parts):
+        raise SettingsError(f"--device {text!r} has an empty entry; give specs separated by commas, e.g. gpu:0,gpu:1")
+    return parts
+
+
+# name: (lowest, highest, flag, example)
+_BOUNDS = {
+    "port": (0, 65535, "--port", "8000"),
+    "max_batch_size": (1, 4096, "--max-batch-size", "16"),
+    "max_wait_ms": (0, 10_000, "--max-wait-ms", "5"),
+    "max_queue": (1, 1_000_000, "--max-queue", "256"),
+    "request_timeout_ms": (1, MAX_TIMEOUT_MS, "--request-timeout-ms", "30000"),
+    "max_body_bytes": (1024, 1 << 31, "--max-body-bytes", "20000000"),
+    "max_pixels": (1, 1 << 31, "--max-pixels", "40000000"),
+    "max_files": (1, 1024, "--max-files", "16"),
+    "preprocess_threads": (1, 256, "--preprocess-threads", "4"),
+    "drain_timeout_s": (0, 3600, "--drain-timeout", "30"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `vggserve serve` can be told. Times are in the unit their name says."""
+
+    weights: str | None = None  # path of the weights file (None: the model factory knows where they are)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    devices: tuple[str, ...] = ("auto",)  # one device worker per entry
+    max_batch_size: int = 16  # images per device batch
+    max_wait_ms: float = 5.0  # how long the oldest waiting image may wait for a batch to fill
+    max_queue: int = 256  # images admitted and not yet on a device (decoding or waiting); more get 429
+    request_timeout_ms: int = 30_000  # default deadline; header X-Request-Timeout-Ms overrides it per request
+    max_body_bytes: int = 20 * 1024 * 1024  # larger request bodies get 413 before they are read
+    max_pixels: int = 40_000_000  # larger images (width x height from the header) get 413
+    max_files: int = 16  # files per POST /classify/batch
+    preprocess_threads: int = field(default_factory=default_preprocess_threads)
+    drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight requests may take before exit
+    api_key: str | None = None  # when set, every endpoint but /health/* needs `Authorization: Bearer <key>`
+    warmup: bool = True  # each device worker runs one batch before the service reports ready
+    mpi: bool = False  # set by `mpirun -n N vggserve serve`: batches are sharded over all ranks
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.name in _BOUNDS:
+                self._check_range(f.name, getattr(self, f.name))
+        if not isinstance(self.devices, tuple) or not self.devices or not all(isinstance(d, str) and d.strip()
+                                                                                for d in self.devices):
+            raise SettingsError(f"devices must be a non-empty tuple of device specs, got {self.devices!r}; "
+                                "pass e.g. --device gpu:0,gpu:1")
+        if not isinstance(self.host, str) or not self.host.strip():
+            raise SettingsError(f"--host must be an address to bind, got {self.host!r}; pass e.g. --host 127.0.0.1")
+        if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
+            raise SettingsError(f"the API key must be non-empty and without spaces; set --api-key or {API_KEY_ENV} "
+                                "to e.g. the output of `openssl rand -hex 24`")
+        if self.max_files > self.max_queue:
+            raise SettingsError(f"--max-files ({self.max_files}) is larger than --max-queue ({self.max_queue}), so a "
+                                "full batch request could never be admitted; lower --max-files or raise --max-queue")
+
+    def _check_range(self, name: str, value) -> None:
+        low, high, flag, example = _BOUNDS[name]
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in ("max_wait_ms", "drain_timeout_s"):
+            ok = is_number and value == value  # not NaN
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        if not ok or not low <= value <= high:
+            kind = "a number" if name in ("max_wait_ms", "drain_timeout_s") else "an integer"
+            raise SettingsError(f"{flag} must be {kind} from {low} to {high}, got {value!r}; "
+                                f"pass e.g. {flag} {example}")
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000.0
+
+    def public(self) -> dict:
+        """The settings as a dict safe to show (the API key only as set/unset)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["devices"] = list(self.devices)
+        out["api_key"] = "set" if self.api_key else None
+        return out

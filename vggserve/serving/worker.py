@@ -1,0 +1,112 @@
+"""A device worker: one thread that owns one model (models are not thread-safe), loads it, runs a warm-up batch,
+then computes batches from the shared queue until the queue closes."""
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from .batcher import BatchQueue, Item, Outcome
+from .errors import ApiError
+from .metrics import Metrics
+
+log = logging.getLogger("vggserve.serving")
+
+INPUT_SHAPE = (3, 224, 224)
+LIVE_STATES = ("loading", "warming", "ready")
+
+
+class InferenceFailed(ApiError):
+    def __init__(self, device: str, exc: BaseException):
+        super().__init__(500, "inference_failed", f"inference failed on device {device}: {exc}")
+
+
+class DeviceWorker:
+    """States: starting -> loading -> warming -> ready -> stopped, or failed (with `error`) from any of them."""
+
+    def __init__(self, device: str, model_factory: Callable, queue: BatchQueue, metrics: Metrics, *,
+                 max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None]):
+        self.device = device
+        self.model_factory = model_factory
+        self.queue = queue
+        self.metrics = metrics
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.warmup = warmup
+        self.on_change = on_change
+        self.state = "starting"
+        self.error: str | None = None
+        self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size once loaded
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{device}", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in LIVE_STATES and self._thread.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def describe(self) -> dict:
+        return {"spec": self.device, "state": self.state, "error": self.error, "batches": self.batches,
+                "name": self.info.get("device_name")}
+
+    def _set(self, state: str, error: str | None = None) -> None:
+        self.state, self.error = state, error
+        self.on_change()
+
+    def _run(self) -> None:
+        model = None
+        try:
+            self._set("loading")
+            model = self.model_factory(self.device)
+            self.info = {"device_name": str(getattr(model, "device_name", self.device)),
+                         "preprocessing": getattr(model, "preprocessing", "torchvision"),
+                         "weights_info": dict(getattr(model, "weights_info", None) or {}),
+                         "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size))}
+            if self.warmup:
+                self._set("warming")
+                started = time.perf_counter()
+                model.logits(np.zeros((self.max_batch_size, *INPUT_SHAPE), dtype=np.float32))
+                log.info("device %s warmed up in %.2f s", self.device, time.perf_counter() - started)
+            self._set("ready")
+            while (batch := self.queue.take_batch(self.max_batch_size, self.max_wait_s)) is not None:
+                self._run_batch(model, batch)
+            self._set("stopped")
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
+            log.exception("device worker %s failed", self.device)
+            self._set("failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            if model is not None and hasattr(model, "close"):
+                try:
+                    model.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing the model on %s failed", self.device)
+
+    def _run_batch(self, model, batch: list[Item]) -> None:
+        started = time.monotonic()
+        for item in batch:
+            self.metrics.queue_seconds.observe(started - item.enqueued)
+        self.metrics.batch_size.observe(len(batch))
+        try:
+            t0 = time.perf_counter()
+            probs = np.asarray(model.probabilities(np.stack([item.tensor for item in batch])), dtype=np.float32)
+            seconds = time.perf_counter() - t0
+        except BaseException as exc:
+            error = InferenceFailed(self.device, exc)
+            for item in batch:
+                item.future.set_exception(error)
+            raise  # a device that failed once is not trusted again: the worker dies, readiness says so
+        self.metrics.inference_seconds.observe(seconds)
+        self.batches += 1
+        for item, row in zip(batch, probs):
+            item.future.set_result(Outcome(row, started - item.enqueued, seconds, len(batch), self.device))
