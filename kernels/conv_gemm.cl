@@ -54,6 +54,15 @@
 #define NT (LM * LN)            /* work-items per work-group */
 #define A_LOADS (TK * TM / NT)  /* elements of A each work-item fetches per slice */
 #define B_LOADS (TK * TN / NT)  /* elements of B each work-item fetches per slice */
+#if NT >= TN
+#define BCOLS 1                 /* B columns gathered by one work-item */
+#define BSPAN TN
+#else
+#define BCOLS (TN / NT)
+#define BSPAN NT
+#endif
+#define BSTEP (NT / BSPAN)      /* row stride between one work-item's B rows */
+#define BROWS (TK / BSTEP)      /* rows per column per work-item; BCOLS * BROWS == B_LOADS */
 #define KK (KS * KS)
 
 __kernel __attribute__((reqd_work_group_size(LN, LM, 1)))
@@ -73,15 +82,20 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
     __local float As[2][TK][TM + LPAD];
     __local float Bs[2][TK][TN + LPAD];
 
-    /* This work-item always gathers the same B column (NT is a multiple of TN): decompose its pixel once. */
-    const int bcol = tid % TN;
-    const int brow0 = tid / TN;
-    const int p = n0 + bcol;
-    const int p_ok = p < N;
-    const int pb = p_ok ? p / HW : 0;
-    const int pyx = p_ok ? p - pb * HW : 0;
-    const int py = pyx / W, px = pyx - (pyx / W) * W;
-    __global const float *inb = in + (size_t)pb * C * HW;
+    /* B tile gathering: work-item tid owns BCOLS columns (tid % BSPAN + c * NT) and, in each, the rows
+     * tid / TN + r * BSTEP. Its pixels never change along K, so they are decomposed once here. */
+    size_t pb[BCOLS];
+    int py[BCOLS], px[BCOLS], pok[BCOLS];
+    for (int c = 0; c < BCOLS; ++c) {
+        const int p = n0 + tid % BSPAN + c * NT;
+        pok[c] = p < N;
+        const int b = pok[c] ? p / HW : 0;
+        const int yx = pok[c] ? p - b * HW : 0;
+        pb[c] = (size_t)b * C * HW;
+        py[c] = yx / W;
+        px[c] = yx - (yx / W) * W;
+    }
+    const int brow0 = tid / BSPAN;
 
     float ra[A_LOADS], rb[B_LOADS];
     float acc[WM][WN];
@@ -95,23 +109,26 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
         const int e = tid + l * NT;                                                      \
         ra[l] = wt[(size_t)((k0) + e / TM) * Mpad + m0 + e % TM];                        \
     }                                                                                    \
-    for (int l = 0; l < B_LOADS; ++l) {                                                  \
-        const int k = (k0) + brow0 + l * (NT / TN);                                      \
-        float v = 0.0f;                                                                  \
-        if (p_ok && k < K) {                                                             \
-            const int ci = k / KK, r = k - (k / KK) * KK;                                \
-            const int iy = py + r / KS - PAD, ix = px + r % KS - PAD;                    \
-            if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = inb[(size_t)ci * HW + iy * W + ix]; \
-        }                                                                                \
-        rb[l] = v;                                                                       \
-    }
+    for (int c = 0; c < BCOLS; ++c)                                                      \
+        for (int r = 0; r < BROWS; ++r) {                                                \
+            const int k = (k0) + brow0 + r * BSTEP;                                      \
+            float v = 0.0f;                                                              \
+            if (pok[c] && k < K) {                                                       \
+                const int ci = k / KK, q = k - (k / KK) * KK;                            \
+                const int iy = py[c] + q / KS - PAD, ix = px[c] + q % KS - PAD;          \
+                if (iy >= 0 && iy < H && ix >= 0 && ix < W)                              \
+                    v = in[pb[c] + (size_t)ci * HW + iy * W + ix];               \
+            }                                                                            \
+            rb[c * BROWS + r] = v;                                                       \
+        }
 
 #define STASH(buf)                                                                       \
     for (int l = 0; l < A_LOADS; ++l) {                                                  \
         const int e = tid + l * NT;                                                      \
         As[buf][e / TM][e % TM] = ra[l];                                                 \
     }                                                                                    \
-    for (int l = 0; l < B_LOADS; ++l) Bs[buf][brow0 + l * (NT / TN)][bcol] = rb[l];
+    for (int c = 0; c < BCOLS; ++c)                                                      \
+        for (int r = 0; r < BROWS; ++r) Bs[buf][brow0 + r * BSTEP][tid % BSPAN + c * NT] = rb[c * BROWS + r];
 
     FETCH(0)
     STASH(0)

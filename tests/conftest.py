@@ -9,8 +9,6 @@ import os
 import numpy as np
 import pytest
 
-# PoCL runs each work-group on one thread; keep kernel compiles and caches inside the test session
-os.environ.setdefault("POCL_WORK_GROUP_METHOD", "cbs")
 
 TINY_WIDTH = 0.125
 

@@ -28,20 +28,36 @@ def upload(ctx, array: np.ndarray):
     return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(array, dtype=np.float32))
 
 
+def check_conv_params(p: dict) -> None:
+    """The shape rules conv_gemm.cl relies on; ValueError naming the broken one."""
+    tm, tn, tk, wm, wn = (p[k] for k in ("TM", "TN", "TK", "WM", "WN"))
+    if tm % wm or tn % wn:
+        raise ValueError(f"conv params {p}: TM must be a multiple of WM and TN of WN")
+    nt = (tm // wm) * (tn // wn)
+    if (tk * tm) % nt or (tk * tn) % nt:
+        raise ValueError(f"conv params {p}: TK*TM and TK*TN must be multiples of the work-group size {nt}")
+    if nt % tn and tn % nt:
+        raise ValueError(f"conv params {p}: work-group size {nt} and TN must divide one another")
+    if nt >= tn and tk % (nt // tn):
+        raise ValueError(f"conv params {p}: TK must be a multiple of work-group size / TN = {nt // tn}")
+
+
 class GemmLayer:
     """conv_gemm.cl: a 3x3 convolution (ks=3, pad=1) or a fully connected layer over the batch (ks=1, pad=0)."""
 
-    def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray):
+    def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, m_multiple: int = 1):
+        check_conv_params(params)
         self.p = params
         self.m = weight.shape[0]
         self.cin = weight.shape[1]
-        wt = relayout(weight, params["TK"], params["TM"])
+        wt = relayout(weight, params["TK"], max(params["TM"], m_multiple))
         self.mpad = wt.shape[1]
         self.wt, self.bias = upload(ctx, wt), upload(ctx, bias)
         self.kernel = cl.Kernel(program, "conv_gemm")
         self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"])
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
+        """One launch; returns its event."""
         npix = n * h * w
         p = self.p
         grid = (round_up(npix, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1])
@@ -72,13 +88,14 @@ class GemvLayer:
         self.grid = (gemm.mpad, self.ksplit * lk)
 
     def enqueue(self, queue, src, dst, n: int):
+        """Two launches (partial sums, then reduce + bias + activation); returns both events."""
         g = self.g
         self.gemv.set_args(src, g.wt, self.part, np.int32(self.k), np.int32(g.mpad), np.int32(n),
                            np.int32(self.kchunk))
-        cl.enqueue_nd_range_kernel(queue, self.gemv, self.grid, self.local)
+        first = cl.enqueue_nd_range_kernel(queue, self.gemv, self.grid, self.local)
         self.reduce.set_args(self.part, g.bias, dst, np.int32(g.m), np.int32(g.mpad), np.int32(n),
                              np.int32(self.ksplit))
-        return cl.enqueue_nd_range_kernel(queue, self.reduce, (round_up(n * g.m, 64),), None)
+        return first, cl.enqueue_nd_range_kernel(queue, self.reduce, (round_up(n * g.m, 64),), None)
 
 
 class MaxPool:

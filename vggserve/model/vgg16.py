@@ -98,7 +98,8 @@ class VGG16:
         self.fcs = []
         for f in self.spec.fcs:
             relu = int(f.relu)
-            gemm = GemmLayer(self.context, self._prog_fc[relu], conv_p, tensors[f"{f.name}.weight"], tensors[f"{f.name}.bias"])
+            gemm = GemmLayer(self.context, self._prog_fc[relu], conv_p, tensors[f"{f.name}.weight"],
+                             tensors[f"{f.name}.bias"], m_multiple=gemv_p["GEMV_LM"])
             gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
             self.fcs.append((f, gemm, gemv))
         self.pool = MaxPool(self._prog_pool, {})
@@ -187,7 +188,11 @@ class VGG16:
         """One profiled forward pass: (layer name, milliseconds, flops) per kernel launch (needs profile=True)."""
         events: list = []
         self._run(x, "logits", events)
-        return [(name, (ev.profile.end - ev.profile.start) * 1e-6, flops) for name, ev, flops in events]
+        out = []
+        for name, ev, flops in events:
+            first, last = ev if isinstance(ev, tuple) else (ev, ev)
+            out.append((name, (last.profile.end - first.profile.start) * 1e-6, flops))
+        return out
 
     def close(self):
         for attr in ("ping", "pong", "input_buf", "logits_buf", "probs_buf"):

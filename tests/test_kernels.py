@@ -1,0 +1,148 @@
+"""Each kernel against numpy, on awkward sizes: 1, odd, and not multiples of any tile."""
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from vggserve.model.layers import GemmLayer, GemvLayer, MaxPool, Softmax, check_conv_params, relayout
+from vggserve.model.reference import conv3x3_relu, maxpool2x2
+from vggserve.predictions import softmax as np_softmax
+from vggserve.runtime import devices as devs
+from vggserve.runtime.params import CPU_DEFAULT, GPU_DEFAULT
+from vggserve.runtime.programs import ProgramCache
+
+MF = cl.mem_flags
+# the design card's reference variant, the CPU default, and shapes that exercise every B-gather branch
+CONV_PARAMS = [
+    GPU_DEFAULT["conv"],
+    CPU_DEFAULT["conv"],
+    dict(TM=32, TN=128, TK=32, WM=32, WN=8, LPAD=0),   # work-group smaller than TN
+    dict(TM=32, TN=32, TK=8, WM=2, WN=2, LPAD=1),      # work-group larger than TN
+    dict(TM=128, TN=64, TK=16, WM=8, WN=4, LPAD=1),
+]
+CONV_SHAPES = [  # (batch, cin, cout, h, w)
+    (1, 1, 1, 1, 1),
+    (1, 3, 5, 7, 9),
+    (2, 17, 65, 13, 11),
+    (3, 64, 70, 5, 3),
+    (1, 130, 129, 15, 15),
+]
+
+
+@pytest.fixture(scope="module")
+def cl_env():
+    info = devs.resolve("cpu")
+    device = devs.cl_device(info)
+    ctx = cl.Context([device])
+    return ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device)
+
+
+def to_device(ctx, a):
+    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a, np.float32))
+
+
+def read(queue, buf, shape):
+    out = np.empty(shape, np.float32)
+    cl.enqueue_copy(queue, out, buf)
+    return out
+
+
+def poisoned(ctx, queue, n):
+    """An output buffer filled with NaN, so an element the kernel never writes fails the comparison."""
+    buf = cl.Buffer(ctx, MF.READ_WRITE, 4 * max(n, 1))
+    cl.enqueue_copy(queue, buf, np.full(max(n, 1), np.nan, np.float32))
+    return buf
+
+
+def rel_err(out, ref):
+    return np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
+
+
+@pytest.mark.parametrize("params", CONV_PARAMS, ids=lambda p: "{TM}x{TN}x{TK}_{WM}x{WN}".format(**p))
+@pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_conv_gemm_matches_numpy(cl_env, rng, params, shape):
+    ctx, queue, cache = cl_env
+    n, cin, cout, h, w = shape
+    weight = rng.standard_normal((cout, cin, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    layer = GemmLayer(ctx, cache.build("conv_gemm.cl", {**params, "KS": 3, "PAD": 1, "RELU": 1}), params, weight, bias)
+    dst = poisoned(ctx, queue, n * cout * h * w)
+    layer.enqueue(queue, to_device(ctx, x), dst, n, h, w)
+    out = read(queue, dst, (n, cout, h, w))
+    ref = conv3x3_relu(x.astype(np.float64), weight.astype(np.float64), bias.astype(np.float64))
+    assert not np.isnan(out).any()
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("relu", [0, 1])
+@pytest.mark.parametrize("batch,fin,fout", [(1, 1, 1), (5, 37, 3), (7, 300, 130), (33, 129, 65)])
+def test_fc_gemm_matches_numpy(cl_env, rng, relu, batch, fin, fout):
+    ctx, queue, cache = cl_env
+    params = GPU_DEFAULT["conv"]
+    weight = rng.standard_normal((fout, fin)).astype(np.float32)
+    bias = rng.standard_normal(fout).astype(np.float32)
+    x = rng.standard_normal((batch, fin)).astype(np.float32)
+    prog = cache.build("conv_gemm.cl", {**params, "KS": 1, "PAD": 0, "RELU": relu})
+    layer = GemmLayer(ctx, prog, params, weight, bias)
+    dst = poisoned(ctx, queue, batch * fout)
+    layer.enqueue(queue, to_device(ctx, x), dst, batch)
+    ref = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
+    ref = np.maximum(ref, 0) if relu else ref
+    assert rel_err(read(queue, dst, (batch, fout)), ref) < 1e-5
+
+
+@pytest.mark.parametrize("gemv_params", [GPU_DEFAULT["gemv"], CPU_DEFAULT["gemv"]], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("batch,fin,fout", [(1, 1, 1), (1, 1000, 70), (3, 257, 129), (4, 4099, 1000)])
+def test_fc_gemv_matches_numpy(cl_env, rng, gemv_params, batch, fin, fout):
+    ctx, queue, cache = cl_env
+    conv = GPU_DEFAULT["conv"]
+    weight = rng.standard_normal((fout, fin)).astype(np.float32)
+    bias = rng.standard_normal(fout).astype(np.float32)
+    x = rng.standard_normal((batch, fin)).astype(np.float32)
+    defs = {k: v for k, v in gemv_params.items() if k.startswith("GEMV_")}
+    gemm = GemmLayer(ctx, cache.build("conv_gemm.cl", {**conv, "KS": 1, "PAD": 0, "RELU": 1}), conv, weight, bias,
+                     m_multiple=gemv_params["GEMV_LM"])
+    gemv = GemvLayer(ctx, cache.build("fc_gemv.cl", {**defs, "RELU": 1}), gemv_params, gemm)
+    dst = poisoned(ctx, queue, batch * fout)
+    gemv.enqueue(queue, to_device(ctx, x), dst, batch)
+    ref = np.maximum(x.astype(np.float64) @ weight.T.astype(np.float64) + bias, 0)
+    assert rel_err(read(queue, dst, (batch, fout)), ref) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2, 2), (2, 3, 7, 9), (1, 5, 224, 224), (3, 2, 1, 5)])
+def test_maxpool_matches_numpy_including_odd_sizes(cl_env, rng, shape):
+    ctx, queue, cache = cl_env
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(np.float32)
+    oh, ow = h // 2, w // 2
+    dst = poisoned(ctx, queue, n * c * oh * ow)
+    MaxPool(cache.build("maxpool.cl", {}), {}).enqueue(queue, to_device(ctx, x), dst, n, c, h, w)
+    if oh * ow:
+        np.testing.assert_array_equal(read(queue, dst, (n, c, oh, ow)), maxpool2x2(x))
+
+
+@pytest.mark.parametrize("rows,ncls", [(1, 1), (3, 1000), (2, 257)])
+def test_softmax_matches_numpy_and_sums_to_one(cl_env, rng, rows, ncls):
+    ctx, queue, cache = cl_env
+    z = (rng.standard_normal((rows, ncls)) * 20).astype(np.float32)
+    dst = poisoned(ctx, queue, rows * ncls)
+    Softmax(cache.build("softmax.cl", {}), {}).enqueue(queue, to_device(ctx, z), dst, rows, ncls)
+    out = read(queue, dst, (rows, ncls))
+    np.testing.assert_allclose(out, np_softmax(z), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_relayout_is_transposed_and_zero_padded(rng):
+    w = rng.standard_normal((5, 2, 3, 3)).astype(np.float32)
+    wt = relayout(w, tk=16, tm=64)
+    assert wt.shape == (32, 64)
+    np.testing.assert_array_equal(wt[:18, :5], w.reshape(5, 18).T)
+    assert not wt[18:].any() and not wt[:, 5:].any()
+
+
+@pytest.mark.parametrize("bad", [dict(TM=64, TN=64, TK=16, WM=3, WN=4), dict(TM=64, TN=64, TK=1, WM=4, WN=4),
+                                 dict(TM=64, TN=48, TK=16, WM=4, WN=4)])
+def test_invalid_conv_params_are_refused_with_the_rule(bad):
+    with pytest.raises(ValueError, match="conv params"):
+        check_conv_params(bad)
