@@ -1,4 +1,4 @@
-"""safetensors: read by memory-mapping (zero-copy views), write atomically with the `safetensors` package.
+"""safetensors: read by memory-mapping (zero-copy views), written atomically and byte-for-byte reproducibly.
 
 File layout: 8-byte little-endian header length N, N bytes of JSON
 ``{"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``,
@@ -62,20 +62,24 @@ def _tensor(path, mapped, base: int, size: int, key: str, entry) -> np.ndarray:
 def save_safetensors(tensors: dict[str, np.ndarray], path, metadata: dict[str, str] | None = None) -> Path:
     """Write `tensors` to `path` atomically: a temporary file in the same folder, fsync, then rename.
 
+    The bytes depend only on the tensors and metadata: keys sorted, header JSON with sorted keys and no spaces,
+    padded with spaces to a multiple of 8 bytes (so every float32 tensor is aligned). The `safetensors`
+    package's writer keeps metadata in a hash map whose order changes from run to run, hence this writer.
     A crash or a full disk leaves either the old file or none, never a partial one. Returns the path.
     """
-    from safetensors.numpy import save_file
-
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    arrays = {k: _little_endian(tensors[k], k) for k in sorted(tensors)}
+    header = _header(arrays, metadata)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
     try:
-        save_file(arrays, tmp, metadata=meta or None)
-        _fsync(tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+            for arr in arrays.values():
+                f.write(memoryview(arr).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -84,16 +88,34 @@ def save_safetensors(tensors: dict[str, np.ndarray], path, metadata: dict[str, s
     return path
 
 
-def _fsync(name) -> None:
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_NAMES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<f8"): "F64"}
+
+
+def _little_endian(arr, key: str) -> np.ndarray:
+    arr = np.asarray(arr)
+    if arr.dtype.kind != "f" or arr.dtype.itemsize not in (2, 4, 8):
+        raise WeightsError(f"{key}: cannot save dtype {arr.dtype} (float16, float32 or float64 only)")
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+
+
+def _header(arrays: dict[str, np.ndarray], metadata: dict | None) -> bytes:
+    entries, offset = {}, 0
+    for key, arr in arrays.items():
+        entries[key] = {"dtype": _NAMES[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    if metadata:
+        entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()
+    return text + b" " * (-len(text) % 8)
 
 
 def _fsync_dir(folder: Path) -> None:
     try:
-        _fsync(folder)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError:
         pass  # not every platform can fsync a directory
