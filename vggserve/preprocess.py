@@ -18,6 +18,8 @@ from .images import Source, open_image, to_rgb
 
 RESIZE_SHORTER = 256
 CROP_SIZE = 224
+#: Long side / short side above which the source is first centre-cropped (bounds the resized image size).
+MAX_ASPECT_RATIO = 64
 MODES = ("torchvision", "caffe")
 
 TORCHVISION_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
@@ -29,8 +31,8 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(
 def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
     """A PIL image in any mode -> C-contiguous float32 array (3, 224, 224) for VGG16 in `mode`."""
     _check_mode(mode)
-    pixels = crop_pixels(resize_shorter(to_rgb(img), RESIZE_SHORTER), CROP_SIZE)
-    chw = pixels.transpose(2, 0, 1).astype(np.float32)
+    pixels = crop_pixels(resize_shorter(limit_aspect_ratio(to_rgb(img)), RESIZE_SHORTER), CROP_SIZE)
+    chw = pixels.transpose(2, 0, 1).astype(np.float32, order="C")
     if mode == "torchvision":
         chw /= np.float32(255)
         chw -= TORCHVISION_MEAN
@@ -54,6 +56,24 @@ def load_and_preprocess(source: Source, mode: str = "torchvision", **limits) -> 
     """`open_image(source, **limits)` then `preprocess`: float32 (3, 224, 224). Raises `ImageError`s."""
     _check_mode(mode)
     return preprocess(open_image(source, **limits), mode)
+
+
+def limit_aspect_ratio(img: Image.Image, max_ratio: int = MAX_ASPECT_RATIO) -> Image.Image:
+    """Centre-crop the long side to `max_ratio` times the short side; `img` itself when within the ratio.
+
+    torchvision would resize a 1 x 100000 image to 256 x 25600000 before cropping; this bound keeps the
+    intermediate image under 256 x 16384. Only such extreme images differ (slightly) from torchvision.
+    """
+    width, height = img.size
+    short = min(width, height)
+    if max(width, height) <= max_ratio * short:
+        return img
+    keep = max_ratio * short
+    if width > height:
+        left = (width - keep) // 2
+        return img.crop((left, 0, left + keep, height))
+    top = (height - keep) // 2
+    return img.crop((0, top, width, top + keep))
 
 
 def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:
