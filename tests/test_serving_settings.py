@@ -1,0 +1,43 @@
+"""Settings are validated when built, with messages that name the flag and a valid value."""
+
+import pytest
+
+from vggserve.serving.settings import Settings, SettingsError, parse_devices
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("max_batch_size", 0, "--max-batch-size"),
+    ("max_queue", -1, "--max-queue"),
+    ("port", 70000, "--port"),
+    ("max_wait_ms", float("nan"), "--max-wait-ms"),
+    ("request_timeout_ms", "1000", "--request-timeout-ms"),
+    ("max_body_bytes", 10, "--max-body-bytes"),
+])
+def test_out_of_range_values_fail_with_the_flag_and_an_example(field, value, flag):
+    with pytest.raises(SettingsError) as info:
+        Settings(**{field: value})
+    message = str(info.value)
+    assert flag in message and "pass e.g." in message and repr(value) in message
+
+
+def test_max_files_must_fit_the_queue():
+    with pytest.raises(SettingsError, match="--max-files"):
+        Settings(max_files=20, max_queue=10)
+
+
+def test_api_key_with_spaces_is_refused():
+    with pytest.raises(SettingsError, match="VGGSERVE_API_KEY"):
+        Settings(api_key="two words")
+
+
+def test_device_lists_give_one_worker_each():
+    assert parse_devices("gpu:0, gpu:1") == ("gpu:0", "gpu:1")
+    assert parse_devices(None) == ("auto",)
+    with pytest.raises(SettingsError, match="empty entry"):
+        parse_devices("gpu:0,,gpu:1")
+
+
+def test_defaults_bind_loopback_and_hide_the_key():
+    s = Settings(api_key="secret")
+    assert s.host == "127.0.0.1"
+    assert s.public()["api_key"] == "set"
