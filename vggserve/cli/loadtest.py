@@ -31,7 +31,10 @@ def register(subparsers) -> None:
                    help="cap on measured requests per level, and on warm-up requests (default 100000)")
     p.add_argument("--timeout", type=float, default=30.0, help="per-request timeout in seconds (default 30)")
     p.add_argument("--max-inflight", type=int, default=512,
-                   help="open loop: requests in flight at most; beyond it a due request is dropped (default 512)")
+                   help="open loop: requests in flight at most (default 512)")
+    p.add_argument("--overflow", choices=("wait", "drop"), default="wait",
+                   help="open loop, a request due while --max-inflight are out: wait for a slot and go out "
+                        "late (default), or drop it (not sent, counted)")
     p.add_argument("--lag-threshold-ms", type=float, default=10.0,
                    help="open loop: a request sent later than this after its due time is counted late (default 10)")
     p.add_argument("--multipart", action="store_true", help="post as multipart field 'file' instead of a raw body")
@@ -65,8 +68,8 @@ def build_config(args: argparse.Namespace):
     return LoadTestConfig(
         url=normalise_url(args.url), images=args.images, mode=mode, levels=levels, duration_s=args.duration,
         warmup_s=args.warmup, output=args.output, max_requests=args.max_requests, timeout_s=args.timeout,
-        max_inflight=args.max_inflight, lag_threshold_ms=args.lag_threshold_ms, multipart=args.multipart,
-        scrape_metrics=not args.no_metrics, progress=not args.quiet,
+        max_inflight=args.max_inflight, overflow=args.overflow, lag_threshold_ms=args.lag_threshold_ms,
+        multipart=args.multipart, scrape_metrics=not args.no_metrics, progress=not args.quiet,
     )
 
 

@@ -34,6 +34,7 @@ class LoadTestConfig:
     max_requests: int = 100_000
     timeout_s: float = 30.0
     max_inflight: int = 512
+    overflow: str = "wait"
     lag_threshold_ms: float = 10.0
     multipart: bool = False
     scrape_metrics: bool = True

@@ -1,11 +1,14 @@
 """The two ways of offering load, one level at a time.
 
 Closed loop: `concurrency` clients, each sending its next request as soon as the last one returns, so the
-offered load adapts to the server. Open loop: request i is due at start + i/rate whatever happened before;
-latency is counted from that due time, so a server (or a client) that falls behind shows the wait in its
-latency instead of hiding it by sending less (no coordinated omission). A request that finds the client's
-in-flight cap full is not sent and is counted as `dropped`; one that goes out more than the lag threshold
-after its due time is flagged `late`.
+offered load adapts to the server.
+
+Open loop: request i is due at start + i/rate whatever happened before; latency is counted from that due
+time, so a server (or a client) that falls behind shows the wait in its latency instead of hiding it by
+sending less (no coordinated omission). At most `max_inflight` requests are out at once; a due request that
+finds them all busy waits for a free one (overflow "wait", the default, like wrk2) or is not sent at all and
+counted `dropped` (overflow "drop", like k6's dropped iterations). A request that goes out more than the lag
+threshold after its due time is flagged `late`.
 
 Both loops are bounded by time (warm-up + duration) and by a request cap, stop early when `stop` is set
 (Ctrl-C), and wait at most `drain_s` for answers still in flight before cancelling them.
@@ -39,6 +42,7 @@ class LevelPlan:
     duration_s: float
     max_requests: int
     max_inflight: int = 512
+    overflow: str = "wait"  # open loop at the in-flight cap: "wait" for a slot (sent late) or "drop" it
     lag_threshold_s: float = 0.010
     drain_s: float = 30.0
     multipart: bool = False
@@ -56,7 +60,8 @@ class LevelRun:
     window_end_s: float = 0.0
     end_s: float = 0.0
     interrupted: bool = False
-    inflight: int = 0
+    inflight: int = 0  # sent, not answered yet
+    waiting: int = 0  # open loop, overflow "wait": due, waiting for an in-flight slot
 
     def now(self) -> float:
         """Seconds since the run's origin."""
@@ -161,23 +166,31 @@ async def run_open(client: httpx.AsyncClient, images: ImageSet, run: LevelRun, s
     rate = plan.level
     n_warm, n_measure = open_loop_counts(plan)
     tasks: set[asyncio.Task] = set()
+    slots = asyncio.Semaphore(plan.max_inflight)
 
-    def finished(task: asyncio.Task) -> None:
-        run.inflight -= 1
+    async def send_when_free(record: RequestRecord) -> None:
+        run.waiting += 1
+        try:
+            await slots.acquire()
+        finally:
+            run.waiting -= 1
+        try:
+            record.late = run.now() - record.scheduled_s > plan.lag_threshold_s
+            run.inflight += 1
+            await send_one(client, plan.url, images.pick(record.index), record, clock0, plan.multipart)
+        finally:
+            run.inflight -= 1
+            slots.release()
 
     for index in range(n_warm + n_measure):
         due = run.start_s + index / rate
         if not await _sleep_until(run, due, stop):
             break
         record = _new_record(run, images, index, WARMUP if index < n_warm else MEASURE, due)
-        if run.inflight >= plan.max_inflight:
+        if plan.overflow == "drop" and run.inflight >= plan.max_inflight:
             record.outcome = DROPPED
             continue
-        record.late = run.now() - due > plan.lag_threshold_s
-        run.inflight += 1
-        task = asyncio.create_task(send_one(client, plan.url, images.pick(index), record, clock0, plan.multipart))
-        task.add_done_callback(finished)
-        tasks.add(task)
+        tasks.add(asyncio.create_task(send_when_free(record)))
     schedule_end = run.start_s + (n_warm + n_measure) / rate
     await _settle(run, tasks, max(run.now(), schedule_end) + plan.drain_s, stop)
     run.end_s = run.now()

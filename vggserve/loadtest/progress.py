@@ -29,9 +29,10 @@ def progress_text(run: LevelRun, total_s: float) -> str:
     p95 = percentiles(recent)["latency_p95_ms"]
     p95_text = "-" if p95 is None else f"{p95:.1f} ms"
     dropped_text = f"  dropped {dropped}" if dropped else ""
+    waiting_text = f"  waiting {run.waiting}" if run.waiting else ""
     return (f"[{run.plan.label} {phase}] {min(elapsed, total_s):.1f}/{total_s:.1f} s  "
             f"sent {len(records) - dropped}  ok {len(ok)}  err {len(done) - len(ok)}{dropped_text}  "
-            f"in-flight {run.inflight}  {len(recent) / span:.1f} img/s  p95 {p95_text}")
+            f"in-flight {run.inflight}{waiting_text}  {len(recent) / span:.1f} img/s  p95 {p95_text}")
 
 
 async def show_progress(run: LevelRun, stream=None) -> None:

@@ -13,7 +13,8 @@ from .records import CSV_FIELDS
 from .stats import ERROR_COLUMNS, LATENCY_KEYS
 
 SUMMARY_FIELDS = (
-    "mode", "level", "label", "start_s", "window_start_s", "window_end_s", "end_s", "window_s", "requests", "sent", "ok", "errors", "late", "warmup_requests",
+    "mode", "level", "label", "start_s", "window_start_s", "window_end_s", "end_s", "window_s",
+    "requests", "sent", "ok", "errors", "late", "warmup_requests",
     "throughput_ips", "send_rate", *LATENCY_KEYS, "service_p95_ms", *ERROR_COLUMNS,
     "server_queue_ms", "server_preprocess_ms", "server_inference_ms", "server_request_ms",
     "server_batch_size", "server_requests", "server_rejected", "server_timeouts", "interrupted",

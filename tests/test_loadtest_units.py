@@ -1,0 +1,192 @@
+"""Load-test harness pieces without a server: input parsing, percentiles, /metrics arithmetic, error
+buckets, the time series, and the CLI's one-line answers to bad input."""
+
+import numpy as np
+import pytest
+
+from vggserve.errors import VggserveError
+from vggserve.loadtest.config import normalise_url, parse_levels
+from vggserve.loadtest.loops import LevelPlan, LevelRun, open_loop_counts
+from vggserve.loadtest.metrics import SERVER_KEYS, Snapshot, server_split
+from vggserve.loadtest.records import CONN_ERROR, DROPPED, HTTP_ERROR, MEASURE, OK, WARMUP, RequestRecord
+from vggserve.loadtest.stats import count_errors, percentiles, summarize, timeline
+
+
+def make_plan(mode="open", level=10.0, warmup=1.0, duration=2.0, cap=1000):
+    return LevelPlan(mode=mode, level=level, label="x", url="http://127.0.0.1:1/classify",
+                     warmup_s=warmup, duration_s=duration, max_requests=cap)
+
+
+@pytest.mark.parametrize("typed, base", [
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/classify", "http://127.0.0.1:8000"),
+    ("https://gpu.example:443/vgg/classify/", "https://gpu.example:443/vgg"),
+])
+def test_url_is_reduced_to_the_service_base(typed, base):
+    assert normalise_url(typed) == base
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:8000", "ftp://host/", "http://", "http://host:port/", "http://h/?q=1"])
+def test_bad_url_is_a_one_line_error(bad):
+    with pytest.raises(VggserveError, match="bad --url"):
+        normalise_url(bad)
+
+
+def test_levels_parse_and_reject_nonsense():
+    assert parse_levels("1,4,16,64", "closed") == [1, 4, 16, 64]
+    assert parse_levels("2.5, 10", "open") == [2.5, 10]
+    for bad, mode in [("0", "open"), ("-5", "open"), ("abc", "open"), ("1,,2", "open"), ("inf", "open"),
+                      ("nan", "open"), ("1.5", "closed"), ("", "closed")]:
+        with pytest.raises(VggserveError, match="bad --(rate|concurrency)"):
+            parse_levels(bad, mode)
+
+
+def test_percentiles_are_ordered_and_nearest_rank(rng):
+    values = list(rng.exponential(20.0, size=997))
+    p = percentiles(values)
+    assert p["latency_p50_ms"] <= p["latency_p90_ms"] <= p["latency_p95_ms"] <= p["latency_p99_ms"]
+    assert p["latency_p99_ms"] <= p["latency_max_ms"] == max(values)
+    assert all(p[k] in values for k in ("latency_p50_ms", "latency_p99_ms"))  # nearest rank: real samples
+    assert percentiles(list(range(1, 101)))["latency_p90_ms"] == 90
+    assert percentiles([])["latency_p50_ms"] is None
+
+
+def test_open_loop_schedule_size_follows_rate_duration_and_cap():
+    assert open_loop_counts(make_plan(level=10, warmup=1, duration=2)) == (10, 20)
+    assert open_loop_counts(make_plan(level=3, warmup=0, duration=1.5)) == (0, 5)  # due at 0, 1/3, ... 4/3
+    assert open_loop_counts(make_plan(level=1000, warmup=1, duration=10, cap=50)) == (50, 50)
+
+
+METRICS_BEFORE = """
+# TYPE vggserve_queue_seconds histogram
+vggserve_queue_seconds_bucket{le="+Inf"} 10
+vggserve_queue_seconds_sum 0.5
+vggserve_queue_seconds_count 10
+# TYPE vggserve_inference_seconds histogram
+vggserve_inference_seconds_bucket{le="+Inf"} 4
+vggserve_inference_seconds_sum 0.2
+vggserve_inference_seconds_count 4
+# TYPE vggserve_batch_size histogram
+vggserve_batch_size_bucket{le="+Inf"} 4
+vggserve_batch_size_sum 10
+vggserve_batch_size_count 4
+# TYPE vggserve_requests_total counter
+vggserve_requests_total{endpoint="/classify",status="200"} 10
+vggserve_requests_total{endpoint="/metrics",status="200"} 3
+"""
+
+METRICS_AFTER = """
+# TYPE vggserve_queue_seconds histogram
+vggserve_queue_seconds_bucket{le="+Inf"} 30
+vggserve_queue_seconds_sum 2.5
+vggserve_queue_seconds_count 30
+# TYPE vggserve_inference_seconds histogram
+vggserve_inference_seconds_bucket{le="+Inf"} 9
+vggserve_inference_seconds_sum 0.7
+vggserve_inference_seconds_count 9
+# TYPE vggserve_batch_size histogram
+vggserve_batch_size_bucket{le="+Inf"} 9
+vggserve_batch_size_sum 30
+vggserve_batch_size_count 9
+# TYPE vggserve_requests_total counter
+vggserve_requests_total{endpoint="/classify",status="200"} 28
+vggserve_requests_total{endpoint="/classify",status="429"} 2
+vggserve_requests_total{endpoint="/metrics",status="200"} 4
+# TYPE vggserve_rejected_total counter
+vggserve_rejected_total{reason="queue_full"} 2
+"""
+
+
+def test_server_split_is_delta_sum_over_delta_count_in_ms():
+    split = server_split(Snapshot.parse(METRICS_BEFORE), Snapshot.parse(METRICS_AFTER))
+    assert split["server_queue_ms"] == pytest.approx(2.0 / 20 * 1000)
+    assert split["server_inference_ms"] == pytest.approx(0.5 / 5 * 1000)
+    assert split["server_batch_size"] == pytest.approx(20 / 5)
+    assert split["server_requests"] == 20  # /classify only, every status
+    assert split["server_rejected"] == 2  # absent before: counted from zero
+    assert split["server_preprocess_ms"] is None  # not exported: no number rather than a made-up one
+    assert set(split) == set(SERVER_KEYS)
+
+
+def test_server_split_without_scrapes_has_every_key_empty():
+    assert server_split(None, None) == dict.fromkeys(SERVER_KEYS)
+
+
+def record(index, phase, outcome, status=0, due=0.0, sent=0.0, done=0.1):
+    r = RequestRecord(index=index, phase=phase, scheduled_s=due, image="a.jpg", bytes=10)
+    r.outcome, r.status = outcome, status
+    if outcome != DROPPED:
+        r.sent_s, r.done_s = sent, done
+    return r
+
+
+def test_errors_are_counted_by_status_and_kind():
+    records = [record(0, MEASURE, OK, 200), record(1, MEASURE, HTTP_ERROR, 429), record(2, MEASURE, HTTP_ERROR, 429),
+               record(3, MEASURE, HTTP_ERROR, 503), record(4, MEASURE, HTTP_ERROR, 504),
+               record(5, MEASURE, HTTP_ERROR, 413), record(6, MEASURE, CONN_ERROR), record(7, MEASURE, DROPPED)]
+    by_key, columns = count_errors(records)
+    assert by_key == {"413": 1, "429": 2, "503": 1, "504": 1, "conn_error": 1, "dropped": 1}
+    assert columns["errors_429"] == 2 and columns["errors_5xx"] == 1 and columns["errors_504"] == 1
+    assert columns["errors_413"] == 1 and columns["errors_conn"] == 1 and columns["dropped"] == 1
+    assert sum(columns.values()) == len(records) - 1
+
+
+def test_open_loop_latency_runs_from_due_time_not_send_time():
+    late = record(0, MEASURE, OK, 200, due=1.0, sent=1.5, done=1.6)
+    assert late.latency_ms == pytest.approx(600.0)
+    assert late.service_ms == pytest.approx(100.0)
+
+
+def test_summary_counts_add_up_and_warmup_is_left_out():
+    run = LevelRun(make_plan(), clock0=0.0)
+    run.records = [record(0, WARMUP, OK, 200, 0.0, 0.0, 0.05)]
+    run.records += [record(i, MEASURE, OK, 200, 1 + i / 10, 1 + i / 10, 1.05 + i / 10) for i in range(1, 20)]
+    run.records += [record(20, MEASURE, HTTP_ERROR, 429, 2.9, 2.9, 2.91), record(21, MEASURE, DROPPED, due=2.95)]
+    run.start_s, run.window_start_s, run.window_end_s, run.end_s = 0.0, 1.0, 3.0, 3.0
+    row = summarize(run, server_split(None, None))
+    assert row["requests"] == 21 and row["warmup_requests"] == 1
+    assert row["ok"] + row["errors"] == row["requests"]
+    assert row["sent"] == 20 and row["dropped"] == 1 and row["errors_429"] == 1
+    assert row["throughput_ips"] == pytest.approx(19 / 2.0)
+    assert row["latency_p50_ms"] == pytest.approx(50.0)
+
+
+def test_timeline_buckets_hold_every_answer_once():
+    run = LevelRun(make_plan(), clock0=0.0)
+    run.records = [record(i, MEASURE, OK if i % 4 else HTTP_ERROR, 200 if i % 4 else 500,
+                          i * 0.1, i * 0.1, i * 0.1 + 0.05) for i in range(40)]
+    run.start_s, run.window_start_s, run.window_end_s, run.end_s = 0.0, 0.0, 4.0, 4.0
+    series = timeline([run])
+    assert sum(b["ok"] for b in series) == 30 and sum(b["errors"] for b in series) == 10
+    assert [b["t_s"] for b in series] == [0.0, 1.0, 2.0, 3.0]
+    assert np.isclose(sum(b["throughput_ips"] * b["width_s"] for b in series), 30)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--url", "localhost:8000"], "bad --url"),
+    (["--rate", "0"], "bad --rate"),
+    (["--rate", "fast"], "bad --rate"),
+    (["--mode", "closed", "--rate", "10"], "--rate is for --mode open"),
+    (["--mode", "open"], "--mode open needs --rate"),
+    (["--concurrency", "0"], "bad --concurrency"),
+    (["--duration", "-1"], "bad --duration"),
+    (["--max-requests", "0"], "bad --max-requests"),
+])
+def test_cli_answers_bad_input_with_one_line(argv, message, tmp_path, capsys):
+    from vggserve.cli import main
+
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8not really")
+    args = ["loadtest", "--url", "http://127.0.0.1:9", "--images", str(tmp_path), "--output", str(tmp_path / "o")]
+    assert main(args + argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_cli_rejects_a_folder_without_images(tmp_path, capsys):
+    from vggserve.cli import main
+
+    (tmp_path / "notes.txt").write_text("no images here")
+    assert main(["loadtest", "--url", "http://127.0.0.1:9", "--images", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds no image files" in err
