@@ -82,9 +82,7 @@ def test_recorded_full_digest_is_enforced_on_the_next_fetch(served, cache):
 
 
 def test_unreachable_server_fails_fast_naming_file_and_folder(cache):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _closed_port()
     t0 = time.monotonic()
     with pytest.raises(WeightsError) as info:
         fetch_torchvision(url=f"http://127.0.0.1:{port}/{TORCHVISION.file_name}", progress=False)
@@ -117,54 +115,95 @@ def test_fetch_cli_with_url_env_and_dir(served, cache, tmp_path, monkeypatch, ca
 
 # ---- timm through huggingface_hub (monkeypatched: no hub here) ------------------------------------------------
 
+def _closed_port():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeHub:
+    """Stands in for huggingface_hub.hf_hub_download: a generated timm-layout file behind a snapshot link, as in
+    the hub cache; `local_files_only` calls find it only once it has been "downloaded"."""
+
+    def __init__(self, root, tensors):
+        from safetensors.numpy import save_file
+        from test_weights_formats import timm_layout
+
+        self.blob = root / "blobs" / "abc"
+        self.blob.parent.mkdir(parents=True)
+        save_file(timm_layout(tensors), str(self.blob))
+        self.snapshot = root / "snapshots" / "main" / TIMM.file_name
+        self.snapshot.parent.mkdir(parents=True)
+        self.snapshot.symlink_to(self.blob)
+        self.cached = False
+        self.downloads = []
+
+    def __call__(self, repo_id, filename, local_files_only=False, **kwargs):
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        assert (repo_id, filename) == (TIMM.hub_repo, TIMM.file_name)
+        if local_files_only:
+            if not self.cached:
+                raise LocalEntryNotFoundError("not in the local cache")
+            return str(self.snapshot)
+        self.downloads.append(kwargs)
+        self.cached = True
+        return str(self.snapshot)
+
+
 @pytest.fixture
 def fake_hub(tmp_path, tiny_tensors, monkeypatch):
-    """hf_hub_download replaced by a function returning a generated timm-layout file in a fake hub cache."""
-    from safetensors.numpy import save_file
-    from test_weights_formats import timm_layout
-
-    blob = tmp_path / "hub" / "blobs" / "abc"
-    blob.parent.mkdir(parents=True)
-    save_file(timm_layout(tiny_tensors), str(blob))
-    snapshot = tmp_path / "hub" / "snapshots" / "main" / TIMM.file_name
-    snapshot.parent.mkdir(parents=True)
-    snapshot.symlink_to(blob)
-    calls = []
-
-    def hf_hub_download(repo_id, filename, **kwargs):
-        calls.append((repo_id, filename, kwargs))
-        return str(snapshot)
-
-    monkeypatch.setattr("huggingface_hub.hf_hub_download", hf_hub_download)
-    return snapshot, blob, calls
+    hub = FakeHub(tmp_path / "hub", tiny_tensors)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", hub)
+    return hub
 
 
-def test_timm_fetch_verifies_links_into_cache_and_is_found(fake_hub, cache):
-    snapshot, blob, calls = fake_hub
-    path = fetch_timm(endpoint="http://127.0.0.1:1", expected_sha256=sha256_file(blob))
-    assert calls == [(TIMM.hub_repo, TIMM.file_name, {"endpoint": "http://127.0.0.1:1"})]
-    assert path == cache / TIMM.local_name and path.samefile(blob)
+def test_timm_fetch_verifies_links_into_cache_and_is_found(fake_hub, served, cache):
+    endpoint = served[0]  # any reachable HTTP server passes the reachability check
+    expected = sha256_file(fake_hub.blob)
+    path = fetch_timm(endpoint=endpoint, expected_sha256=expected)
+    assert fake_hub.downloads == [{"endpoint": endpoint}]
+    assert path == cache / TIMM.local_name and path.samefile(fake_hub.blob)
     assert find_weights() == path
     w = load_weights(path)
     assert (w.key_scheme, w.preprocessing) == ("timm", "torchvision")
-    assert fetch_timm(expected_sha256=sha256_file(blob)) == path and len(calls) == 1  # already there: no call
+    assert fetch_timm(endpoint=endpoint, expected_sha256=expected) == path and len(fake_hub.downloads) == 1
 
 
-def test_timm_checksum_mismatch_deletes_the_downloaded_file(fake_hub, cache):
-    snapshot, blob, _ = fake_hub
+def test_timm_file_already_in_hub_cache_needs_no_network(fake_hub, cache, monkeypatch):
+    fake_hub.cached = True
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = fetch_timm(endpoint=f"http://127.0.0.1:{_closed_port()}", expected_sha256=sha256_file(fake_hub.blob))
+    assert path.samefile(fake_hub.blob) and fake_hub.downloads == []
+
+
+def test_timm_checksum_mismatch_deletes_the_downloaded_file(fake_hub, served, cache):
     with pytest.raises(ChecksumMismatch, match=f"expected {TIMM.sha256}.*deleted"):
-        fetch_timm()  # the published digest cannot match the generated file
-    assert not blob.exists() and not snapshot.exists() and not (cache / TIMM.local_name).exists()
+        fetch_timm(endpoint=served[0])  # the published digest cannot match the generated file
+    assert not fake_hub.blob.exists() and not fake_hub.snapshot.exists()
+    assert not (cache / TIMM.local_name).exists()
 
 
-def test_timm_offline_names_the_file_to_copy_in_and_where(cache, monkeypatch):
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    def offline(*args, **kwargs):
-        raise LocalEntryNotFoundError("offline mode is enabled and the file is not in the cache")
-
-    monkeypatch.setattr("huggingface_hub.hf_hub_download", offline)
+@pytest.mark.parametrize("how", ["HF_HUB_OFFLINE", "unreachable"])
+def test_timm_offline_fails_fast_naming_the_file_to_copy_in_and_where(fake_hub, cache, monkeypatch, how):
+    if how == "HF_HUB_OFFLINE":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    t0 = time.monotonic()
     with pytest.raises(WeightsError) as info:
-        fetch_timm()
+        fetch_timm(endpoint=f"http://127.0.0.1:{_closed_port()}")
+    assert time.monotonic() - t0 < 5 and fake_hub.downloads == []
     message = str(info.value)
     assert "\n" not in message and TIMM.url in message and str(cache / TIMM.local_name) in message
+
+
+def test_timm_hub_errors_become_weights_errors(cache, served, monkeypatch):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def failing(*args, local_files_only=False, **kwargs):
+        raise LocalEntryNotFoundError("gone") if local_files_only else RuntimeError("HTTP 500 from the hub")
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", failing)
+    with pytest.raises(WeightsError, match=r"cannot download model\.safetensors \(RuntimeError: HTTP 500"):
+        fetch_timm(endpoint=served[0])

@@ -11,8 +11,10 @@ names the file to copy in by hand and the folder it goes to.
 import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import WeightsError
 from .loaded import sha256_file
@@ -44,13 +46,7 @@ def fetch_timm(folder=None, endpoint=None, expected_sha256: str = TIMM.sha256) -
         if sha256_file(target) == expected_sha256:
             return target
         target.unlink()
-    import huggingface_hub
-
-    try:
-        downloaded = huggingface_hub.hf_hub_download(repo_id=TIMM.hub_repo, filename=TIMM.file_name, endpoint=endpoint)
-    except Exception as exc:  # offline (LocalEntryNotFoundError), HTTP errors, connection errors of several types
-        raise _unreachable(TIMM, target, _reason(exc)) from None
-    downloaded = Path(downloaded)
+    downloaded = Path(_hub_cached() or _hub_download(target, endpoint))
     digest = sha256_file(downloaded)
     if digest != expected_sha256:
         _remove_download(downloaded)
@@ -60,6 +56,51 @@ def fetch_timm(folder=None, endpoint=None, expected_sha256: str = TIMM.sha256) -
         )
     _place(downloaded, target)
     return target
+
+
+def _hub_cached() -> str | None:
+    """The file from the Hugging Face cache when it is already there (no network), else None."""
+    import huggingface_hub
+
+    try:
+        return huggingface_hub.hf_hub_download(repo_id=TIMM.hub_repo, filename=TIMM.file_name, local_files_only=True)
+    except Exception:  # not cached (LocalEntryNotFoundError) or an unreadable cache
+        return None
+
+
+def _hub_download(target: Path, endpoint: str | None) -> str:
+    """Download through huggingface_hub, after checking that the hub can be reached at all: offline,
+    huggingface_hub would retry for about half a minute before giving up."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if _offline() or constants.HF_HUB_OFFLINE:
+        raise _unreachable(TIMM, target, "HF_HUB_OFFLINE is set and the file is not in the Hugging Face cache")
+    endpoint = endpoint or constants.ENDPOINT
+    problem = _unreachable_host(endpoint)
+    if problem:
+        raise _unreachable(TIMM, target, f"cannot reach {endpoint}: {problem}")
+    try:
+        return huggingface_hub.hf_hub_download(repo_id=TIMM.hub_repo, filename=TIMM.file_name, endpoint=endpoint)
+    except Exception as exc:  # HTTP errors, connection errors of several types
+        raise _unreachable(TIMM, target, _reason(exc)) from None
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _unreachable_host(url: str) -> str | None:
+    """Why a TCP connection to `url`'s host fails (None if it works, or if a proxy is configured: then only
+    the proxy can tell)."""
+    if any(os.environ.get(v) for v in PROXY_VARIABLES):
+        return None
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
 
 
 def fetch_torchvision(folder=None, url=None, expected_prefix: str = TORCHVISION.sha256_prefix,
