@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Union
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from .errors import ImageError
 
@@ -76,19 +76,21 @@ def open_image(
     `max_pixels`: width * height above which `ImageTooLarge` is raised without decoding.
     `formats`: accepted Pillow format names (case-insensitive); SVG, PDF, EPS and PS are never accepted.
     Raises `UnsupportedImageFormat` (415), `ImageTooLarge` (413) or `ImageDecodeError` (400). The returned
-    image holds no file handle.
+    image is fully decoded and holds no OS file handle (paths are read into memory first).
     """
     accepted = _accepted_formats(formats)
     data, where = _read_source(source)
     image = _open_header(data, where, max_pixels, accepted)
+    result = None
     try:
         _check_format(image, accepted, where)
         _check_pixels(image.size, max_pixels, where)
         _decode(image, where)
-        upright = _exif_upright(image)
+        result = to_rgb(_exif_upright(image))
+        return result
     finally:
-        image.close()
-    return to_rgb(upright)
+        if result is not image:  # an upright or converted copy was made, or an error: free the decoded frame
+            image.close()
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -231,9 +233,9 @@ def _decode(image: Image.Image, where: str) -> None:
         raise _too_large(where, exc, None) from None
     except MemoryError:
         raise
-    except OSError as exc:
-        text = str(exc)
-        if "truncated" in text.lower() or isinstance(exc, EOFError):
+    except (OSError, EOFError) as exc:
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, EOFError) or "truncated" in text.lower():
             raise ImageDecodeError(f"image data is truncated: {where} ends early ({text})") from None
         raise ImageDecodeError(f"image data of {where} is corrupt: {text}") from None
     except Exception as exc:  # zlib.error, struct.error, SyntaxError, ValueError... from decoders
@@ -241,12 +243,16 @@ def _decode(image: Image.Image, where: str) -> None:
 
 
 def _exif_upright(image: Image.Image) -> Image.Image:
-    """A new image with the EXIF orientation applied; unreadable EXIF leaves the pixels as stored."""
+    """`image` turned upright by its EXIF orientation (a new image), or `image` itself when already upright.
+
+    Malformed EXIF leaves the pixels as stored, as browsers show such pictures.
+    """
     try:
-        upright = ImageOps.exif_transpose(image)
-    except Exception:  # malformed EXIF: browsers also show such pictures as stored
-        upright = None
-    return upright if upright is not None else image.copy()
+        if image.getexif().get(ExifTags.Base.Orientation, 1) in (0, 1):
+            return image  # skips exif_transpose's full copy of upright pictures
+        return ImageOps.exif_transpose(image)
+    except Exception:
+        return image
 
 
 def _scale_to_uint8(img: Image.Image) -> np.ndarray:
