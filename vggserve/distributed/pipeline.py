@@ -68,11 +68,10 @@ class RankStats:
 
 def decode(path: str, mode: str):
     """(pixels float32 (3, 224, 224), None) for a readable image, else (None, (reason, exception type))."""
-    from ..images import open_image
-    from ..preprocess import preprocess
+    from ..preprocess import load_and_preprocess
 
     try:
-        return np.asarray(preprocess(open_image(path), mode), dtype=np.float32), None
+        return np.asarray(load_and_preprocess(path, mode), dtype=np.float32), None
     except Exception as exc:  # an unreadable image of any kind is recorded, never fatal
         reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
         return None, (reason or str(exc) or type(exc).__name__, type(exc).__name__)

@@ -1,0 +1,230 @@
+"""`vggserve batch` under mpiexec (MPICH from PyPI) on the CPU engine with the tiny width-1/8 weights.
+
+13 images (10 readable, 3 not), so neither 2 nor 3 ranks divide the work evenly. Expected predictions come from
+the single-process engine (open_image -> preprocess -> VGG16.probabilities -> top_k), computed in this process.
+Every subprocess is bounded by a timeout.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.mpi
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+RUN_TIMEOUT = 240
+GOOD = 10
+BAD = {"not_an_image.jpg": "text", "empty.png": "empty", "sub/truncated.jpg": "truncated"}
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _mpiexec(ranks):
+    mpiexec = shutil.which("mpiexec")
+    assert mpiexec, "mpiexec not found: install the `mpich` package (pip install mpich)"
+    return [mpiexec, "-n", str(ranks)]
+
+
+def batch_command(ranks, weights, images, output, *extra):
+    launcher = _mpiexec(ranks) if ranks else []  # ranks=None: plain python, no mpiexec
+    return [*launcher, sys.executable, "-m", "vggserve", "batch", "--weights", str(weights), "--input", str(images),
+            "--output", str(output), "--device", "cpu", "--no-progress", *extra]
+
+
+def run(command, cwd):
+    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+
+def read_jsonl(path):
+    """Every line must be a whole JSON object (no partial lines)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    assert text == "" or text.endswith("\n"), f"{path} ends in a partial line"
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """A folder of 10 readable images (sizes, modes, formats vary; one nested) and 3 unreadable files."""
+    folder = tmp_path_factory.mktemp("batch_images")
+    (folder / "sub").mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(GOOD):
+        pixels = rng.integers(0, 256, (60 + 17 * i, 90 + 11 * i, 3), dtype=np.uint8)
+        image = Image.fromarray(pixels)
+        if i == 3:
+            image = image.convert("L")
+        if i == 5:
+            image = image.convert("RGBA")  # saved as PNG
+        name = f"{'sub/' if i % 4 == 0 else ''}img{i:02d}.{'png' if i % 2 else 'jpg'}"
+        image.save(folder / name)
+    (folder / "not_an_image.jpg").write_text("hello")
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "sub/truncated.jpg").write_bytes((folder / "img02.jpg").read_bytes()[:300])
+    (folder / "README.txt").write_text("not an image name: ignored by the directory scan")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def expected(images, tiny_weights_path):
+    """{path: predictions} for the readable images, from the engine in this one process."""
+    from vggserve.distributed.inputs import list_inputs
+    from vggserve.images import open_image
+    from vggserve.model.vgg16 import VGG16
+    from vggserve.predictions import top_k
+    from vggserve.preprocess import preprocess
+
+    good = [p for p in list_inputs(str(images)) if os.path.relpath(p, images) not in BAD]
+    assert len(good) == GOOD
+    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=16) as model:
+        x = np.stack([preprocess(open_image(p), model.preprocessing) for p in good])
+        return dict(zip(good, top_k(model.probabilities(x), 5)))
+
+
+def assert_same_predictions(results, expected):
+    """Same images, same classes in the same order, probabilities equal to float32 precision."""
+    got = {record["image"]: record["predictions"] for record in results}
+    assert len(got) == len(results), "an image appears more than once"
+    assert set(got) == set(expected)
+    for image, predictions in expected.items():
+        assert [p["index"] for p in got[image]] == [p["index"] for p in predictions], image
+        assert [p["label"] for p in got[image]] == [p["label"] for p in predictions], image
+        np.testing.assert_allclose([p["probability"] for p in got[image]],
+                                   [p["probability"] for p in predictions], rtol=1e-5, atol=1e-7)
+
+
+def assert_bad_images_listed(errors, images):
+    assert sorted(e["image"] for e in errors) == sorted(str(images / name) for name in BAD)
+    assert all(e["error"] and e["type"] for e in errors)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_mpiexec_ranks_give_the_single_process_predictions_and_list_unreadable_images(
+        ranks, images, expected, tiny_weights_path, tmp_path):
+    output = tmp_path / "results.jsonl"
+    summary = tmp_path / "summary.json"
+    done = run(batch_command(ranks, tiny_weights_path, images, output, "--batch-size", "2",
+                             "--summary", str(summary)), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert_same_predictions(read_jsonl(output), expected)
+    assert_bad_images_listed(read_jsonl(tmp_path / "results.errors.jsonl"), images)
+    report = json.loads(summary.read_text())
+    assert (report["images"], report["errors"]) == (GOOD + len(BAD), len(BAD))
+    assert [r["rank"] for r in report["ranks"]] == list(range(ranks))
+    assert sum(r["images"] for r in report["ranks"]) == GOOD + len(BAD)
+    assert "13 images (10 classified, 3 errors)" in done.stdout
+
+
+def test_list_file_input_records_missing_files_as_errors(images, expected, tiny_weights_path, tmp_path):
+    listing = images / "two.txt"  # relative entries: resolved against the list's folder
+    listing.write_text("# two good, one missing\nimg01.png\nsub/img00.jpg\nmissing.jpg\n")
+    output = tmp_path / "results.jsonl"
+    done = run(batch_command(2, tiny_weights_path, listing, output), tmp_path)
+    assert done.returncode == 0, done.stderr
+    wanted = {p: expected[p] for p in (str(images / "img01.png"), str(images / "sub/img00.jpg"))}
+    assert_same_predictions(read_jsonl(output), wanted)
+    errors = read_jsonl(tmp_path / "results.errors.jsonl")
+    assert [e["image"] for e in errors] == [str(images / "missing.jpg")]
+
+
+def _processes_mentioning(marker):
+    """PIDs whose command line contains `marker` (our unique output path): the job's ranks and launcher."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def _kill_job(process, marker):
+    """kill -9 the launcher's process group and every rank of the job (Hydra gives ranks their own groups)."""
+    os.killpg(process.pid, signal.SIGKILL)
+    for pid in _processes_mentioning(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_mentioning(marker), "ranks survived the kill"
+
+
+def test_rerun_after_kill_completes_every_image_exactly_once(images, expected, tiny_weights_path, tmp_path):
+    output = tmp_path / "killed-run.jsonl"
+    errors_file = tmp_path / "killed-run.errors.jsonl"
+    command = batch_command(2, tiny_weights_path, images, output, "--batch-size", "1", "--decode-threads", "1")
+    process = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not (output.exists() and output.read_bytes().count(b"\n") >= 2):
+            assert process.poll() is None, "the job ended before it could be killed"
+            assert time.monotonic() < deadline, "no results appeared"
+            time.sleep(0.02)
+    finally:
+        _kill_job(process, str(output))
+    first = read_jsonl(output) + read_jsonl(errors_file)
+    assert 2 <= len(first) < GOOD + len(BAD), "the kill should have come part way"
+    with open(output, "a") as handle:  # what a write torn by the kill would leave
+        handle.write('{"image": "' + str(images / "img09.png") + '", "predictions": [{"ind')
+
+    rerun = run(batch_command(None, tiny_weights_path, images, output), tmp_path)  # one rank, no mpiexec
+    assert rerun.returncode == 0, rerun.stderr
+    assert "partial last line" in rerun.stderr
+    assert f"{len(first)} already done before this run" in rerun.stdout
+    assert_same_predictions(read_jsonl(output), expected)
+    assert_bad_images_listed(read_jsonl(errors_file), images)
+
+    again = run(batch_command(2, tiny_weights_path, images, output), tmp_path)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    retried = run(batch_command(None, tiny_weights_path, images, output, "--retry-errors"), tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    assert "3 images (0 classified, 3 errors)" in retried.stdout
+    assert_same_predictions(read_jsonl(output), expected)
+    assert_bad_images_listed(read_jsonl(errors_file), images)
+
+
+def test_exception_on_one_rank_aborts_the_whole_job_promptly_with_its_message(images, tiny_weights_path, tmp_path):
+    output = tmp_path / "results.jsonl"
+    command = [*_mpiexec(3), sys.executable, str(SCRIPTS / "batch_with_failing_rank.py"), "1",
+               "--weights", str(tiny_weights_path), "--input", str(images), "--output", str(output),
+               "--device", "cpu", "--batch-size", "2", "--no-progress"]
+    started = time.monotonic()
+    done = run(command, tmp_path)
+    assert time.monotonic() - started < 60
+    assert done.returncode != 0
+    assert "rank 1 (cpu): RuntimeError: injected failure on rank 1 (aborting all ranks)" in done.stderr
+    read_jsonl(output)  # whatever was written is whole lines
+
+
+@pytest.mark.parametrize("extra, code, message", [
+    (["--weights", "/no/such/weights.safetensors"], 4, "does not exist"),  # found by rank 0 before loading
+    (["--device", "nonsense,cpu"], 3, "rank 0 (nonsense): bad device spec"),  # only rank 0 fails to load
+])
+def test_setup_failure_ends_every_rank_with_one_clear_line(extra, code, message, images, tiny_weights_path,
+                                                           tmp_path):
+    done = run(batch_command(2, tiny_weights_path, images, tmp_path / "results.jsonl", *extra), tmp_path)
+    assert done.returncode == code, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and lines[0].startswith("vggserve: error: ") and message in lines[0], done.stderr

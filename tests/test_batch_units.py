@@ -1,0 +1,206 @@
+"""The batch job's parts that need no MPI: inputs, device binding, the kill-safe output store, the chunk runner,
+the sharding split and the summary. (tests/test_batch_mpi.py runs the whole job under mpiexec.)"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vggserve.distributed.devices import rank_device
+from vggserve.distributed.inputs import InputError, list_inputs
+from vggserve.distributed.pipeline import ChunkRunner, RankStats
+from vggserve.distributed.sharding import offsets, split_counts
+from vggserve.distributed.store import OutputError, ResultStore, errors_path_for, result_line
+from vggserve.distributed.summary import format_summary, summarize
+from vggserve.distributed.workqueue import chunked
+from vggserve.errors import DeviceError
+
+
+def _touch(path, data=b"x"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------
+def test_directory_input_lists_image_files_recursively_sorted_and_ignores_other_files(tmp_path):
+    for name in ("b.jpg", "a.PNG", "sub/c.jpeg", "sub/deeper/d.webp", "notes.txt", "sub/e.json"):
+        _touch(tmp_path / name)
+    root = str(tmp_path)
+    assert list_inputs(root) == [os.path.join(root, p) for p in ("a.PNG", "b.jpg", "sub/c.jpeg", "sub/deeper/d.webp")]
+
+
+def test_list_file_skips_comments_and_blanks_resolves_relative_to_list_and_drops_duplicates(tmp_path):
+    listing = tmp_path / "lists" / "images.txt"
+    _touch(listing, b"# holiday\none.jpg\n\n  sub/two.png  \n/abs/three.jpg\none.jpg\nmissing.gif\n")
+    base = str(tmp_path / "lists")
+    assert list_inputs(str(listing)) == [
+        os.path.join(base, "one.jpg"), os.path.join(base, "sub/two.png"), "/abs/three.jpg",
+        os.path.join(base, "missing.gif"),
+    ]
+
+
+def test_single_image_file_is_its_own_input(tmp_path):
+    image = _touch(tmp_path / "cat.jpg")
+    assert list_inputs(str(image)) == [str(image)]
+
+
+def test_missing_input_is_a_clear_error(tmp_path):
+    with pytest.raises(InputError, match="no such directory or file"):
+        list_inputs(str(tmp_path / "nowhere"))
+
+
+# ---- device binding ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec, local_rank, local_size, expected", [
+    ("gpu", 0, 4, "gpu:0"),
+    ("gpu", 3, 4, "gpu:3"),
+    ("cpu", 2, 4, "cpu"),
+    ("gpu:0,gpu:2", 1, 2, "gpu:2"),
+    (" gpu:1 , 0:1 ", 1, 2, "0:1"),
+    ("gpu:1", 3, 4, "gpu:1"),  # one explicit device is shared by every rank
+    ("auto", 0, 1, "auto"),  # one rank per node: the engine's own choice
+])
+def test_device_spec_binds_by_local_rank(spec, local_rank, local_size, expected):
+    assert rank_device(spec, local_rank, local_size) == expected
+
+
+def test_auto_with_several_ranks_per_node_uses_cpu_when_there_is_no_gpu(monkeypatch):
+    monkeypatch.setattr("vggserve.distributed.devices.count_gpus", lambda: 0)
+    assert rank_device("auto", 1, 2) == "cpu"
+    monkeypatch.setattr("vggserve.distributed.devices.count_gpus", lambda: 2)
+    assert rank_device("auto", 1, 2) == "gpu:1"
+
+
+@pytest.mark.parametrize("spec, message", [("gpu:0,gpu:1", "lists 2 devices"), ("gpu:0,,gpu:1", "empty entry")])
+def test_bad_device_lists_are_clear_errors(spec, message):
+    with pytest.raises(DeviceError, match=message):
+        rank_device(spec, 2, 3)
+
+
+# ---- output store ------------------------------------------------------------------------------------------
+def _lines(path):
+    return path.read_text().splitlines()
+
+
+def test_errors_file_sits_beside_the_output_with_the_output_stem():
+    assert str(errors_path_for("out/results.jsonl")) == os.path.join("out", "results.errors.jsonl")
+    assert str(errors_path_for("run7")) == "run7.errors.jsonl"
+
+
+def test_store_records_whole_lines_and_a_reopened_store_knows_what_is_done(tmp_path):
+    output = tmp_path / "deep" / "results.jsonl"
+    store = ResultStore(output)
+    assert store.done == set()
+    store.write([result_line("a.jpg", [{"index": 1, "label": "x", "probability": 0.5}])],
+                ['{"image": "bad.jpg", "error": "empty", "type": "ImageDecodeError"}'])
+    store.close()
+    assert json.loads(_lines(output)[0])["image"] == "a.jpg"
+    again = ResultStore(output)
+    assert again.done == {"a.jpg", "bad.jpg"} and (again.result_count, again.error_count) == (1, 1)
+    again.close()
+
+
+def test_torn_last_line_from_a_killed_run_is_cut_and_appends_stay_whole(tmp_path):
+    output = tmp_path / "results.jsonl"
+    output.write_text(result_line("a.jpg", []) + "\n" + '{"image": "b.jpg", "predic')
+    store = ResultStore(output)
+    assert store.done == {"a.jpg"}
+    assert store.discarded_bytes == len('{"image": "b.jpg", "predic')
+    store.write([result_line("b.jpg", [])], [])
+    store.close()
+    assert [json.loads(line)["image"] for line in _lines(output)] == ["a.jpg", "b.jpg"]
+
+
+def test_a_corrupt_whole_line_is_an_error_not_silently_dropped(tmp_path):
+    output = tmp_path / "results.jsonl"
+    output.write_text("garbage\n" + result_line("a.jpg", []) + "\n")
+    with pytest.raises(OutputError, match="results.jsonl:1"):
+        ResultStore(output)
+
+
+def test_second_job_on_the_same_output_is_refused_while_the_first_holds_it(tmp_path):
+    first = ResultStore(tmp_path / "results.jsonl")
+    with pytest.raises(OutputError, match="another batch job"):
+        ResultStore(tmp_path / "results.jsonl")
+    first.close()
+    ResultStore(tmp_path / "results.jsonl").close()  # free again once the first is closed
+
+
+def test_retry_errors_forgets_recorded_errors_but_keeps_results(tmp_path):
+    output = tmp_path / "results.jsonl"
+    store = ResultStore(output)
+    store.write([result_line("a.jpg", [])], ['{"image": "bad.jpg", "error": "empty", "type": "E"}'])
+    store.close()
+    retry = ResultStore(output, retry_errors=True)
+    assert retry.done == {"a.jpg"}
+    assert errors_path_for(output).read_text() == ""
+    retry.close()
+
+
+# ---- chunk runner --------------------------------------------------------------------------------------------
+class ConstantModel:
+    """Stands in for the engine: probability 1 on class (number of the call's rows), records batch sizes."""
+
+    preprocessing = "torchvision"
+
+    def __init__(self):
+        self.batches = []
+
+    def probabilities(self, x):
+        assert x.dtype == np.float32 and x.shape[1:] == (3, 224, 224)
+        self.batches.append(x.shape[0])
+        probs = np.zeros((x.shape[0], 1000), np.float32)
+        probs[:, x.shape[0]] = 1.0
+        return probs
+
+
+def test_chunk_runner_classifies_readable_images_in_order_and_records_unreadable_ones(tmp_path):
+    good = []
+    for i in range(3):
+        good.append(str(tmp_path / f"g{i}.png"))
+        Image.new("RGB", (30 + i, 40), (i * 50, 0, 0)).save(good[-1])
+    empty = str(_touch(tmp_path / "empty.jpg", b""))
+    missing = str(tmp_path / "missing.jpg")
+    model = ConstantModel()
+    runner = ChunkRunner(model, top_k=2, decode_threads=2)
+    stats = RankStats(rank=0, device="cpu")
+    runner.submit([good[0], empty, good[1], missing, good[2]])
+    outcome = runner.run_timed(stats)
+    runner.close()
+    assert model.batches == [3]  # only the readable images reach the model, in one batch
+    results = [json.loads(line) for line in outcome.results]
+    assert [r["image"] for r in results] == good
+    assert all(r["predictions"][0]["index"] == 3 and len(r["predictions"]) == 2 for r in results)
+    errors = {json.loads(line)["image"]: json.loads(line) for line in outcome.errors}
+    assert set(errors) == {empty, missing}
+    assert all(e["error"] and e["type"] for e in errors.values())
+    assert (stats.images, stats.errors) == (5, 2)
+
+
+# ---- chunks, split, summary ----------------------------------------------------------------------------------
+def test_chunks_cover_every_path_once_in_order():
+    paths = [f"{i}.jpg" for i in range(11)]
+    chunks = list(chunked(paths, 4))
+    assert [len(c) for c in chunks] == [4, 4, 3] and sum(chunks, []) == paths
+
+
+@pytest.mark.parametrize("n, parts", [(7, 3), (2, 3), (1, 3), (0, 3), (9, 3), (5, 1), (16, 4)])
+def test_split_gives_contiguous_pieces_differing_by_at_most_one(n, parts):
+    counts = split_counts(n, parts)
+    assert len(counts) == parts and sum(counts) == n
+    assert max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
+    assert offsets(counts) == [sum(counts[:i]) for i in range(parts)]
+
+
+def test_summary_counts_every_rank_including_ranks_that_got_no_work():
+    ranks = [{"rank": r, "device": "cpu", "device_name": "PoCL"} for r in range(3)]
+    stats = {0: {"images": 4, "errors": 1, "active_seconds": 2.0, "images_per_second": 2.0},
+             1: {"images": 6, "errors": 0, "active_seconds": 2.0, "images_per_second": 3.0}}
+    summary = summarize(stats, ranks, wall=2.5, setup=1.0, skipped=3, output="r.jsonl", errors_file="r.errors.jsonl")
+    assert (summary["images"], summary["classified"], summary["errors"]) == (10, 9, 1)
+    assert summary["images_per_second"] == 4.0 and summary["already_done"] == 3
+    assert [r["images"] for r in summary["ranks"]] == [4, 6, 0]
+    text = format_summary(summary)
+    assert "10 images (9 classified, 1 errors)" in text and "4.00 images/s" in text and len(text.splitlines()) == 6
