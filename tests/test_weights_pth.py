@@ -98,17 +98,19 @@ def write_zip(path, sd, storages, folder="archive", compression=zipfile.ZIP_STOR
     return path
 
 
-def write_legacy(path, sd, storages, pickled=None):
+def write_legacy(path, sd, storages, pickled=None, protocol=2):
     with open(path, "wb") as f:
         for header in (LEGACY_MAGIC, 1001, {"protocol_version": 1001, "little_endian": True,
                                             "type_sizes": {"short": 2, "int": 4, "long": 8}}):
-            pickle.dump(header, f, protocol=2)
+            pickle.dump(header, f, protocol=protocol)
         if pickled is None:
-            TorchPickler(f, legacy=True).dump(sd)
+            pickler = TorchPickler(f, legacy=True)
+            pickler.proto = protocol
+            pickler.dump(sd)
         else:
             f.write(pickled)
         keys = sorted(storages)
-        pickle.dump(keys, f, protocol=2)
+        pickle.dump(keys, f, protocol=protocol)
         for key in keys:
             data = storages[key].data
             f.write(np.int64(data.size).astype("<i8").tobytes())
@@ -245,3 +247,11 @@ def test_wrong_shape_in_checkpoint_names_key_and_shapes(tmp_path, tiny_tensors):
     with pytest.raises(WeightsError) as info:
         load_weights(path)
     assert str(info.value) == f"{path}: features.5.weight: expected shape (16, 8, 3, 3), got (16, 3, 3, 3)"
+
+
+def test_legacy_checkpoint_written_with_pickle_protocol_4_is_recognised(tmp_path, tiny_tensors):
+    path = write_legacy(tmp_path / "p4.pth", *state_dict(tiny_tensors), protocol=4)
+    assert path.read_bytes()[:2] == b"\x80\x04"
+    w = load_weights(path)
+    assert w.format == "pth-legacy"
+    np.testing.assert_array_equal(w.tensors["classifier.0.weight"], tiny_tensors["classifier.0.weight"])

@@ -9,6 +9,7 @@ Public API:
     SOURCES                                  provenance table of published weights
 """
 
+from .fetch import fetch
 from .loaded import LoadedWeights, sha256_file
 from .loading import load_weights, weights_from_tensors
 from .lookup import cache_dir, find_weights, weights_dir
@@ -20,6 +21,7 @@ __all__ = [
     "SOURCES",
     "WeightsSource",
     "cache_dir",
+    "fetch",
     "find_weights",
     "load_weights",
     "save_safetensors",

@@ -31,8 +31,10 @@ def read_keras_h5(path: Path) -> dict[str, np.ndarray]:
             for layer, group in groups.items():
                 out.update(_layer_tensors(path, layer, group, h5py))
             return out
-    except OSError as exc:
-        raise WeightsError(f"{path}: truncated or unreadable HDF5 file ({exc})") from None
+    except WeightsError:
+        raise
+    except Exception as exc:  # h5py reports damage as OSError, KeyError, RuntimeError, ...
+        raise WeightsError(f"{path}: truncated or unreadable HDF5 file ({type(exc).__name__}: {exc})") from None
 
 
 def _layer_groups(f, h5py) -> dict:

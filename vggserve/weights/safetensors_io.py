@@ -43,6 +43,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
 def _tensor(path, mapped, base: int, size: int, key: str, entry) -> np.ndarray:
     try:
         dtype_name, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+        if not all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)):
+            raise ValueError
     except (KeyError, TypeError, ValueError):
         raise WeightsError(f"{path}: {key}: malformed safetensors header entry") from None
     dtype = DTYPES.get(dtype_name)

@@ -31,7 +31,7 @@ def detect_format(path: Path) -> str:
         return _zip_kind(path)
     if head.startswith(HDF5_SIGNATURE):
         return "keras-h5"
-    if head.startswith(TORCH_LEGACY_PREFIX):
+    if head.startswith(TORCH_LEGACY_PREFIX) or (head[:1] == b"\x80" and _starts_with_torch_magic(path)):
         return "pth-legacy"
     if head[:1] == b"\x80":
         raise WeightsError(f"{path}: a Python pickle but not a torch checkpoint (no torch magic number)")
@@ -72,3 +72,14 @@ def _hdf5_user_block(path: Path) -> bool:
                 return True
             offset *= 2
     return False
+
+
+def _starts_with_torch_magic(path: Path) -> bool:
+    """A legacy checkpoint written with a pickle protocol other than 2: read its first pickle (restricted)."""
+    from .torch_pickle import RestrictedUnpickler
+
+    try:
+        with open(path, "rb") as f:
+            return RestrictedUnpickler(f, legacy=True).load() == TORCH_LEGACY_MAGIC
+    except Exception:  # not a pickle we can read, or one that asks for globals: not a torch checkpoint
+        return False

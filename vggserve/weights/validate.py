@@ -13,8 +13,14 @@ def validate(tensors: dict[str, np.ndarray], where: str, scheme: str = "torchvis
     The width is read from ``features.0.weight``; every key of that width's spec must be present with its
     exact shape, and no other key may be. Arrays already float32/contiguous/aligned are kept (no copy).
     """
-    width = infer_width(tensors)
-    expected = vgg16_spec(width).shapes()
+    try:
+        width = infer_width(tensors)
+        expected = vgg16_spec(width).shapes()
+    except (ValueError, TypeError, AttributeError, IndexError):
+        first = tensors.get("features.0.weight")
+        shape = getattr(first, "shape", type(first).__name__)
+        name = _display(scheme, "features.0.weight")
+        raise WeightsError(f"{where}: {name}: shape {shape} is not a VGG16 first convolution") from None
     out = {}
     for key, shape in expected.items():
         name = _display(scheme, key)
