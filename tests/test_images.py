@@ -330,3 +330,18 @@ def test_rgb_image_is_returned_unchanged():
 def test_unusual_modes_still_become_rgb():
     for mode in ("PA", "La", "RGBa", "RGBX", "HSV", "LAB"):
         assert to_rgb(Image.new(mode, (2, 2))).mode == "RGB"
+
+
+@pytest.mark.parametrize("fmt, suffix", [("WEBP", "webp"), ("TIFF", "tiff"), ("PNG", "png"), ("GIF", "gif")])
+def test_multi_frame_files_give_their_first_frame_and_stay_usable(tmp_path, fmt, suffix):
+    frames = [Image.new("RGB", (20, 10), colour) for colour in ((250, 0, 0), (0, 250, 0), (0, 0, 250))]
+    path = tmp_path / f"frames.{suffix}"
+    frames[0].save(path, fmt, save_all=True, append_images=frames[1:], **({"lossless": True} if fmt == "WEBP" else {}))
+    with Image.open(path) as raw:
+        assert getattr(raw, "n_frames", 1) == 3
+    img = open_image(path)
+    assert img.mode == "RGB" and img.size == (20, 10)
+    red, green, blue = pixels(img).reshape(-1, 3).mean(axis=0)
+    assert red > 240 and green < 10 and blue < 10
+    buffer = io.BytesIO()
+    img.resize((4, 2)).save(buffer, "PNG")  # still usable after its file was closed

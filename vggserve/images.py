@@ -8,12 +8,13 @@ Only then is the first frame decoded, the EXIF orientation applied and the resul
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
 import warnings
 from pathlib import Path
-from typing import BinaryIO, Iterable, Union
+from typing import BinaryIO, Iterable, Iterator, Union
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -76,21 +77,21 @@ def open_image(
     `max_pixels`: width * height above which `ImageTooLarge` is raised without decoding.
     `formats`: accepted Pillow format names (case-insensitive); SVG, PDF, EPS and PS are never accepted.
     Raises `UnsupportedImageFormat` (415), `ImageTooLarge` (413) or `ImageDecodeError` (400). The returned
-    image is fully decoded and holds no OS file handle (paths are read into memory first).
+    image is fully decoded; a file opened from a path is closed before returning.
     """
     accepted = _accepted_formats(formats)
-    data, where = _read_source(source)
-    image = _open_header(data, where, max_pixels, accepted)
-    result = None
-    try:
-        _check_format(image, accepted, where)
-        _check_pixels(image.size, max_pixels, where)
-        _decode(image, where)
-        result = to_rgb(_exif_upright(image))
-        return result
-    finally:
-        if result is not image:  # an upright or converted copy was made, or an error: free the decoded frame
-            image.close()
+    with _binary_stream(source) as (stream, where):
+        image = _open_header(stream, where, max_pixels, accepted)
+        result = None
+        try:
+            _check_format(image, accepted, where)
+            _check_pixels(image.size, max_pixels, where)
+            _decode(image, where)
+            result = to_rgb(_exif_upright(image))
+            return result
+        finally:
+            if result is not image:  # an upright or converted copy was made, or an error: free the frame
+                image.close()
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -139,53 +140,63 @@ def _accepted_formats(formats: Iterable[str]) -> frozenset[str]:
     return accepted
 
 
-def _read_source(source: Source) -> tuple[bytes, str]:
-    """The encoded bytes of `source` and a phrase naming it for messages ("file 'x.jpg'" or "input")."""
+@contextlib.contextmanager
+def _binary_stream(source: Source) -> Iterator[tuple[BinaryIO, str]]:
+    """A seekable binary stream over `source` and a phrase naming it for messages ("file 'x.jpg'", "input").
+
+    A path is opened (and closed on exit) rather than read whole, so a large file that is not an image is
+    refused after its first bytes; bytes and file objects are served from memory.
+    """
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         where = f"file '{path}'"
         try:
-            data = path.read_bytes()
+            stream = open(path, "rb")
         except FileNotFoundError:
             raise ImageDecodeError(f"{where} does not exist") from None
         except IsADirectoryError:
             raise ImageDecodeError(f"{where} is a directory, not an image") from None
         except OSError as exc:
             raise ImageDecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
-        if not data:
-            raise ImageDecodeError(f"{where} is empty")
-        return data, where
+        with stream:
+            if os.fstat(stream.fileno()).st_size == 0:
+                raise ImageDecodeError(f"{where} is empty")
+            yield stream, where
+        return
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
     elif hasattr(source, "read"):
         data = source.read()
         if not isinstance(data, (bytes, bytearray)):
             raise TypeError("open_image needs a binary file object (opened with 'rb')")
-        data = bytes(data)
     else:
         raise TypeError(f"open_image takes a path, bytes or a binary file object, not {type(source).__name__}")
     if not data:
         raise ImageDecodeError("empty body: no image data was sent")
-    return data, "input"
+    yield io.BytesIO(data), "input"
 
 
-def _open_header(data: bytes, where: str, max_pixels: int, accepted: frozenset[str]) -> Image.Image:
+def _open_header(stream: BinaryIO, where: str, max_pixels: int, accepted: frozenset[str]) -> Image.Image:
     """Pillow's lazy open (header only); Pillow's bomb warning/error become `ImageTooLarge`."""
     pillow_limit = Image.MAX_IMAGE_PIXELS
     action = "error" if pillow_limit is not None and max_pixels <= pillow_limit else "ignore"
     try:
         with _WARNINGS_LOCK, warnings.catch_warnings():
             warnings.simplefilter(action, Image.DecompressionBombWarning)
-            return Image.open(io.BytesIO(data))
+            return Image.open(stream)
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         raise _too_large(where, exc, max_pixels) from None
     except UnidentifiedImageError:
-        foreign = _foreign_format(data)
+        stream.seek(0)
+        foreign = _foreign_format(stream.read(1024))
         if foreign is not None:
             raise UnsupportedImageFormat(
                 f"format '{foreign}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
             ) from None
-        raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({len(data)} bytes)") from None
+        size = stream.seek(0, io.SEEK_END)
+        raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({size} bytes)") from None
+    except MemoryError:
+        raise
     except Exception as exc:  # plugins raise many types on malformed headers
         raise ImageDecodeError(f"{_capital(where)} has a corrupt image header: {exc}") from None
 
@@ -195,9 +206,9 @@ def _too_large(where: str, exc: Exception, max_pixels: int | None) -> ImageTooLa
     return ImageTooLarge(f"{_capital(where)} is too large{limit}: Pillow says: {exc}")
 
 
-def _foreign_format(data: bytes) -> str | None:
+def _foreign_format(head: bytes) -> str | None:
     """Name of a known non-raster format (PDF, SVG, ...) recognised from the first bytes, else None."""
-    head = data[:1024].lstrip().lower()
+    head = head.lstrip().lower()
     for signature, name in _FOREIGN_SIGNATURES:
         if head.startswith(signature.lower()):
             return name
