@@ -4,7 +4,9 @@ The resize reference re-implements Pillow's 8-bit BILINEAR resampling (libImagin
 separable triangle filter whose support grows with the downscale factor, coefficients normalised per output
 pixel and rounded to fixed point with 22 fractional bits, horizontal pass then vertical pass (since Pillow 13
 vertical first when the height shrinks by more than twice as many pixels as the width), each rounding and
-clipping to 0..255, a pass skipped when its dimension is unchanged. It must equal Pillow bit for bit.
+clipping to 0..255, a pass skipped when its dimension is unchanged. (Pillow also limits the first pass to
+the rows the second pass reads; the dense weight matrices here compute all rows, with the same result.)
+It must equal Pillow bit for bit.
 """
 
 import numpy as np
