@@ -1,6 +1,7 @@
 """find_weights: explicit path, then $VGGSERVE_WEIGHTS, then fetched files in the cache; never random weights."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_cache_dir_defaults_to_platform_user_cache(monkeypatch):
     import platformdirs
 
     monkeypatch.delenv("VGGSERVE_CACHE_DIR", raising=False)
-    assert weights_dir() == __import__("pathlib").Path(platformdirs.user_cache_dir("vggserve")) / "weights"
+    assert weights_dir() == Path(platformdirs.user_cache_dir("vggserve")) / "weights"
 
 
 def test_explicit_path_wins_over_env_and_cache(cache, tmp_path, monkeypatch):

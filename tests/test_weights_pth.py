@@ -28,7 +28,8 @@ def _torch_global(module, name):
 REBUILD_V2 = _torch_global("torch._utils", "_rebuild_tensor_v2")
 REBUILD_V1 = _torch_global("torch._utils", "_rebuild_tensor")
 REBUILD_PARAM = _torch_global("torch._utils", "_rebuild_parameter")
-STORAGE_TYPES = {np.float32: _torch_global("torch", "FloatStorage"), np.float16: _torch_global("torch", "HalfStorage")}
+STORAGE_TYPES = {np.float32: _torch_global("torch", "FloatStorage"), np.float16: _torch_global("torch", "HalfStorage"),
+                 "cuda": _torch_global("torch.cuda", "FloatStorage")}
 
 
 class Storage:
@@ -55,6 +56,8 @@ class Tensor:
 class TorchPickler(pickle._Pickler):
     """Pure-Python pickler that writes our fake torch globals and storages as persistent ids."""
 
+    cuda = False  # write storages as torch.cuda.FloatStorage on "cuda:0", as a checkpoint saved from a GPU
+
     def __init__(self, file, legacy):
         super().__init__(file, protocol=2)
         self.legacy = legacy
@@ -68,7 +71,8 @@ class TorchPickler(pickle._Pickler):
 
     def persistent_id(self, obj):
         if isinstance(obj, Storage):
-            pid = ("storage", STORAGE_TYPES[obj.data.dtype.type], obj.key, "cpu", obj.data.size)
+            kind = "cuda" if self.cuda else obj.data.dtype.type
+            pid = ("storage", STORAGE_TYPES[kind], obj.key, "cuda:0" if self.cuda else "cpu", obj.data.size)
             return pid + (None,) if self.legacy else pid
         return None
 
@@ -255,3 +259,10 @@ def test_legacy_checkpoint_written_with_pickle_protocol_4_is_recognised(tmp_path
     w = load_weights(path)
     assert w.format == "pth-legacy"
     np.testing.assert_array_equal(w.tensors["classifier.0.weight"], tiny_tensors["classifier.0.weight"])
+
+
+def test_checkpoint_saved_from_a_gpu_loads_on_the_cpu(tmp_path, tiny_tensors, monkeypatch):
+    monkeypatch.setattr(TorchPickler, "cuda", True)
+    path = write_legacy(tmp_path / "gpu.pth", *state_dict(tiny_tensors))
+    assert b"torch.cuda" in path.read_bytes()[:4096]
+    np.testing.assert_array_equal(load_weights(path).tensors["features.0.bias"], tiny_tensors["features.0.bias"])

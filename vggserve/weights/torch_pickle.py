@@ -98,6 +98,7 @@ ALLOWED_GLOBALS = {
     ("torch", "Size"): tuple,
     ("_codecs", "encode"): _latin1_encode,
     **{("torch", name): StorageType(name) for name in STORAGE_DTYPES},
+    **{("torch.cuda", name): StorageType(name) for name in STORAGE_DTYPES},  # saved from a GPU: same bytes
 }
 
 
