@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from ..errors import VggserveError
 
 DEFAULT_CONCURRENCY = "1,4,16,64"
+API_KEY_ENV = "VGGSERVE_API_KEY"  # the variable `vggserve serve` reads too
 
 
 def register(subparsers) -> None:
@@ -41,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
     p.add_argument("--wait-ready", type=float, default=0.0,
                    help="wait up to this many seconds for /health/ready to answer 200 (default 0: check once)")
+    p.add_argument("--api-key", default=None,
+                   help=f"send `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; prefer the variable: "
+                        "arguments show in `ps`)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 

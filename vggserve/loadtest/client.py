@@ -11,10 +11,10 @@ from .images import Image
 from .records import CANCELLED, CONN_ERROR, HTTP_ERROR, OK, TIMEOUT, RequestRecord
 
 
-def make_client(connections: int, timeout_s: float) -> httpx.AsyncClient:
+def make_client(connections: int, timeout_s: float, headers: dict | None = None) -> httpx.AsyncClient:
     """An async client with exactly `connections` sockets (no hidden queue in the pool beyond that)."""
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s), trust_env=False)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s), headers=headers, trust_env=False)
 
 
 def request_kwargs(image: Image, multipart: bool) -> dict:

@@ -39,6 +39,12 @@ class LoadTestConfig:
     multipart: bool = False
     scrape_metrics: bool = True
     progress: bool = True
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers sent with every request (the API key, when the service needs one)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def classify_url(self) -> str:
@@ -64,6 +70,7 @@ class LoadTestConfig:
         data = asdict(self)
         data["images"] = str(self.images)
         data["output"] = str(self.output)
+        data["api_key"] = "(set)" if self.api_key else None  # never written out
         return data
 
 

@@ -17,6 +17,7 @@ SPLIT_HISTOGRAMS = {
     "server_request_ms": "vggserve_request_seconds",
 }
 BATCH_SIZE = "vggserve_batch_size"
+CLASSIFY_ENDPOINT_LABELS = ("/classify", "classify")
 SERVER_KEYS = tuple(SPLIT_HISTOGRAMS) + ("server_batch_size", "server_requests", "server_rejected",
                                          "server_timeouts")
 
@@ -62,10 +63,11 @@ def _mean(before: Snapshot, after: Snapshot, family: str, scale: float = 1.0) ->
 
 
 def _classify_requests(before: Snapshot, after: Snapshot) -> float | None:
-    """Delta of vggserve_requests_total over the endpoints whose label mentions classify (all statuses)."""
+    """Delta of vggserve_requests_total{endpoint="/classify"} summed over statuses (/classify/batch excluded)."""
     endpoints = {dict(pairs).get("endpoint", "") for (name, pairs) in after.samples
                  if name == "vggserve_requests_total"}
-    deltas = [_delta(before, after, "vggserve_requests_total", endpoint=e) for e in endpoints if "classify" in e]
+    deltas = [_delta(before, after, "vggserve_requests_total", endpoint=e) for e in endpoints
+              if e in CLASSIFY_ENDPOINT_LABELS]
     deltas = [d for d in deltas if d is not None]
     return sum(deltas) if deltas else None
 

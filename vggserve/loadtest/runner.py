@@ -58,7 +58,7 @@ async def _run(config: LoadTestConfig, images: ImageSet, wait_ready_s: float) ->
         result = RunResult()
         meta = _meta(config, images)
         clock0 = time.perf_counter()
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), trust_env=False) as side_client:
+        async with make_client(4, 10.0, config.headers) as side_client:
             await _check_ready(side_client, config, wait_ready_s, result)
             for level in config.levels:
                 if stop.is_set():
@@ -125,7 +125,7 @@ async def _run_level(config: LoadTestConfig, images: ImageSet, level: float, clo
         before_task = asyncio.create_task(_scrape_later(side_client, config.metrics_url, plan.warmup_s))
     run = LevelRun(plan, clock0)
     loop = run_closed if config.mode == "closed" else run_open
-    async with make_client(connections, config.timeout_s) as client:
+    async with make_client(connections, config.timeout_s, config.headers) as client:
         progress_task = asyncio.create_task(show_progress(run)) if config.progress else None
         try:
             await loop(client, images, run, stop)
