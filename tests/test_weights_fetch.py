@@ -81,6 +81,14 @@ def test_recorded_full_digest_is_enforced_on_the_next_fetch(served, cache):
     assert sha256_file(again) == digest
 
 
+def test_existing_file_that_fails_its_check_is_deleted_even_if_download_fails(cache):
+    cache.mkdir(parents=True)
+    (cache / TORCHVISION.file_name).write_bytes(b"not the published file")
+    with pytest.raises(WeightsError, match="cannot download"):
+        fetch_torchvision(url=f"http://127.0.0.1:{_closed_port()}/x.pth", progress=False)
+    assert not (cache / TORCHVISION.file_name).exists()
+
+
 def test_unreachable_server_fails_fast_naming_file_and_folder(cache):
     port = _closed_port()
     t0 = time.monotonic()

@@ -110,8 +110,10 @@ def fetch_torchvision(folder=None, url=None, expected_prefix: str = TORCHVISION.
     target = Path(folder or weights_dir()) / TORCHVISION.local_name
     sidecar = target.with_name(target.name + ".json")
     known = _recorded_sha256(sidecar) or TORCHVISION.sha256
-    if target.is_file() and _matches(sha256_file(target), expected_prefix, known):
-        return target
+    if target.is_file():
+        if _matches(sha256_file(target), expected_prefix, known):
+            return target
+        target.unlink()  # not the published file: it must not be found by the default lookup either
     if _offline():
         raise _unreachable(TORCHVISION, target, "HF_HUB_OFFLINE is set", url)
     target.parent.mkdir(parents=True, exist_ok=True)
