@@ -68,6 +68,9 @@ async def _await_items(request: Request, service: Service, items: list[Item], de
             await asyncio.wait(futures)  # the rest are on a device already and will finish
     finally:
         watcher.cancel()
+        for fut in futures:  # results are read from the items; mark the wrappers' exceptions as seen
+            if fut.done() and not fut.cancelled():
+                fut.exception()
 
 
 async def run_images(request: Request, service: Service, uploads: list, started: float,

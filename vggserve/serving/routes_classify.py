@@ -48,7 +48,7 @@ def _predictions(result: Result, k: int) -> list[dict]:
 @router.post("/classify", response_model=ClassifyResponse, openapi_extra=SINGLE_BODY,
              summary="Classify one image",
              responses=error_responses(400, 401, 413, 415, 422, 429, 500, 503, 504))
-async def classify(request: Request, top_k: int = TopK, x_request_timeout_ms: int | None = TimeoutHeader):
+async def classify(request: Request, top_k: int = TopK, x_request_timeout_ms: int = TimeoutHeader):
     """Classify one image with VGG16; requests arriving together are batched on the devices."""
     started = time.monotonic()
     service = request.app.state.service
@@ -67,7 +67,7 @@ async def classify(request: Request, top_k: int = TopK, x_request_timeout_ms: in
 @router.post("/classify/batch", response_model=BatchResponse, openapi_extra=BATCH_BODY,
              summary="Classify several images",
              responses=error_responses(400, 401, 413, 415, 422, 429, 503))
-async def classify_batch(request: Request, top_k: int = TopK, x_request_timeout_ms: int | None = TimeoutHeader):
+async def classify_batch(request: Request, top_k: int = TopK, x_request_timeout_ms: int = TimeoutHeader):
     """Classify several images sent in one multipart request. The answer is 200 with one entry per file, in order:
     predictions, or an error (same codes as /classify) for a file that failed."""
     started = time.monotonic()

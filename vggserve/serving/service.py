@@ -51,14 +51,23 @@ class Service:
         self._sha256 = None  # Future of the weights file's checksum, computed once in the pool
         self.started_at: float | None = None
         self.stopping = False
+        self._users = 0  # lifespans currently using the service
         self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         self.metrics.queue_length.set_function(lambda: len(self.queue))
         self.metrics.workers_ready.set_function(lambda: sum(w.ready for w in self.workers))
 
     # lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the preprocessing pool and one worker thread per device; returns at once (loading runs on)."""
+        """Start the preprocessing pool and one worker thread per device; returns at once (loading runs on).
+        A stopped service can be started again (each lifespan of the app gets fresh workers and queue); starts
+        while it runs (overlapping lifespans of one app) share it, and the last matching stop stops it."""
+        self._users += 1
+        if self._users > 1:
+            return
         factory = self.model_factory or default_model_factory(self.settings)
+        self.stopping = False
+        self.queue = BatchQueue(self.settings.max_queue, self.metrics)
+        self.workers = []
         self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
         self.started_at = time.monotonic()
         if self.settings.weights:
@@ -74,6 +83,9 @@ class Service:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Fail what still waits, let workers finish their batch and close their models, stop the pool."""
+        self._users = max(0, self._users - 1)
+        if self._users:
+            return
         self.stopping = True
         self.queue.close(unavailable("shutting_down", "the server is shutting down"))
         end = time.monotonic() + timeout_s

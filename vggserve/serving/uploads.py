@@ -83,6 +83,9 @@ async def read_batch(request: Request, max_files: int) -> list[Upload | ApiError
         if not values:
             raise ApiError(400, "missing_file", f"the multipart body has no field named {BATCH_FIELD!r}; send one "
                            f"or more images as e.g. curl -F {BATCH_FIELD}=@a.jpg -F {BATCH_FIELD}=@b.png")
+        for value in values:
+            if not isinstance(value, UploadFile):  # a malformed request, not a bad file: refuse all of it
+                await _read_file(value, BATCH_FIELD)
         uploads: list[Upload | ApiError] = []
         for value in values:
             try:
