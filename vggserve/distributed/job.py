@@ -167,8 +167,9 @@ def _recorder(store: ResultStore, progress):
 def _progress_bar(plan: Plan, enabled: bool):
     from tqdm import tqdm
 
+    interval = 0.5 if sys.stderr.isatty() else 2.0  # a pipe: mpirun's output forwarding or a log file
     bar = tqdm(total=plan.skipped + len(plan.todo), initial=plan.skipped, unit="img", desc="batch",
-               disable=not enabled, smoothing=0.05, mininterval=0.5, dynamic_ncols=True, file=sys.stderr)
+               disable=not enabled, smoothing=0.05, mininterval=interval, dynamic_ncols=True, file=sys.stderr)
     bar.set_postfix(errors=plan.store.error_count, refresh=False)
     return bar
 
