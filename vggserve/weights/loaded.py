@@ -25,7 +25,8 @@ class LoadedWeights:
 
     tensors:       torchvision key names (``features.{i}.weight``, ``classifier.{0,3,6}.bias``, ...) -> float32,
                    C-contiguous, aligned numpy arrays; conv weights (out, in, 3, 3), fc weights (out, in).
-                   Arrays read from safetensors/npz/zip-pth files are read-only views of a memory map.
+                   Most are read-only views of a memory map of the file (safetensors, .pth, aligned .npz
+                   members); converted or misaligned ones are copies.
     path:          the file they were read from (None for tensors given in memory).
     format:        "safetensors" | "npz" | "pth-zip" | "pth-legacy" | "keras-h5" | "memory".
     key_scheme:    the names in the source: "torchvision" | "timm" | "keras".
