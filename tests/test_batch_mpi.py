@@ -93,7 +93,7 @@ def expected(images, tiny_weights_path):
     assert len(good) == GOOD
     with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=16) as model:
         x = np.stack([preprocess(open_image(p), model.preprocessing) for p in good])
-        return dict(zip(good, top_k(model.probabilities(x), 5)))
+        return dict(zip(good, top_k(model.probabilities(x), 5), strict=True))
 
 
 def assert_same_predictions(results, expected):

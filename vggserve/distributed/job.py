@@ -57,7 +57,7 @@ class Plan:
 def make_plan(options: BatchOptions) -> Plan:
     from ..weights import find_weights
 
-    weights = os.fspath(find_weights(options.weights))
+    weights = os.path.abspath(find_weights(options.weights))  # ranks on other machines may start elsewhere
     paths = list_inputs(options.input)
     store = ResultStore(options.output, retry_errors=options.retry_errors)
     todo = [path for path in paths if path not in store.done]

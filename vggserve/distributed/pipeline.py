@@ -99,7 +99,7 @@ class ChunkRunner:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         paths, futures = self._queue.popleft()
         good_paths, pixels, errors = [], [], []
-        for path, future in zip(paths, futures):
+        for path, future in zip(paths, futures, strict=True):
             array, problem = future.result()
             if problem is None:
                 good_paths.append(path)
@@ -110,7 +110,7 @@ class ChunkRunner:
         if pixels:
             probabilities = self.model.probabilities(np.stack(pixels))
             predictions = top_k_predictions(probabilities, self.top_k)
-            results = [result_line(path, preds) for path, preds in zip(good_paths, predictions)]
+            results = [result_line(path, preds) for path, preds in zip(good_paths, predictions, strict=True)]
         return ChunkOutcome(results, errors)
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
