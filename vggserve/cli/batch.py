@@ -22,17 +22,17 @@ def register(subparsers) -> None:
                              "relative to the list's folder) or one image file")
     parser.add_argument("--output", required=True, metavar="RESULTS.jsonl",
                         help="results file, appended to; unreadable images go to <stem>.errors.jsonl beside it")
-    parser.add_argument("--weights", default=None,
+    parser.add_argument("--weights", default=None, metavar="PATH",
                         help="weights file (default: $VGGSERVE_WEIGHTS, then the fetched weights)")
-    parser.add_argument("--batch-size", type=_positive, default=16,
+    parser.add_argument("--batch-size", type=_positive, default=16, metavar="B",
                         help="images per chunk handed to a rank and per device batch (default 16)")
     parser.add_argument("--device", default="auto", metavar="SPEC",
                         help="gpu (GPU number <local rank>), cpu, auto, or one device per local rank: "
                              "gpu:0,gpu:2 (default auto)")
-    parser.add_argument("--top-k", type=_top_k, default=5, help="predictions per image (default 5)")
+    parser.add_argument("--top-k", type=_top_k, default=5, metavar="K", help="predictions per image (default 5)")
     parser.add_argument("--retry-errors", action="store_true",
                         help="classify again the images listed in the errors file (default: skip them)")
-    parser.add_argument("--decode-threads", type=_positive, default=2,
+    parser.add_argument("--decode-threads", type=_positive, default=2, metavar="T",
                         help="threads per rank reading and preprocessing images ahead (default 2)")
     parser.add_argument("--summary", default=None, metavar="FILE.json",
                         help="also write the final summary (per-rank throughput) as JSON")
