@@ -1,0 +1,178 @@
+"""A real uvicorn process on 127.0.0.1: readiness around warm-up, 429, 504, clients that go away, graceful drain
+on SIGTERM (with a sleeping stand-in model), and with the real engine: results identical to the engine's own
+classify, batching under concurrent requests, the body limit, and a clean exit."""
+
+import io
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from image_corpus import build_corpus
+from prometheus_client.parser import text_string_to_metric_families
+
+from vggserve.serving.process import ServerProcess
+from test_http_api import PNG
+
+SLOW_SERVER = """
+import sys
+from vggserve.serving.fakes import SlowModel
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+settings = Settings(port=PORT, max_batch_size=2, max_wait_ms=50, max_queue=4, max_files=4, drain_timeout_s=10)
+sys.exit(run_server(settings, lambda device: SlowModel(device, 0.5, 2, load_seconds=1.5), log_level="warning"))
+"""
+IMAGE = {"content-type": "image/png"}
+# one pooled client for every request of these tests: building a client per request costs ~0.1 s of CPU here
+HTTP = httpx.Client(limits=httpx.Limits(max_connections=32, max_keepalive_connections=0))
+
+
+def samples(url: str) -> dict:
+    """{(name, labels...): value} of the server's /metrics."""
+    out = {}
+    for family in text_string_to_metric_families(HTTP.get(url + "/metrics", timeout=5).text):
+        for s in family.samples:
+            out[(s.name, *sorted(s.labels.items()))] = s.value
+    return out
+
+
+def classify(url: str, headers=None, timeout=30.0) -> httpx.Response:
+    return HTTP.post(url + "/classify", content=PNG, headers={**IMAGE, **(headers or {})}, timeout=timeout)
+
+
+def concurrently(n: int, fn):
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: fn(), range(n)))
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def live(url: str) -> bool:
+    try:
+        return HTTP.get(url + "/health/live", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_slow_model_server_readiness_429_504_gone_clients_and_drain():
+    with ServerProcess.python_code(SLOW_SERVER) as server:
+        url = server.url
+        # readiness: live at once, ready only after the 1.5 s load and the warm-up batch
+        wait_until(lambda: live(url), 30, "liveness")
+        r = HTTP.get(url + "/health/ready", timeout=2)
+        assert r.status_code == 503 and r.json()["status"] == "not_ready"
+        assert classify(url).json()["error"]["code"] == "not_ready"
+        server.wait_ready(30)
+
+        # a full queue answers 429 with Retry-After at once (2 on the device + 4 admitted fit)
+        def timed():
+            started = time.monotonic()
+            return classify(url), time.monotonic() - started
+
+        results = concurrently(12, timed)
+        codes = [r.status_code for r, _ in results]
+        assert codes.count(429) >= 4 and set(codes) <= {200, 429}, codes
+        for r, seconds in results:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
+                assert seconds < 0.45
+
+        # a deadline that passes in the queue: 504, and the image is never computed
+        before = samples(url)[("vggserve_batch_size_sum",)]
+        with ThreadPoolExecutor(3) as pool:
+            busy = [pool.submit(classify, url) for _ in range(2)]
+            time.sleep(0.15)
+            late = classify(url, {"x-request-timeout-ms": "150"})
+            assert [f.result().status_code for f in busy] == [200, 200]
+        assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+        after = samples(url)
+        assert after[("vggserve_batch_size_sum",)] == before + 2
+        assert after[("vggserve_timeouts_total",)] >= 1
+
+        # a client that goes away while its image waits: the image is not computed
+        before = after[("vggserve_batch_size_sum",)]
+        with ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(classify, url) for _ in range(2)]
+            time.sleep(0.15)
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
+                time.sleep(0.15)
+            assert [f.result().status_code for f in busy] == [200, 200]
+        time.sleep(0.8)  # time enough for the abandoned image to have run, had it not been withdrawn
+        after = samples(url)
+        assert after[("vggserve_abandoned_total",)] == 1
+        assert after[("vggserve_batch_size_sum",)] == before + 2
+
+        # SIGTERM with requests in flight: readiness 503, new requests refused, in-flight ones finish, exit 0
+        with ThreadPoolExecutor(3) as pool:
+            inflight = [pool.submit(classify, url) for _ in range(3)]
+            time.sleep(0.2)
+            server.signal(signal.SIGTERM)
+            time.sleep(0.1)
+            ready = HTTP.get(url + "/health/ready", timeout=2)
+            assert ready.status_code == 503 and ready.json()["status"] == "draining"
+            refused = classify(url)
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+            assert [f.result().status_code for f in inflight] == [200, 200, 200]
+        assert server.wait(15) == 0, server.output()[-3000:]
+        assert "Traceback" not in server.output()
+
+
+@pytest.fixture(scope="module")
+def engine_server(tiny_weights_path):
+    args = ["--weights", str(tiny_weights_path), "--device", "cpu", "--max-batch-size", "4", "--max-wait-ms", "300",
+            "--max-body-bytes", "65536", "--preprocess-threads", "2", "--log-level", "warning"]
+    with ServerProcess.serve_cli(args) as server:
+        server.wait_ready(180)
+        yield server
+
+
+def test_results_identical_to_the_engine_for_the_same_files(engine_server, tiny_weights_path, tmp_path):
+    from vggserve.model.vgg16 import VGG16
+
+    files = build_corpus(tmp_path)
+    names = ["rgba.png", "cmyk.jpg", "exif_orientation_6.jpg", "gray16.png"]
+    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=4) as model:
+        expected = model.classify([files[n] for n in names], top_k=5)
+    for name, want in zip(names, expected):
+        with open(files[name], "rb") as f:
+            r = HTTP.post(engine_server.url + "/classify", files={"file": (name, f)}, timeout=60)
+        assert r.status_code == 200, r.text
+        got = r.json()["predictions"]
+        assert [(p["index"], p["label"]) for p in got] == [(p["index"], p["label"]) for p in want], name
+        assert [p["probability"] for p in got] == pytest.approx([p["probability"] for p in want], rel=1e-5, abs=1e-7)
+
+
+def test_concurrent_requests_are_batched(engine_server):
+    url = engine_server.url
+    before = samples(url)
+    codes = [r.status_code for r in concurrently(8, lambda: classify(url, timeout=120))]
+    assert codes == [200] * 8
+    after = samples(url)
+    images = after[("vggserve_batch_size_sum",)] - before[("vggserve_batch_size_sum",)]
+    batches = after[("vggserve_batch_size_count",)] - before[("vggserve_batch_size_count",)]
+    singles = after[("vggserve_batch_size_bucket", ("le", "1.0"))] - before[("vggserve_batch_size_bucket", ("le", "1.0"))]
+    assert images == 8 and batches < 8 and singles < batches, (images, batches, singles)
+    assert after[("vggserve_requests_total", ("endpoint", "/classify"), ("status", "200"))] >= 8
+
+
+def test_body_over_the_limit_is_refused_before_it_is_read(engine_server):
+    r = HTTP.post(engine_server.url + "/classify", content=b"\x89PNG" + b"0" * 200_000, headers=IMAGE, timeout=10)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    assert classify(engine_server.url, timeout=60).status_code == 200
+
+
+def test_sigterm_when_idle_exits_zero(engine_server):
+    engine_server.signal(signal.SIGTERM)
+    assert engine_server.wait(30) == 0, engine_server.output()[-3000:]
