@@ -77,7 +77,11 @@ class LevelRun:
 
 
 async def _sleep_until(run: LevelRun, target_s: float, stop: asyncio.Event) -> bool:
-    """Sleep until run-relative time `target_s`; False if `stop` was set first."""
+    """Sleep until run-relative time `target_s`; False if `stop` was set first.
+
+    Already past it, it still yields once, so that a schedule running behind lets its requests start.
+    """
+    await asyncio.sleep(0)
     while not stop.is_set():
         delay = target_s - run.now()
         if delay <= 0:
