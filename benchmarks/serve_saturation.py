@@ -1,0 +1,205 @@
+"""Service throughput at saturation next to the engine's own, at the same batch size.
+
+    python benchmarks/serve_saturation.py --weights vgg16.safetensors --device gpu --max-batch-size 32 --duration 30
+    python benchmarks/serve_saturation.py --weights tiny.safetensors --device cpu --max-batch-size 4 --duration 5  # smoke
+
+1. Engine: loads VGG16 on each device of --device (a comma list is one server worker per device) and times
+   `VGG16.logits` on random (B, 3, 224, 224) batches for --engine-seconds: images/s at batch B, summed over
+   devices. The models are closed before the server starts.
+2. Service: starts `python -m vggserve serve` on 127.0.0.1 with --max-batch-size B (or uses --url), waits for
+   /health/ready, then --client-procs processes keep --concurrency requests in flight (POST /classify, raw
+   JPEG body) for --warmup + --duration seconds. images/s counts the 200s completed in the --duration window.
+3. Prints both, their ratio (the target is >= 0.90), the mean batch size the server formed in the window (from
+   /metrics) and client latency percentiles; --json FILE writes the same as JSON. Exit status 0; with
+   --require R, 1 when the ratio is below R.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--weights", default=None, help="weights file (default: vggserve's lookup)")
+    p.add_argument("--device", default="gpu", help="device spec or comma list, as for `vggserve serve` (default gpu)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="batch size of the engine and the server")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="server's --max-wait-ms (default 5)")
+    p.add_argument("--duration", type=float, default=30.0, help="measured seconds of load (default 30)")
+    p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
+    p.add_argument("--engine-seconds", type=float, default=10.0, help="seconds timing the engine (default 10)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="requests kept in flight (default 4 x batch size x devices)")
+    p.add_argument("--client-procs", type=int, default=None, help="load-generating processes (default: cores/2, 1..8)")
+    p.add_argument("--preprocess-threads", type=int, default=None, help="server's --preprocess-threads")
+    p.add_argument("--image", default=None, help="image file to send (default: a synthetic 500x375 JPEG)")
+    p.add_argument("--url", default=None, help="drive this running server instead of starting one")
+    p.add_argument("--skip-engine", action="store_true", help="do not time the engine")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--require", type=float, default=None, help="exit 1 if service/engine is below this ratio")
+    return p.parse_args(argv)
+
+
+def synthetic_jpeg(width: int = 500, height: int = 375) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], axis=-1)
+    pixels = np.clip(pixels + rng.integers(-20, 20, pixels.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def engine_images_per_second(weights: str, device: str, batch: int, seconds: float) -> tuple[float, str]:
+    """images/s of VGG16.logits at `batch` on one device, after one untimed batch."""
+    from vggserve.model.vgg16 import VGG16
+
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    with VGG16.load(weights, device=device, max_batch_size=batch) as model:
+        model.logits(x)
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds or done == 0:
+            model.logits(x)
+            done += batch
+        return done / (time.perf_counter() - started), model.device_name
+
+
+def _client_process(url, body, connections, start_at, warmup, duration, results):
+    results.put(asyncio.run(_drive(url, body, connections, start_at, warmup, duration)))
+
+
+async def _drive(url, body, connections, start_at, warmup, duration) -> dict:
+    import httpx
+
+    window_start, end = start_at + warmup, start_at + warmup + duration
+    ok, statuses, latencies = 0, {}, []
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        async def loop():
+            nonlocal ok
+            while time.time() < end:
+                sent = time.time()
+                try:
+                    r = await client.post(url + "/classify", content=body, headers={"content-type": "image/jpeg"})
+                    status = r.status_code
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                done = time.time()
+                if window_start <= done < end:
+                    statuses[str(status)] = statuses.get(str(status), 0) + 1
+                    if status == 200:
+                        ok += 1
+                        latencies.append(done - sent)
+
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        await asyncio.gather(*(loop() for _ in range(connections)))
+    return {"ok": ok, "statuses": statuses, "latencies": latencies}
+
+
+def batch_stats(url: str) -> tuple[float, float]:
+    """(images, batches) the server has computed so far, from /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in family.samples:
+            if s.name in ("vggserve_batch_size_sum", "vggserve_batch_size_count"):
+                values[s.name] = s.value
+    return values.get("vggserve_batch_size_sum", 0.0), values.get("vggserve_batch_size_count", 0.0)
+
+
+def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, duration: float) -> dict:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    start_at = time.time() + 3.0  # every process starts together
+    shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    workers = [ctx.Process(target=_client_process, args=(url, body, n, start_at, warmup, duration, results))
+               for n in shares if n]
+    for w in workers:
+        w.start()
+    time.sleep(max(0.0, start_at + warmup - time.time()))
+    images0, batches0 = batch_stats(url)
+    time.sleep(max(0.0, start_at + warmup + duration - time.time()))
+    images1, batches1 = batch_stats(url)
+    parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+    statuses: dict[str, int] = {}
+    for part in parts:
+        for k, v in part["statuses"].items():
+            statuses[k] = statuses.get(k, 0) + v
+    latencies = np.array([x for part in parts for x in part["latencies"]]) * 1000
+    ok = sum(part["ok"] for part in parts)
+    return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses,
+            "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
+            "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
+                           for q in ("p50", "p90", "p99")}}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from vggserve.serving.process import ServerProcess
+    from vggserve.serving.settings import parse_devices
+    from vggserve.weights import find_weights
+
+    weights = str(find_weights(args.weights)) if not args.url or not args.skip_engine else None
+    devices = parse_devices(args.device)
+    batch = args.max_batch_size
+    concurrency = args.concurrency or 4 * batch * len(devices)
+    procs = args.client_procs or max(1, min(8, (mp.cpu_count() or 2) // 2))
+    body = Path(args.image).read_bytes() if args.image else synthetic_jpeg()
+    out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
+           "duration_s": args.duration}
+
+    if not args.skip_engine:
+        per_device = [engine_images_per_second(weights, d, batch, args.engine_seconds) for d in devices]
+        out["engine_images_per_s"] = sum(ips for ips, _ in per_device)
+        out["engine_devices"] = [{"spec": d, "name": name, "images_per_s": ips}
+                                 for d, (ips, name) in zip(devices, per_device)]
+        print(f"engine  : {out['engine_images_per_s']:9.1f} images/s at batch {batch} "
+              f"({', '.join(name for _, name in per_device)})", flush=True)
+
+    if args.url:
+        out["service"] = drive(args.url.rstrip("/"), body, concurrency, procs, args.warmup, args.duration)
+    else:
+        serve_args = ["--weights", weights, "--device", args.device, "--max-batch-size", str(batch),
+                      "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(max(256, 2 * concurrency)),
+                      "--log-level", "warning"]
+        if args.preprocess_threads:
+            serve_args += ["--preprocess-threads", str(args.preprocess_threads)]
+        with ServerProcess.serve_cli(serve_args) as server:
+            server.wait_ready(600)
+            out["service"] = drive(server.url, body, concurrency, procs, args.warmup, args.duration)
+
+    service = out["service"]
+    lat = service["latency_ms"]
+    print(f"service : {service['images_per_s']:9.1f} images/s, mean batch {service['mean_batch']:.1f}, "
+          f"{concurrency} in flight from {procs} processes; statuses {service['statuses']}; latency ms "
+          + ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if v is not None), flush=True)
+    if "engine_images_per_s" in out:
+        out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
+        print(f"ratio   : {out['ratio']:.3f} of the engine (target >= 0.90)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if args.require is not None and out.get("ratio", 0.0) < args.require:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
