@@ -18,9 +18,9 @@ from PIL import Image
 
 from vggserve.errors import VggserveError
 from vggserve.loadtest import LoadTestConfig, run_loadtest
-from vggserve.loadtest.client import make_client
+from vggserve.loadtest.client import ClientPool
 from vggserve.loadtest.images import ImageSet
-from vggserve.loadtest.loops import LevelPlan, LevelRun, run_closed, run_open
+from vggserve.loadtest.loops import LevelPlan, LevelRun, run_closed
 from vggserve.loadtest.standin import StandinConfig, StandinServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +66,7 @@ def test_closed_loop_counts_match_the_server_and_outputs_parse(image_dir, tmp_pa
     assert sum(len(run.records) for run in result.runs) == received  # every request sent was counted once
     c1, c4 = result.rows
     for row in result.rows:
+        assert row["window_s"] == pytest.approx(1.5, abs=0.01)
         assert row["requests"] == row["sent"] == row["ok"] > 0 and row["errors"] == 0
         assert_percentiles_ordered(row)
         # the server's own count of /classify requests in the window: the measured ones, give or take the
@@ -109,6 +110,7 @@ def test_open_loop_sends_on_its_schedule(image_dir, tmp_path):
     due = sorted(r.scheduled_s for r in run.records)
     assert np.allclose(np.diff(due), 1 / 40)
     assert all(r.sent_s >= r.scheduled_s for r in run.records)
+    assert row["window_s"] == pytest.approx(1.5, abs=0.01)  # the schedule's span, not when answers stopped
     assert row["send_rate"] == pytest.approx(40, rel=0.05)
     assert row["throughput_ips"] == pytest.approx(40, rel=0.25)
     assert_percentiles_ordered(row)
@@ -178,9 +180,9 @@ def test_connection_errors_and_timeouts_are_counted(image_dir):
     async def one_level(url, timeout_s):
         plan = LevelPlan(mode="closed", level=2, label="c2", url=url, warmup_s=0.0, duration_s=0.6,
                          max_requests=50, drain_s=timeout_s + 1)
-        async with make_client(2, timeout_s) as client:
+        async with ClientPool(2, timeout_s) as pool:
             run = LevelRun(plan, time.perf_counter())
-            return await run_closed(client, images, run, asyncio.Event())
+            return await run_closed(pool, images, run, asyncio.Event())
 
     with StandinServer(StandinConfig(delay_s=1.0)) as server:
         slow = asyncio.run(one_level(server.url + "/classify", timeout_s=0.2))

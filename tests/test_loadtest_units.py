@@ -190,3 +190,18 @@ def test_cli_rejects_a_folder_without_images(tmp_path, capsys):
     assert main(["loadtest", "--url", "http://127.0.0.1:9", "--images", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds no image files" in err
+
+
+@pytest.mark.parametrize("slots", [1, 7, 8, 9, 64, 513])
+def test_client_pool_gives_every_slot_its_own_connection_in_small_pools(slots):
+    import asyncio
+
+    from vggserve.loadtest.client import CONNECTIONS_PER_POOL, ClientPool
+
+    async def check():
+        async with ClientPool(slots, timeout_s=1.0) as pool:
+            assert sum(pool.sizes) == slots and max(pool.sizes) <= CONNECTIONS_PER_POOL
+            per_client = [sum(pool.for_slot(s) is c for s in range(slots)) for c in pool.clients]
+            assert per_client == pool.sizes  # no slot ever waits inside httpx for a connection
+
+    asyncio.run(check())

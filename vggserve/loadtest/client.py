@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import httpx
@@ -15,6 +16,35 @@ def make_client(connections: int, timeout_s: float, headers: dict | None = None)
     """An async client with exactly `connections` sockets (no hidden queue in the pool beyond that)."""
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s), headers=headers, trust_env=False)
+
+
+# httpx's pool looks at every connection it holds for each request, so one pool of hundreds of connections
+# spends its time scanning (measured on loopback: 8 connections ~950 req/s, 32 ~400, 128 ~130). Pools of at
+# most this many connections, one per group of slots, keep the cost per request flat.
+CONNECTIONS_PER_POOL = 8
+
+
+class ClientPool:
+    """`slots` connections split over httpx clients of CONNECTIONS_PER_POOL each.
+
+    Slot s always uses client s % len(clients), and each client has exactly as many connections as slots map
+    to it, so a request holding a slot never waits inside httpx for a connection.
+    """
+
+    def __init__(self, slots: int, timeout_s: float, headers: dict | None = None):
+        count = max(1, math.ceil(slots / CONNECTIONS_PER_POOL))
+        self.sizes = [len(range(i, slots, count)) for i in range(count)]  # connections of each client
+        self.clients = [make_client(size, timeout_s, headers) for size in self.sizes]
+
+    def for_slot(self, slot: int) -> httpx.AsyncClient:
+        """The client that slot `slot` sends with."""
+        return self.clients[slot % len(self.clients)]
+
+    async def __aenter__(self) -> "ClientPool":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await asyncio.gather(*(client.aclose() for client in self.clients), return_exceptions=True)
 
 
 def request_kwargs(image: Image, multipart: bool) -> dict:

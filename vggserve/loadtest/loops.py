@@ -21,9 +21,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
-from .client import send_one
+from .client import ClientPool, send_one
 from .images import ImageSet
 from .records import CANCELLED, DROPPED, MEASURE, WARMUP, RequestRecord
 
@@ -116,8 +114,9 @@ def _new_record(run: LevelRun, images: ImageSet, index: int, phase: str, due_s: 
     return record
 
 
-async def run_closed(client: httpx.AsyncClient, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
-    """`plan.level` clients in a loop; requests sent before warm-up ends are not counted."""
+async def run_closed(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
+    """`plan.level` clients in a loop (client i on slot i of `pool`); requests sent before warm-up ends are
+    not counted."""
     plan, clock0 = run.plan, run.clock0
     run.start_s = run.now()
     warm_end = run.start_s + plan.warmup_s
@@ -125,7 +124,8 @@ async def run_closed(client: httpx.AsyncClient, images: ImageSet, run: LevelRun,
     counts = {WARMUP: 0, MEASURE: 0}
     next_index = iter(range(10**12))
 
-    async def client_loop() -> None:
+    async def client_loop(slot: int) -> None:
+        client = pool.for_slot(slot)
         while not stop.is_set():
             now = run.now()
             if now >= end:
@@ -145,7 +145,7 @@ async def run_closed(client: httpx.AsyncClient, images: ImageSet, run: LevelRun,
             finally:
                 run.inflight -= 1
 
-    tasks = {asyncio.create_task(client_loop()) for _ in range(int(plan.level))}
+    tasks = {asyncio.create_task(client_loop(slot)) for slot in range(int(plan.level))}
     await _settle(run, tasks, end + plan.drain_s, stop)
     run.end_s = run.now()
     run.window_start_s = warm_end
@@ -163,28 +163,30 @@ def open_loop_counts(plan: LevelPlan) -> tuple[int, int]:
     return min(warm, plan.max_requests), min(total - warm, plan.max_requests)
 
 
-async def run_open(client: httpx.AsyncClient, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
-    """Request i due at start + i/rate; the first `warm` of them are warm-up."""
+async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
+    """Request i due at start + i/rate; the first `warm` of them are warm-up. `pool` has max_inflight slots."""
     plan, clock0 = run.plan, run.clock0
     run.start_s = run.now()
     rate = plan.level
     n_warm, n_measure = open_loop_counts(plan)
     tasks: set[asyncio.Task] = set()
-    slots = asyncio.Semaphore(plan.max_inflight)
+    free_slots: asyncio.Queue[int] = asyncio.Queue()
+    for slot in range(plan.max_inflight):
+        free_slots.put_nowait(slot)
 
     async def send_when_free(record: RequestRecord) -> None:
         run.waiting += 1
         try:
-            await slots.acquire()
+            slot = await free_slots.get()
         finally:
             run.waiting -= 1
         try:
             record.late = run.now() - record.scheduled_s > plan.lag_threshold_s
             run.inflight += 1
-            await send_one(client, plan.url, images.pick(record.index), record, clock0, plan.multipart)
+            await send_one(pool.for_slot(slot), plan.url, images.pick(record.index), record, clock0, plan.multipart)
         finally:
             run.inflight -= 1
-            slots.release()
+            free_slots.put_nowait(slot)
 
     for index in range(n_warm + n_measure):
         due = run.start_s + index / rate
@@ -196,6 +198,7 @@ async def run_open(client: httpx.AsyncClient, images: ImageSet, run: LevelRun, s
             continue
         tasks.add(asyncio.create_task(send_when_free(record)))
     schedule_end = run.start_s + (n_warm + n_measure) / rate
+    await _sleep_until(run, schedule_end, stop)  # the last interval is part of the window too
     await _settle(run, tasks, max(run.now(), schedule_end) + plan.drain_s, stop)
     run.end_s = run.now()
     run.window_start_s = run.start_s + n_warm / rate

@@ -19,7 +19,12 @@ def progress_text(run: LevelRun, total_s: float) -> str:
     """'[c16 measure] 4.0/12.0 s  sent 812  ok 800  err 12  in-flight 16  41.5 img/s  p95 380.2 ms'."""
     now = run.now()
     elapsed = now - run.start_s
-    phase = MEASURE if elapsed >= run.plan.warmup_s else "warmup"
+    if elapsed < run.plan.warmup_s:
+        phase = "warmup"
+    elif elapsed < run.plan.warmup_s + run.plan.duration_s:
+        phase = MEASURE
+    else:
+        phase = "drain"  # no new requests; waiting for the answers still in flight
     records = list(run.records)
     dropped = sum(r.outcome == DROPPED for r in records)
     done = [r for r in records if r.outcome and r.outcome != DROPPED]

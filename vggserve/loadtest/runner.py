@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from ..errors import VggserveError
-from .client import make_client
+from .client import ClientPool, make_client
 from .config import LoadTestConfig
 from .images import ImageSet
 from .loops import LevelPlan, LevelRun, run_closed, run_open
@@ -125,10 +125,10 @@ async def _run_level(config: LoadTestConfig, images: ImageSet, level: float, clo
         before_task = asyncio.create_task(_scrape_later(side_client, config.metrics_url, plan.warmup_s))
     run = LevelRun(plan, clock0)
     loop = run_closed if config.mode == "closed" else run_open
-    async with make_client(connections, config.timeout_s, config.headers) as client:
+    async with ClientPool(connections, config.timeout_s, config.headers) as pool:
         progress_task = asyncio.create_task(show_progress(run)) if config.progress else None
         try:
-            await loop(client, images, run, stop)
+            await loop(pool, images, run, stop)
         finally:
             if progress_task:
                 progress_task.cancel()
