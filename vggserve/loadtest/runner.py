@@ -75,10 +75,18 @@ async def _run(config: LoadTestConfig, images: ImageSet, wait_ready_s: float) ->
 
 @contextlib.contextmanager
 def _sigint_sets(stop: asyncio.Event):
-    """Within the block, Ctrl-C sets `stop` instead of raising (main thread only)."""
+    """Within the block, the first Ctrl-C sets `stop` (the run winds down and writes its results); a second
+    one raises KeyboardInterrupt as usual. Main thread only; elsewhere nothing is installed."""
     loop = asyncio.get_running_loop()
+
+    def first_ctrl_c() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+        print("\nvggserve loadtest: stopping, writing what was measured (Ctrl-C again to quit now)",
+              file=sys.stderr)
+
     try:
-        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGINT, first_ctrl_c)
         installed = True
     except (NotImplementedError, RuntimeError, ValueError):
         installed = False
