@@ -8,7 +8,8 @@
    devices. The models are closed before the server starts.
 2. Service: starts `python -m vggserve serve` on 127.0.0.1 with --max-batch-size B (or uses --url), waits for
    /health/ready, then --client-procs processes keep --concurrency requests in flight (POST /classify, raw
-   JPEG body) for --warmup + --duration seconds. images/s counts the 200s completed in the --duration window.
+   JPEG body; or POST /classify/batch with --files-per-request N) for --warmup + --duration seconds.
+   images/s counts the images classified in requests completed within the --duration window.
 3. Prints both, their ratio (the target is >= 0.90), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles; --json FILE writes the same as JSON. Exit status 0; with
    --require R, 1 when the ratio is below R.
@@ -44,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="requests kept in flight (default 4 x batch size x devices)")
     p.add_argument("--client-procs", type=int, default=None, help="load-generating processes (default: cores/2, 1..8)")
     p.add_argument("--preprocess-threads", type=int, default=None, help="server's --preprocess-threads")
+    p.add_argument("--files-per-request", type=int, default=1,
+                   help="images per request: 1 posts to /classify, more to /classify/batch (default 1)")
     p.add_argument("--image", default=None, help="image file to send (default: a synthetic 500x375 JPEG)")
     p.add_argument("--url", default=None, help="drive this running server instead of starting one")
     p.add_argument("--skip-engine", action="store_true", help="do not time the engine")
@@ -78,12 +81,18 @@ def engine_images_per_second(weights: str, device: str, batch: int, seconds: flo
         return done / (time.perf_counter() - started), model.device_name
 
 
-def _client_process(url, body, connections, start_at, warmup, duration, results):
-    results.put(asyncio.run(_drive(url, body, connections, start_at, warmup, duration)))
+def _client_process(url, body, files, connections, start_at, warmup, duration, results):
+    results.put(asyncio.run(_drive(url, body, files, connections, start_at, warmup, duration)))
 
 
-async def _drive(url, body, connections, start_at, warmup, duration) -> dict:
+async def _drive(url, body, files, connections, start_at, warmup, duration) -> dict:
     import httpx
+
+    def send(client):
+        if files == 1:
+            return client.post(url + "/classify", content=body, headers={"content-type": "image/jpeg"})
+        return client.post(url + "/classify/batch", files=[("files", (f"{i}.jpg", body, "image/jpeg"))
+                                                            for i in range(files)])
 
     window_start, end = start_at + warmup, start_at + warmup + duration
     ok, statuses, latencies = 0, {}, []
@@ -94,15 +103,17 @@ async def _drive(url, body, connections, start_at, warmup, duration) -> dict:
             while time.time() < end:
                 sent = time.time()
                 try:
-                    r = await client.post(url + "/classify", content=body, headers={"content-type": "image/jpeg"})
+                    r = await send(client)
                     status = r.status_code
+                    if status == 200 and files > 1:
+                        status = 200 if all("predictions" in x for x in r.json()["results"]) else "item_error"
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 done = time.time()
                 if window_start <= done < end:
                     statuses[str(status)] = statuses.get(str(status), 0) + 1
                     if status == 200:
-                        ok += 1
+                        ok += files
                         latencies.append(done - sent)
 
         await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -123,12 +134,13 @@ def batch_stats(url: str) -> tuple[float, float]:
     return values.get("vggserve_batch_size_sum", 0.0), values.get("vggserve_batch_size_count", 0.0)
 
 
-def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, duration: float) -> dict:
+def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, duration: float,
+          files: int = 1) -> dict:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + 3.0  # every process starts together
     shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
-    workers = [ctx.Process(target=_client_process, args=(url, body, n, start_at, warmup, duration, results))
+    workers = [ctx.Process(target=_client_process, args=(url, body, files, n, start_at, warmup, duration, results))
                for n in shares if n]
     for w in workers:
         w.start()
@@ -160,7 +172,7 @@ def main(argv=None) -> int:
     weights = str(find_weights(args.weights)) if not args.url or not args.skip_engine else None
     devices = parse_devices(args.device)
     batch = args.max_batch_size
-    concurrency = args.concurrency or 4 * batch * len(devices)
+    concurrency = args.concurrency or max(1, 4 * batch * len(devices) // args.files_per_request)
     procs = args.client_procs or max(1, min(8, (mp.cpu_count() or 2) // 2))
     body = Path(args.image).read_bytes() if args.image else synthetic_jpeg()
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
@@ -175,16 +187,20 @@ def main(argv=None) -> int:
               f"({', '.join(name for _, name in per_device)})", flush=True)
 
     if args.url:
-        out["service"] = drive(args.url.rstrip("/"), body, concurrency, procs, args.warmup, args.duration)
+        out["service"] = drive(args.url.rstrip("/"), body, concurrency, procs, args.warmup, args.duration,
+                               args.files_per_request)
     else:
         serve_args = ["--weights", weights, "--device", args.device, "--max-batch-size", str(batch),
-                      "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(max(256, 2 * concurrency)),
+                      "--max-files", str(max(16, args.files_per_request)),
+                      "--max-wait-ms", str(args.max_wait_ms),
+                      "--max-queue", str(max(256, 2 * concurrency * args.files_per_request)),
                       "--log-level", "warning"]
         if args.preprocess_threads:
             serve_args += ["--preprocess-threads", str(args.preprocess_threads)]
         with ServerProcess.serve_cli(serve_args) as server:
             server.wait_ready(600)
-            out["service"] = drive(server.url, body, concurrency, procs, args.warmup, args.duration)
+            out["service"] = drive(server.url, body, concurrency, procs, args.warmup, args.duration,
+                                   args.files_per_request)
 
     service = out["service"]
     lat = service["latency_ms"]
