@@ -235,3 +235,16 @@ def test_ctrl_c_stops_the_run_and_still_writes_what_was_measured(image_dir, tmp_
     assert len(read_csv(out / "requests_c2.csv")) >= level["requests"]
     assert (out / "throughput.png").exists() and "c2" in stdout  # the table is printed too
     assert "Traceback" not in stderr
+
+
+def test_a_stalled_server_cannot_hold_a_level_past_its_drain_limit(image_dir, tmp_path):
+    # every answer takes 3 s, the client gives up after 0.3 s, one request at a time: most due requests wait
+    # for a slot, and those still waiting at schedule end + drain limit (timeout + 1 s) are cancelled
+    with StandinServer(StandinConfig(delay_s=3.0, max_batch=1, deadline_s=0.5)) as server:
+        config = config_for(server, image_dir, tmp_path, mode="open", levels=[10.0], warmup_s=0.0,
+                            duration_s=1.0, max_inflight=1, timeout_s=0.3, scrape_metrics=False)
+        result = run_loadtest(config)
+    (row,), (run,) = result.rows, result.runs
+    assert run.end_s - run.window_end_s < 1.3 + 0.3  # ended within the drain limit after the schedule
+    assert row["requests"] == 10 and row["errors_timeout"] + row["cancelled"] == 10
+    assert row["cancelled"] > 0 and row["ok"] == 0 and not row["interrupted"]

@@ -91,15 +91,18 @@ async def _sleep_until(run: LevelRun, target_s: float, stop: asyncio.Event) -> b
 async def _settle(run: LevelRun, tasks: set[asyncio.Task], deadline_s: float, stop: asyncio.Event) -> None:
     """Wait for `tasks` until all finish, `stop` is set or `deadline_s` passes; cancel what is left."""
     pending = {t for t in tasks if not t.done()}
-    while pending and not stop.is_set():
-        remaining = deadline_s - run.now()
-        if remaining <= 0:
-            break
-        _, pending = await asyncio.wait(pending, timeout=min(remaining, STOP_POLL_S))
-    for task in pending:
+    if pending and not stop.is_set():
+        all_done = asyncio.ensure_future(asyncio.wait(pending))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({all_done, stopped}, timeout=max(deadline_s - run.now(), 0.0),
+                           return_when=asyncio.FIRST_COMPLETED)
+        for helper in (all_done, stopped):
+            helper.cancel()  # only the watchers; the requests are dealt with below
+    leftover = [t for t in pending if not t.done()]
+    for task in leftover:
         task.cancel()
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+    if leftover:
+        await asyncio.gather(*leftover, return_exceptions=True)
     if stop.is_set():
         run.interrupted = True
     for record in run.records:
@@ -174,12 +177,13 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
     for slot in range(plan.max_inflight):
         free_slots.put_nowait(slot)
 
-    async def send_when_free(record: RequestRecord) -> None:
-        run.waiting += 1
-        try:
-            slot = await free_slots.get()
-        finally:
-            run.waiting -= 1
+    async def send_when_free(record: RequestRecord, slot: int | None) -> None:
+        if slot is None:  # overflow "wait": queue for the next free slot
+            run.waiting += 1
+            try:
+                slot = await free_slots.get()
+            finally:
+                run.waiting -= 1
         try:
             record.late = run.now() - record.scheduled_s > plan.lag_threshold_s
             run.inflight += 1
@@ -193,10 +197,13 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
         if not await _sleep_until(run, due, stop):
             break
         record = _new_record(run, images, index, WARMUP if index < n_warm else MEASURE, due)
-        if plan.overflow == "drop" and run.inflight >= plan.max_inflight:
-            record.outcome = DROPPED
-            continue
-        tasks.add(asyncio.create_task(send_when_free(record)))
+        slot = None
+        if plan.overflow == "drop":
+            if free_slots.empty():
+                record.outcome = DROPPED
+                continue
+            slot = free_slots.get_nowait()  # taken now, so the next due request sees it gone
+        tasks.add(asyncio.create_task(send_when_free(record, slot)))
     schedule_end = run.start_s + (n_warm + n_measure) / rate
     await _sleep_until(run, schedule_end, stop)  # the last interval is part of the window too
     await _settle(run, tasks, max(run.now(), schedule_end) + plan.drain_s, stop)
