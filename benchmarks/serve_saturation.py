@@ -1,7 +1,7 @@
 """Service throughput at saturation next to the engine's own, at the same batch size.
 
-    python benchmarks/serve_saturation.py --weights vgg16.safetensors --device gpu --max-batch-size 32 --duration 30
-    python benchmarks/serve_saturation.py --weights tiny.safetensors --device cpu --max-batch-size 4 --duration 5  # smoke
+    python benchmarks/serve_saturation.py --weights vgg16.safetensors --device gpu --max-batch-size 32
+    python benchmarks/serve_saturation.py --weights tiny.safetensors --device cpu --max-batch-size 4 --duration 5
 
 1. Engine: loads VGG16 on each device of --device (a comma list is one server worker per device) and times
    `VGG16.logits` on random (B, 3, 224, 224) batches for --engine-seconds: images/s at batch B, summed over

@@ -7,7 +7,6 @@ with each batch sharded over every rank's device.
 See docs/serving.md for the API, every setting and the deploy files.
 """
 
-import argparse
 import os
 import signal
 import sys

@@ -12,7 +12,7 @@ from .batcher import BatchQueue
 from .drain import Drain
 from .errors import ApiError
 from .metrics import Metrics
-from .settings import Settings
+from .settings import Settings, SettingsError
 from .worker import DeviceWorker
 
 log = logging.getLogger("vggserve.serving")
@@ -23,7 +23,7 @@ ModelFactory = Callable[[str], object]  # device spec -> a model with logits/pro
 def default_model_factory(settings: Settings) -> ModelFactory:
     """Each device worker loads the weights file itself with the real engine, in its own thread."""
     if not settings.weights:
-        raise ApiError(500, "no_weights", "no weights file configured")
+        raise SettingsError("no weights file configured: pass --weights PATH (or give create_app a model_factory)")
 
     def load(device: str):
         from ..model.vgg16 import VGG16
