@@ -64,10 +64,11 @@ async def _run(config: LoadTestConfig, images: ImageSet, wait_ready_s: float) ->
                 if stop.is_set():
                     break
                 await _run_level(config, images, level, clock0, stop, side_client, result)
-                _write_tables(config, result, meta)
+                result.files.append(write_level_csv(Path(config.output), result.runs[-1]))
+                _write_summary(config, result, meta)  # kept current, in case the process is killed
         result.interrupted = stop.is_set() or any(run.interrupted for run in result.runs)
         meta["interrupted"] = result.interrupted
-        result.files = _write_tables(config, result, meta)
+        result.files += _write_summary(config, result, meta)
         series = timeline(result.runs)
         result.files += write_plots(Path(config.output), result.rows, config.mode, series)
         return result
@@ -118,8 +119,8 @@ def _plan(config: LoadTestConfig, level: float) -> LevelPlan:
     return LevelPlan(
         mode=config.mode, level=level, label=config.level_label(level), url=config.classify_url,
         warmup_s=config.warmup_s, duration_s=config.duration_s, max_requests=config.max_requests,
-        max_inflight=config.max_inflight, overflow=config.overflow, lag_threshold_s=config.lag_threshold_ms / 1000.0,
-        drain_s=config.timeout_s + 1.0, multipart=config.multipart,
+        max_inflight=config.max_inflight, overflow=config.overflow,
+        lag_threshold_s=config.lag_threshold_ms / 1000.0, drain_s=config.timeout_s + 1.0, multipart=config.multipart,
     )
 
 
@@ -142,8 +143,11 @@ async def _run_level(config: LoadTestConfig, images: ImageSet, level: float, clo
                 progress_task.cancel()
                 await asyncio.gather(progress_task, return_exceptions=True)
     before = after = None
-    if before_task:
-        before, why = await before_task
+    if before_task and not before_task.done():  # stopped during warm-up: no window to compare
+        before_task.cancel()
+        await asyncio.gather(before_task, return_exceptions=True)
+    elif before_task:
+        before, why = before_task.result()
         if before is not None:
             after, why = await scrape(side_client, config.metrics_url)
         if why:
@@ -157,12 +161,9 @@ async def _scrape_later(client: httpx.AsyncClient, url: str, delay_s: float) -> 
     return await scrape(client, url)
 
 
-def _write_tables(config: LoadTestConfig, result: RunResult, meta: dict) -> list[Path]:
-    folder = Path(config.output)
-    files = [write_level_csv(folder, run) for run in result.runs]
+def _write_summary(config: LoadTestConfig, result: RunResult, meta: dict) -> list[Path]:
     meta["warnings"] = list(result.warnings)
-    files += write_summary(folder, result.rows, meta, timeline(result.runs))
-    return files
+    return list(write_summary(Path(config.output), result.rows, meta, timeline(result.runs)))
 
 
 def _meta(config: LoadTestConfig, images: ImageSet) -> dict:
