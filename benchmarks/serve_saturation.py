@@ -22,6 +22,7 @@ import asyncio
 import io
 import json
 import multiprocessing as mp
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+POOL_SIZE = 8  # connections per httpx client in the load generator
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -96,28 +98,36 @@ async def _drive(url, body, files, connections, start_at, warmup, duration) -> d
 
     window_start, end = start_at + warmup, start_at + warmup + duration
     ok, statuses, latencies = 0, {}, []
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
-        async def loop():
-            nonlocal ok
-            while time.time() < end:
-                sent = time.time()
-                try:
-                    r = await send(client)
-                    status = r.status_code
-                    if status == 200 and files > 1:
-                        status = 200 if all("predictions" in x for x in r.json()["results"]) else "item_error"
-                except httpx.HTTPError as exc:
-                    status = type(exc).__name__
-                done = time.time()
-                if window_start <= done < end:
-                    statuses[str(status)] = statuses.get(str(status), 0) + 1
-                    if status == 200:
-                        ok += files
-                        latencies.append(done - sent)
+    tls = ssl.create_default_context()  # built once: every client would otherwise build its own
 
+    async def loop(client):
+        nonlocal ok
+        while time.time() < end:
+            sent = time.time()
+            try:
+                r = await send(client)
+                status = r.status_code
+                if status == 200 and files > 1:
+                    status = 200 if all("predictions" in x for x in r.json()["results"]) else "item_error"
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            done = time.time()
+            if window_start <= done < end:
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
+                if status == 200:
+                    ok += files
+                    latencies.append(done - sent)
+
+    # small connection pools: one httpx pool holding many connections scales badly
+    sizes = [min(POOL_SIZE, connections - start) for start in range(0, connections, POOL_SIZE)]
+    clients = [httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                                 timeout=120, verify=tls) for n in sizes]
+    try:
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        await asyncio.gather(*(loop() for _ in range(connections)))
+        await asyncio.gather(*(loop(client) for client, n in zip(clients, sizes) for _ in range(n)))
+    finally:
+        for client in clients:
+            await client.aclose()
     return {"ok": ok, "statuses": statuses, "latencies": latencies}
 
 
