@@ -11,6 +11,7 @@ from .settings import Settings
 
 # after the drain, how long uvicorn waits for idle connections to close before it stops
 CLOSE_CONNECTIONS_S = 5
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def build_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
@@ -28,6 +29,10 @@ def run_server(settings: Settings, model_factory: ModelFactory | None = None, lo
     """Serve until SIGTERM/SIGINT (drained) and return the exit status: 0 after a clean drain."""
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.host not in LOOPBACK and not settings.api_key:
+        logging.getLogger("vggserve.serving").warning(
+            "listening on %s without an API key: anyone who can reach it can use it (set VGGSERVE_API_KEY, or "
+            "bind 127.0.0.1 behind nginx)", settings.host)
     server = build_server(settings, model_factory, log_level, access_log)
     server.run()
     return 0 if server.started else 1
