@@ -230,18 +230,18 @@ def test_full_queue_answers_429_with_retry_after_at_once():
         wait_ready(c)
 
         def post(_):
-            started = time.monotonic()
             r = c.post("/classify", content=PNG, headers={"content-type": "image/png"})
-            return r, time.monotonic() - started
+            return r, time.monotonic()
 
         with ThreadPoolExecutor(6) as pool:
             results = list(pool.map(post, range(6)))
         refused = [(r, t) for r, t in results if r.status_code == 429]
         assert len(refused) >= 2, [r.status_code for r, _ in results]
-        for r, seconds in refused:
+        first_done = min(t for r, t in results if r.status_code == 200)
+        for r, finished in refused:
             assert_error(r, 429, "queue_full", "retry")
             assert r.headers["retry-after"] == "1"
-            assert seconds < 0.5  # at once, not after the device frees up
+            assert finished < first_done  # at once, not after the device frees up
         assert {r.status_code for r, _ in results} <= {200, 429}
         assert 'vggserve_rejected_total{reason="queue_full"}' in c.get("/metrics").text
 
@@ -257,15 +257,18 @@ def test_deadline_passing_in_the_queue_is_504_and_the_image_is_not_computed():
     with TestClient(app) as c:
         wait_ready(c)
         with ThreadPoolExecutor(2) as pool:
-            first = pool.submit(c.post, "/classify", content=PNG, headers={"content-type": "image/png"})
-            time.sleep(0.15)  # the first image is on the device now
-            started = time.monotonic()
+            first = pool.submit(lambda: (c.post("/classify", content=PNG, headers={"content-type": "image/png"}),
+                                         time.monotonic()))
+            end = time.monotonic() + 10
+            while len(models[0].batch_sizes) < 2 and time.monotonic() < end:  # until the first is on the device
+                time.sleep(0.01)
             late = c.post("/classify", content=PNG, headers={"content-type": "image/png",
                                                               "x-request-timeout-ms": "200"})
-            elapsed = time.monotonic() - started
-            assert first.result().status_code == 200
+            late_done = time.monotonic()
+            response, first_done = first.result()
+            assert response.status_code == 200
         assert_error(late, 504, "deadline_exceeded", "not computed")
-        assert elapsed < 0.7
+        assert late_done < first_done  # answered at its deadline, not after the device freed up
         time.sleep(0.1)
         assert models[0].batch_sizes == [1, 1]  # warm-up and the first request only
         assert "vggserve_timeouts_total 1.0" in c.get("/metrics").text

@@ -8,6 +8,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from ..errors import ImageError
 
@@ -86,6 +88,11 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
 
 
+async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
+    """The client went away while its body was being read: nobody will read an answer; count it as 499."""
+    return Response(status_code=499)
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return error_response(500, "internal_error", "an unexpected error occurred on the server; it was logged")
@@ -97,6 +104,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ImageError, _image_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)
     app.add_exception_handler(Exception, _unexpected_error)
 
 
