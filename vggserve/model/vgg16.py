@@ -52,7 +52,7 @@ class VGG16:
         self.spec = vgg16_spec(infer_width(tensors))
         self.max_batch_size = int(max_batch_size)
         self.preprocessing = preprocessing
-        self.weights_info = weights_info or {"path": None, "format": "in-memory", "sha256": None}
+        self._weights_info_given = weights_info or {"path": None, "format": "memory", "sha256": None}
         self.params = params_for(self.device_info.kind, self.device_info.label)
         self._lock = threading.Lock()
         self._build_programs()
@@ -64,16 +64,23 @@ class VGG16:
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
     def load(cls, weights, device: str = "auto", max_batch_size: int = 16, profile: bool = False) -> "VGG16":
-        """From a weights file (any supported format) or a dict of torchvision-named arrays."""
-        if isinstance(weights, dict):
-            return cls(weights, device, max_batch_size, profile)
-        from ..weights.loading import load_weights
+        """From a weights file (any supported format) or a dict of arrays (any supported key scheme)."""
+        from ..weights import load_weights, weights_from_tensors
 
-        loaded = load_weights(weights)
-        info = {"path": str(loaded.path), "format": loaded.format, "key_scheme": loaded.key_scheme,
-                "sha256_lazy": loaded}
-        model = cls(loaded.tensors, device, max_batch_size, profile, info, loaded.preprocessing)
+        loaded = weights_from_tensors(weights) if isinstance(weights, dict) else load_weights(weights)
+        model = cls(loaded.tensors, device, max_batch_size, profile, preprocessing=loaded.preprocessing)
+        model._weights_loaded = loaded  # only for its lazily computed, cached sha256; tensors dropped below
+        loaded.tensors = {}
         return model
+
+    @property
+    def weights_info(self) -> dict:
+        """Where the weights came from: path, format, key_scheme, width, sha256 (hashed on first access)."""
+        loaded = getattr(self, "_weights_loaded", None)
+        if loaded is None:
+            return dict(self._weights_info_given)
+        return {"path": None if loaded.path is None else str(loaded.path), "format": loaded.format,
+                "key_scheme": loaded.key_scheme, "width": loaded.width, "sha256": loaded.sha256}
 
     def _build_programs(self):
         cache = ProgramCache(self.context, self.device)

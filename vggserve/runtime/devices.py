@@ -16,7 +16,8 @@ import pyopencl as cl
 from ..errors import DeviceError
 
 NVIDIA_LIB = "libnvidia-opencl.so.1"
-NVIDIA_LIB_DIRS = ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+NVIDIA_LIB_DIRS = ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+                   "/usr/lib/aarch64-linux-gnu", "/usr/lib/wsl/lib")
 _PROBE_SRC = "__kernel void probe(__global float *a) { a[get_global_id(0)] += 1.0f; }"
 
 
@@ -90,13 +91,13 @@ def list_devices() -> tuple[DeviceInfo, ...]:
 
 
 def nvidia_driver_library() -> str | None:
-    """Path of the NVIDIA OpenCL driver library if one is installed, else None."""
-    for folder in NVIDIA_LIB_DIRS:
+    """Path of the NVIDIA OpenCL driver library if one is installed (usual folders and LD_LIBRARY_PATH), else None."""
+    extra = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    for folder in (*NVIDIA_LIB_DIRS, *extra):
         path = os.path.join(folder, NVIDIA_LIB)
         if os.path.exists(path):
             return path
-    hits = glob.glob(f"/usr/**/{NVIDIA_LIB}", recursive=True)
-    return hits[0] if hits else None
+    return None
 
 
 def nvidia_registered() -> bool:

@@ -1,0 +1,114 @@
+"""The whole network on the OpenCL engine against the float64 numpy reference, and the engine's mechanics."""
+
+import numpy as np
+import pytest
+
+from vggserve import VGG16
+from vggserve.errors import DeviceError
+from vggserve.model.reference import reference_logits
+from vggserve.runtime import devices as devs
+from vggserve.runtime.programs import ProgramCache
+
+
+def max_rel_err(out, ref):
+    return float(np.abs(out - ref).max() / np.abs(ref).max())
+
+
+def top5(scores):
+    return np.argsort(-scores, axis=1, kind="stable")[:, :5]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_weights_path):
+    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=4) as model:
+        yield model
+
+
+@pytest.mark.parametrize("batch", [1, 3, 4, 9])  # gemv path, gemm path, exactly max, chunked past max
+def test_tiny_network_matches_float64_reference(tiny_model, tiny_tensors, batch):
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    out = tiny_model.logits(x)
+    ref = reference_logits(tiny_tensors, x)
+    assert out.shape == (batch, 1000) and out.dtype == np.float32
+    assert max_rel_err(out, ref) < 1e-4
+    np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_full_vgg16_matches_float64_reference(full_tensors):
+    x = np.random.default_rng(7).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    with VGG16.load(full_tensors, device="cpu", max_batch_size=2) as model:
+        out = model.logits(x)
+    ref = reference_logits(full_tensors, x)
+    assert max_rel_err(out, ref) < 1e-4
+    np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_probabilities_are_the_softmax_of_the_logits(tiny_model):
+    x = np.random.default_rng(3).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    z = tiny_model.logits(x).astype(np.float64)
+    p = tiny_model.probabilities(x)
+    expected = np.exp(z - z.max(1, keepdims=True))
+    expected /= expected.sum(1, keepdims=True)
+    np.testing.assert_allclose(p, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_repeated_calls_reuse_buffers_and_give_identical_results(tiny_model):
+    x = np.random.default_rng(4).standard_normal((3, 3, 224, 224)).astype(np.float32)
+    first = tiny_model.logits(x)
+    buffers = (tiny_model.ping, tiny_model.pong, tiny_model.input_buf)
+    tiny_model.logits(x[:1])
+    np.testing.assert_array_equal(tiny_model.logits(x), first)
+    assert (tiny_model.ping, tiny_model.pong, tiny_model.input_buf) == buffers
+
+
+def test_wrong_input_shape_is_a_clear_error(tiny_model):
+    with pytest.raises(ValueError, match=r"expected input of shape \(N, 3, 224, 224\)"):
+        tiny_model.logits(np.zeros((1, 3, 32, 32), np.float32))
+
+
+def test_weights_info_names_the_file_and_its_checksum(tiny_model, tiny_weights_path):
+    import hashlib
+
+    info = tiny_model.weights_info
+    assert info["path"] == str(tiny_weights_path) and info["format"] == "safetensors"
+    assert info["sha256"] == hashlib.sha256(tiny_weights_path.read_bytes()).hexdigest()
+
+
+def test_second_start_loads_programs_from_the_cache_without_compiling(tiny_tensors, tmp_path, monkeypatch):
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    first = VGG16.load(tiny_tensors, device="cpu", max_batch_size=1)
+    assert first.startup.programs_compiled > 0 and first.startup.programs_cached == 0
+    x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    expected = first.logits(x)
+
+    def refuse(*_):
+        raise AssertionError("compiled from source although a cached binary exists")
+
+    monkeypatch.setattr(ProgramCache, "_compile", refuse)
+    second = VGG16.load(tiny_tensors, device="cpu", max_batch_size=1)
+    assert second.startup.programs_compiled == 0 and second.startup.programs_cached == first.startup.programs_compiled
+    np.testing.assert_array_equal(second.logits(x), expected)
+
+
+def test_device_specs_resolve_or_explain():
+    cpu = devs.resolve("cpu")
+    assert cpu.kind == "cpu" and cpu.usable
+    assert devs.resolve(cpu.spec) == cpu
+    assert devs.resolve("auto").usable
+    with pytest.raises(DeviceError, match="bad device spec"):
+        devs.resolve("tpu")
+    with pytest.raises(DeviceError, match="no CPU device number 99"):
+        devs.resolve("cpu:99")
+    if not any(d.kind == "gpu" and d.usable for d in devs.list_devices()):
+        with pytest.raises(DeviceError, match="no GPU device number 0"):
+            devs.resolve("gpu")
+
+
+def test_nvidia_driver_without_icd_is_diagnosed_with_the_fix(monkeypatch, tmp_path):
+    lib = tmp_path / "libnvidia-opencl.so.1"
+    lib.write_bytes(b"")
+    monkeypatch.setattr(devs, "NVIDIA_LIB_DIRS", (str(tmp_path),))
+    monkeypatch.setenv("OCL_ICD_VENDORS", str(tmp_path / "vendors"))
+    notes = devs.diagnose(devices=())
+    assert any(str(lib) in n and "nvidia.icd" in n and "OCL_ICD_VENDORS" in n for n in notes)
+    assert any("no OpenCL platform found" in n for n in notes)
