@@ -197,3 +197,18 @@ def test_body_over_the_limit_is_refused_before_it_is_read(engine_server):
 def test_sigterm_when_idle_exits_zero(engine_server):
     engine_server.signal(signal.SIGTERM)
     assert engine_server.wait(30) == 0, engine_server.output()[-3000:]
+
+
+def test_server_exits_3_with_the_reason_when_every_device_worker_dies():
+    code = """
+import sys
+from vggserve.errors import DeviceError
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+def no_device(device):
+    raise DeviceError(f"no gpu device number 7 (usable devices: cpu)")
+sys.exit(run_server(Settings(port=PORT, devices=("gpu:7",)), no_device, log_level="warning"))
+"""
+    with ServerProcess.python_code(code) as server:
+        assert server.wait(30) == 3
+        assert "no device worker is alive (gpu:7: DeviceError: no gpu device number 7" in server.output()

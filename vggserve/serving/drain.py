@@ -80,7 +80,13 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain):
         super().__init__(config)
         self.drain = drain
+        self.failure: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def fail(self, reason: str) -> None:
+        """Stop serving because the service cannot work any more (called from any thread)."""
+        self.failure = reason
+        self.should_exit = True
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()

@@ -1,6 +1,7 @@
 """Running the app under uvicorn, with graceful drain on SIGTERM."""
 
 import logging
+import sys
 
 import uvicorn
 
@@ -12,6 +13,7 @@ from .settings import Settings
 # after the drain, how long uvicorn waits for idle connections to close before it stops
 CLOSE_CONNECTIONS_S = 5
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+NO_WORKERS_EXIT = 3  # every device worker died (as DeviceError): a supervisor should restart the service
 
 
 def build_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
@@ -21,7 +23,9 @@ def build_server(settings: Settings, model_factory: ModelFactory | None = None, 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             access_log=access_log, timeout_graceful_shutdown=CLOSE_CONNECTIONS_S,
                             lifespan="on", server_header=False)
-    return DrainingServer(config, app.state.service.drain)
+    server = DrainingServer(config, app.state.service.drain)
+    app.state.service.on_all_workers_dead = server.fail  # exit (status 3) rather than serve 503s forever
+    return server
 
 
 def run_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
@@ -35,4 +39,7 @@ def run_server(settings: Settings, model_factory: ModelFactory | None = None, lo
             "bind 127.0.0.1 behind nginx)", settings.host)
     server = build_server(settings, model_factory, log_level, access_log)
     server.run()
+    if server.failure:
+        print(f"vggserve: error: no device worker is alive ({server.failure})", file=sys.stderr)
+        return NO_WORKERS_EXIT
     return 0 if server.started else 1

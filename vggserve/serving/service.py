@@ -52,6 +52,7 @@ class Service:
         self.started_at: float | None = None
         self.stopping = False
         self._users = 0  # lifespans currently using the service
+        self.on_all_workers_dead: Callable[[str], None] | None = None  # set by run_server: exit, so it restarts
         self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         self.metrics.queue_length.set_function(lambda: len(self.queue))
         self.metrics.workers_ready.set_function(lambda: sum(w.ready for w in self.workers))
@@ -74,11 +75,11 @@ class Service:
             from ..weights import sha256_file
 
             self._sha256 = self.pool.submit(sha256_file, self.settings.weights)
-        for device in self.settings.devices:
-            worker = DeviceWorker(device, factory, self.queue, self.metrics,
-                                  max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
-                                  warmup=self.settings.warmup, on_change=self._worker_changed)
-            self.workers.append(worker)
+        self.workers = [DeviceWorker(device, factory, self.queue, self.metrics,
+                                     max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
+                                     warmup=self.settings.warmup, on_change=self._worker_changed)
+                        for device in self.settings.devices]
+        for worker in self.workers:  # all listed before any starts: "none alive" must see every worker
             worker.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -95,10 +96,12 @@ class Service:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
     def _worker_changed(self) -> None:
-        if self.workers and not self.stopping and not any(w.alive for w in self.workers):
+        if self.workers and not self.stopping and not any(w.alive or w.state == "starting" for w in self.workers):
             reasons = "; ".join(f"{w.device}: {w.error or w.state}" for w in self.workers)
             log.error("no device worker is alive (%s)", reasons)
             self.queue.close(unavailable("no_workers", f"no device worker is alive ({reasons})"))
+            if self.on_all_workers_dead is not None:
+                self.on_all_workers_dead(reasons)
 
     # state the routes ask for --------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str, str]:

@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import VggserveError
 from .batcher import BatchQueue, Item, Outcome
 from .errors import ApiError
 from .metrics import Metrics
@@ -83,7 +84,10 @@ class DeviceWorker:
                 self._run_batch(model, batch)
             self._set("stopped")
         except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
-            log.exception("device worker %s failed", self.device)
+            if isinstance(exc, VggserveError):  # a known cause with its own message: no traceback
+                log.error("device worker %s failed: %s", self.device, exc)
+            else:
+                log.exception("device worker %s failed", self.device)
             self._set("failed", f"{type(exc).__name__}: {exc}")
         finally:
             if model is not None and hasattr(model, "close"):
