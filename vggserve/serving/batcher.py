@@ -27,9 +27,9 @@ class QueueFull(ApiError):
 
 class DeadlineExceeded(ApiError):
     def __init__(self, waited_s: float):
-        super().__init__(504, "deadline_exceeded", f"the request's deadline passed after {waited_s * 1000:.0f} ms "
-                         "before a device could take it; it was not computed (raise X-Request-Timeout-Ms, or retry "
-                         "when the server is less busy)")
+        super().__init__(504, "deadline_exceeded", f"the request's deadline passed while it waited "
+                         f"{waited_s * 1000:.0f} ms for a device; it was not computed (raise X-Request-Timeout-Ms, "
+                         "or retry when the server is less busy)")
 
 
 class ClientGone(ApiError):

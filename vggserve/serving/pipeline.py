@@ -48,7 +48,10 @@ async def _prepare(service: Service, upload: Upload) -> tuple:
 async def _watch_disconnect(request: Request, service: Service, items: list[Item]) -> None:
     """Withdraw the request's waiting images as soon as its client disconnects."""
     while True:
-        message = await request.receive()
+        try:
+            message = await request.receive()
+        except Exception:  # noqa: BLE001 - the server has nothing more to say about this connection
+            return
         if message["type"] == "http.disconnect":
             for item in items:
                 service.queue.withdraw(item, ClientGone())
