@@ -2,17 +2,21 @@
 on SIGTERM (with a sleeping stand-in model), and with the real engine: results identical to the engine's own
 classify, batching under concurrent requests, the body limit, and a clean exit."""
 
+import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 from image_corpus import build_corpus
 from prometheus_client.parser import text_string_to_metric_families
 
-from vggserve.serving.process import ServerProcess
+from vggserve.serving.process import ServerProcess, python_env
 from test_http_api import PNG
 
 SLOW_SERVER = """
@@ -24,6 +28,7 @@ settings = Settings(port=PORT, max_batch_size=2, max_wait_ms=50, max_queue=4, ma
 sys.exit(run_server(settings, lambda device: SlowModel(device, 0.5, 2, load_seconds=1.5), log_level="warning"))
 """
 IMAGE = {"content-type": "image/png"}
+MEDIA = {".png": "image/png", ".gif": "image/gif", ".jpg": "image/jpeg"}
 # one pooled client for every request of these tests: building a client per request costs ~0.1 s of CPU here
 HTTP = httpx.Client(limits=httpx.Limits(max_connections=32, max_keepalive_connections=0))
 
@@ -170,6 +175,25 @@ def test_results_identical_to_the_engine_for_the_same_files(engine_server, tiny_
             r = HTTP.post(engine_server.url + "/classify", files={"file": (name, f)}, timeout=60)
         assert r.status_code == 200, r.text
         got = r.json()["predictions"]
+        assert [(p["index"], p["label"]) for p in got] == [(p["index"], p["label"]) for p in want], name
+        assert [p["probability"] for p in got] == pytest.approx([p["probability"] for p in want], rel=1e-5, abs=1e-7)
+
+
+def test_results_identical_to_vggserve_classify_json(engine_server, tiny_weights_path, tmp_path):
+    files = build_corpus(tmp_path)
+    names = ["palette.png", "animated.gif", "exif_orientation_8.jpg"]
+    command = [sys.executable, "-m", "vggserve", "classify", "--json", "--weights", str(tiny_weights_path),
+               "--device", "cpu", "--top-k", "5", *(str(files[n]) for n in names)]
+    done = subprocess.run(command, env=python_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    cli = {Path(line["image"]).name: line["predictions"] for line in map(json.loads, done.stdout.splitlines())}
+    with ThreadPoolExecutor(3) as pool:  # concurrently, so the server batches them
+        responses = list(pool.map(lambda n: HTTP.post(engine_server.url + "/classify", content=files[n].read_bytes(),
+                                                      headers={"content-type": MEDIA[files[n].suffix]},
+                                                      timeout=60), names))
+    for name, r in zip(names, responses):
+        assert r.status_code == 200, r.text
+        got, want = r.json()["predictions"], cli[name]
         assert [(p["index"], p["label"]) for p in got] == [(p["index"], p["label"]) for p in want], name
         assert [p["probability"] for p in got] == pytest.approx([p["probability"] for p in want], rel=1e-5, abs=1e-7)
 
