@@ -4,7 +4,7 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from vggserve.model.layers import GemmLayer, GemvLayer, MaxPool, Softmax, check_conv_params, relayout
+from vggserve.model.layers import GemmLayer, GemvLayer, MaxPool, Softmax, check_conv_params, gemv_span, relayout
 from vggserve.model.reference import conv3x3_relu, maxpool2x2
 from vggserve.predictions import softmax as np_softmax
 from vggserve.runtime import devices as devs
@@ -92,17 +92,22 @@ def test_fc_gemm_matches_numpy(cl_env, rng, relu, batch, fin, fout):
     assert rel_err(read(queue, dst, (batch, fout)), ref) < 1e-5
 
 
-@pytest.mark.parametrize("gemv_params", [GPU_DEFAULT["gemv"], CPU_DEFAULT["gemv"]], ids=["gpu", "cpu"])
+GEMV_PARAMS = [GPU_DEFAULT["gemv"], CPU_DEFAULT["gemv"],
+               dict(GEMV_LM=16, GEMV_LK=2, GEMV_WM=4, GEMV_NB=2, ksplit_target=7)]  # local reduction + WM > 1
+
+
+@pytest.mark.parametrize("gemv_params", GEMV_PARAMS, ids=["gpu", "cpu", "mixed"])
 @pytest.mark.parametrize("batch,fin,fout", [(1, 1, 1), (1, 1000, 70), (3, 257, 129), (4, 4099, 1000)])
 def test_fc_gemv_matches_numpy(cl_env, rng, gemv_params, batch, fin, fout):
     ctx, queue, cache = cl_env
+    batch = min(batch, gemv_params["GEMV_NB"])
     conv = GPU_DEFAULT["conv"]
     weight = rng.standard_normal((fout, fin)).astype(np.float32)
     bias = rng.standard_normal(fout).astype(np.float32)
     x = rng.standard_normal((batch, fin)).astype(np.float32)
     defs = {k: v for k, v in gemv_params.items() if k.startswith("GEMV_")}
     gemm = GemmLayer(ctx, cache.build("conv_gemm.cl", {**conv, "KS": 1, "PAD": 0, "RELU": 1}), conv, weight, bias,
-                     m_multiple=gemv_params["GEMV_LM"])
+                     m_multiple=gemv_span(gemv_params))
     gemv = GemvLayer(ctx, cache.build("fc_gemv.cl", {**defs, "RELU": 1}), gemv_params, gemm)
     dst = poisoned(ctx, queue, batch * fout)
     gemv.enqueue(queue, to_device(ctx, x), dst, batch)

@@ -69,15 +69,20 @@ class GemmLayer:
         return 2.0 * n * h * w * self.m * self.cin * ks * ks
 
 
+def gemv_span(params: dict) -> int:
+    """Outputs one fc_gemv work-group covers; FC weights are padded to a multiple of it."""
+    return params["GEMV_LM"] * params.get("GEMV_WM", 1)
+
+
 class GemvLayer:
     """fc_gemv.cl: a fully connected layer at batch <= GEMV_NB, split over K, sharing GemmLayer's weights."""
 
     def __init__(self, ctx, program, params: dict, gemm: GemmLayer):
         self.p, self.g = params, gemm
         self.k = gemm.cin
-        lm, lk = params["GEMV_LM"], params["GEMV_LK"]
-        assert gemm.mpad % lm == 0, "Mpad must be a multiple of GEMV_LM"
-        groups_m = gemm.mpad // lm
+        lm, lk, span = params["GEMV_LM"], params["GEMV_LK"], gemv_span(params)
+        assert gemm.mpad % span == 0, "Mpad must be a multiple of GEMV_LM * GEMV_WM"
+        groups_m = gemm.mpad // span
         self.ksplit = max(1, min(-(-params["ksplit_target"] // groups_m), -(-self.k // (lk * 16))))
         self.kchunk = -(-self.k // self.ksplit)
         self.ksplit = -(-self.k // self.kchunk)
@@ -85,7 +90,7 @@ class GemvLayer:
         self.gemv = cl.Kernel(program, "fc_gemv")
         self.reduce = cl.Kernel(program, "fc_reduce")
         self.local = (lm, lk)
-        self.grid = (gemm.mpad, self.ksplit * lk)
+        self.grid = (groups_m * lm, self.ksplit * lk)
 
     def enqueue(self, queue, src, dst, n: int):
         """Two launches (partial sums, then reduce + bias + activation); returns both events."""

@@ -21,7 +21,7 @@ from ..runtime import devices as devs
 from ..runtime.params import params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
-from .layers import GemmLayer, GemvLayer, MaxPool, Softmax
+from .layers import GemmLayer, GemvLayer, MaxPool, Softmax, gemv_span
 
 MF = cl.mem_flags
 
@@ -33,6 +33,19 @@ class StartupTimes:
     upload_s: float = 0.0
     programs_compiled: int = 0
     programs_cached: int = 0
+
+
+def build_programs(cache: ProgramCache, params: dict) -> dict:
+    """Every program the forward pass needs, specialised by the device's parameter set."""
+    conv = params["conv"]
+    gemv_defs = {k: v for k, v in params["gemv"].items() if k.startswith("GEMV_")}
+    return {
+        "conv": cache.build("conv_gemm.cl", {**conv, "KS": 3, "PAD": 1, "RELU": 1}),
+        "fc": {relu: cache.build("conv_gemm.cl", {**conv, "KS": 1, "PAD": 0, "RELU": relu}) for relu in (0, 1)},
+        "gemv": {relu: cache.build("fc_gemv.cl", {**gemv_defs, "RELU": relu}) for relu in (0, 1)},
+        "pool": cache.build("maxpool.cl", {}),
+        "softmax": cache.build("softmax.cl", {}),
+    }
 
 
 class VGG16:
@@ -84,14 +97,9 @@ class VGG16:
 
     def _build_programs(self):
         cache = ProgramCache(self.context, self.device)
-        conv = self.params["conv"]
-        gemv = self.params["gemv"]
-        gemv_defs = {k: v for k, v in gemv.items() if k.startswith("GEMV_")}
-        self._prog_conv = cache.build("conv_gemm.cl", {**conv, "KS": 3, "PAD": 1, "RELU": 1})
-        self._prog_fc = {relu: cache.build("conv_gemm.cl", {**conv, "KS": 1, "PAD": 0, "RELU": relu}) for relu in (0, 1)}
-        self._prog_gemv = {relu: cache.build("fc_gemv.cl", {**gemv_defs, "RELU": relu}) for relu in (0, 1)}
-        self._prog_pool = cache.build("maxpool.cl", {})
-        self._prog_softmax = cache.build("softmax.cl", {})
+        progs = build_programs(cache, self.params)
+        self._prog_conv, self._prog_fc, self._prog_gemv = progs["conv"], progs["fc"], progs["gemv"]
+        self._prog_pool, self._prog_softmax = progs["pool"], progs["softmax"]
         self.startup.build_s = cache.seconds
         self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
         self.program_cache = cache
@@ -106,7 +114,7 @@ class VGG16:
         for f in self.spec.fcs:
             relu = int(f.relu)
             gemm = GemmLayer(self.context, self._prog_fc[relu], conv_p, tensors[f"{f.name}.weight"],
-                             tensors[f"{f.name}.bias"], m_multiple=gemv_p["GEMV_LM"])
+                             tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p))
             gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
             self.fcs.append((f, gemm, gemv))
         self.pool = MaxPool(self._prog_pool, {})

@@ -1,0 +1,110 @@
+"""`vggserve bench`: the engine alone: per-layer time and GFLOP/s, images/s, and start-up costs."""
+
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from .common import add_device_args, note, positive_int
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="measure the engine: per-layer time, images/s, start-up costs")
+    p.add_argument("--weights", default=None,
+                   help="weights file (default: deterministic random VGG16 weights; speed does not depend on them)")
+    p.add_argument("--iterations", type=positive_int, default=5, help="timed forward passes (default 5)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed forward passes first (default 1)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    add_device_args(p, batch_default=1)
+    p.set_defaults(func=run)
+
+
+def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) -> dict:
+    """Everything `vggserve bench` reports, as a dict."""
+    import pyopencl as cl
+
+    from ..model.vgg16 import VGG16, build_programs
+    from ..runtime import devices as devs
+    from ..runtime.programs import ProgramCache
+    from ..weights.init import init_weights
+
+    t0 = time.perf_counter()
+    devs.list_devices.cache_clear()
+    info = devs.resolve(device)
+    discovery = time.perf_counter() - t0
+
+    # program build from an empty cache (first start), then from the filled cache (every later start)
+    ctx = cl.Context([devs.cl_device(info)])
+    from ..runtime.params import params_for
+
+    params = params_for(info.kind, info.label)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = os.environ.get("VGGSERVE_CACHE_DIR")
+        os.environ["VGGSERVE_CACHE_DIR"] = tmp
+        try:
+            first = ProgramCache(ctx, devs.cl_device(info))
+            build_programs(first, params)
+            cached = ProgramCache(ctx, devs.cl_device(info))
+            build_programs(cached, params)
+        finally:
+            if old is None:
+                os.environ.pop("VGGSERVE_CACHE_DIR", None)
+            else:
+                os.environ["VGGSERVE_CACHE_DIR"] = old
+
+    source = weights if weights is not None else init_weights(seed=0)
+    model = VGG16.load(source, device=info.spec, max_batch_size=batch, profile=True)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    for _ in range(warmup):
+        model.logits(x)
+    times = []
+    for _ in range(iterations):
+        t = time.perf_counter()
+        model.logits(x)
+        times.append(time.perf_counter() - t)
+    layers = [{"name": n, "ms": round(ms, 4), "gflops": round(fl / ms / 1e6, 2) if ms > 0 and fl else 0.0}
+              for n, ms, fl in model.layer_times(x)]
+    median = float(np.median(times))
+    result = {
+        "device": model.device_name,
+        "device_spec": info.spec,
+        "batch_size": batch,
+        "iterations": iterations,
+        "images_per_second": round(batch / median, 3),
+        "ms_per_batch_median": round(median * 1e3, 3),
+        "ms_per_batch_min": round(min(times) * 1e3, 3),
+        "layers": layers,
+        "layers_total_ms": round(sum(layer["ms"] for layer in layers), 3),
+        "startup": {
+            "platform_discovery_s": round(discovery, 4),
+            "program_build_first_s": round(first.seconds, 4),
+            "program_build_cached_s": round(cached.seconds, 4),
+            "weight_upload_s": round(model.startup.upload_s, 4),
+        },
+        "params": model.params,
+    }
+    model.close()
+    return result
+
+
+def run(args) -> int:
+    if args.weights is None:
+        note("vggserve: bench uses deterministic random weights (--weights to use a file)")
+    r = measure(args.weights, args.device, args.batch_size, args.iterations, args.warmup)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"device: {r['device']}  batch: {r['batch_size']}")
+    print(f"{'layer':26s} {'ms':>9s} {'GFLOP/s':>9s}")
+    for layer in r["layers"]:
+        print(f"{layer['name']:26s} {layer['ms']:9.3f} {layer['gflops']:9.1f}")
+    print(f"{'sum of kernels':26s} {r['layers_total_ms']:9.3f}")
+    print(f"end to end: {r['ms_per_batch_median']:.2f} ms per batch (median of {r['iterations']}), "
+          f"{r['images_per_second']:.2f} images/s")
+    s = r["startup"]
+    print(f"start-up: platform discovery {s['platform_discovery_s']:.3f} s, program build "
+          f"{s['program_build_first_s']:.3f} s first / {s['program_build_cached_s']:.3f} s cached, "
+          f"weight upload {s['weight_upload_s']:.3f} s")
+    return 0

@@ -1,0 +1,56 @@
+"""`vggserve classify IMAGE...`: top-k ImageNet classes for each image."""
+
+import json
+import sys
+
+import numpy as np
+
+from .common import add_device_args, load_model, positive_int
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("classify", help="print the top-k ImageNet classes of images")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (JPEG, PNG, WEBP, GIF, BMP, TIFF)")
+    p.add_argument("--weights", default=None,
+                   help="weights file (default: $VGGSERVE_WEIGHTS, then fetched weights; see `vggserve weights`)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="classes per image (default 5)")
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object per image per line: {"image", "predictions": [{"index", "label", "probability"}]}')
+    add_device_args(p, batch_default=8)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..errors import ImageError, VggserveError
+    from ..predictions import top_k
+    from ..preprocess import load_and_preprocess
+
+    if args.top_k > 1000:
+        raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")
+    model = load_model(args.weights, args.device, args.batch_size)
+    failures = 0
+    for start in range(0, len(args.images), args.batch_size):
+        paths = args.images[start:start + args.batch_size]
+        good, arrays = [], []
+        for path in paths:
+            try:
+                arrays.append(load_and_preprocess(path, model.preprocessing))
+                good.append(path)
+            except ImageError as exc:
+                failures += 1
+                print(f"vggserve: error: {exc}", file=sys.stderr)
+        if not good:
+            continue
+        results = top_k(model.probabilities(np.stack(arrays)), args.top_k)
+        for path, preds in zip(good, results):
+            _print(path, preds, args.json)
+    return 5 if failures else 0
+
+
+def _print(path: str, predictions: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"image": path, "predictions": predictions}), flush=True)
+        return
+    print(path)
+    for p in predictions:
+        print(f"  {p['probability']:7.2%}  {p['index']:4d}  {p['label']}")

@@ -1,0 +1,39 @@
+"""Arguments and helpers that several subcommands share."""
+
+import sys
+
+
+def add_device_args(parser, batch_default: int = 16) -> None:
+    parser.add_argument("--device", default="auto",
+                        help="auto (a GPU if any, else the CPU), cpu, gpu, gpu:N, cpu:N or P:D from `vggserve devices`")
+    parser.add_argument("--batch-size", type=positive_int, default=batch_default,
+                        help=f"images per device batch (default {batch_default})")
+
+
+def positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def note(message: str) -> None:
+    """A status line on stderr (stdout stays machine-readable)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_model(weights, device: str, batch_size: int, profile: bool = False):
+    """find_weights + VGG16.load, saying on stderr which device was picked."""
+    from ..model.vgg16 import VGG16
+    from ..weights import find_weights
+
+    path = find_weights(weights)
+    model = VGG16.load(path, device=device, max_batch_size=batch_size, profile=profile)
+    if device in ("auto", "gpu", "cpu"):
+        note(f"vggserve: using {model.device_info.spec} {model.device_name}")
+    return model
