@@ -178,7 +178,7 @@ def test_api_key_guards_everything_but_health():
 
 
 def test_readiness_waits_for_loading_and_warmup():
-    with TestClient(slow_app(seconds=0.3, load_seconds=0.3)) as c:
+    with TestClient(slow_app(seconds=0.3, load_seconds=1.0)) as c:
         r = c.get("/health/ready")
         assert r.status_code == 503 and r.json()["status"] == "not_ready"
         assert c.get("/health/live").status_code == 200

@@ -84,6 +84,9 @@ class DeviceWorker:
                 self._run_batch(model, batch)
             self._set("stopped")
         except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
+            if self.state == "failed":  # already reported by _run_batch
+                log.error("device worker %s stopped after a failed batch: %s", self.device, self.error, exc_info=exc)
+                return
             if isinstance(exc, VggserveError):  # a known cause with its own message: no traceback
                 log.error("device worker %s failed: %s", self.device, exc)
             else:
@@ -106,10 +109,12 @@ class DeviceWorker:
             probs = np.asarray(model.probabilities(np.stack([item.tensor for item in batch])), dtype=np.float32)
             seconds = time.perf_counter() - t0
         except BaseException as exc:
+            # a device that failed once is not trusted again: the worker dies, and says so before anyone hears
+            self._set("failed", f"{type(exc).__name__}: {exc}")
             error = InferenceFailed(self.device, exc)
             for item in batch:
                 item.future.set_exception(error)
-            raise  # a device that failed once is not trusted again: the worker dies, readiness says so
+            raise
         self.metrics.inference_seconds.observe(seconds)
         self.batches += 1
         for item, row in zip(batch, probs):
