@@ -11,6 +11,8 @@ import pytest
 
 
 TINY_WIDTH = 0.125
+# the OpenCL device the engine tests run on: the CPU (PoCL) here and in CI; `gpu` on a GPU machine
+TEST_DEVICE = os.environ.get("VGGSERVE_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +36,11 @@ def full_tensors():
     from vggserve.weights.init import init_weights
 
     return init_weights(seed=0, width=1.0)
+
+
+@pytest.fixture(scope="session")
+def test_device():
+    return TEST_DEVICE
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from vggserve.model.reference import reference_logits
 from vggserve.runtime import devices as devs
 from vggserve.runtime.programs import ProgramCache
 
+from conftest import TEST_DEVICE
+
 
 def max_rel_err(out, ref):
     return float(np.abs(out - ref).max() / np.abs(ref).max())
@@ -20,7 +22,7 @@ def top5(scores):
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_weights_path):
-    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=4) as model:
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=4) as model:
         yield model
 
 
@@ -36,7 +38,7 @@ def test_tiny_network_matches_float64_reference(tiny_model, tiny_tensors, batch)
 
 def test_full_vgg16_matches_float64_reference(full_tensors):
     x = np.random.default_rng(7).standard_normal((2, 3, 224, 224)).astype(np.float32)
-    with VGG16.load(full_tensors, device="cpu", max_batch_size=2) as model:
+    with VGG16.load(full_tensors, device=TEST_DEVICE, max_batch_size=2) as model:
         out = model.logits(x)
     ref = reference_logits(full_tensors, x)
     assert max_rel_err(out, ref) < 1e-4
@@ -76,7 +78,7 @@ def test_weights_info_names_the_file_and_its_checksum(tiny_model, tiny_weights_p
 
 def test_second_start_loads_programs_from_the_cache_without_compiling(tiny_tensors, tmp_path, monkeypatch):
     monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
-    first = VGG16.load(tiny_tensors, device="cpu", max_batch_size=1)
+    first = VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=1)
     assert first.startup.programs_compiled > 0 and first.startup.programs_cached == 0
     x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
     expected = first.logits(x)
@@ -85,7 +87,7 @@ def test_second_start_loads_programs_from_the_cache_without_compiling(tiny_tenso
         raise AssertionError("compiled from source although a cached binary exists")
 
     monkeypatch.setattr(ProgramCache, "_compile", refuse)
-    second = VGG16.load(tiny_tensors, device="cpu", max_batch_size=1)
+    second = VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=1)
     assert second.startup.programs_compiled == 0 and second.startup.programs_cached == first.startup.programs_compiled
     np.testing.assert_array_equal(second.logits(x), expected)
 

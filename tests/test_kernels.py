@@ -30,8 +30,8 @@ CONV_SHAPES = [  # (batch, cin, cout, h, w)
 
 
 @pytest.fixture(scope="module")
-def cl_env():
-    info = devs.resolve("cpu")
+def cl_env(test_device):
+    info = devs.resolve(test_device)
     device = devs.cl_device(info)
     ctx = cl.Context([device])
     return ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device)

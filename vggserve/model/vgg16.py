@@ -18,7 +18,7 @@ import pyopencl as cl
 
 from ..predictions import top_k
 from ..runtime import devices as devs
-from ..runtime.params import params_for
+from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
 from .layers import GemmLayer, GemvLayer, MaxPool, Softmax, gemv_span
@@ -97,6 +97,7 @@ class VGG16:
 
     def _build_programs(self):
         cache = ProgramCache(self.context, self.device)
+        self._cache = cache
         progs = build_programs(cache, self.params)
         self._prog_conv, self._prog_fc, self._prog_gemv = progs["conv"], progs["fc"], progs["gemv"]
         self._prog_pool, self._prog_softmax = progs["pool"], progs["softmax"]
@@ -104,16 +105,30 @@ class VGG16:
         self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
         self.program_cache = cache
 
+    def _gemm_program(self, p: dict, ks: int, relu: int):
+        """conv_gemm.cl specialised for one parameter set (shared by every layer that uses it)."""
+        pad = 1 if ks == 3 else 0
+        t0 = time.perf_counter()
+        program = self._cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": pad, "RELU": relu})
+        self.startup.build_s += time.perf_counter() - t0
+        return program
+
     def _upload(self, tensors: dict):
-        conv_p, gemv_p = self.params["conv"], self.params["gemv"]
+        gemv_p = self.params["gemv"]
         self.convs = []
+        size = INPUT_SIZE
         for c in self.spec.convs:
-            layer = GemmLayer(self.context, self._prog_conv, conv_p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
+            p = conv_params_for(self.params, c.cin, c.cout, size)
+            prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
+            layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
             self.convs.append((c, layer))
+            size //= 2 if c.pool_after else 1
         self.fcs = []
         for f in self.spec.fcs:
             relu = int(f.relu)
-            gemm = GemmLayer(self.context, self._prog_fc[relu], conv_p, tensors[f"{f.name}.weight"],
+            p = conv_params_for(self.params, f.fin, f.fout, 1)
+            prog = self._prog_fc[relu] if p == self.params["conv"] else self._gemm_program(p, 1, relu)
+            gemm = GemmLayer(self.context, prog, p, tensors[f"{f.name}.weight"],
                              tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p))
             gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
             self.fcs.append((f, gemm, gemv))

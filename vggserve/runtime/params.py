@@ -23,6 +23,19 @@ CPU_DEFAULT = {"conv": {"TM": 64, "TN": 128, "TK": 32, "WM": 16, "WN": 8, "LPAD"
 TABLE = {"gpu": GPU_DEFAULT, "cpu": CPU_DEFAULT}
 
 
+def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int | None = None) -> dict:
+    """The conv_gemm parameters for one layer: a tuned entry for its shape if any, else the device default.
+
+    Shape keys are "CINxCOUTxSIZE" (size = image side; 1 for fully connected layers).
+    """
+    table = params.get("conv_by_shape", {})
+    return dict(table.get(shape_key(cin, cout, size), params["conv"]))
+
+
+def shape_key(cin: int, cout: int, size: int) -> str:
+    return f"{cin}x{cout}x{size}"
+
+
 def tuned_file() -> Path:
     return Path(os.environ.get("VGGSERVE_CACHE_DIR") or user_cache_dir("vggserve")) / "tuned.json"
 

@@ -1,0 +1,128 @@
+"""vggserve against PyTorch/cuDNN, in one process, on the same GPU, weights and inputs.
+
+    python benchmarks/compare_torch.py --device gpu --batches 1,16,64 --iterations 10 [--json out.json]
+
+For each batch: images/s of vggserve end to end (input upload, all kernels, logits read back) and of
+torchvision's VGG16 in FP32 with TF32 off (input already on the GPU, CUDA-event timed), their ratio, per-layer
+milliseconds and TFLOP/s of both, and the largest relative difference of the logits (vs PyTorch, and both vs a
+float64 CPU reference on the first image). Needs torch + torchvision; vggserve's engine needs only OpenCL.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+def torch_model(tensors, torch, torchvision):
+    model = torchvision.models.vgg16()
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()})
+    return model.eval().cuda()
+
+
+def time_torch(model, x, iterations, torch):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        for _ in range(3):
+            model(x)
+        times = []
+        for _ in range(iterations):
+            start.record()
+            out = model(x)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    return float(np.median(times)), out.float().cpu().numpy()
+
+
+def torch_layers(model, x, torch):
+    """Milliseconds per conv/linear layer (CUDA events around each module, ReLU/pool folded into the next)."""
+    rows = []
+    with torch.inference_mode():
+        a = x
+        for name, seq in (("features", model.features), ("classifier", model.classifier)):
+            if name == "classifier":
+                a = torch.flatten(model.avgpool(a), 1)
+            for i, mod in enumerate(seq):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                b = mod(a)
+                e.record()
+                torch.cuda.synchronize()
+                if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                    macs = (b.numel() * mod.weight[0].numel())
+                    rows.append((f"{name}.{i}", s.elapsed_time(e), 2.0 * macs))
+                a = b
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="gpu")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--json", default=None, help="write all figures to this file")
+    args = ap.parse_args()
+
+    import torch
+    import torchvision
+
+    from vggserve import VGG16
+    from vggserve.model.reference import reference_logits
+    from vggserve.weights.init import init_weights
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    batches = [int(b) for b in args.batches.split(",")]
+    tensors = init_weights(seed=0)
+    tmodel = torch_model(tensors, torch, torchvision)
+    t0 = time.perf_counter()
+    vmodel = VGG16.load(tensors, device=args.device, max_batch_size=max(batches), profile=True)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    results = {"device": vmodel.device_name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+               "gpu": torch.cuda.get_device_name(), "vggserve_load_s": round(load_s, 3), "batches": []}
+    for batch in batches:
+        x = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
+        xt = torch.from_numpy(x).cuda()
+        t_ms, t_logits = time_torch(tmodel, xt, args.iterations, torch)
+        vmodel.logits(x)
+        times = []
+        for _ in range(args.iterations):
+            t = time.perf_counter()
+            v_logits = vmodel.logits(x)
+            times.append((time.perf_counter() - t) * 1e3)
+        v_ms = float(np.median(times))
+        vl = {n: (ms, fl) for n, ms, fl in vmodel.layer_times(x)}
+        tl = torch_layers(tmodel, xt, torch)
+        diff = float(np.abs(v_logits - t_logits).max() / np.abs(t_logits).max())
+        row = {"batch": batch, "vggserve_ms": round(v_ms, 3), "torch_ms": round(t_ms, 3),
+               "vggserve_img_s": round(batch / v_ms * 1e3, 1), "torch_img_s": round(batch / t_ms * 1e3, 1),
+               "ratio_vggserve_over_torch": round(t_ms / v_ms, 3), "vggserve_kernels_ms": round(sum(m for m, _ in vl.values()), 3),
+               "max_rel_diff_vs_torch": diff,
+               "layers": [{"name": n, "torch_ms": round(ms, 4), "torch_tflops": round(fl / ms / 1e9, 2),
+                           "vggserve_ms": round(vl.get(n, (0, 0))[0], 4),
+                           "vggserve_tflops": round(fl / vl[n][0] / 1e9, 2) if n in vl and vl[n][0] else None}
+                          for n, ms, fl in tl]}
+        if batch == batches[0]:
+            ref = reference_logits(tensors, x[:1])
+            row["max_rel_err_vs_float64"] = {"vggserve": float(np.abs(v_logits[:1] - ref).max() / np.abs(ref).max()),
+                                             "torch": float(np.abs(t_logits[:1] - ref).max() / np.abs(ref).max())}
+        results["batches"].append(row)
+        print(f"batch {batch:4d}: vggserve {row['vggserve_img_s']:8.1f} img/s ({v_ms:8.2f} ms, kernels "
+              f"{row['vggserve_kernels_ms']:.2f} ms)  torch {row['torch_img_s']:8.1f} img/s ({t_ms:8.2f} ms)  "
+              f"ratio {row['ratio_vggserve_over_torch']:.3f}  max rel diff {diff:.2e}", flush=True)
+    print("\nper layer at batch", batches[-1])
+    print(f"{'layer':16s} {'torch ms':>9s} {'TFLOP/s':>8s} {'vggserve ms':>12s} {'TFLOP/s':>8s}")
+    for layer in results["batches"][-1]["layers"]:
+        print(f"{layer['name']:16s} {layer['torch_ms']:9.3f} {layer['torch_tflops']:8.2f} {layer['vggserve_ms']:12.3f} "
+              f"{layer['vggserve_tflops'] or 0:8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
