@@ -20,6 +20,7 @@ from .limits import BodySizeLimitMiddleware
 from .metrics import RequestMetricsMiddleware
 from .routes_classify import router as classify_router
 from .routes_health import router as health_router
+from .routes_info import router as info_router
 from .service import ModelFactory, Service
 from .settings import Settings
 
@@ -47,6 +48,7 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None) ->
     install_error_handlers(app)
     app.include_router(classify_router)
     app.include_router(health_router)
+    app.include_router(info_router)
     # add_middleware puts each one outside the previous: requests meet metrics, drain, auth, then the body limit
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key:

@@ -1,10 +1,9 @@
-"""Health checks (always open, even with an API key), metadata and Prometheus metrics."""
+"""Liveness and readiness checks (always open, even with an API key)."""
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
-from .errors import error_responses
-from .schemas import Health, Metadata
+from .schemas import Health
 
 router = APIRouter()
 
@@ -27,20 +26,3 @@ async def ready(request: Request):
     ok, code, detail = request.app.state.service.readiness()
     return JSONResponse({"status": code, "detail": detail}, status_code=200 if ok else 503,
                         headers=None if ok else {"Retry-After": "1"})
-
-
-@router.get("/metadata", response_model=Metadata, tags=["info"], summary="What is being served",
-            responses=error_responses(401))
-async def metadata(request: Request):
-    """Model, weights source and checksum, input size, number of labels, devices and limits."""
-    return request.app.state.service.metadata()
-
-
-@router.get("/metrics", tags=["info"], summary="Prometheus metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                             "description": "Prometheus text exposition format."}, **error_responses(401)})
-async def metrics(request: Request):
-    """Requests by endpoint and status; queue, preprocess, inference and total time; batch sizes; queue length;
-    rejected and timed-out counts; readiness."""
-    body, content_type = request.app.state.service.metrics.render()
-    return Response(body, media_type=content_type)
