@@ -4,6 +4,7 @@ answering."""
 
 import pytest
 from fastapi.testclient import TestClient
+from conftest import TEST_DEVICE
 from image_corpus import BAD, EXPECTED, GOOD, build_corpus
 
 from vggserve.model.vgg16 import VGG16
@@ -22,14 +23,14 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_weights_path):
-    model = VGG16.load(tiny_weights_path, device="cpu", max_batch_size=4)
+    model = VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=4)
     yield model
     model.close()
 
 
 @pytest.fixture(scope="module")
 def client(tiny_weights_path):
-    settings = Settings(weights=str(tiny_weights_path), devices=("cpu",), max_batch_size=4, max_wait_ms=2,
+    settings = Settings(weights=str(tiny_weights_path), devices=(TEST_DEVICE,), max_batch_size=4, max_wait_ms=2,
                         max_pixels=40_000_000, preprocess_threads=2)
     with TestClient(create_app(settings)) as c:
         wait_ready(c, timeout_s=120)

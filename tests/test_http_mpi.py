@@ -24,6 +24,7 @@ def test_two_ranks_serve_sharded_batches_and_drain_on_sigterm(tiny_weights_path,
     with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=2) as model:
         expected = model.classify([files[n] for n in names], top_k=3)
 
+    # the CPU on every rank: two ranks would need two GPUs ("gpu" means GPU number <local rank>)
     args = ["--weights", str(tiny_weights_path), "--device", "cpu", "--max-batch-size", "2", "--max-wait-ms", "300",
             "--log-level", "warning"]
     with ServerProcess.serve_cli(args, launcher=[mpiexec, "-n", "2"]) as server, httpx.Client(timeout=120) as http:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import TEST_DEVICE
 from image_corpus import build_corpus
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -156,7 +157,7 @@ def test_slow_model_server_readiness_429_504_gone_clients_and_drain():
 
 @pytest.fixture(scope="module")
 def engine_server(tiny_weights_path):
-    args = ["--weights", str(tiny_weights_path), "--device", "cpu", "--max-batch-size", "4", "--max-wait-ms", "300",
+    args = ["--weights", str(tiny_weights_path), "--device", TEST_DEVICE, "--max-batch-size", "4", "--max-wait-ms", "300",
             "--max-body-bytes", "65536", "--preprocess-threads", "2", "--log-level", "warning"]
     with ServerProcess.serve_cli(args) as server:
         server.wait_ready(180)
@@ -168,7 +169,7 @@ def test_results_identical_to_the_engine_for_the_same_files(engine_server, tiny_
 
     files = build_corpus(tmp_path)
     names = ["rgba.png", "cmyk.jpg", "exif_orientation_6.jpg", "gray16.png"]
-    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=4) as model:
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=4) as model:
         expected = model.classify([files[n] for n in names], top_k=5)
     for name, want in zip(names, expected):
         with open(files[name], "rb") as f:
@@ -183,7 +184,7 @@ def test_results_identical_to_vggserve_classify_json(engine_server, tiny_weights
     files = build_corpus(tmp_path)
     names = ["palette.png", "animated.gif", "exif_orientation_8.jpg"]
     command = [sys.executable, "-m", "vggserve", "classify", "--json", "--weights", str(tiny_weights_path),
-               "--device", "cpu", "--top-k", "5", *(str(files[n]) for n in names)]
+               "--device", TEST_DEVICE, "--top-k", "5", *(str(files[n]) for n in names)]
     done = subprocess.run(command, env=python_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     cli = {Path(line["image"]).name: line["predictions"] for line in map(json.loads, done.stdout.splitlines())}
