@@ -26,7 +26,8 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--device", default=None, metavar="SPEC",
-                   help="device spec, or a comma list for one worker per device, e.g. gpu:0,gpu:1 (default auto; "
+                   help="device spec, or a comma list for one worker per device, e.g. gpu:0,gpu:1; `all` = one "
+                        "worker per GPU (default auto = the first GPU, else the CPU; "
                         "under mpirun: gpu, meaning GPU number <local rank>)")
     p.add_argument("--max-batch-size", type=int, default=16, help="images per device batch (default 16)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,

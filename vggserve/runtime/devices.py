@@ -1,7 +1,8 @@
 """OpenCL platform and device discovery, device specs, and diagnosis of the usual set-up failures.
 
 Device specs: "auto" (first GPU, else first CPU), "cpu", "gpu" (= "gpu:0"), "gpu:N" (N-th GPU over all platforms),
-"cpu:N", or "P:D" (platform index P, device index D as `vggserve devices` lists them).
+"cpu:N", or "P:D" (platform index P, device index D as `vggserve devices` lists them). Where one worker per
+device makes sense (`vggserve serve`), "all" means every usable GPU, or the CPU when there is none.
 A platform whose compiler cannot build a trivial kernel (for example PoCL's LLVM not knowing the host CPU) is
 skipped with a note, so one broken installation does not hide a working one.
 """
@@ -164,6 +165,14 @@ def resolve(spec: str = "auto") -> DeviceInfo:
                 return d
         return pick([], 0, f"OpenCL {spec}")
     raise DeviceError(f"bad device spec {spec!r}: use auto, cpu, gpu, gpu:N, cpu:N or P:D (see `vggserve devices`)")
+
+
+def expand(spec: str) -> tuple[str, ...]:
+    """`all` -> every usable GPU ("gpu:0", "gpu:1", ...), or ("cpu",) when there is none; other specs unchanged."""
+    if spec.strip().lower() != "all":
+        return (spec,)
+    gpus = [d for d in list_devices() if d.usable and d.kind == "gpu"]
+    return tuple(f"gpu:{i}" for i in range(len(gpus))) or ("cpu",)
 
 
 def cl_device(info: DeviceInfo):

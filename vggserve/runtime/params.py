@@ -49,5 +49,6 @@ def params_for(kind: str, device_name: str) -> dict:
     except (OSError, ValueError):
         stored = {}
     for role, values in stored.items():
-        params.setdefault(role, {}).update(values)
+        if isinstance(values, dict):  # skip notes such as "tuned_at_batch"
+            params.setdefault(role, {}).update(values)
     return params

@@ -22,10 +22,14 @@ def default_preprocess_threads() -> int:
 
 
 def parse_devices(text: str | None) -> tuple[str, ...]:
-    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each."""
+    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU."""
     parts = tuple(p.strip() for p in (text or "auto").split(","))
     if any(not p for p in parts):
         raise SettingsError(f"--device {text!r} has an empty entry; give specs separated by commas, e.g. gpu:0,gpu:1")
+    if "all" in (p.lower() for p in parts):
+        from ..runtime.devices import expand
+
+        return tuple(s for p in parts for s in expand(p))
     return parts
 
 

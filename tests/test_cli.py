@@ -1,0 +1,124 @@
+"""The command line end to end: classify, devices, bench, tune; the no-weights and bad-image messages."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TEST_DEVICE
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = sorted(str(p) for p in (ROOT / "examples" / "images").iterdir())
+
+
+def vggserve(*args, env=None, timeout=300):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "vggserve", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=ROOT)
+
+
+def test_classify_json_is_one_object_per_image_matching_the_engine(tiny_weights_path):
+    from vggserve import VGG16
+
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json", "--top-k", "3", *IMAGES)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["image"] for x in lines] == IMAGES
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE) as model:
+        expected = model.classify(IMAGES, top_k=3)
+    for got, want in zip(lines, expected):
+        assert [p["index"] for p in got["predictions"]] == [p["index"] for p in want]
+        np.testing.assert_allclose([p["probability"] for p in got["predictions"]],
+                                   [p["probability"] for p in want], rtol=1e-5)
+        probs = [p["probability"] for p in got["predictions"]]
+        assert probs == sorted(probs, reverse=True)
+        assert all(set(p) == {"index", "label", "probability"} for p in got["predictions"])
+
+
+def test_classify_text_output_lists_labels_and_percentages(tiny_weights_path):
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--top-k", "2", IMAGES[0])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == IMAGES[0] and len(lines) == 3 and all("%" in line for line in lines[1:])
+
+
+def test_classify_bad_image_is_one_line_and_the_good_ones_still_print(tiny_weights_path, tmp_path):
+    bad = tmp_path / "notes.jpg"
+    bad.write_text("not an image")
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json", bad, IMAGES[0])
+    assert r.returncode == 5
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and str(bad) in errors[0] and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["image"] == IMAGES[0]
+
+
+def test_classify_without_weights_says_how_to_get_them(tmp_path):
+    env = {"VGGSERVE_CACHE_DIR": str(tmp_path), "VGGSERVE_WEIGHTS": ""}
+    r = vggserve("classify", IMAGES[0], env=env)
+    assert r.returncode == 4 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()[-1:]
+    assert "no VGG16 weights found" in line and "vggserve weights fetch" in line and "--weights" in line
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_device_spec_is_a_one_line_error(tiny_weights_path):
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", "tpu:0", IMAGES[0])
+    assert r.returncode == 3 and "bad device spec 'tpu:0'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_devices_lists_the_selectable_spec_and_the_auto_choice():
+    r = vggserve("devices", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["auto"] in [d["spec"] for d in data["devices"] if d["usable"]]
+    text = vggserve("devices").stdout
+    assert f"* {data['auto']}" in text
+
+
+def test_bench_json_reports_layers_throughput_and_startup(tiny_weights_path):
+    r = vggserve("bench", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--batch-size", "2",
+                 "--iterations", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["batch_size"] == 2 and data["images_per_second"] > 0 and data["device"]
+    names = [layer["name"] for layer in data["layers"]]
+    assert names[0] == "features.0" and names[-1] == "classifier.6" and len([n for n in names if "pool" not in n]) == 16
+    assert all(layer["ms"] > 0 for layer in data["layers"])
+    assert all(layer["gflops"] > 0 for layer in data["layers"] if "pool" not in layer["name"])
+    assert set(data["startup"]) == {"platform_discovery_s", "program_build_first_s", "program_build_cached_s",
+                                    "weight_upload_s"}
+
+
+def test_tune_stores_winners_that_the_engine_then_uses(tmp_path, tiny_tensors, monkeypatch):
+    from vggserve import VGG16
+    from vggserve.model.reference import reference_logits
+    from vggserve.runtime import devices as devs
+    from vggserve.runtime import tuning
+    from vggserve.runtime.params import params_for
+
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    info = devs.resolve(TEST_DEVICE)
+    shapes = [s for s in tuning.layer_shapes(batch=1, width=0.125) if s[0] in ("3x8x224", "64x64x14")]
+    winners, trials = tuning.tune(info, devs.cl_device(info), batch=1, limit=3, repeats=1, shapes=shapes,
+                                  progress=lambda _: None)
+    assert set(winners) == {"3x8x224", "64x64x14"}
+    assert all(t.ok for t in trials) and len(trials) == 6
+    tuning.store(info.label, winners, batch=1)
+    assert params_for(info.kind, info.label)["conv_by_shape"] == winners
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with VGG16.load(tiny_tensors, device=TEST_DEVICE) as model:
+        out = model.logits(x)
+    ref = reference_logits(tiny_tensors, x)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-4
+
+
+def test_device_all_expands_to_one_worker_per_gpu_or_the_cpu():
+    from vggserve.runtime import devices as devs
+
+    gpus = [d for d in devs.list_devices() if d.usable and d.kind == "gpu"]
+    assert devs.expand("all") == (tuple(f"gpu:{i}" for i in range(len(gpus))) or ("cpu",))
+    assert devs.expand("gpu:1") == ("gpu:1",)
