@@ -108,12 +108,22 @@ def test_tune_stores_winners_that_the_engine_then_uses(tmp_path, tiny_tensors, m
     assert set(winners) == {"3x8x224", "64x64x14"}
     assert all(t.ok for t in trials) and len(trials) == 6
     tuning.store(info.label, winners, batch=1)
-    assert params_for(info.kind, info.label)["conv_by_shape"] == winners
+    assert params_for(info.kind, info.label)["conv_by_batch"] == {"1": winners}
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     with VGG16.load(tiny_tensors, device=TEST_DEVICE) as model:
         out = model.logits(x)
     ref = reference_logits(tiny_tensors, x)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-4
+
+
+def test_tuned_table_nearest_in_batch_is_used():
+    from vggserve.runtime.params import conv_params_for
+
+    small, large = dict(TM=32, TN=32, TK=8, WM=2, WN=2, LPAD=1), dict(TM=128, TN=128, TK=16, WM=8, WN=8, LPAD=1)
+    params = {"conv": {"TM": 64}, "conv_by_batch": {"1": {"512x512x14": small}, "64": {"512x512x14": large}}}
+    assert conv_params_for(params, 512, 512, 14, batch=2) == small
+    assert conv_params_for(params, 512, 512, 14, batch=32) == large
+    assert conv_params_for(params, 3, 64, 224, batch=32) == {"TM": 64}
 
 
 def test_device_all_expands_to_one_worker_per_gpu_or_the_cpu():

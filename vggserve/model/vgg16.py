@@ -118,7 +118,7 @@ class VGG16:
         self.convs = []
         size = INPUT_SIZE
         for c in self.spec.convs:
-            p = conv_params_for(self.params, c.cin, c.cout, size)
+            p = conv_params_for(self.params, c.cin, c.cout, size, self.max_batch_size)
             prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
             layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
             self.convs.append((c, layer))
@@ -126,7 +126,7 @@ class VGG16:
         self.fcs = []
         for f in self.spec.fcs:
             relu = int(f.relu)
-            p = conv_params_for(self.params, f.fin, f.fout, 1)
+            p = conv_params_for(self.params, f.fin, f.fout, 1, self.max_batch_size)
             prog = self._prog_fc[relu] if p == self.params["conv"] else self._gemm_program(p, 1, relu)
             gemm = GemmLayer(self.context, prog, p, tensors[f"{f.name}.weight"],
                              tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p))

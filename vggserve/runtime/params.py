@@ -5,6 +5,7 @@ kernel banners. `vggserve tune` (when run) stores per-device winners in a JSON f
 """
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -23,13 +24,18 @@ CPU_DEFAULT = {"conv": {"TM": 64, "TN": 128, "TK": 32, "WM": 16, "WN": 8, "LPAD"
 TABLE = {"gpu": GPU_DEFAULT, "cpu": CPU_DEFAULT}
 
 
-def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int | None = None) -> dict:
-    """The conv_gemm parameters for one layer: a tuned entry for its shape if any, else the device default.
+def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1) -> dict:
+    """The conv_gemm parameters for one layer: tuned winners for its shape if any, else the device default.
 
+    Tuned tables are stored per batch size ("conv_by_batch": {"64": {"CINxCOUTxSIZE": params}}); the table tuned at
+    the batch nearest (in ratio) to `batch` is used, because the best tiles for 1 image and for 64 differ.
     Shape keys are "CINxCOUTxSIZE" (size = image side; 1 for fully connected layers).
     """
-    table = params.get("conv_by_shape", {})
-    return dict(table.get(shape_key(cin, cout, size), params["conv"]))
+    tables = params.get("conv_by_batch", {})
+    if not tables:
+        return dict(params["conv"])
+    nearest = min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))
+    return dict(tables[nearest].get(shape_key(cin, cout, size), params["conv"]))
 
 
 def shape_key(cin: int, cout: int, size: int) -> str:
@@ -49,6 +55,6 @@ def params_for(kind: str, device_name: str) -> dict:
     except (OSError, ValueError):
         stored = {}
     for role, values in stored.items():
-        if isinstance(values, dict):  # skip notes such as "tuned_at_batch"
+        if isinstance(values, dict):  # skip notes such as "tuned_on"
             params.setdefault(role, {}).update(values)
     return params

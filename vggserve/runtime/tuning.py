@@ -126,8 +126,7 @@ def store(device_label: str, winners: dict, batch: int) -> None:
     except (OSError, ValueError):
         table = {}
     entry = table.setdefault(device_label, {})
-    entry.setdefault("conv_by_shape", {}).update(winners)
-    entry["tuned_at_batch"] = batch
+    entry.setdefault("conv_by_batch", {}).setdefault(str(batch), {}).update(winners)
     entry["tuned_on"] = time.strftime("%Y-%m-%d")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1, sort_keys=True))

@@ -1,0 +1,192 @@
+"""Winograd F(2x2, 3x3) convolution: host side of kernels/conv_winograd.cl (design: docs/winograd.md).
+
+A 3x3 convolution (stride 1, padding 1) + bias + ReLU in three launches: input transform -> 16 batched GEMMs
+(depth Cin) -> output transform. 2.25x fewer multiplications than the direct convolution; the transformed input
+V and the GEMM result M live in device workspace buffers sized ONCE at construction for `max_batch` images of
+`max_h` x `max_w` (larger batches run in chunks; nothing is allocated per call).
+
+A layer is selected per conv layer by parameters with "ALGO": "winograd" (see `conv_params_for`); the other keys
+are conv_winograd.cl's #define tunables (TM, TN, TK, WM, WN, LPAD, XWG).
+"""
+
+import numpy as np
+import pyopencl as cl
+
+from .layers import round_up, upload
+
+MF = cl.mem_flags
+ALGO = "winograd"
+KERNEL_FILE = "conv_winograd.cl"
+
+# F(2x2, 3x3) matrices (Lavin & Gray 2015), for correlation as deep-learning "convolution" computes it
+BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64)
+AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)
+
+# GEMM tiles as conv_gemm's reference variant (GPU) and its CPU default (PoCL vectorises 16 work-items wide);
+# XWG = work-group size of the two transform kernels
+GPU_DEFAULT = {"ALGO": ALGO, "TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 1, "XWG": 256}
+CPU_DEFAULT = {"ALGO": ALGO, "TM": 64, "TN": 128, "TK": 32, "WM": 16, "WN": 8, "LPAD": 0, "XWG": 16}
+TUNABLES = ("TM", "TN", "TK", "WM", "WN", "LPAD", "XWG")
+
+
+def default_params(kind: str) -> dict:
+    """Winograd parameters for a device kind ("gpu", "cpu", other -> gpu)."""
+    return dict(CPU_DEFAULT if kind == "cpu" else GPU_DEFAULT)
+
+
+def is_winograd(params: dict) -> bool:
+    return params.get("ALGO") == ALGO
+
+
+def defines(params: dict, relu: int = 1) -> dict:
+    """The #defines for conv_winograd.cl: the tunables with "ALGO" (and anything non-numeric) stripped."""
+    out = {k: v for k, v in params.items() if k != "ALGO"}
+    out.setdefault("XWG", GPU_DEFAULT["XWG"])
+    out["RELU"] = relu
+    return out
+
+
+def check_params(p: dict) -> None:
+    """The shape rules conv_winograd.cl relies on; ValueError naming the broken one."""
+    tm, tn, tk, wm, wn = (p[k] for k in ("TM", "TN", "TK", "WM", "WN"))
+    if tm % wm or tn % wn:
+        raise ValueError(f"winograd params {p}: TM must be a multiple of WM and TN of WN")
+    nt = (tm // wm) * (tn // wn)
+    if (tk * tm) % nt or (tk * tn) % nt:
+        raise ValueError(f"winograd params {p}: TK*TM and TK*TN must be multiples of the work-group size {nt}")
+    if p.get("XWG", 1) < 1:
+        raise ValueError(f"winograd params {p}: XWG must be positive")
+
+
+def tiles(h: int, w: int) -> tuple[int, int]:
+    """(TH, TW): 2x2-output tiles covering an h x w image."""
+    return (h + 1) // 2, (w + 1) // 2
+
+
+def transform_weights(weight: np.ndarray) -> np.ndarray:
+    """(M, C, 3, 3) -> U (16, C, M) float64, U[4i+j, c, m] = (G g[m, c] G^T)[i, j]."""
+    g = np.asarray(weight, dtype=np.float64)
+    if g.ndim != 4 or g.shape[2:] != (3, 3):
+        raise ValueError(f"Winograd F(2x2,3x3) needs (M, C, 3, 3) weights, got {g.shape}")
+    u = np.einsum("ik,mckl,jl->ijcm", G, g, G)  # (4, 4, C, M)
+    return u.reshape(16, g.shape[1], g.shape[0])
+
+
+def relayout_u(u: np.ndarray, tk: int, tm: int) -> np.ndarray:
+    """U (16, C, M) -> zero-padded (16, Cpad, Mpad) float32 (the kernel's A operand, one matrix per xi)."""
+    _, c, m = u.shape
+    out = np.zeros((16, round_up(c, tk), round_up(m, tm)), dtype=np.float32)
+    out[:, :c, :m] = u
+    return out
+
+
+def winograd_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, relu: bool = True,
+                   dtype=np.float64) -> np.ndarray:
+    """The same algorithm in numpy (for tests and docs): NCHW x, (M, C, 3, 3) weight -> NCHW output."""
+    n, c, h, w = x.shape
+    th, tw = tiles(h, w)
+    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2), dtype=dtype)
+    xp[:, :, 1:h + 1, 1:w + 1] = x
+    s = xp.strides
+    d = np.lib.stride_tricks.as_strided(xp, (n, c, th, tw, 4, 4), (s[0], s[1], 2 * s[2], 2 * s[3], s[2], s[3]))
+    bt = BT.astype(dtype)
+    v = np.einsum("ik,nctukl,jl->ijcntu", bt, d, bt)                   # (4, 4, C, N, TH, TW)
+    u = transform_weights(weight).astype(dtype).reshape(4, 4, c, -1)     # (4, 4, C, M)
+    mm = np.einsum("ijcm,ijcntu->ijmntu", u, v)                         # (4, 4, M, N, TH, TW)
+    at = AT.astype(dtype)
+    y = np.einsum("ai,ijmntu,bj->nmtaub", at, mm, at)                   # (N, M, TH, 2, TW, 2)
+    y = y.reshape(n, -1, 2 * th, 2 * tw)[:, :, :h, :w] + np.asarray(bias, dtype).reshape(1, -1, 1, 1)
+    return np.maximum(y, 0) if relu else y
+
+
+class WinogradWorkspace:
+    """Device buffers for V and M, shared by layers that run one after another on one in-order queue.
+
+    `reserve` (called by each layer's constructor) grows them to the largest request; layers read `.v`/`.m` at
+    enqueue time. Buffers are only (re)allocated while layers are being constructed, never per call.
+    """
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.v_floats = self.m_floats = 0
+        self.v = self.m = None
+
+    def reserve(self, v_floats: int, m_floats: int) -> None:
+        if v_floats > self.v_floats:
+            self.v_floats = v_floats
+            self.v = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * v_floats)
+        if m_floats > self.m_floats:
+            self.m_floats = m_floats
+            self.m = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * m_floats)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * (self.v_floats + self.m_floats)
+
+
+class WinogradLayer:
+    """conv_winograd.cl: a 3x3 convolution (padding 1) + bias + ReLU for up to `max_batch` images per chunk.
+
+    Same construction and call shape as GemmLayer. `enqueue` returns (first event, last event) of the layer's
+    launches, as GemvLayer does, so that profiling (VGG16.layer_times) spans the whole layer; `events` holds
+    every launch of the last call. Workspace: 16*Cin + 16*Cout floats per tile of max_batch * tiles(max_h, max_w),
+    own or a shared `workspace`.
+    """
+
+    def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, max_batch: int = 1,
+                 max_h: int = 224, max_w: int = 224, workspace: WinogradWorkspace | None = None):
+        check_params(params)
+        if max_batch < 1 or max_h < 1 or max_w < 1:
+            raise ValueError(f"max_batch, max_h, max_w must be positive, got {max_batch}, {max_h}, {max_w}")
+        self.p = dict(params)
+        self.m, self.cin = weight.shape[0], weight.shape[1]
+        u = relayout_u(transform_weights(weight), params["TK"], params["TM"])
+        self.cpad, self.mpad = u.shape[1], u.shape[2]
+        self.u, self.bias = upload(ctx, u), upload(ctx, bias)
+        self.k_in = cl.Kernel(program, "wino_input")
+        self.k_gemm = cl.Kernel(program, "wino_gemm")
+        self.k_out = cl.Kernel(program, "wino_output")
+        self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"], 1)
+        self.xwg = params.get("XWG", GPU_DEFAULT["XWG"])
+        th, tw = tiles(max_h, max_w)
+        self.max_tiles = max_batch * th * tw
+        self.ws = workspace if workspace is not None else WinogradWorkspace(ctx)
+        self.ws.reserve(16 * self.cin * self.max_tiles, 16 * self.m * self.max_tiles)
+        self.events: list = []
+
+    def enqueue(self, queue, src, dst, n: int, h: int, w: int):
+        """3 launches per chunk of images; returns (first event, last event)."""
+        th, tw = tiles(h, w)
+        t = th * tw
+        per_chunk = self.max_tiles // t
+        if per_chunk < 1:
+            raise ValueError(f"a {h}x{w} image needs {t} tiles; this layer's workspace holds {self.max_tiles}")
+        p = self.p
+        self.events = []
+        for b0 in range(0, n, per_chunk):
+            nb = min(per_chunk, n - b0)
+            ptiles = nb * t
+            xgrid = round_up(ptiles, self.xwg)
+            self.k_in.set_args(src, self.ws.v, np.int32(self.cin), np.int32(h), np.int32(w), np.int32(tw),
+                               np.int32(t), np.int32(ptiles), np.int32(b0))
+            self.events.append(cl.enqueue_nd_range_kernel(queue, self.k_in, (xgrid, self.cin), (self.xwg, 1)))
+            self.k_gemm.set_args(self.u, self.ws.v, self.ws.m, np.int32(self.cin), np.int32(self.cpad),
+                                 np.int32(self.m), np.int32(self.mpad), np.int32(ptiles))
+            grid = (round_up(ptiles, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1], 16)
+            self.events.append(cl.enqueue_nd_range_kernel(queue, self.k_gemm, grid, self.local))
+            self.k_out.set_args(self.ws.m, self.bias, dst, np.int32(self.m), np.int32(h), np.int32(w),
+                                np.int32(tw), np.int32(t), np.int32(ptiles), np.int32(b0))
+            self.events.append(cl.enqueue_nd_range_kernel(queue, self.k_out, (xgrid, self.m), (self.xwg, 1)))
+        if not self.events:
+            return None
+        return self.events[0], self.events[-1]
+
+    def flops(self, n: int, h: int = 1, w: int = 1, ks: int = 3) -> float:
+        """The DIRECT convolution's flops (so TFLOP/s compare with GemmLayer and cuDNN figures)."""
+        return 2.0 * n * h * w * self.m * self.cin * ks * ks
+
+    def gemm_flops(self, n: int, h: int, w: int) -> float:
+        """Flops the 16 GEMMs actually execute (2.25x fewer than direct for even h, w)."""
+        th, tw = tiles(h, w)
+        return 2.0 * 16 * n * th * tw * self.m * self.cin
