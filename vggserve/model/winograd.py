@@ -9,6 +9,8 @@ A layer is selected per conv layer by parameters with "ALGO": "winograd" (see `c
 are conv_winograd.cl's #define tunables (TM, TN, TK, WM, WN, LPAD, XWG).
 """
 
+import time
+
 import numpy as np
 import pyopencl as cl
 
@@ -33,6 +35,24 @@ TUNABLES = ("TM", "TN", "TK", "WM", "WN", "LPAD", "XWG")
 def default_params(kind: str) -> dict:
     """Winograd parameters for a device kind ("gpu", "cpu", other -> gpu)."""
     return dict(CPU_DEFAULT if kind == "cpu" else GPU_DEFAULT)
+
+
+def candidates(kind: str, local_mem: int = 1 << 30, max_wg: int = 1 << 30) -> list[dict]:
+    """A few Winograd parameter sets for `vggserve tune` to time beside the conv_gemm candidates (default first)."""
+    if kind == "cpu":  # 16 work-items wide in N (PoCL vectorises across them), tall WM blocks
+        shapes = [(64, 128, 32, 16, 8), (64, 64, 32, 16, 4), (32, 64, 32, 16, 4), (128, 128, 32, 16, 8)]
+    else:
+        shapes = [(64, 64, 16, 4, 4), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8),
+                  (128, 128, 8, 8, 8), (32, 64, 16, 4, 4)]
+    base = default_params(kind)
+    out = []
+    for tm, tn, tk, wm, wn in shapes:
+        p = {**base, "TM": tm, "TN": tn, "TK": tk, "WM": wm, "WN": wn}
+        check_params(p)
+        nt = (tm // wm) * (tn // wn)
+        if nt <= max_wg and 2 * tk * (tm + tn + 2 * p["LPAD"]) * 4 <= local_mem and base["XWG"] <= max_wg:
+            out.append(p)
+    return out
 
 
 def is_winograd(params: dict) -> bool:
@@ -190,3 +210,17 @@ class WinogradLayer:
         """Flops the 16 GEMMs actually execute (2.25x fewer than direct for even h, w)."""
         th, tw = tiles(h, w)
         return 2.0 * 16 * n * th * tw * self.m * self.cin
+
+
+def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size: int) -> WinogradLayer:
+    """A WinogradLayer for VGG16._upload: program from the model's cache, sized for its max_batch_size at
+    size x size, and one workspace shared by all of the model's Winograd layers (they run one after another
+    on the model's single in-order queue, so V and M are free again when the next layer starts)."""
+    ws = getattr(model, "_winograd_ws", None)
+    if ws is None:
+        ws = model._winograd_ws = WinogradWorkspace(model.context)
+    t0 = time.perf_counter()
+    program = model._cache.build(KERNEL_FILE, defines(params))
+    model.startup.build_s += time.perf_counter() - t0
+    return WinogradLayer(model.context, program, params, weight, bias, max_batch=model.max_batch_size,
+                         max_h=size, max_w=size, workspace=ws)
