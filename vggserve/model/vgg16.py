@@ -22,6 +22,7 @@ from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
 from .layers import GemmLayer, GemvLayer, MaxPool, Softmax, gemv_span
+from . import winograd
 
 MF = cl.mem_flags
 
@@ -119,8 +120,11 @@ class VGG16:
         size = INPUT_SIZE
         for c in self.spec.convs:
             p = conv_params_for(self.params, c.cin, c.cout, size, self.max_batch_size)
-            prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
-            layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
+            if winograd.is_winograd(p):  # "ALGO": "winograd" in the layer's params (docs/winograd.md)
+                layer = winograd.engine_layer(self, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], size)
+            else:
+                prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
+                layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
             self.convs.append((c, layer))
             size //= 2 if c.pool_after else 1
         self.fcs = []
