@@ -1,11 +1,13 @@
-"""vggserve against PyTorch/cuDNN, in one process, on the same GPU, weights and inputs.
+"""vggserve against PyTorch/cuDNN, in one process, on the same GPU, weights and inputs (or both on the CPU).
 
     python benchmarks/compare_torch.py --device gpu --batches 1,16,64 --iterations 10 [--json out.json]
+    python benchmarks/compare_torch.py --device cpu --torch-device cpu --batches 1 --iterations 3
 
 For each batch: images/s of vggserve end to end (input upload, all kernels, logits read back) and of
-torchvision's VGG16 in FP32 with TF32 off (input already on the GPU, CUDA-event timed), their ratio, per-layer
+torchvision's VGG16 (rebuilt layer for layer in torch.nn) in FP32 with TF32 off (input already on the GPU,
+CUDA-event timed; host clock on the CPU), their ratio, per-layer
 milliseconds and TFLOP/s of both, and the largest relative difference of the logits (vs PyTorch, and both vs a
-float64 CPU reference on the first image). Needs torch + torchvision; vggserve's engine needs only OpenCL.
+float64 CPU reference on the first image). Needs torch; vggserve's engine needs only OpenCL.
 """
 
 import argparse
@@ -15,29 +17,63 @@ import time
 import numpy as np
 
 
-def torch_model(tensors, torch, torchvision):
-    model = torchvision.models.vgg16()
+def torch_model(tensors, torch, device):
+    """torchvision's VGG16 layer for layer (torchvision itself is not needed), with the given weights."""
+    nn = torch.nn
+    layers, cin = [], 3
+    for item in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"):
+        if item == "M":
+            layers.append(nn.MaxPool2d(2, 2))
+        else:
+            layers += [nn.Conv2d(cin, item, 3, padding=1), nn.ReLU(inplace=True)]
+            cin = item
+    model = nn.Module()
+    model.features = nn.Sequential(*layers)
+    model.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+    model.classifier = nn.Sequential(nn.Linear(25088, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 4096),
+                                     nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 1000))
+    model.forward = lambda x: model.classifier(torch.flatten(model.avgpool(model.features(x)), 1))
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()})
-    return model.eval().cuda()
+    return model.eval().to(device)
 
 
-def time_torch(model, x, iterations, torch):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+class Timer:
+    """CUDA events on a GPU, the host clock on the CPU."""
+
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device.startswith("cuda")
+
+    def __enter__(self):
+        if self.cuda:
+            self.s, self.e = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            self.s.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.e.record()
+            self.torch.cuda.synchronize()
+            self.ms = self.s.elapsed_time(self.e)
+        else:
+            self.ms = (time.perf_counter() - self.t0) * 1e3
+
+
+def time_torch(model, x, iterations, torch, device):
     with torch.inference_mode():
-        for _ in range(3):
+        for _ in range(2):
             model(x)
         times = []
         for _ in range(iterations):
-            start.record()
-            out = model(x)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+            with Timer(torch, device) as t:
+                out = model(x)
+            times.append(t.ms)
     return float(np.median(times)), out.float().cpu().numpy()
 
 
-def torch_layers(model, x, torch):
-    """Milliseconds per conv/linear layer (CUDA events around each module, ReLU/pool folded into the next)."""
+def torch_layers(model, x, torch, device):
+    """Milliseconds per conv/linear layer (timed around each module; ReLU/pool folded into the next)."""
     rows = []
     with torch.inference_mode():
         a = x
@@ -45,28 +81,26 @@ def torch_layers(model, x, torch):
             if name == "classifier":
                 a = torch.flatten(model.avgpool(a), 1)
             for i, mod in enumerate(seq):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                b = mod(a)
-                e.record()
-                torch.cuda.synchronize()
+                with Timer(torch, device) as t:
+                    b = mod(a)
                 if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
                     macs = (b.numel() * mod.weight[0].numel())
-                    rows.append((f"{name}.{i}", s.elapsed_time(e), 2.0 * macs))
+                    rows.append((f"{name}.{i}", t.ms, 2.0 * macs))
                 a = b
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="gpu")
+    ap.add_argument("--device", default="gpu", help="vggserve device spec (default gpu)")
+    ap.add_argument("--torch-device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--json", default=None, help="write all figures to this file")
     args = ap.parse_args()
 
     import torch
-    import torchvision
 
     from vggserve import VGG16
     from vggserve.model.reference import reference_logits
@@ -77,17 +111,21 @@ def main():
     torch.backends.cudnn.benchmark = True
     batches = [int(b) for b in args.batches.split(",")]
     tensors = init_weights(seed=0)
-    tmodel = torch_model(tensors, torch, torchvision)
+    tdev = args.torch_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tmodel = torch_model(tensors, torch, tdev)
     t0 = time.perf_counter()
     vmodel = VGG16.load(tensors, device=args.device, max_batch_size=max(batches), profile=True)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     results = {"device": vmodel.device_name, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-               "gpu": torch.cuda.get_device_name(), "vggserve_load_s": round(load_s, 3), "batches": []}
+               "torch_device": torch.cuda.get_device_name() if tdev.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads",
+               "vggserve_load_s": round(load_s, 3), "batches": []}
     for batch in batches:
         x = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
-        xt = torch.from_numpy(x).cuda()
-        t_ms, t_logits = time_torch(tmodel, xt, args.iterations, torch)
+        xt = torch.from_numpy(x).to(tdev)
+        t_ms, t_logits = time_torch(tmodel, xt, args.iterations, torch, tdev)
         vmodel.logits(x)
         times = []
         for _ in range(args.iterations):
@@ -96,7 +134,7 @@ def main():
             times.append((time.perf_counter() - t) * 1e3)
         v_ms = float(np.median(times))
         vl = {n: (ms, fl) for n, ms, fl in vmodel.layer_times(x)}
-        tl = torch_layers(tmodel, xt, torch)
+        tl = torch_layers(tmodel, xt, torch, tdev)
         diff = float(np.abs(v_logits - t_logits).max() / np.abs(t_logits).max())
         row = {"batch": batch, "vggserve_ms": round(v_ms, 3), "torch_ms": round(t_ms, 3),
                "vggserve_img_s": round(batch / v_ms * 1e3, 1), "torch_img_s": round(batch / t_ms * 1e3, 1),

@@ -1,30 +1,61 @@
 #!/usr/bin/env bash
-# One GPU session: install carried wheels, register NVIDIA's OpenCL ICD, check correctness on the GPU, then
-# measure vggserve beside PyTorch/cuDNN, tune, and measure again. Writes figures under $OUT (default ./gpu-out).
+# GPU measurements in one call. Installs carried wheels (.whl/), registers NVIDIA's OpenCL ICD, then runs the
+# stages named in $STAGES (default: all of them, in this order). Every figure is printed and saved under $OUT.
+#   tests     kernel/engine/CLI tests on the GPU (VGGSERVE_TEST_DEVICE=gpu)
+#   tune      vggserve tune at batch 64 and batch 1 (winners stored, used by the later stages)
+#   compare   benchmarks/compare_torch.py: vggserve vs PyTorch/cuDNN FP32 (TF32 off), batches $BATCHES
+#   bench     vggserve bench at batch 1 and 64
+#   winograd  benchmarks/winograd_vs_gemm.py, if present
+#   serve     benchmarks/serve_saturation.py at batch 32 (service images/s vs engine images/s)
+#   loadtest  vggserve loadtest (closed and open loop) against vggserve serve on the GPU
+#   scaling   benchmarks/batch_scaling.py with 1, 2, 4 ranks (needs a machine with 4 GPUs)
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+STAGES=${STAGES:-tests tune compare bench winograd serve loadtest}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 mkdir -p /tmp/icd && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 export OCL_ICD_VENDORS=/tmp/icd VGGSERVE_CACHE_DIR=/tmp/vgcache
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m vggserve devices | tee -a "$OUT/gpu.txt"
-step() { echo "=== $*"; }
-step tests on the GPU
-VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_engine.py \
-  -k "not device_specs" 2>&1 | tail -4 | tee "$OUT/tests.txt"
-step bench default parameters
-timeout 120 python3 -m vggserve bench --device gpu --batch-size 1 --iterations 20 | tee "$OUT/bench1.txt" | tail -3
-timeout 120 python3 -m vggserve bench --device gpu --batch-size 64 --iterations 10 | tee "$OUT/bench64.txt" | tail -3
-step compare with torch, default parameters
-timeout 300 python3 benchmarks/compare_torch.py --device gpu --batches ${BATCHES:-1,16,64,256} --iterations 10 \
-  --json "$OUT/compare_default.json" 2>&1 | tee "$OUT/compare_default.txt"
-if [ "${TUNE:-1}" = 1 ]; then
-  step tune
-  timeout 400 python3 -m vggserve tune --device gpu --batch-size 64 --candidates ${CANDIDATES:-40} --json > "$OUT/tune64.json" 2> "$OUT/tune64.txt"
-  tail -14 "$OUT/tune64.txt"; cp /tmp/vgcache/tuned.json "$OUT/" 2>/dev/null
-  step compare with torch, tuned
-  timeout 300 python3 benchmarks/compare_torch.py --device gpu --batches ${BATCHES:-1,16,64,256} --iterations 10 \
-    --json "$OUT/compare_tuned.json" 2>&1 | tee "$OUT/compare_tuned.txt"
-  timeout 120 python3 -m vggserve bench --device gpu --batch-size 64 --iterations 10 | tee "$OUT/bench64_tuned.txt" | tail -3
-fi
+LOG="$OUT/log.txt"
+say() { echo "=== $*" | tee -a "$LOG"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
+python3 -m vggserve devices 2>/dev/null | tee -a "$LOG"
+W=/tmp/vgg16-seed0.safetensors
+python3 -m vggserve weights init --seed 0 --output $W > /dev/null
+for stage in $STAGES; do
+  say "$stage"
+  case $stage in
+  tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+           tests/test_engine.py tests/test_cli.py $(ls tests/test_winograd.py 2>/dev/null) -k "not device_specs" 2>&1 \
+           | tail -3 | tee -a "$LOG" ;;
+  tune) for b in 64 1; do timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --candidates ${CANDIDATES:-40} \
+          2>&1 | grep -v Warning | tee -a "$LOG" | tail -13; done
+        cp /tmp/vgcache/tuned.json "$OUT/tuned.json" ;;
+  compare) timeout 300 python3 benchmarks/compare_torch.py --device gpu --batches ${BATCHES:-1,16,64,256} --iterations 10 \
+             --json "$OUT/compare.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
+  bench) for b in 1 64; do timeout 120 python3 -m vggserve bench --device gpu --batch-size $b --iterations 10 2>&1 \
+           | grep -v Warning | tee -a "$LOG" | tail -3; done ;;
+  winograd) [ -f benchmarks/winograd_vs_gemm.py ] && for b in 64 1; do timeout 200 python3 benchmarks/winograd_vs_gemm.py \
+              --device gpu --batch $b 2>&1 | grep -v Warning | tee -a "$LOG"; done ;;
+  serve) timeout 240 python3 benchmarks/serve_saturation.py --weights $W --device gpu --max-batch-size 32 --duration 20 \
+           --warmup 5 --engine-seconds 8 --json "$OUT/serve.json" 2>&1 | grep -v Warning | tail -25 | tee -a "$LOG" ;;
+  loadtest) python3 -m vggserve serve --weights $W --device gpu --max-batch-size 32 --port 8411 > /tmp/serve.log 2>&1 &
+            mkdir -p /tmp/lt-images && python3 - <<'PY'
+from PIL import Image
+import numpy as np
+rng = np.random.default_rng(0)
+for i, (w, h) in enumerate([(500, 375), (640, 480), (1024, 768), (300, 300), (800, 600), (375, 500)]):
+    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(f"/tmp/lt-images/img{i}.jpg", quality=90)
+PY
+            timeout 200 python3 -m vggserve loadtest --url http://127.0.0.1:8411 --images /tmp/lt-images --mode closed \
+              --concurrency 1,8,32,128 --duration 10 --warmup 3 --wait-ready 120 --output /tmp/lt-closed --quiet 2>&1 | tail -12 | tee -a "$LOG"
+            timeout 200 python3 -m vggserve loadtest --url http://127.0.0.1:8411 --images /tmp/lt-images --mode open \
+              --rate 100,200,400 --duration 10 --warmup 3 --output /tmp/lt-open --quiet 2>&1 | tail -12 | tee -a "$LOG"
+            kill %1 2>/dev/null
+            cp /tmp/lt-closed/throughput.png "$OUT/lt_closed_throughput.png" 2>/dev/null
+            cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
+            (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
+  scaling) timeout 500 python3 benchmarks/batch_scaling.py --weights $W --images ${SCALING_IMAGES:-1024} --ranks 1,2,4 \
+             --batch-size 32 --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+  esac
+done
