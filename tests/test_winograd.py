@@ -1,0 +1,246 @@
+"""Winograd F(2x2, 3x3) (kernels/conv_winograd.cl, vggserve/model/winograd.py) against the float64 direct
+convolution: the algorithm in numpy, the kernels on awkward shapes with NaN-poisoned outputs, chunking and the
+shared workspace, and whole networks with every conv layer on the Winograd path."""
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from vggserve.model import vgg16 as vgg16_module
+from vggserve.model import winograd
+from vggserve.model.layers import GemmLayer
+from vggserve.model.reference import conv3x3_relu, reference_logits
+from vggserve.model.winograd import WinogradLayer, WinogradWorkspace
+from vggserve.runtime import devices as devs
+from vggserve.runtime.programs import ProgramCache
+
+from conftest import TEST_DEVICE
+
+MF = cl.mem_flags
+SHAPES = [  # (batch, cin, cout, h, w): 1x1 images, odd sizes, channels off every tile, VGG's 14x14 block
+    (1, 1, 1, 1, 1),
+    (1, 3, 5, 7, 9),
+    (2, 17, 65, 13, 11),
+    (3, 64, 70, 5, 3),
+    (1, 130, 129, 15, 15),
+    (2, 512, 512, 14, 14),
+]
+PARAMS = [
+    winograd.GPU_DEFAULT,
+    winograd.CPU_DEFAULT,
+    dict(ALGO="winograd", TM=32, TN=32, TK=8, WM=2, WN=2, LPAD=1, XWG=32),     # small tiles, many tails
+    dict(ALGO="winograd", TM=128, TN=64, TK=16, WM=8, WN=4, LPAD=1, XWG=64),   # tall tile, 2 B loads / item
+]
+TOL = 1e-4  # max |err| / max |ref| against float64; F(2x2,3x3) in float32 measures ~1e-6 here
+
+
+def rel_err(out, ref):
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def top5(scores):
+    return np.argsort(-scores, axis=1, kind="stable")[:, :5]
+
+
+@pytest.fixture(scope="module")
+def cl_env(test_device):
+    device = devs.cl_device(devs.resolve(test_device))
+    ctx = cl.Context([device])
+    return ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device)
+
+
+def to_device(ctx, a):
+    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a, np.float32))
+
+
+def poisoned(ctx, queue, n):
+    """An output buffer filled with NaN, so an element the kernels never write fails the comparison."""
+    buf = cl.Buffer(ctx, MF.READ_WRITE, 4 * max(n, 1))
+    cl.enqueue_copy(queue, buf, np.full(max(n, 1), np.nan, np.float32))
+    return buf
+
+
+def read(queue, buf, shape):
+    out = np.empty(shape, np.float32)
+    cl.enqueue_copy(queue, out, buf)
+    return out
+
+
+def problem(rng, shape):
+    n, cin, cout, h, w = shape
+    weight = (rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2 / (9 * cin))).astype(np.float32)
+    bias = (rng.standard_normal(cout) * 0.1).astype(np.float32)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    ref = conv3x3_relu(x.astype(np.float64), weight.astype(np.float64), bias.astype(np.float64))
+    return x, weight, bias, ref
+
+
+def run_layer(cl_env, params, x, weight, bias, **kw):
+    ctx, queue, cache = cl_env
+    n, _, h, w = x.shape
+    kw = {"max_batch": n, "max_h": h, "max_w": w, **kw}
+    layer = WinogradLayer(ctx, cache.build(winograd.KERNEL_FILE, winograd.defines(params)), params, weight, bias,
+                          **kw)
+    dst = poisoned(ctx, queue, n * weight.shape[0] * h * w)
+    layer.enqueue(queue, to_device(ctx, x), dst, n, h, w)
+    return layer, read(queue, dst, (n, weight.shape[0], h, w))
+
+
+# ---- the algorithm ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=lambda s: "x".join(map(str, s)))
+def test_numpy_winograd_equals_direct_convolution_in_float64(rng, shape):
+    x, weight, bias, _ = problem(rng, shape)
+    ref = conv3x3_relu(x.astype(np.float64), weight.astype(np.float64), bias.astype(np.float64), relu=False)
+    out = winograd.winograd_numpy(x, weight, bias, relu=False)
+    assert rel_err(out, ref) < 1e-13
+
+
+def test_weight_transform_layout_and_padding(rng):
+    g = rng.standard_normal((5, 3, 3, 3))
+    u = winograd.transform_weights(g)
+    assert u.shape == (16, 3, 5)
+    for m, c in ((0, 0), (4, 2), (2, 1)):
+        np.testing.assert_allclose(u[:, c, m].reshape(4, 4), winograd.G @ g[m, c] @ winograd.G.T, rtol=0, atol=1e-14)
+    padded = winograd.relayout_u(u, tk=8, tm=32)
+    assert padded.shape == (16, 8, 32) and padded.dtype == np.float32
+    np.testing.assert_array_equal(padded[:, :3, :5], u.astype(np.float32))
+    assert not padded[:, 3:].any() and not padded[:, :, 5:].any()
+
+
+# ---- the kernels --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: "{TM}x{TN}x{TK}_{WM}x{WN}_x{XWG}".format(**p))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_winograd_layer_matches_float64_direct_convolution(cl_env, rng, params, shape):
+    x, weight, bias, ref = problem(rng, shape)
+    _, out = run_layer(cl_env, params, x, weight, bias)
+    assert not np.isnan(out).any(), "an output element was never written"
+    assert rel_err(out, ref) < TOL
+
+
+def test_batches_past_the_workspace_run_in_chunks_with_the_same_result(cl_env, rng):
+    x, weight, bias, ref = problem(rng, (5, 9, 11, 7, 6))
+    _, whole = run_layer(cl_env, winograd.GPU_DEFAULT, x, weight, bias)
+    layer, chunked = run_layer(cl_env, winograd.GPU_DEFAULT, x, weight, bias, max_batch=2)
+    assert len(layer.events) == 3 * 3  # 3 launches for each of the chunks 2 + 2 + 1
+    assert not np.isnan(chunked).any() and rel_err(chunked, ref) < TOL
+    np.testing.assert_array_equal(chunked, whole)
+
+
+def test_smaller_images_fit_a_workspace_built_for_larger_ones(cl_env, rng):
+    x, weight, bias, ref = problem(rng, (3, 4, 6, 5, 3))
+    _, out = run_layer(cl_env, winograd.GPU_DEFAULT, x, weight, bias, max_batch=1, max_h=14, max_w=14)
+    assert not np.isnan(out).any() and rel_err(out, ref) < TOL
+
+
+def test_an_image_larger_than_the_workspace_is_a_clear_error(cl_env, rng):
+    ctx, queue, cache = cl_env
+    x, weight, bias, _ = problem(rng, (1, 2, 2, 9, 9))
+    p = winograd.GPU_DEFAULT
+    layer = WinogradLayer(ctx, cache.build(winograd.KERNEL_FILE, winograd.defines(p)), p, weight, bias,
+                          max_batch=1, max_h=4, max_w=4)
+    with pytest.raises(ValueError, match="needs 25 tiles; this layer's workspace holds 4"):
+        layer.enqueue(queue, to_device(ctx, x), poisoned(ctx, queue, 162), 1, 9, 9)
+
+
+def test_layers_sharing_a_workspace_size_it_once_for_the_largest(cl_env, rng):
+    ctx, queue, cache = cl_env
+    p = winograd.GPU_DEFAULT
+    prog = cache.build(winograd.KERNEL_FILE, winograd.defines(p))
+    ws = WinogradWorkspace(ctx)
+    x1, w1, b1, _ = problem(rng, (2, 3, 8, 12, 12))
+    w2 = (rng.standard_normal((4, 8, 3, 3)) * 0.2).astype(np.float32)
+    b2 = np.zeros(4, np.float32)
+    first = WinogradLayer(ctx, prog, p, w1, b1, max_batch=2, max_h=12, max_w=12, workspace=ws)
+    second = WinogradLayer(ctx, prog, p, w2, b2, max_batch=2, max_h=12, max_w=12, workspace=ws)
+    tiles = 2 * 6 * 6
+    assert ws.v_floats == 16 * 8 * tiles and ws.m_floats == 16 * 8 * tiles  # second layer's V, first one's M
+    buffers = (ws.v, ws.m)
+    mid, dst = poisoned(ctx, queue, 2 * 8 * 144), poisoned(ctx, queue, 2 * 4 * 144)
+    for _ in range(2):  # a second call reuses the same buffers and gives the same answer
+        first.enqueue(queue, to_device(ctx, x1), mid, 2, 12, 12)
+        second.enqueue(queue, mid, dst, 2, 12, 12)
+    assert (ws.v, ws.m) == buffers
+    y1 = conv3x3_relu(x1.astype(np.float64), w1.astype(np.float64), b1.astype(np.float64))
+    ref = conv3x3_relu(y1, w2.astype(np.float64), b2.astype(np.float64))
+    assert rel_err(read(queue, dst, (2, 4, 12, 12)), ref) < TOL
+
+
+def test_enqueue_returns_first_and_last_event_and_flops_count_the_direct_convolution(cl_env, rng):
+    x, weight, bias, _ = problem(rng, (2, 5, 7, 6, 4))
+    layer, _ = run_layer(cl_env, winograd.GPU_DEFAULT, x, weight, bias)
+    ctx, queue, _ = cl_env
+    first, last = layer.enqueue(queue, to_device(ctx, x), poisoned(ctx, queue, 2 * 7 * 24), 2, 6, 4)
+    assert (first, last) == (layer.events[0], layer.events[-1]) and len(layer.events) == 3
+    assert layer.flops(2, 6, 4) == 2.0 * 2 * 6 * 4 * 7 * 5 * 9
+    assert layer.gemm_flops(2, 6, 4) == 2.0 * 16 * 2 * 3 * 2 * 7 * 5
+
+
+@pytest.mark.parametrize("bad", [dict(TM=64, TN=64, TK=16, WM=3, WN=4), dict(TM=64, TN=64, TK=1, WM=4, WN=4)])
+def test_invalid_winograd_params_are_refused_with_the_rule(bad):
+    with pytest.raises(ValueError, match="winograd params"):
+        winograd.check_params({"ALGO": "winograd", **bad})
+
+
+def test_every_tuning_candidate_is_valid_and_algo_is_not_a_define():
+    for kind in ("gpu", "cpu"):
+        cands = winograd.candidates(kind, local_mem=48 * 1024, max_wg=1024)
+        assert cands[0] == winograd.default_params(kind) and len(cands) >= 3
+        for p in cands:
+            assert winograd.is_winograd(p) and "ALGO" not in winograd.defines(p)
+
+
+# ---- whole networks -----------------------------------------------------------------------------------------
+def force_winograd(monkeypatch, kind_params=None):
+    """Every 3x3 layer (size > 1) of the engine gets Winograd params; FC layers keep theirs."""
+    original = vgg16_module.conv_params_for
+
+    def patched(params, cin, cout, size, *rest):
+        if size > 1:
+            return dict(kind_params or winograd.default_params(devs.resolve(TEST_DEVICE).kind))
+        return original(params, cin, cout, size, *rest)
+
+    monkeypatch.setattr(vgg16_module, "conv_params_for", patched)
+
+
+def test_tiny_network_with_every_conv_on_winograd_matches_float64(tiny_tensors, monkeypatch):
+    force_winograd(monkeypatch)
+    x = np.random.default_rng(11).standard_normal((3, 3, 224, 224)).astype(np.float32)
+    with vgg16_module.VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=2) as model:  # chunks of 2 + 1
+        assert all(isinstance(layer, WinogradLayer) for _, layer in model.convs)
+        out = model.logits(x)
+    ref = reference_logits(tiny_tensors, x)
+    assert not np.isnan(out).any() and rel_err(out, ref) < TOL
+    np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_selection_through_the_tuned_table_and_defaults_unchanged(tiny_tensors, monkeypatch, tmp_path):
+    from vggserve.runtime import tuning
+    from vggserve.runtime.params import shape_key
+
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    with vgg16_module.VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        assert all(type(layer) is GemmLayer for _, layer in model.convs)  # nothing selects Winograd by default
+    spec = model.spec
+    chosen = {shape_key(spec.convs[1].cin, spec.convs[1].cout, 224), shape_key(spec.convs[12].cin,
+                                                                                 spec.convs[12].cout, 14)}
+    tuning.store(devs.resolve(TEST_DEVICE).label, {k: winograd.default_params("gpu") for k in chosen}, batch=1)
+    x = np.random.default_rng(12).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with vgg16_module.VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        kinds = [type(layer).__name__ for _, layer in model.convs]
+        out = model.logits(x)
+    # features.2 (its own 224x224 key) and the three 14x14 layers features.24/26/28 (one key)
+    assert [i for i, k in enumerate(kinds) if k == "WinogradLayer"] == [1, 10, 11, 12]
+    ref = reference_logits(tiny_tensors, x)
+    assert rel_err(out, ref) < TOL
+    np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_full_vgg16_with_every_conv_on_winograd_matches_float64(full_tensors, monkeypatch):
+    force_winograd(monkeypatch)
+    x = np.random.default_rng(7).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with vgg16_module.VGG16(full_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        assert all(isinstance(layer, WinogradLayer) for _, layer in model.convs)
+        out = model.logits(x)
+    ref = reference_logits(full_tensors, x)
+    assert rel_err(out, ref) < TOL
+    np.testing.assert_array_equal(top5(out), top5(ref))
