@@ -46,15 +46,29 @@ def tuned_file() -> Path:
     return Path(os.environ.get("VGGSERVE_CACHE_DIR") or user_cache_dir("vggserve")) / "tuned.json"
 
 
+def shipped_file() -> Path:
+    """Winners of `vggserve tune` on the devices we measured, shipped with the package."""
+    return Path(__file__).resolve().parent.parent / "data" / "tuned_params.json"
+
+
+def _stored(path: Path, device_name: str) -> dict:
+    try:
+        return json.loads(path.read_text()).get(device_name, {})
+    except (OSError, ValueError):
+        return {}
+
+
 def params_for(kind: str, device_name: str) -> dict:
-    """Kernel parameters for a device: tuned winners if stored, else the table row for its kind."""
+    """Kernel parameters for a device: the table row for its kind, overridden by the shipped tuned table for this
+    device, overridden in turn by the user's own `vggserve tune` results."""
     base = TABLE.get(kind, GPU_DEFAULT)
     params = {role: dict(values) for role, values in base.items()}
-    try:
-        stored = json.loads(tuned_file().read_text()).get(device_name, {})
-    except (OSError, ValueError):
-        stored = {}
-    for role, values in stored.items():
-        if isinstance(values, dict):  # skip notes such as "tuned_on"
-            params.setdefault(role, {}).update(values)
+    for stored in (_stored(shipped_file(), device_name), _stored(tuned_file(), device_name)):
+        for role, values in stored.items():
+            if isinstance(values, dict):  # skip notes such as "tuned_on"
+                if role == "conv_by_batch":
+                    for batch, table in values.items():
+                        params.setdefault(role, {}).setdefault(batch, {}).update(table)
+                else:
+                    params.setdefault(role, {}).update(values)
     return params
