@@ -9,6 +9,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("tune", help="autotune the GEMM kernels per layer shape on this device")
     p.add_argument("--candidates", type=positive_int, default=24, help="parameter sets tried per shape (default 24)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per candidate (median; default 3)")
+    p.add_argument("--winograd", action="store_true",
+                   help="also time Winograd F(2x2,3x3) candidates on the 3x3 layers (docs/winograd.md)")
     p.add_argument("--dry-run", action="store_true", help="report, but do not store the winners")
     p.add_argument("--json", action="store_true", help="print winners and every trial as JSON")
     add_device_args(p, batch_default=16)
@@ -23,7 +25,7 @@ def run(args) -> int:
     info = devs.resolve(args.device)
     note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.candidates} candidates per shape")
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
-                                  progress=note)
+                                  progress=note, winograd_too=args.winograd)
     if not args.dry_run:
         tuning.store(info.label, winners, args.batch_size)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")

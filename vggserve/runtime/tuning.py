@@ -14,6 +14,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..model.layers import GemmLayer, check_conv_params
+from ..model import winograd
 from ..weights.spec import INPUT_SIZE, vgg16_spec
 from .params import GPU_DEFAULT, params_for, shape_key, tuned_file
 from .programs import ProgramCache
@@ -76,21 +77,33 @@ def layer_shapes(batch: int, width: float = 1.0) -> list[tuple[str, int, int, in
 
 
 def _time_layer(ctx, queue, cache, p, weight, bias, src, dst, batch, size, ks, repeats):
-    program = cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": 1 if ks == 3 else 0, "RELU": 1})
-    layer = GemmLayer(ctx, program, p, weight, bias)
-    layer.enqueue(queue, src, dst, batch, size, size).wait()
+    if winograd.is_winograd(p):  # 3 launches: timed from the first one's start to the last one's end
+        program = cache.build(winograd.KERNEL_FILE, winograd.defines(p))
+        layer = winograd.WinogradLayer(ctx, program, p, weight, bias, max_batch=batch, max_h=size, max_w=size)
+    else:
+        program = cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": 1 if ks == 3 else 0, "RELU": 1})
+        layer = GemmLayer(ctx, program, p, weight, bias)
+    cl.enqueue_fill_buffer(queue, dst, np.float32(np.nan), 0, dst.size)  # unwritten outputs fail the check
+    layer.enqueue(queue, src, dst, batch, size, size)
+    queue.finish()
     times = []
     for _ in range(repeats):
         ev = layer.enqueue(queue, src, dst, batch, size, size)
-        ev.wait()
-        times.append((ev.profile.end - ev.profile.start) * 1e-6)
+        first, last = ev if isinstance(ev, tuple) else (ev, ev)
+        last.wait()
+        times.append((last.profile.end - first.profile.start) * 1e-6)
     out = np.empty(batch * weight.shape[0] * size * size, np.float32)
     cl.enqueue_copy(queue, out, dst)
     return float(np.median(times)), out
 
 
-def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=None, progress=print) -> tuple[dict, list]:
-    """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...])."""
+def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=None, progress=print,
+         winograd_too: bool = False) -> tuple[dict, list]:
+    """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...]).
+
+    winograd_too: also time winograd.candidates() (conv_winograd.cl) on the 3x3 shapes; a Winograd winner is
+    stored with "ALGO": "winograd" and the engine then runs that layer on it (docs/winograd.md).
+    """
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, device)
@@ -106,7 +119,8 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
         _, ref = _time_layer(ctx, queue, cache, REFERENCE, weight, bias, src, dst, batch, size, ks, 1)
         scale = max(float(np.abs(ref).max()), 1e-30)
         best = None
-        for p in cands:
+        for p in cands + (winograd.candidates(info.kind, device.local_mem_size, device.max_work_group_size)
+                          if ks == 3 and winograd_too else []):
             ms, out = _time_layer(ctx, queue, cache, p, weight, bias, src, dst, batch, size, ks, repeats)
             ok = bool(np.abs(out - ref).max() / scale < 1e-4)
             trials.append(Trial(key, p, ms, ok))
