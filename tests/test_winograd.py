@@ -244,3 +244,28 @@ def test_full_vgg16_with_every_conv_on_winograd_matches_float64(full_tensors, mo
     ref = reference_logits(full_tensors, x)
     assert rel_err(out, ref) < TOL
     np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_tune_with_winograd_times_its_candidates_and_a_winograd_winner_runs_in_the_engine(tiny_tensors, monkeypatch,
+                                                                                           tmp_path):
+    from vggserve.runtime import tuning
+    from vggserve.runtime.params import params_for
+
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    info = devs.resolve(TEST_DEVICE)
+    device = devs.cl_device(info)
+    shapes = [s for s in tuning.layer_shapes(batch=1, width=0.125) if s[0] in ("64x64x14", "512x1000x1")]
+    winners, trials = tuning.tune(info, device, batch=1, limit=2, repeats=1, shapes=shapes,
+                                  progress=lambda _: None, winograd_too=True)
+    n_wino = len(winograd.candidates(info.kind, device.local_mem_size, device.max_work_group_size))
+    wino_trials = [t for t in trials if winograd.is_winograd(t.params)]
+    assert len(wino_trials) == n_wino and {t.shape for t in wino_trials} == {"64x64x14"}  # 3x3 shapes only
+    assert all(t.ok and t.ms > 0 for t in trials)
+    # whatever won, store a Winograd entry for the 14x14 layers and check the engine's logits
+    tuning.store(info.label, {"64x64x14": wino_trials[0].params, "512x1000x1": winners["512x1000x1"]}, batch=1)
+    assert winograd.is_winograd(params_for(info.kind, info.label)["conv_by_batch"]["1"]["64x64x14"])
+    x = np.random.default_rng(13).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with vgg16_module.VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        assert sum(isinstance(layer, WinogradLayer) for _, layer in model.convs) == 3
+        out = model.logits(x)
+    assert rel_err(out, reference_logits(tiny_tensors, x)) < TOL
