@@ -126,6 +126,14 @@ def test_batches_past_the_workspace_run_in_chunks_with_the_same_result(cl_env, r
     np.testing.assert_array_equal(chunked, whole)
 
 
+def test_a_buffer_cap_means_smaller_chunks_not_a_failed_allocation(cl_env, rng):
+    x, weight, bias, ref = problem(rng, (4, 6, 10, 8, 8))
+    per_image = 4 * 16 * 10 * 16  # bytes of M (the larger of V and M) for one 8x8 image
+    layer, out = run_layer(cl_env, winograd.GPU_DEFAULT, x, weight, bias, max_buffer_bytes=2 * per_image + 5)
+    assert layer.max_tiles == 2 * 16 and layer.ws.m_floats * 4 == 2 * per_image and len(layer.events) == 2 * 3
+    assert not np.isnan(out).any() and rel_err(out, ref) < TOL
+
+
 def test_smaller_images_fit_a_workspace_built_for_larger_ones(cl_env, rng):
     x, weight, bias, ref = problem(rng, (3, 4, 6, 5, 3))
     _, out = run_layer(cl_env, winograd.GPU_DEFAULT, x, weight, bias, max_batch=1, max_h=14, max_w=14)

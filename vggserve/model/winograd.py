@@ -150,12 +150,14 @@ class WinogradLayer:
 
     Same construction and call shape as GemmLayer. `enqueue` returns (first event, last event) of the layer's
     launches, as GemvLayer does, so that profiling (VGG16.layer_times) spans the whole layer; `events` holds
-    every launch of the last call. Workspace: 16*Cin + 16*Cout floats per tile of max_batch * tiles(max_h, max_w),
-    own or a shared `workspace`.
+    every launch of the last call. Workspace: 16*Cin (V) + 16*Cout (M) floats per tile for max_batch images of
+    tiles(max_h, max_w) tiles, own or a shared `workspace`; each buffer is capped at `max_buffer_bytes` (default:
+    the device's largest allocation), fewer images per chunk if need be.
     """
 
     def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, max_batch: int = 1,
-                 max_h: int = 224, max_w: int = 224, workspace: WinogradWorkspace | None = None):
+                 max_h: int = 224, max_w: int = 224, workspace: WinogradWorkspace | None = None,
+                 max_buffer_bytes: int | None = None):
         check_params(params)
         if max_batch < 1 or max_h < 1 or max_w < 1:
             raise ValueError(f"max_batch, max_h, max_w must be positive, got {max_batch}, {max_h}, {max_w}")
@@ -170,7 +172,10 @@ class WinogradLayer:
         self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"], 1)
         self.xwg = params.get("XWG", GPU_DEFAULT["XWG"])
         th, tw = tiles(max_h, max_w)
-        self.max_tiles = max_batch * th * tw
+        # V or M for max_batch images may exceed what one buffer can hold (CL_DEVICE_MAX_MEM_ALLOC_SIZE, a quarter
+        # of the memory on NVIDIA): then fewer images per chunk, but at least one
+        limit = max_buffer_bytes or min(d.max_mem_alloc_size for d in ctx.devices)
+        self.max_tiles = max(th * tw, min(max_batch * th * tw, limit // (4 * 16 * max(self.cin, self.m))))
         self.ws = workspace if workspace is not None else WinogradWorkspace(ctx)
         self.ws.reserve(16 * self.cin * self.max_tiles, 16 * self.m * self.max_tiles)
         self.events: list = []
