@@ -15,9 +15,9 @@ from platformdirs import user_cache_dir
 GPU_DEFAULT = {"conv": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 1},
                "gemv": {"GEMV_LM": 64, "GEMV_LK": 4, "GEMV_WM": 1, "GEMV_NB": 4, "ksplit_target": 1024}}
 # CPUs (PoCL): one work-group runs on one core; fewer, fatter work-items vectorise better
-# (measured through PoCL 3.1 on a 2-core AVX-512 EPYC: 16 work-items wide in N vectorise, tall WM blocks reuse
-#  each gathered B value 16 times; 64x64/4x4 gave 10 GFLOP/s, this 29-41 GFLOP/s on a 256-channel 56x56 layer)
-CPU_DEFAULT = {"conv": {"TM": 64, "TN": 128, "TK": 32, "WM": 16, "WN": 8, "LPAD": 0},
+# (`vggserve tune` through PoCL 3.1 on a 2-core AVX-512 EPYC picked this for 10 of 12 VGG16 shapes at batch 1:
+#  16 work-items wide in N vectorise, 32x16 register blocks per work-item; 2-5x faster than 64x64/4x4)
+CPU_DEFAULT = {"conv": {"TM": 128, "TN": 256, "TK": 16, "WM": 32, "WN": 16, "LPAD": 0},
                # 32 consecutive outputs per work-item: fc1 at batch 1 in 60-90 ms (5-7 GB/s) instead of 530 ms
                "gemv": {"GEMV_LM": 8, "GEMV_LK": 1, "GEMV_WM": 32, "GEMV_NB": 4, "ksplit_target": 16}}
 
