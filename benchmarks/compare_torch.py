@@ -12,9 +12,13 @@ float64 CPU reference on the first image). Needs torch; vggserve's engine needs 
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
 def torch_model(tensors, torch, device):
