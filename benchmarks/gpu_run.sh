@@ -28,7 +28,7 @@ for stage in $STAGES; do
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
            tests/test_engine.py tests/test_cli.py $(ls tests/test_winograd.py 2>/dev/null) -k "not device_specs" 2>&1 \
            | tail -3 | tee -a "$LOG" ;;
-  tune) for b in 64 1; do timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --candidates ${CANDIDATES:-40} \
+  tune) for b in 64 1; do timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --candidates ${CANDIDATES:-40} --winograd \
           2>&1 | grep -v Warning | tee -a "$LOG" | tail -13; done
         cp /tmp/vgcache/tuned.json "$OUT/tuned.json" ;;
   compare) timeout 300 python3 benchmarks/compare_torch.py --device gpu --batches ${BATCHES:-1,16,64,256} --iterations 10 \
