@@ -24,6 +24,26 @@ def relayout(weight: np.ndarray, tk: int, tm: int) -> np.ndarray:
     return out
 
 
+class Launch:
+    """A kernel whose arguments are set only when they change.
+
+    pyopencl's set_args costs about 25 us a call, as much as a small layer's kernel on a GPU; with this, a forward
+    pass at an unchanged batch size sets no argument at all. Python ints become int32 kernel arguments.
+    """
+
+    __slots__ = ("kernel", "key", "args")
+
+    def __init__(self, kernel):
+        self.kernel, self.key, self.args = kernel, None, None
+
+    def __call__(self, queue, grid, local, *args):
+        key = tuple(a if isinstance(a, int) else id(a) for a in args)
+        if key != self.key:
+            self.kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
+            self.key, self.args = key, args  # holding args keeps every id in the key alive
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, local)
+
+
 def upload(ctx, array: np.ndarray):
     return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(array, dtype=np.float32))
 
@@ -53,7 +73,7 @@ class GemmLayer:
         wt = relayout(weight, params["TK"], max(params["TM"], m_multiple))
         self.mpad = wt.shape[1]
         self.wt, self.bias = upload(ctx, wt), upload(ctx, bias)
-        self.kernel = cl.Kernel(program, "conv_gemm")
+        self.kernel = Launch(cl.Kernel(program, "conv_gemm"))
         self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"])
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
@@ -61,9 +81,7 @@ class GemmLayer:
         npix = n * h * w
         p = self.p
         grid = (round_up(npix, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1])
-        self.kernel.set_args(src, self.wt, self.bias, dst, np.int32(self.cin), np.int32(h), np.int32(w),
-                             np.int32(self.m), np.int32(self.mpad), np.int32(npix))
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, self.local)
+        return self.kernel(queue, grid, self.local, src, self.wt, self.bias, dst, self.cin, h, w, self.m, self.mpad, npix)
 
     def flops(self, n: int, h: int = 1, w: int = 1, ks: int = 3) -> float:
         return 2.0 * n * h * w * self.m * self.cin * ks * ks
@@ -87,38 +105,33 @@ class GemvLayer:
         self.kchunk = -(-self.k // self.ksplit)
         self.ksplit = -(-self.k // self.kchunk)
         self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.ksplit * params["GEMV_NB"] * gemm.mpad)
-        self.gemv = cl.Kernel(program, "fc_gemv")
-        self.reduce = cl.Kernel(program, "fc_reduce")
+        self.gemv = Launch(cl.Kernel(program, "fc_gemv"))
+        self.reduce = Launch(cl.Kernel(program, "fc_reduce"))
         self.local = (lm, lk)
         self.grid = (groups_m * lm, self.ksplit * lk)
 
     def enqueue(self, queue, src, dst, n: int):
         """Two launches (partial sums, then reduce + bias + activation); returns both events."""
         g = self.g
-        self.gemv.set_args(src, g.wt, self.part, np.int32(self.k), np.int32(g.mpad), np.int32(n),
-                           np.int32(self.kchunk))
-        first = cl.enqueue_nd_range_kernel(queue, self.gemv, self.grid, self.local)
-        self.reduce.set_args(self.part, g.bias, dst, np.int32(g.m), np.int32(g.mpad), np.int32(n),
-                             np.int32(self.ksplit))
-        return first, cl.enqueue_nd_range_kernel(queue, self.reduce, (round_up(n * g.m, 64),), None)
+        first = self.gemv(queue, self.grid, self.local, src, g.wt, self.part, self.k, g.mpad, n, self.kchunk)
+        last = self.reduce(queue, (round_up(n * g.m, 64),), None, self.part, g.bias, dst, g.m, g.mpad, n, self.ksplit)
+        return first, last
 
 
 class MaxPool:
     def __init__(self, program, params: dict):
-        self.kernel = cl.Kernel(program, "maxpool2x2")
+        self.kernel = Launch(cl.Kernel(program, "maxpool2x2"))
         self.wg = params.get("POOL_WG", 256)
 
     def enqueue(self, queue, src, dst, n: int, c: int, h: int, w: int):
         total = n * c * (h // 2) * (w // 2)
-        self.kernel.set_args(src, dst, np.int32(n * c), np.int32(h), np.int32(w))
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, (round_up(total, self.wg),), (self.wg,))
+        return self.kernel(queue, (round_up(total, self.wg),), (self.wg,), src, dst, n * c, h, w)
 
 
 class Softmax:
     def __init__(self, program, params: dict):
-        self.kernel = cl.Kernel(program, "softmax")
+        self.kernel = Launch(cl.Kernel(program, "softmax"))
         self.wg = params.get("SOFTMAX_WG", 256)
 
     def enqueue(self, queue, src, dst, n: int, ncls: int):
-        self.kernel.set_args(src, dst, np.int32(ncls))
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, (n * self.wg,), (self.wg,))
+        return self.kernel(queue, (n * self.wg,), (self.wg,), src, dst, ncls)

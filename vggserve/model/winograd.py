@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pyopencl as cl
 
-from .layers import round_up, upload
+from .layers import Launch, round_up, upload
 
 MF = cl.mem_flags
 ALGO = "winograd"
@@ -167,9 +167,9 @@ class WinogradLayer:
         u = relayout_u(transform_weights(weight), params["TK"], params["TM"])
         self.cpad, self.mpad = u.shape[1], u.shape[2]
         self.u, self.bias = upload(ctx, u), upload(ctx, bias)
-        self.k_in = cl.Kernel(program, "wino_input")
-        self.k_gemm = cl.Kernel(program, "wino_gemm")
-        self.k_out = cl.Kernel(program, "wino_output")
+        self.k_in = Launch(cl.Kernel(program, "wino_input"))
+        self.k_gemm = Launch(cl.Kernel(program, "wino_gemm"))
+        self.k_out = Launch(cl.Kernel(program, "wino_output"))
         self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"], 1)
         self.xwg = params.get("XWG", GPU_DEFAULT["XWG"])
         th, tw = tiles(max_h, max_w)
@@ -194,16 +194,13 @@ class WinogradLayer:
             nb = min(per_chunk, n - b0)
             ptiles = nb * t
             xgrid = round_up(ptiles, self.xwg)
-            self.k_in.set_args(src, self.ws.v, np.int32(self.cin), np.int32(h), np.int32(w), np.int32(tw),
-                               np.int32(t), np.int32(ptiles), np.int32(b0))
-            self.events.append(cl.enqueue_nd_range_kernel(queue, self.k_in, (xgrid, self.cin), (self.xwg, 1)))
-            self.k_gemm.set_args(self.u, self.ws.v, self.ws.m, np.int32(self.cin), np.int32(self.cpad),
-                                 np.int32(self.m), np.int32(self.mpad), np.int32(ptiles))
+            self.events.append(self.k_in(queue, (xgrid, self.cin), (self.xwg, 1), src, self.ws.v, self.cin, h, w,
+                                         tw, t, ptiles, b0))
             grid = (round_up(ptiles, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1], 16)
-            self.events.append(cl.enqueue_nd_range_kernel(queue, self.k_gemm, grid, self.local))
-            self.k_out.set_args(self.ws.m, self.bias, dst, np.int32(self.m), np.int32(h), np.int32(w),
-                                np.int32(tw), np.int32(t), np.int32(ptiles), np.int32(b0))
-            self.events.append(cl.enqueue_nd_range_kernel(queue, self.k_out, (xgrid, self.m), (self.xwg, 1)))
+            self.events.append(self.k_gemm(queue, grid, self.local, self.u, self.ws.v, self.ws.m, self.cin, self.cpad,
+                                           self.m, self.mpad, ptiles))
+            self.events.append(self.k_out(queue, (xgrid, self.m), (self.xwg, 1), self.ws.m, self.bias, dst, self.m,
+                                          h, w, tw, t, ptiles, b0))
         if not self.events:
             return None
         return self.events[0], self.events[-1]
