@@ -82,18 +82,17 @@ def images(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(images, tiny_weights_path):
-    """{path: predictions} for the readable images, from the engine in this one process."""
+    """{path: predictions} for the readable images, from single-process `vggserve classify --json`."""
     from vggserve.distributed.inputs import list_inputs
-    from vggserve.images import open_image
-    from vggserve.model.vgg16 import VGG16
-    from vggserve.predictions import top_k
-    from vggserve.preprocess import preprocess
 
     good = [p for p in list_inputs(str(images)) if os.path.relpath(p, images) not in BAD]
     assert len(good) == GOOD
-    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=16) as model:
-        x = np.stack([preprocess(open_image(p), model.preprocessing) for p in good])
-        return dict(zip(good, top_k(model.probabilities(x), 5), strict=True))
+    run = subprocess.run([sys.executable, "-m", "vggserve", "classify", "--json", "--device", "cpu",
+                          "--weights", str(tiny_weights_path), *good], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [x["image"] for x in lines] == good
+    return {x["image"]: x["predictions"] for x in lines}
 
 
 def assert_same_predictions(results, expected):

@@ -8,6 +8,8 @@ mpi4py is imported only when the command runs, so other subcommands never start 
 
 import argparse
 
+from .common import positive_int
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -24,7 +26,7 @@ def register(subparsers) -> None:
                         help="results file, appended to; unreadable images go to <stem>.errors.jsonl beside it")
     parser.add_argument("--weights", default=None, metavar="PATH",
                         help="weights file (default: $VGGSERVE_WEIGHTS, then the fetched weights)")
-    parser.add_argument("--batch-size", type=_positive, default=16, metavar="B",
+    parser.add_argument("--batch-size", type=positive_int, default=16, metavar="B",
                         help="images per chunk handed to a rank and per device batch (default 16)")
     parser.add_argument("--device", default="auto", metavar="SPEC",
                         help="gpu (GPU number <local rank>), cpu, auto, or one device per local rank: "
@@ -32,7 +34,7 @@ def register(subparsers) -> None:
     parser.add_argument("--top-k", type=_top_k, default=5, metavar="K", help="predictions per image (default 5)")
     parser.add_argument("--retry-errors", action="store_true",
                         help="classify again the images listed in the errors file (default: skip them)")
-    parser.add_argument("--decode-threads", type=_positive, default=2, metavar="T",
+    parser.add_argument("--decode-threads", type=positive_int, default=2, metavar="T",
                         help="threads per rank reading and preprocessing images ahead (default 2)")
     parser.add_argument("--summary", default=None, metavar="FILE.json",
                         help="also write the final summary (per-rank throughput) as JSON")
@@ -40,18 +42,8 @@ def register(subparsers) -> None:
     parser.set_defaults(func=_run)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _top_k(text: str) -> int:
-    value = _positive(text)
+    value = positive_int(text)
     if value > 1000:
         raise argparse.ArgumentTypeError(f"must be at most 1000 (the number of classes), got {value}")
     return value
