@@ -114,3 +114,11 @@ def test_nvidia_driver_without_icd_is_diagnosed_with_the_fix(monkeypatch, tmp_pa
     notes = devs.diagnose(devices=())
     assert any(str(lib) in n and "nvidia.icd" in n and "OCL_ICD_VENDORS" in n for n in notes)
     assert any("no OpenCL platform found" in n for n in notes)
+
+
+def test_ping_pong_buffers_hold_exactly_the_largest_activation(tiny_model):
+    from vggserve.model.vgg16 import activation_sizes
+
+    sizes = activation_sizes(tiny_model.spec)
+    assert max(sizes) == 8 * 224 * 224  # conv1 output of the width-1/8 network
+    assert tiny_model.ping.size == tiny_model.pong.size == 4 * max(sizes) * tiny_model.max_batch_size

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from ..predictions import top_k
+from ..predictions import top_k as top_k_predictions
 from ..runtime import devices as devs
 from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
@@ -34,6 +34,17 @@ class StartupTimes:
     upload_s: float = 0.0
     programs_compiled: int = 0
     programs_cached: int = 0
+
+
+def activation_sizes(spec) -> list[int]:
+    """Floats per image of every activation the forward pass writes (what the ping-pong buffers must hold)."""
+    sizes, size = [], INPUT_SIZE
+    for c in spec.convs:
+        sizes.append(c.cout * size * size)
+        if c.pool_after:
+            size //= 2
+            sizes.append(c.cout * size * size)
+    return sizes + [f.fout for f in spec.fcs]
 
 
 def build_programs(cache: ProgramCache, params: dict) -> dict:
@@ -139,8 +150,7 @@ class VGG16:
         self.pool = MaxPool(self._prog_pool, {})
         self.softmax_op = Softmax(self._prog_softmax, {})
         b = self.max_batch_size
-        largest = max(c.cout for c in self.spec.convs) * INPUT_SIZE * INPUT_SIZE  # generous upper bound
-        largest = max(largest, max(f.fout for f in self.spec.fcs), self.spec.fcs[0].fin)
+        largest = max(activation_sizes(self.spec))  # floats per image of the largest activation
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)
         self.pong = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)
         self.input_buf = cl.Buffer(self.context, MF.READ_ONLY, 4 * b * 3 * INPUT_SIZE * INPUT_SIZE)
@@ -205,13 +215,16 @@ class VGG16:
 
     def classify(self, images, top_k: int = 5) -> list[list[dict]]:
         """PIL images or paths -> per image, the top_k classes [{"index", "label", "probability"}]."""
+        from PIL import Image
+
         from ..images import open_image
         from ..preprocess import preprocess
 
-        batch = np.stack([preprocess(img if hasattr(img, "size") and hasattr(img, "mode") else open_image(img),
-                                     mode=self.preprocessing) for img in images]) if len(images) else \
-            np.zeros((0, 3, INPUT_SIZE, INPUT_SIZE), np.float32)
-        return _top_k(self.probabilities(batch), top_k) if len(batch) else []
+        if not images:
+            return []
+        pictures = [img if isinstance(img, Image.Image) else open_image(img) for img in images]
+        batch = np.stack([preprocess(p, mode=self.preprocessing) for p in pictures])
+        return top_k_predictions(self.probabilities(batch), top_k)
 
     # ---- introspection ------------------------------------------------------------------------------------
     @property
@@ -241,5 +254,3 @@ class VGG16:
     def __exit__(self, *exc):
         self.close()
 
-
-_top_k = top_k
