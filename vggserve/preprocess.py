@@ -31,7 +31,23 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(
 def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
     """A PIL image in any mode -> C-contiguous float32 array (3, 224, 224) for VGG16 in `mode`."""
     _check_mode(mode)
-    pixels = crop_pixels(resize_shorter(limit_aspect_ratio(to_rgb(img)), RESIZE_SHORTER), CROP_SIZE)
+    return normalize_pixels(center_crop(img), mode)
+
+
+def center_crop(img: Image.Image) -> np.ndarray:
+    """The geometry of `preprocess` alone: RGB, aspect bound, Resize(256), CenterCrop(224) -> uint8 (224, 224, 3).
+
+    A view into the resized image's pixels (not necessarily contiguous); `np.ascontiguousarray` it to ship it.
+    """
+    return crop_pixels(resize_shorter(limit_aspect_ratio(to_rgb(img)), RESIZE_SHORTER), CROP_SIZE)
+
+
+def normalize_pixels(pixels: np.ndarray, mode: str = "torchvision") -> np.ndarray:
+    """The arithmetic of `preprocess` alone: uint8 (224, 224, 3) RGB from `center_crop` -> float32 (3, 224, 224).
+
+    `preprocess(img, mode)` is exactly `normalize_pixels(center_crop(img), mode)`, bit for bit.
+    """
+    _check_mode(mode)
     chw = pixels.transpose(2, 0, 1).astype(np.float32, order="C")
     if mode == "torchvision":
         chw /= np.float32(255)

@@ -44,6 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-files", type=int, default=16, help="files per POST /classify/batch (default 16)")
     p.add_argument("--preprocess-threads", type=int, default=None,
                    help="threads decoding and preprocessing images (default: one per core, 2..16)")
+    p.add_argument("--preprocess-procs", type=int, default=None, metavar="N",
+                   help="worker processes decoding images, past the GIL (0: in the threads only; default: 0 "
+                        "with up to 4 cores, else cores - 2, at most 16)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
     p.add_argument("--api-key", default=None,
@@ -56,7 +59,8 @@ def register(subparsers) -> None:
 
 
 def _settings(args, **overrides):
-    from ..serving.settings import API_KEY_ENV, Settings, default_preprocess_threads, parse_devices
+    from ..serving.settings import (API_KEY_ENV, Settings, default_preprocess_procs, default_preprocess_threads,
+                                    parse_devices)
 
     values = dict(
         weights=str(args.weights) if args.weights else None, host=args.host, port=args.port,
@@ -64,6 +68,7 @@ def _settings(args, **overrides):
         max_queue=args.max_queue, request_timeout_ms=args.request_timeout_ms, max_body_bytes=args.max_body_bytes,
         max_pixels=args.max_pixels, max_files=args.max_files,
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
+        preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         warmup=not args.no_warmup)
     values.update(overrides)

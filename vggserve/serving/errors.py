@@ -31,6 +31,9 @@ class ApiError(Exception):
         self.message = message
         self.headers = headers or {}
 
+    def __reduce__(self):  # pickles whole (Exception's default would rebuild it from the message alone)
+        return type(self), (self.status, self.code, self.message, self.headers)
+
 
 class ErrorDetail(BaseModel):
     code: str = Field(description="Stable machine-readable error code, e.g. `invalid_image`, `queue_full`.")

@@ -1,4 +1,6 @@
-"""Decode and preprocess one uploaded image, in a thread of the preprocessing pool (never on the event loop)."""
+"""Decode and preprocess one uploaded image, off the event loop: in a thread of the preprocessing pool
+(`prepare_image`), or split between a worker process (`decode_and_crop`: decode + geometry, the GIL-bound part)
+and the main process (`normalize`: uint8 crop -> float32 model input, the same arithmetic as `preprocess`)."""
 
 import logging
 import time
@@ -6,27 +8,60 @@ import time
 import numpy as np
 
 from ..errors import ImageError
+from ..images import ALLOWED_FORMATS
 from .errors import ApiError
 
 log = logging.getLogger("vggserve.serving")
 
 
-def prepare_image(data: bytes, mode: str, max_pixels: int) -> tuple[np.ndarray, float]:
-    """(float32 (3, 224, 224) model input, seconds spent). ImageError for images we refuse (4xx)."""
+def _open(data: bytes, max_pixels: int, formats):
+    """`open_image` with the service's limits; any decoder failure other than an ImageError is a 400."""
     from ..images import open_image
-    from ..preprocess import preprocess
 
-    started = time.perf_counter()
     try:
-        image = open_image(data, max_pixels=max_pixels)
+        return open_image(data, max_pixels=max_pixels, formats=formats)
     except ImageError:
         raise
     except Exception as exc:  # noqa: BLE001 - untrusted bytes: any decoder failure is the input's, not a 500
         log.info("decoder failed on an upload: %r", exc)
         raise ApiError(400, "invalid_image", f"the file could not be decoded as an image ({type(exc).__name__}: "
                        f"{exc}); send a JPEG, PNG, WebP, GIF, BMP or TIFF file") from exc
+
+
+def prepare_image(data: bytes, mode: str, max_pixels: int,
+                  formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
+    """(float32 (3, 224, 224) model input, seconds spent). ImageError for images we refuse (4xx)."""
+    from ..preprocess import preprocess
+
+    started = time.perf_counter()
+    image = _open(data, max_pixels, formats)
     try:
         tensor = np.ascontiguousarray(preprocess(image, mode), dtype=np.float32)
     finally:
         image.close()
+    return tensor, time.perf_counter() - started
+
+
+def decode_and_crop(data: bytes, mode: str, max_pixels: int,
+                    formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
+    """In a worker process: (contiguous uint8 (224, 224, 3) centre crop, seconds spent). The same ImageErrors
+    and ApiErrors as `prepare_image` (they pickle back to the main process unchanged)."""
+    from ..preprocess import _check_mode, center_crop
+
+    started = time.perf_counter()
+    _check_mode(mode)
+    image = _open(data, max_pixels, formats)
+    try:
+        pixels = np.ascontiguousarray(center_crop(image), dtype=np.uint8)
+    finally:
+        image.close()
+    return pixels, time.perf_counter() - started
+
+
+def normalize(pixels: np.ndarray, mode: str) -> tuple[np.ndarray, float]:
+    """In the main process: (float32 (3, 224, 224) model input, seconds spent) from `decode_and_crop`'s pixels."""
+    from ..preprocess import normalize_pixels
+
+    started = time.perf_counter()
+    tensor = np.ascontiguousarray(normalize_pixels(pixels, mode), dtype=np.float32)
     return tensor, time.perf_counter() - started

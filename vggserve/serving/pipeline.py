@@ -10,7 +10,7 @@ from fastapi import Request
 from ..errors import ImageError
 from .batcher import ClientGone, DeadlineExceeded, Item, Outcome
 from .errors import ApiError, image_error_parts
-from .imaging import prepare_image
+from .imaging import normalize, prepare_image
 from .service import Service
 from .settings import MAX_TIMEOUT_MS
 from .uploads import Upload
@@ -40,9 +40,14 @@ def deadline_for(service: Service, started: float, header_ms: int | None) -> flo
 
 
 async def _prepare(service: Service, upload: Upload) -> tuple:
+    """(float32 model input, seconds): decoded in a thread, or in a worker process and normalised in a thread."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(service.pool, prepare_image, upload.data, service.preprocessing,
-                                      service.settings.max_pixels)
+    mode = service.preprocessing
+    if service.procs is None:
+        return await loop.run_in_executor(service.pool, prepare_image, upload.data, mode, service.settings.max_pixels)
+    pixels, decode_s = await service.procs.run(upload.data, mode, service.settings.max_pixels)
+    tensor, normalize_s = await loop.run_in_executor(service.pool, normalize, pixels, mode)
+    return tensor, decode_s + normalize_s
 
 
 async def _watch_disconnect(request: Request, service: Service, items: list[Item]) -> None:

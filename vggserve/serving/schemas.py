@@ -72,4 +72,6 @@ class Metadata(BaseModel):
     max_body_bytes: int
     max_pixels: int
     max_files: int
+    preprocess_threads: int = Field(description="Threads decoding (or, with processes, normalising) images.")
+    preprocess_procs: int = Field(description="Worker processes decoding images; 0 when the threads do it.")
     mpi: bool

@@ -12,6 +12,7 @@ from .batcher import BatchQueue
 from .drain import Drain
 from .errors import ApiError
 from .metrics import Metrics
+from .procpool import ProcessPool
 from .settings import Settings, SettingsError
 from .worker import DeviceWorker
 
@@ -48,6 +49,8 @@ class Service:
         self.queue = BatchQueue(settings.max_queue, self.metrics)
         self.workers: list[DeviceWorker] = []
         self.pool: ThreadPoolExecutor | None = None
+        self.procs: ProcessPool | None = None  # decoding processes when settings.preprocess_procs > 0
+        self._procs_started = None  # Future of the processes' warm-up, run in the thread pool
         self._sha256 = None  # Future of the weights file's checksum, computed once in the pool
         self.started_at: float | None = None
         self.stopping = False
@@ -70,6 +73,11 @@ class Service:
         self.queue = BatchQueue(self.settings.max_queue, self.metrics)
         self.workers = []
         self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
+        self.procs, self._procs_started = None, None
+        if self.settings.preprocess_procs:
+            self.procs = ProcessPool(self.settings.preprocess_procs)
+            self.procs.start()
+            self._procs_started = self.pool.submit(self.procs.warm_up)  # readiness waits for it
         self.started_at = time.monotonic()
         if self.settings.weights:
             from ..weights import sha256_file
@@ -92,6 +100,8 @@ class Service:
         end = time.monotonic() + timeout_s
         for worker in self.workers:
             worker.join(max(0.0, end - time.monotonic()))
+        if self.procs is not None:
+            self.procs.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -114,9 +124,11 @@ class Service:
         if dead:
             return False, "worker_failed", "; ".join(f"device worker {w.device} is {w.state}"
                                                      + (f": {w.error}" if w.error else "") for w in dead)
-        waiting = [w for w in self.workers if not w.ready]
+        waiting = [f"{w.device} ({w.state})" for w in self.workers if not w.ready]
+        if self._procs_started is not None and not self._procs_started.done():
+            waiting.append(f"{self.settings.preprocess_procs} preprocessing processes (starting)")
         if waiting:
-            return False, "not_ready", "waiting for " + ", ".join(f"{w.device} ({w.state})" for w in waiting)
+            return False, "not_ready", "waiting for " + ", ".join(waiting)
         return True, "ready", f"{len(self.workers)} device worker(s) ready"
 
     def ensure_accepting(self) -> None:
@@ -164,5 +176,7 @@ class Service:
             "max_body_bytes": self.settings.max_body_bytes,
             "max_pixels": self.settings.max_pixels,
             "max_files": self.settings.max_files,
+            "preprocess_threads": self.settings.preprocess_threads,
+            "preprocess_procs": self.settings.preprocess_procs,
             "mpi": self.settings.mpi,
         }

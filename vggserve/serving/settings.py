@@ -21,6 +21,13 @@ def default_preprocess_threads() -> int:
     return max(2, min(16, os.cpu_count() or 2))
 
 
+def default_preprocess_procs(cpus: int | None = None) -> int:
+    """Decode/preprocess worker processes: none (threads only) on machines of up to 4 cores, where they would
+    compete with the event loop and the device workers; else one per core but two, at most 16."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return 0 if cpus <= 4 else min(cpus - 2, 16)
+
+
 def parse_devices(text: str | None) -> tuple[str, ...]:
     """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU."""
     parts = tuple(p.strip() for p in (text or "auto").split(","))
@@ -44,6 +51,7 @@ _BOUNDS = {
     "max_pixels": (1, 1 << 31, "--max-pixels", "40000000"),
     "max_files": (1, 1024, "--max-files", "16"),
     "preprocess_threads": (1, 256, "--preprocess-threads", "4"),
+    "preprocess_procs": (0, 256, "--preprocess-procs", "8"),
     "drain_timeout_s": (0, 3600, "--drain-timeout", "30"),
 }
 
@@ -64,6 +72,8 @@ class Settings:
     max_pixels: int = 40_000_000  # larger images (width x height from the header) get 413
     max_files: int = 16  # files per POST /classify/batch
     preprocess_threads: int = field(default_factory=default_preprocess_threads)
+    # worker processes decoding images (0: decode in the threads above); see vggserve.serving.procpool
+    preprocess_procs: int = field(default_factory=default_preprocess_procs)
     drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight requests may take before exit
     api_key: str | None = None  # when set, every endpoint but /health/* needs `Authorization: Bearer <key>`
     warmup: bool = True  # each device worker runs one batch before the service reports ready

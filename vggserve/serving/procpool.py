@@ -1,0 +1,118 @@
+"""Decoding in worker processes (`--preprocess-procs N`): Pillow decode, resize and crop hold the GIL for most of
+their time, so threads of one process cannot keep a fast device busy. Each worker process takes an upload's bytes
+and the limits and sends back the uint8 224x224x3 centre crop (150 KB, a quarter of the float32 input); the main
+process normalises it in its thread pool with exactly `preprocess`'s arithmetic.
+
+Workers are started by a fork server (or spawned), never forked from this process: it has threads and may have an
+OpenCL context. A worker that dies (BrokenProcessPool) fails the images it had in flight with a 500
+`preprocess_failed` and the pool is replaced by a fresh one; the server keeps running.
+"""
+
+import asyncio
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from ..images import ALLOWED_FORMATS
+from .errors import ApiError
+from .imaging import decode_and_crop
+
+log = logging.getLogger("vggserve.serving")
+
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+# imported once by the fork server, so each worker starts with them loaded
+PRELOAD = ["vggserve.serving.imaging"]
+WARMUP_TASK_S = 0.2  # each warm-up task keeps its worker busy this long, so every worker gets started
+
+
+def _init_worker() -> None:
+    """The service drains on SIGTERM / the first Ctrl+C and shuts the pool down itself afterwards; a signal sent to
+    the whole process group (Ctrl+C in a terminal, systemd's KillMode=control-group) must not kill the workers
+    under the requests still in flight."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _warm(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+class ProcessPool:
+    """A ProcessPoolExecutor of `procs` workers running `task` (default `decode_and_crop`), replaced when broken."""
+
+    def __init__(self, procs: int, task=decode_and_crop, start_method: str = START_METHOD):
+        if procs < 1:
+            raise ValueError(f"a process pool needs at least one process, got {procs}")
+        self.procs = procs
+        self.task = task  # a module-level function (workers import it by name)
+        self.start_method = start_method
+        self.restarts = 0  # pools replaced after a worker died
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    def _new_executor(self) -> ProcessPoolExecutor:
+        context = multiprocessing.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            context.set_forkserver_preload(PRELOAD)  # used when the fork server starts (once per process)
+        return ProcessPoolExecutor(self.procs, mp_context=context, initializer=_init_worker)
+
+    def start(self) -> None:
+        with self._lock:
+            self._closed = False
+            if self._executor is None:
+                self._executor = self._new_executor()
+
+    def warm_up(self) -> None:
+        """Start every worker process now and wait for them (blocking: call it from a thread), so the first requests
+        do not pay for starting the fork server and the workers."""
+        executor = self._executor
+        if executor is None:
+            return
+        for future in [executor.submit(_warm, WARMUP_TASK_S) for _ in range(self.procs)]:
+            future.result()
+
+    def _replace(self, broken: ProcessPoolExecutor, why: BaseException) -> None:
+        with self._lock:
+            if self._closed or self._executor is not broken:
+                return  # closing, or another request has replaced it already
+            log.error("a preprocessing worker process died (%s); starting a new pool of %d", why, self.procs)
+            self._executor = self._new_executor()
+            self.restarts += 1
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS):
+        """`task(data, mode, max_pixels, formats)` in a worker: its result, or the exception it raised (ImageError,
+        ApiError: same class, status and message as in a thread). A dead worker: ApiError 500 `preprocess_failed`."""
+        for _attempt in range(2):
+            executor = self._executor
+            if executor is None or self._closed:
+                raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"})
+            try:
+                future = executor.submit(self.task, data, mode, max_pixels, tuple(formats))
+            except BrokenProcessPool as exc:  # broken by an earlier image; this one has not run: try a fresh pool
+                self._replace(executor, exc)
+                continue
+            except RuntimeError as exc:  # shut down under us
+                raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"}) from exc
+            try:
+                return await asyncio.wrap_future(future)
+            except BrokenProcessPool as exc:
+                self._replace(executor, exc)
+                raise ApiError(500, "preprocess_failed", "the worker process decoding this image died (a crash in "
+                               "the decoder, or it was killed); the pool of preprocessing processes was restarted, "
+                               "retry the request") from exc
+        raise ApiError(500, "preprocess_failed", "the preprocessing worker processes cannot be started; see the "
+                       "server log")
+
+    def close(self) -> None:
+        """Stop the workers (after the drain: nothing is waiting for them any more)."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
