@@ -1,9 +1,11 @@
 """Stand-in models with the engine's interface, for tests and demos of the service without OpenCL.
 
 `ReferenceModel` computes real VGG16 scores with the float32 numpy reference (slow but exact); `SlowModel`
-returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose.
+returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose. `crash_on_marker` is a
+preprocessing-process task whose worker dies on a marker upload (`service.preprocess_task = crash_on_marker`).
 """
 
+import os
 import time
 
 import numpy as np
@@ -68,3 +70,16 @@ class SlowModel:
 
     def close(self) -> None:
         pass
+
+
+CRASH_MARKER = b"vggserve: crash this worker"
+
+
+def crash_on_marker(data: bytes, mode: str, max_pixels: int, formats):
+    """`imaging.decode_and_crop`, except that the worker process dies at once (as a crashing decoder would) when
+    the upload starts with CRASH_MARKER."""
+    from .imaging import decode_and_crop
+
+    if bytes(data[:len(CRASH_MARKER)]) == CRASH_MARKER:
+        os._exit(70)
+    return decode_and_crop(data, mode, max_pixels, formats)

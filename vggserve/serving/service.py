@@ -12,6 +12,7 @@ from .batcher import BatchQueue
 from .drain import Drain
 from .errors import ApiError
 from .metrics import Metrics
+from .imaging import decode_and_crop
 from .procpool import ProcessPool
 from .settings import Settings, SettingsError
 from .worker import DeviceWorker
@@ -51,6 +52,7 @@ class Service:
         self.pool: ThreadPoolExecutor | None = None
         self.procs: ProcessPool | None = None  # decoding processes when settings.preprocess_procs > 0
         self._procs_started = None  # Future of the processes' warm-up, run in the thread pool
+        self.preprocess_task = decode_and_crop  # what the processes run (module-level; tests swap in fakes')
         self._sha256 = None  # Future of the weights file's checksum, computed once in the pool
         self.started_at: float | None = None
         self.stopping = False
@@ -75,7 +77,7 @@ class Service:
         self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
         self.procs, self._procs_started = None, None
         if self.settings.preprocess_procs:
-            self.procs = ProcessPool(self.settings.preprocess_procs)
+            self.procs = ProcessPool(self.settings.preprocess_procs, task=self.preprocess_task)
             self.procs.start()
             self._procs_started = self.pool.submit(self.procs.warm_up)  # readiness waits for it
         self.started_at = time.monotonic()
