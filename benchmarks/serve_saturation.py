@@ -9,6 +9,7 @@
 2. Service: starts `python -m vggserve serve` on 127.0.0.1 with --max-batch-size B (or uses --url), waits for
    /health/ready, then --client-procs processes keep --concurrency requests in flight (POST /classify, raw
    JPEG body; or POST /classify/batch with --files-per-request N) for --warmup + --duration seconds.
+   --preprocess-threads and --preprocess-procs are passed to the server (default: the server's defaults).
    images/s counts the images classified in requests completed within the --duration window.
 3. Prints both, their ratio (the target is >= 0.90), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles; --json FILE writes the same as JSON. Exit status 0; with
@@ -47,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="requests kept in flight (default 4 x batch size x devices)")
     p.add_argument("--client-procs", type=int, default=None, help="load-generating processes (default: cores/2, 1..8)")
     p.add_argument("--preprocess-threads", type=int, default=None, help="server's --preprocess-threads")
+    p.add_argument("--preprocess-procs", type=int, default=None,
+                   help="server's --preprocess-procs (worker processes decoding images; default: the server's)")
     p.add_argument("--files-per-request", type=int, default=1,
                    help="images per request: 1 posts to /classify, more to /classify/batch (default 1)")
     p.add_argument("--image", default=None, help="image file to send (default: a synthetic 500x375 JPEG)")
@@ -144,6 +147,14 @@ def batch_stats(url: str) -> tuple[float, float]:
     return values.get("vggserve_batch_size_sum", 0.0), values.get("vggserve_batch_size_count", 0.0)
 
 
+def server_preprocessing(url: str) -> dict:
+    """The running server's preprocess_threads and preprocess_procs, from /metadata (None where it does not say)."""
+    import httpx
+
+    meta = httpx.get(url + "/metadata", timeout=10).json()
+    return {k: meta.get(k) for k in ("preprocess_threads", "preprocess_procs")}
+
+
 def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, duration: float,
           files: int = 1) -> dict:
     ctx = mp.get_context("spawn")
@@ -186,7 +197,8 @@ def main(argv=None) -> int:
     procs = args.client_procs or max(1, min(8, (mp.cpu_count() or 2) // 2))
     body = Path(args.image).read_bytes() if args.image else synthetic_jpeg()
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
-           "duration_s": args.duration}
+           "duration_s": args.duration, "preprocess_threads": args.preprocess_threads,
+           "preprocess_procs": args.preprocess_procs}
 
     if not args.skip_engine:
         per_device = [engine_images_per_second(weights, d, batch, args.engine_seconds) for d in devices]
@@ -197,6 +209,7 @@ def main(argv=None) -> int:
               f"({', '.join(name for _, name in per_device)})", flush=True)
 
     if args.url:
+        out.update(server_preprocessing(args.url.rstrip("/")))
         out["service"] = drive(args.url.rstrip("/"), body, concurrency, procs, args.warmup, args.duration,
                                args.files_per_request)
     else:
@@ -207,15 +220,19 @@ def main(argv=None) -> int:
                       "--log-level", "warning"]
         if args.preprocess_threads:
             serve_args += ["--preprocess-threads", str(args.preprocess_threads)]
+        if args.preprocess_procs is not None:
+            serve_args += ["--preprocess-procs", str(args.preprocess_procs)]
         with ServerProcess.serve_cli(serve_args) as server:
             server.wait_ready(600)
+            out.update(server_preprocessing(server.url))
             out["service"] = drive(server.url, body, concurrency, procs, args.warmup, args.duration,
                                    args.files_per_request)
 
     service = out["service"]
     lat = service["latency_ms"]
     print(f"service : {service['images_per_s']:9.1f} images/s, mean batch {service['mean_batch']:.1f}, "
-          f"{concurrency} in flight from {procs} processes; statuses {service['statuses']}; latency ms "
+          f"{concurrency} in flight from {procs} processes; preprocess threads {out['preprocess_threads']}, "
+          f"processes {out['preprocess_procs']}; statuses {service['statuses']}; latency ms "
           + ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if v is not None), flush=True)
     if "engine_images_per_s" in out:
         out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
