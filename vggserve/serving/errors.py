@@ -126,7 +126,8 @@ ERROR_DESCRIPTIONS = {
          "(codes `unsupported_media_type`, `unsupported_image_format`).",
     422: "A query parameter or header out of range, e.g. `top_k` (code `invalid_request`).",
     429: "The queue is full; retry after the `Retry-After` header's seconds (code `queue_full`).",
-    500: "Inference failed on a device (code `inference_failed`) or an unexpected error (code `internal_error`).",
+    500: "Inference failed on a device (code `inference_failed`), a preprocessing worker process died (code "
+         "`preprocess_failed`) or an unexpected error (code `internal_error`).",
     503: "Not ready yet, draining for shutdown, or no device worker alive (codes `not_ready`, `draining`, "
          "`no_workers`); `Retry-After` says when to try again.",
     504: "The request's deadline passed before it reached a device (code `deadline_exceeded`).",

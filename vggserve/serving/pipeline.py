@@ -40,14 +40,12 @@ def deadline_for(service: Service, started: float, header_ms: int | None) -> flo
 
 
 async def _prepare(service: Service, upload: Upload) -> tuple:
-    """(float32 model input, seconds): decoded in a thread, or in a worker process and normalised in a thread."""
+    """(float32 model input, seconds): decoded in a thread, or decoded in a worker process and normalised here."""
     loop = asyncio.get_running_loop()
     mode = service.preprocessing
     if service.procs is None:
         return await loop.run_in_executor(service.pool, prepare_image, upload.data, mode, service.settings.max_pixels)
-    pixels, decode_s = await service.procs.run(upload.data, mode, service.settings.max_pixels)
-    tensor, normalize_s = await loop.run_in_executor(service.pool, normalize, pixels, mode)
-    return tensor, decode_s + normalize_s
+    return await service.procs.run(upload.data, mode, service.settings.max_pixels, then=normalize)
 
 
 async def _watch_disconnect(request: Request, service: Service, items: list[Item]) -> None:

@@ -1,7 +1,8 @@
 """Decoding in worker processes (`--preprocess-procs N`): Pillow decode, resize and crop hold the GIL for most of
 their time, so threads of one process cannot keep a fast device busy. Each worker process takes an upload's bytes
 and the limits and sends back the uint8 224x224x3 centre crop (150 KB, a quarter of the float32 input); the main
-process normalises it in its thread pool with exactly `preprocess`'s arithmetic.
+process normalises it with exactly `preprocess`'s arithmetic, in the executor's own result thread (a done callback:
+no extra hop through a thread pool, nothing on the event loop).
 
 Workers are started by a fork server (or spawned), never forked from this process: it has threads and may have an
 OpenCL context. A worker that dies (BrokenProcessPool) fails the images it had in flight with a 500
@@ -14,7 +15,7 @@ import multiprocessing
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from ..images import ALLOWED_FORMATS
@@ -39,6 +40,26 @@ def _init_worker() -> None:
 
 def _warm(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def _chained(future: Future, then, mode: str) -> Future:
+    """A future of `then(pixels, mode)` on `future`'s (pixels, seconds), computed in the thread completing `future`."""
+    out: Future = Future()
+
+    def finish(done: Future) -> None:
+        if done.cancelled():  # cancelled by close(): the server is stopping
+            out.set_exception(ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"}))
+            return
+        try:
+            pixels, seconds = done.result()
+            value, more = then(pixels, mode)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request as is
+            out.set_exception(exc)
+        else:
+            out.set_result((value, seconds + more))
+
+    future.add_done_callback(finish)
+    return out
 
 
 class ProcessPool:
@@ -85,9 +106,11 @@ class ProcessPool:
             self.restarts += 1
         broken.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS):
+    async def run(self, data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, then=None):
         """`task(data, mode, max_pixels, formats)` in a worker: its result, or the exception it raised (ImageError,
-        ApiError: same class, status and message as in a thread). A dead worker: ApiError 500 `preprocess_failed`."""
+        ApiError: same class, status and message as in a thread). A dead worker: ApiError 500 `preprocess_failed`.
+        With `then(pixels, mode) -> (value, seconds)`, the task's (pixels, seconds) become (value, total seconds),
+        `then` running in this process as soon as the worker's answer arrives."""
         for _attempt in range(2):
             executor = self._executor
             if executor is None or self._closed:
@@ -100,7 +123,7 @@ class ProcessPool:
             except RuntimeError as exc:  # shut down under us
                 raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"}) from exc
             try:
-                return await asyncio.wrap_future(future)
+                return await asyncio.wrap_future(future if then is None else _chained(future, then, mode))
             except BrokenProcessPool as exc:
                 self._replace(executor, exc)
                 raise ApiError(500, "preprocess_failed", "the worker process decoding this image died (a crash in "
