@@ -1,7 +1,6 @@
 """`vggserve bench`: the engine alone: per-layer time and GFLOP/s, images/s, and start-up costs."""
 
 import json
-import os
 import tempfile
 import time
 
@@ -27,6 +26,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
 
     from ..model.vgg16 import VGG16, build_programs
     from ..runtime import devices as devs
+    from ..runtime.params import params_for
     from ..runtime.programs import ProgramCache
     from ..weights.init import init_weights
 
@@ -36,23 +36,14 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
     discovery = time.perf_counter() - t0
 
     # program build from an empty cache (first start), then from the filled cache (every later start)
-    ctx = cl.Context([devs.cl_device(info)])
-    from ..runtime.params import params_for
-
+    device_obj = devs.cl_device(info)
+    ctx = cl.Context([device_obj])
     params = params_for(info.kind, info.label)
     with tempfile.TemporaryDirectory() as tmp:
-        old = os.environ.get("VGGSERVE_CACHE_DIR")
-        os.environ["VGGSERVE_CACHE_DIR"] = tmp
-        try:
-            first = ProgramCache(ctx, devs.cl_device(info))
-            build_programs(first, params)
-            cached = ProgramCache(ctx, devs.cl_device(info))
-            build_programs(cached, params)
-        finally:
-            if old is None:
-                os.environ.pop("VGGSERVE_CACHE_DIR", None)
-            else:
-                os.environ["VGGSERVE_CACHE_DIR"] = old
+        first = ProgramCache(ctx, device_obj, folder=tmp)
+        build_programs(first, params)
+        cached = ProgramCache(ctx, device_obj, folder=tmp)
+        build_programs(cached, params)
 
     source = weights if weights is not None else init_weights(seed=0)
     model = VGG16.load(source, device=info.spec, max_batch_size=batch, profile=True)

@@ -34,7 +34,7 @@ def run(args) -> int:
         print(f"{mark} {d.spec:5s} {alias:6s} {d.kind:4s} {d.name} | {d.platform_name} | {d.compute_units} CUs, "
               f"{d.global_mem / 2**30:.1f} GiB, local {d.local_mem // 1024} KiB, driver {d.driver_version}{state}")
     if auto:
-        print(f"(* = what --device auto picks)")
+        print("(* = what --device auto picks)")
     for n in notes:
         print(f"problem: {n}")
     return 0 if auto else 3

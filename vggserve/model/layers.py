@@ -48,14 +48,21 @@ def upload(ctx, array: np.ndarray):
     return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(array, dtype=np.float32))
 
 
-def check_conv_params(p: dict) -> None:
-    """The shape rules conv_gemm.cl relies on; ValueError naming the broken one."""
+def check_tile_params(p: dict, what: str) -> int:
+    """Rules every register-blocked, local-memory-tiled GEMM here relies on; returns the work-group size."""
     tm, tn, tk, wm, wn = (p[k] for k in ("TM", "TN", "TK", "WM", "WN"))
     if tm % wm or tn % wn:
-        raise ValueError(f"conv params {p}: TM must be a multiple of WM and TN of WN")
+        raise ValueError(f"{what} params {p}: TM must be a multiple of WM and TN of WN")
     nt = (tm // wm) * (tn // wn)
     if (tk * tm) % nt or (tk * tn) % nt:
-        raise ValueError(f"conv params {p}: TK*TM and TK*TN must be multiples of the work-group size {nt}")
+        raise ValueError(f"{what} params {p}: TK*TM and TK*TN must be multiples of the work-group size {nt}")
+    return nt
+
+
+def check_conv_params(p: dict) -> None:
+    """The shape rules conv_gemm.cl relies on; ValueError naming the broken one."""
+    tn, tk = p["TN"], p["TK"]
+    nt = check_tile_params(p, "conv")
     if nt % tn and tn % nt:
         raise ValueError(f"conv params {p}: work-group size {nt} and TN must divide one another")
     if nt >= tn and tk % (nt // tn):

@@ -62,7 +62,7 @@ def build_programs(cache: ProgramCache, params: dict) -> dict:
 
 class VGG16:
     def __init__(self, tensors: dict, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
-                 weights_info: dict | None = None, preprocessing: str = "torchvision"):
+                 preprocessing: str = "torchvision"):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.startup = StartupTimes()
@@ -77,14 +77,17 @@ class VGG16:
         self.spec = vgg16_spec(infer_width(tensors))
         self.max_batch_size = int(max_batch_size)
         self.preprocessing = preprocessing
-        self._weights_info_given = weights_info or {"path": None, "format": "memory", "sha256": None}
         self.params = params_for(self.device_info.kind, self.device_info.label)
         self._lock = threading.Lock()
+        self.program_cache = ProgramCache(self.context, self.device)
         self._build_programs()
-        t1 = time.perf_counter()
-        self._upload(tensors)
+        t1, built = time.perf_counter(), self.program_cache.seconds
+        self._upload(tensors)  # also builds the programs of layers with tuned parameters
         self.queue.finish()
-        self.startup.upload_s = time.perf_counter() - t1
+        cache = self.program_cache
+        self.startup.upload_s = time.perf_counter() - t1 - (cache.seconds - built)
+        self.startup.build_s = cache.seconds
+        self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
 
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -102,28 +105,20 @@ class VGG16:
     def weights_info(self) -> dict:
         """Where the weights came from: path, format, key_scheme, width, sha256 (hashed on first access)."""
         loaded = getattr(self, "_weights_loaded", None)
-        if loaded is None:
-            return dict(self._weights_info_given)
+        if loaded is None:  # constructed directly from arrays
+            return {"path": None, "format": "memory", "key_scheme": "torchvision", "width": self.spec.width,
+                    "sha256": None}
         return {"path": None if loaded.path is None else str(loaded.path), "format": loaded.format,
                 "key_scheme": loaded.key_scheme, "width": loaded.width, "sha256": loaded.sha256}
 
     def _build_programs(self):
-        cache = ProgramCache(self.context, self.device)
-        self._cache = cache
-        progs = build_programs(cache, self.params)
+        progs = build_programs(self.program_cache, self.params)
         self._prog_conv, self._prog_fc, self._prog_gemv = progs["conv"], progs["fc"], progs["gemv"]
         self._prog_pool, self._prog_softmax = progs["pool"], progs["softmax"]
-        self.startup.build_s = cache.seconds
-        self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
-        self.program_cache = cache
 
     def _gemm_program(self, p: dict, ks: int, relu: int):
         """conv_gemm.cl specialised for one parameter set (shared by every layer that uses it)."""
-        pad = 1 if ks == 3 else 0
-        t0 = time.perf_counter()
-        program = self._cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": pad, "RELU": relu})
-        self.startup.build_s += time.perf_counter() - t0
-        return program
+        return self.program_cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": 1 if ks == 3 else 0, "RELU": relu})
 
     def _upload(self, tensors: dict):
         gemv_p = self.params["gemv"]

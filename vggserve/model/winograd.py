@@ -9,12 +9,11 @@ A layer is selected per conv layer by parameters with "ALGO": "winograd" (see `c
 are conv_winograd.cl's #define tunables (TM, TN, TK, WM, WN, LPAD, XWG).
 """
 
-import time
 
 import numpy as np
 import pyopencl as cl
 
-from .layers import Launch, round_up, upload
+from .layers import Launch, check_tile_params, round_up, upload
 
 MF = cl.mem_flags
 ALGO = "winograd"
@@ -70,12 +69,7 @@ def defines(params: dict, relu: int = 1) -> dict:
 
 def check_params(p: dict) -> None:
     """The shape rules conv_winograd.cl relies on; ValueError naming the broken one."""
-    tm, tn, tk, wm, wn = (p[k] for k in ("TM", "TN", "TK", "WM", "WN"))
-    if tm % wm or tn % wn:
-        raise ValueError(f"winograd params {p}: TM must be a multiple of WM and TN of WN")
-    nt = (tm // wm) * (tn // wn)
-    if (tk * tm) % nt or (tk * tn) % nt:
-        raise ValueError(f"winograd params {p}: TK*TM and TK*TN must be multiples of the work-group size {nt}")
+    check_tile_params(p, "winograd")
     if p.get("XWG", 1) < 1:
         raise ValueError(f"winograd params {p}: XWG must be positive")
 
@@ -222,8 +216,6 @@ def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size
     ws = getattr(model, "_winograd_ws", None)
     if ws is None:
         ws = model._winograd_ws = WinogradWorkspace(model.context)
-    t0 = time.perf_counter()
-    program = model._cache.build(KERNEL_FILE, defines(params))
-    model.startup.build_s += time.perf_counter() - t0
+    program = model.program_cache.build(KERNEL_FILE, defines(params))
     return WinogradLayer(model.context, program, params, weight, bias, max_batch=model.max_batch_size,
                          max_h=size, max_w=size, workspace=ws)

@@ -48,8 +48,10 @@ def cache_key(device, source: str, options: str) -> str:
 class ProgramCache:
     """Builds programs for one context/device, reusing cached binaries; counts hits and compiles."""
 
-    def __init__(self, context, device, options: str = "-cl-mad-enable"):
+    def __init__(self, context, device, options: str = "-cl-mad-enable", folder: Path | None = None):
+        """folder: where binaries are kept (default: `cache_dir()`, read when the cache is made)."""
         self.context, self.device, self.options = context, device, options
+        self.folder = Path(folder) if folder is not None else cache_dir()
         self.enabled = os.environ.get("VGGSERVE_NO_PROGRAM_CACHE", "") not in ("1", "true", "yes")
         self.hits = self.compiles = 0
         self.seconds = 0.0
@@ -58,7 +60,7 @@ class ProgramCache:
         t0 = time.perf_counter()
         source = kernel_source(name, defines)
         key = cache_key(self.device, source, self.options)
-        path = cache_dir() / f"{key}.bin"
+        path = self.folder / f"{key}.bin"
         program = self._from_binary(path) if self.enabled else None
         if program is None:
             program = self._compile(name, source)

@@ -16,7 +16,7 @@ import pyopencl as cl
 from ..model.layers import GemmLayer, check_conv_params
 from ..model import winograd
 from ..weights.spec import INPUT_SIZE, vgg16_spec
-from .params import GPU_DEFAULT, params_for, shape_key, tuned_file
+from .params import GPU_DEFAULT, shape_key, tuned_file
 from .programs import ProgramCache
 
 MF = cl.mem_flags
