@@ -57,10 +57,12 @@ def test_probabilities_are_the_softmax_of_the_logits(tiny_model):
 def test_repeated_calls_reuse_buffers_and_give_identical_results(tiny_model):
     x = np.random.default_rng(4).standard_normal((3, 3, 224, 224)).astype(np.float32)
     first = tiny_model.logits(x)
-    buffers = (tiny_model.ping, tiny_model.pong, tiny_model.input_buf)
+    buffers = (tiny_model.ping, tiny_model.pong, *(s.input for s in tiny_model.slots),
+               *(s.host_out.ctypes.data for s in tiny_model.slots))
     tiny_model.logits(x[:1])
     np.testing.assert_array_equal(tiny_model.logits(x), first)
-    assert (tiny_model.ping, tiny_model.pong, tiny_model.input_buf) == buffers
+    assert (tiny_model.ping, tiny_model.pong, *(s.input for s in tiny_model.slots),
+            *(s.host_out.ctypes.data for s in tiny_model.slots)) == buffers
 
 
 def test_wrong_input_shape_is_a_clear_error(tiny_model):
@@ -122,3 +124,53 @@ def test_ping_pong_buffers_hold_exactly_the_largest_activation(tiny_model):
     sizes = activation_sizes(tiny_model.spec)
     assert max(sizes) == 8 * 224 * 224  # conv1 output of the width-1/8 network
     assert tiny_model.ping.size == tiny_model.pong.size == 4 * max(sizes) * tiny_model.max_batch_size
+
+
+def crops(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, 224, 224, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("n", [1, 3, 9])  # gemv path, gemm path, chunked past max_batch_size
+def test_pixels_give_exactly_the_logits_of_host_normalised_input(tiny_model, n):
+    from vggserve.preprocess import normalize_pixels
+
+    px = crops(n)
+    x = np.stack([normalize_pixels(p, "torchvision") for p in px])
+    np.testing.assert_array_equal(tiny_model.logits_from_pixels(px), tiny_model.logits(x))
+    np.testing.assert_array_equal(tiny_model.probabilities_from_pixels(px), tiny_model.probabilities(x))
+
+
+def test_caffe_models_normalise_pixels_in_bgr(tiny_tensors):
+    from vggserve.preprocess import normalize_pixels
+
+    px = crops(2, seed=1)
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=2, preprocessing="caffe") as model:
+        x = np.stack([normalize_pixels(p, "caffe") for p in px])
+        np.testing.assert_array_equal(model.logits_from_pixels(px), model.logits(x))
+
+
+def test_submitted_batches_overlap_and_each_gets_its_own_result(tiny_model):
+    rng = np.random.default_rng(7)
+    batches = [rng.standard_normal((n, 3, 224, 224)).astype(np.float32) for n in (4, 1, 3)] + [crops(2, seed=3)]
+    expected = [tiny_model.logits(b) if b.dtype != np.uint8 else tiny_model.logits_from_pixels(b) for b in batches]
+    pending = [tiny_model.submit(b) for b in batches]  # four in flight through two slots: the third collects the first
+    for p, e in zip(reversed(pending), reversed(expected)):  # collected out of order
+        np.testing.assert_array_equal(p.result(), e)
+    assert all(p.done() for p in pending)
+    probs = tiny_model.submit(batches[0], want="probabilities").result()
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad,match", [(np.zeros((5, 3, 224, 224), np.float32), "1 to max_batch_size=4"),
+                                       (np.zeros((1, 224, 224, 4), np.uint8), r"uint8 pixels of shape"),
+                                       (np.zeros((1, 3, 224, 224), np.uint8), r"uint8 pixels of shape")])
+def test_submit_refuses_what_it_cannot_run(tiny_model, bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_model.submit(bad)
+
+
+def test_submit_refuses_an_unknown_output(tiny_model):
+    with pytest.raises(ValueError, match="want must be"):
+        tiny_model.submit(np.zeros((1, 3, 224, 224), np.float32), want="logit")
+    np.testing.assert_array_equal(tiny_model.logits(np.zeros((1, 3, 224, 224), np.float32)),
+                                  tiny_model.logits(np.zeros((1, 3, 224, 224), np.float32)))

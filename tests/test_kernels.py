@@ -4,9 +4,11 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from vggserve.model.layers import GemmLayer, GemvLayer, MaxPool, Softmax, check_conv_params, gemv_span, relayout
+from vggserve.model.layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, check_conv_params,
+                                   gemv_span, relayout)
 from vggserve.model.reference import conv3x3_relu, maxpool2x2
 from vggserve.predictions import softmax as np_softmax
+from vggserve.preprocess import normalize_pixels
 from vggserve.runtime import devices as devs
 from vggserve.runtime.params import CPU_DEFAULT, GPU_DEFAULT
 from vggserve.runtime.programs import ProgramCache
@@ -144,6 +146,31 @@ def test_relayout_is_transposed_and_zero_padded(rng):
     assert wt.shape == (32, 64)
     np.testing.assert_array_equal(wt[:18, :5], w.reshape(5, 18).T)
     assert not wt[18:].any() and not wt[:, 5:].any()
+
+
+@pytest.mark.parametrize("shape,tk,tm", [((1, 1), 1, 1), ((1, 1), 16, 64), ((5, 2, 3, 3), 16, 64), ((33, 31), 8, 32),
+                                         ((65, 97), 16, 128), ((70, 3, 3, 3), 1, 1), ((129, 300), 16, 64)])
+def test_device_relayout_equals_the_numpy_relayout(cl_env, rng, shape, tk, tm):
+    ctx, queue, cache = cl_env
+    w = rng.standard_normal(shape).astype(np.float32)
+    buf, (kpad, mpad) = DeviceRelayout(ctx, queue, cache.build("relayout.cl", {}))(w, tk, tm)
+    expected = relayout(w, tk, tm)
+    assert (kpad, mpad) == expected.shape
+    np.testing.assert_array_equal(read(queue, buf, expected.shape), expected)
+
+
+@pytest.mark.parametrize("mode", ["torchvision", "caffe"])
+@pytest.mark.parametrize("n,h,w", [(1, 1, 1), (3, 7, 5), (2, 224, 224)])
+def test_pixels_kernel_equals_normalize_pixels_bit_for_bit(cl_env, rng, mode, n, h, w):
+    ctx, queue, cache = cl_env
+    px = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+    px[0, 0, 0] = (0, 255, 128)  # both ends of the byte range
+    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=px)
+    dst = poisoned(ctx, queue, n * 3 * h * w)
+    op = PixelInput(ctx, cache.build("pixels.cl", PixelInput.defines(mode)), mode)
+    op.enqueue(queue, src, dst, n, h * w)
+    expected = np.stack([normalize_pixels(p, mode) for p in px])
+    np.testing.assert_array_equal(read(queue, dst, (n, 3, h, w)), expected)
 
 
 @pytest.mark.parametrize("bad", [dict(TM=64, TN=64, TK=16, WM=3, WN=4), dict(TM=64, TN=64, TK=1, WM=4, WN=4),

@@ -44,6 +44,31 @@ class Launch:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, local)
 
 
+class DeviceRelayout:
+    """relayout.cl: `relayout` done by the device. Uploads W as it is and transposes it there, which for VGG16's
+    528 MB takes milliseconds instead of the seconds numpy's strided transpose takes on the host."""
+
+    TILE, ROWS = 32, 8
+
+    def __init__(self, ctx, queue, program):
+        self.ctx, self.queue = ctx, queue
+        self.kernel = cl.Kernel(program, "transpose_pad")
+
+    def __call__(self, weight: np.ndarray, tk: int, tm: int):
+        """(M, K...) weights -> a device buffer holding `relayout(weight, tk, tm)`, and (Kpad, Mpad)."""
+        m = weight.shape[0]
+        w2 = np.ascontiguousarray(weight, dtype=np.float32).reshape(m, -1)
+        k = w2.shape[1]
+        kpad, mpad = round_up(k, tk), round_up(m, tm)
+        src = upload(self.ctx, w2)
+        dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * kpad * mpad)
+        t, rows = self.TILE, self.ROWS
+        grid = (round_up(kpad, t), round_up(mpad, t) // t * rows)
+        self.kernel(self.queue, grid, (t, rows), src, dst, np.int32(m), np.int32(k), np.int32(mpad), np.int32(kpad))
+        src.release()  # freed by the runtime once the transpose that reads it has run
+        return dst, (kpad, mpad)
+
+
 def upload(ctx, array: np.ndarray):
     return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(array, dtype=np.float32))
 
@@ -72,14 +97,20 @@ def check_conv_params(p: dict) -> None:
 class GemmLayer:
     """conv_gemm.cl: a 3x3 convolution (ks=3, pad=1) or a fully connected layer over the batch (ks=1, pad=0)."""
 
-    def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, m_multiple: int = 1):
+    def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, m_multiple: int = 1,
+                 device_relayout: DeviceRelayout | None = None):
+        """device_relayout: re-lay the weights out on the device (else numpy `relayout` on the host)."""
         check_conv_params(params)
         self.p = params
         self.m = weight.shape[0]
         self.cin = weight.shape[1]
-        wt = relayout(weight, params["TK"], max(params["TM"], m_multiple))
-        self.mpad = wt.shape[1]
-        self.wt, self.bias = upload(ctx, wt), upload(ctx, bias)
+        tk, tm = params["TK"], max(params["TM"], m_multiple)
+        if device_relayout is not None:
+            self.wt, (_, self.mpad) = device_relayout(weight, tk, tm)
+        else:
+            wt = relayout(weight, tk, tm)
+            self.mpad, self.wt = wt.shape[1], upload(ctx, wt)
+        self.bias = upload(ctx, bias)
         self.kernel = Launch(cl.Kernel(program, "conv_gemm"))
         self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"])
 
@@ -123,6 +154,31 @@ class GemvLayer:
         first = self.gemv(queue, self.grid, self.local, src, g.wt, self.part, self.k, g.mpad, n, self.kchunk)
         last = self.reduce(queue, (round_up(n * g.m, 64),), None, self.part, g.bias, dst, g.m, g.mpad, n, self.ksplit)
         return first, last
+
+
+def pixel_table(mode: str) -> np.ndarray:
+    """pixels.cl's table: (3, 256) float32, row c = the model input of output channel c for each byte value,
+    computed by `normalize_pixels` itself, so the device's conversion is the host's arithmetic bit for bit."""
+    from ..preprocess import normalize_pixels
+
+    ramp = np.repeat(np.arange(256, dtype=np.uint8).reshape(1, 256, 1), 3, axis=2)  # (1, 256, 3): v in every channel
+    return np.ascontiguousarray(normalize_pixels(ramp, mode).reshape(3, 256), dtype=np.float32)
+
+
+class PixelInput:
+    """pixels.cl: uint8 (N, H, W, 3) RGB crops -> the model's normalised float32 (N, 3, H, W) input."""
+
+    def __init__(self, ctx, program, mode: str, params: dict | None = None):
+        self.lut = upload(ctx, pixel_table(mode))
+        self.kernel = Launch(cl.Kernel(program, "pixels_to_input"))
+        self.wg = (params or {}).get("PX_WG", 256)
+
+    @staticmethod
+    def defines(mode: str) -> dict:
+        return {"SWAP_RB": int(mode == "caffe")}
+
+    def enqueue(self, queue, pixels, dst, n: int, hw: int):
+        return self.kernel(queue, (round_up(n * hw, self.wg),), (self.wg,), pixels, self.lut, dst, n, hw)
 
 
 class MaxPool:

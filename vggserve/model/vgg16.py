@@ -2,11 +2,15 @@
 
     model = VGG16.load("vgg16.safetensors", device="auto", max_batch_size=16)
     model.logits(x)                 # (N, 3, 224, 224) float32, normalised -> (N, 1000) float32
+    model.probabilities_from_pixels(px)  # (N, 224, 224, 3) uint8 RGB crops, normalised on the device
     model.classify(["cat.jpg"], 5)  # -> [[{"index", "label", "probability"}, ...]]
+    pending = model.submit(x); ...; pending.result()  # streaming: the next upload overlaps this batch's kernels
 
-Device memory: weights once (re-laid out for the kernels), two ping-pong activation buffers sized for
-`max_batch_size` images of the largest layer, an input and two output buffers. Larger inputs run in chunks of
-`max_batch_size`; nothing is allocated per call. Calls are serialised by a lock (one queue per model).
+Device memory: weights once (re-laid out for the kernels, on the device), two ping-pong activation buffers sized
+for `max_batch_size` images of the largest layer, two output buffers, and two staging slots (pinned host memory
+and input buffers, `staging.py`) so that two batches can be in flight. Larger inputs run in chunks of
+`max_batch_size`, each chunk's upload overlapping the previous chunk's kernels; nothing is allocated per call.
+Enqueuing is serialised by a lock; the kernels run on one in-order queue, uploads on a second one.
 """
 
 import threading
@@ -21,7 +25,8 @@ from ..runtime import devices as devs
 from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
-from .layers import GemmLayer, GemvLayer, MaxPool, Softmax, gemv_span
+from .layers import DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, gemv_span
+from .staging import Pending, Slot
 from . import winograd
 
 MF = cl.mem_flags
@@ -57,7 +62,21 @@ def build_programs(cache: ProgramCache, params: dict) -> dict:
         "gemv": {relu: cache.build("fc_gemv.cl", {**gemv_defs, "RELU": relu}) for relu in (0, 1)},
         "pool": cache.build("maxpool.cl", {}),
         "softmax": cache.build("softmax.cl", {}),
+        "relayout": cache.build("relayout.cl", {}),
     }
+
+
+def check_input(x: np.ndarray) -> np.ndarray:
+    """uint8 (N, 224, 224, 3) crops as they are, anything else as contiguous float32 (N, 3, 224, 224)."""
+    x = np.asarray(x)
+    if x.dtype == np.uint8:
+        if x.ndim != 4 or x.shape[1:] != (INPUT_SIZE, INPUT_SIZE, 3):
+            raise ValueError(f"expected uint8 pixels of shape (N, {INPUT_SIZE}, {INPUT_SIZE}, 3), got {x.shape}")
+        return np.ascontiguousarray(x)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 4 or x.shape[1:] != (3, INPUT_SIZE, INPUT_SIZE):
+        raise ValueError(f"expected input of shape (N, 3, {INPUT_SIZE}, {INPUT_SIZE}), got {x.shape}")
+    return x
 
 
 class VGG16:
@@ -72,6 +91,7 @@ class VGG16:
         self.context = cl.Context([self.device])
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
         self.queue = cl.CommandQueue(self.context, properties=props)
+        self.copy_queue = cl.CommandQueue(self.context, properties=props)  # uploads, overlapping the kernels
         self.startup.discovery_s = time.perf_counter() - t0
 
         self.spec = vgg16_spec(infer_width(tensors))
@@ -115,6 +135,8 @@ class VGG16:
         progs = build_programs(self.program_cache, self.params)
         self._prog_conv, self._prog_fc, self._prog_gemv = progs["conv"], progs["fc"], progs["gemv"]
         self._prog_pool, self._prog_softmax = progs["pool"], progs["softmax"]
+        self._prog_relayout = progs["relayout"]
+        self._prog_pixels = self.program_cache.build("pixels.cl", PixelInput.defines(self.preprocessing))
 
     def _gemm_program(self, p: dict, ks: int, relu: int):
         """conv_gemm.cl specialised for one parameter set (shared by every layer that uses it)."""
@@ -122,6 +144,7 @@ class VGG16:
 
     def _upload(self, tensors: dict):
         gemv_p = self.params["gemv"]
+        on_device = DeviceRelayout(self.context, self.queue, self._prog_relayout)
         self.convs = []
         size = INPUT_SIZE
         for c in self.spec.convs:
@@ -130,7 +153,8 @@ class VGG16:
                 layer = winograd.engine_layer(self, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], size)
             else:
                 prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
-                layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"])
+                layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"],
+                                  device_relayout=on_device)
             self.convs.append((c, layer))
             size //= 2 if c.pool_after else 1
         self.fcs = []
@@ -139,24 +163,26 @@ class VGG16:
             p = conv_params_for(self.params, f.fin, f.fout, 1, self.max_batch_size)
             prog = self._prog_fc[relu] if p == self.params["conv"] else self._gemm_program(p, 1, relu)
             gemm = GemmLayer(self.context, prog, p, tensors[f"{f.name}.weight"],
-                             tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p))
+                             tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p), device_relayout=on_device)
             gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
             self.fcs.append((f, gemm, gemv))
         self.pool = MaxPool(self._prog_pool, {})
         self.softmax_op = Softmax(self._prog_softmax, {})
+        self.pixel_op = PixelInput(self.context, self._prog_pixels, self.preprocessing)
         b = self.max_batch_size
         largest = max(activation_sizes(self.spec))  # floats per image of the largest activation
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)
         self.pong = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)
-        self.input_buf = cl.Buffer(self.context, MF.READ_ONLY, 4 * b * 3 * INPUT_SIZE * INPUT_SIZE)
+        self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
+        self._turn = 0
         self.logits_buf = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * NUM_CLASSES)
         self.probs_buf = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * NUM_CLASSES)
         self.gemv_max_batch = gemv_p["GEMV_NB"]
 
     # ---- the forward pass ---------------------------------------------------------------------------------
-    def _enqueue_forward(self, n: int, events: list | None):
-        """All layers for n <= max_batch_size images already in input_buf; logits end in logits_buf."""
-        src, other = self.input_buf, (self.ping, self.pong)
+    def _enqueue_forward(self, src, n: int, events: list | None):
+        """All layers for n <= max_batch_size images already in `src`; logits end in logits_buf."""
+        other = (self.ping, self.pong)
         flip = 0
         size = INPUT_SIZE
 
@@ -181,24 +207,50 @@ class VGG16:
             note(f.name, ev, 2.0 * n * f.fin * f.fout)
             src, flip = dst, flip ^ 1
 
-    def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim != 4 or x.shape[1:] != (3, INPUT_SIZE, INPUT_SIZE):
-            raise ValueError(f"expected input of shape (N, 3, {INPUT_SIZE}, {INPUT_SIZE}), got {x.shape}")
-        out = np.empty((x.shape[0], NUM_CLASSES), dtype=np.float32)
+    def submit(self, x: np.ndarray, want: str = "logits", events: list | None = None) -> Pending:
+        """Start one batch of at most max_batch_size images and return at once; `.result()` gives its rows.
+
+        x: normalised float32 (n, 3, 224, 224), or uint8 (n, 224, 224, 3) RGB crops, normalised on the device as
+        the model's preprocessing mode says. want: "logits" or "probabilities". Two batches can be in flight; a
+        third submit waits for the first one's result (kept in its Pending).
+        """
+        if want not in ("logits", "probabilities"):
+            raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")
+        x = check_input(x)
+        n = x.shape[0]
+        if not 1 <= n <= self.max_batch_size:
+            raise ValueError(f"submit takes 1 to max_batch_size={self.max_batch_size} images, got {n}")
         with self._lock:
-            for s in range(0, x.shape[0], self.max_batch_size):
-                n = min(self.max_batch_size, x.shape[0] - s)
-                cl.enqueue_copy(self.queue, self.input_buf, x[s:s + n], is_blocking=False)
-                self._enqueue_forward(n, events)
-                result = self.logits_buf
-                if want == "probs":
-                    ev = self.softmax_op.enqueue(self.queue, self.logits_buf, self.probs_buf, n, NUM_CLASSES)
-                    if events is not None:
-                        events.append(("softmax", ev, 0.0))
-                    result = self.probs_buf
-                cl.enqueue_copy(self.queue, out[s:s + n], result, is_blocking=True)
-        return out
+            slot = self.slots[self._turn]
+            self._turn ^= 1
+            if slot.pending is not None:
+                slot.pending.result()  # its batch is done with the slot's staging and input buffers
+            upload = slot.stage(self.copy_queue, x)
+            self.copy_queue.flush()
+            cl.enqueue_barrier(self.queue, wait_for=[upload])
+            if x.dtype == np.uint8:
+                ev = self.pixel_op.enqueue(self.queue, slot.pixels, slot.input, n, INPUT_SIZE * INPUT_SIZE)
+                if events is not None:
+                    events.append(("pixels", ev, 0.0))
+            self._enqueue_forward(slot.input, n, events)
+            result = self.logits_buf
+            if want == "probabilities":
+                ev = self.softmax_op.enqueue(self.queue, self.logits_buf, self.probs_buf, n, NUM_CLASSES)
+                if events is not None:
+                    events.append(("softmax", ev, 0.0))
+                result = self.probs_buf
+            read = cl.enqueue_copy(self.queue, slot.host_out[:n], result, is_blocking=False)
+            self.queue.flush()
+            slot.pending = Pending(slot, n, read)
+            return slot.pending
+
+    def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
+        x = check_input(x)
+        pending = [self.submit(x[s:s + self.max_batch_size], want, events)
+                   for s in range(0, x.shape[0], self.max_batch_size)]
+        if not pending:
+            return np.empty((0, NUM_CLASSES), dtype=np.float32)
+        return np.concatenate([p.result() for p in pending])
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Pre-softmax scores (N, 1000) for normalised float32 input (N, 3, 224, 224)."""
@@ -206,20 +258,28 @@ class VGG16:
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """Softmax of the logits, computed on the device."""
-        return self._run(x, "probs")
+        return self._run(x, "probabilities")
+
+    def logits_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocess.center_crop`), normalised on the device
+        with the model's preprocessing mode: the same input `preprocess` would give, 4x less to upload."""
+        return self._run(pixels, "logits")
+
+    def probabilities_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        return self._run(pixels, "probabilities")
 
     def classify(self, images, top_k: int = 5) -> list[list[dict]]:
         """PIL images or paths -> per image, the top_k classes [{"index", "label", "probability"}]."""
         from PIL import Image
 
         from ..images import open_image
-        from ..preprocess import preprocess
+        from ..preprocess import center_crop
 
         if not images:
             return []
         pictures = [img if isinstance(img, Image.Image) else open_image(img) for img in images]
-        batch = np.stack([preprocess(p, mode=self.preprocessing) for p in pictures])
-        return top_k_predictions(self.probabilities(batch), top_k)
+        crops = np.stack([center_crop(p) for p in pictures])
+        return top_k_predictions(self.probabilities_from_pixels(crops), top_k)
 
     # ---- introspection ------------------------------------------------------------------------------------
     @property
@@ -237,11 +297,17 @@ class VGG16:
         return out
 
     def close(self):
-        for attr in ("ping", "pong", "input_buf", "logits_buf", "probs_buf"):
-            buf = getattr(self, attr, None)
-            if buf is not None:
-                buf.release()
-                setattr(self, attr, None)
+        with self._lock:
+            for slot in getattr(self, "slots", []):
+                if slot.pending is not None:
+                    slot.pending.result()
+                slot.release(self.queue)
+            self.slots = []
+            for attr in ("ping", "pong", "logits_buf", "probs_buf"):
+                buf = getattr(self, attr, None)
+                if buf is not None:
+                    buf.release()
+                    setattr(self, attr, None)
 
     def __enter__(self):
         return self

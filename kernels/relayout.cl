@@ -1,0 +1,36 @@
+/* relayout.cl -- weights from the file's layout to the GEMM's A layout, on the device, once at load.
+ *
+ *   in:  W, M rows of K floats, row-major        W[m * K + k]     (torchvision: cout x (cin * 3 * 3), fc: out x in)
+ *   out: A, Kpad rows of Mpad floats, k-major    A[k * Mpad + m] = W[m * K + k] for m < M and k < K, else 0
+ *
+ * A tiled transpose: a work-group of RL_TILE x RL_ROWS work-items moves one RL_TILE x RL_TILE tile through local
+ * memory (one column of padding, so the transposed reads hit distinct banks); each work-item moves
+ * RL_TILE / RL_ROWS elements. The host launches whole work-groups over the padded output (Mpad x Kpad rounded up
+ * to RL_TILE); every read and write is bounds-checked, so no work-group is partial.
+ */
+
+#ifndef RL_TILE
+#define RL_TILE 32  /* tile side, e.g. 16, 32 */
+#endif
+#ifndef RL_ROWS
+#define RL_ROWS 8   /* work-items per tile column; RL_TILE must be a multiple of it */
+#endif
+
+__kernel __attribute__((reqd_work_group_size(RL_TILE, RL_ROWS, 1)))
+void transpose_pad(__global const float *restrict W, __global float *restrict A,
+                   const int M, const int K, const int Mpad, const int Kpad)
+{
+    __local float tile[RL_TILE][RL_TILE + 1];
+    const int tx = get_local_id(0), ty = get_local_id(1);
+    const int m0 = get_group_id(1) * RL_TILE, k0 = get_group_id(0) * RL_TILE;
+
+    for (int r = ty; r < RL_TILE; r += RL_ROWS) {  /* read rows m of W, coalesced along k */
+        const int m = m0 + r, k = k0 + tx;
+        tile[r][tx] = (m < M && k < K) ? W[(size_t)m * K + k] : 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int r = ty; r < RL_TILE; r += RL_ROWS) {  /* write rows k of A, coalesced along m */
+        const int k = k0 + r, m = m0 + tx;
+        if (k < Kpad && m < Mpad) A[(size_t)k * Mpad + m] = tile[tx][r];
+    }
+}
