@@ -3,6 +3,8 @@
     python benchmarks/compare_torch.py --device gpu --batches 1,16,64 --iterations 10 [--json out.json]
     python benchmarks/compare_torch.py --device cpu --torch-device cpu --batches 1 --iterations 3
 
+For each batch, also "streamed": batches submitted back to back, host array in, host array out (vggserve's
+`submit`, whose uploads overlap the previous batch's kernels; PyTorch with pinned input and non-blocking copies).
 For each batch: images/s of vggserve end to end (input upload, all kernels, logits read back) and of
 torchvision's VGG16 (rebuilt layer for layer in torch.nn) in FP32 with TF32 off (input already on the GPU,
 CUDA-event timed; host clock on the CPU), their ratio, per-layer
@@ -87,6 +89,33 @@ def time_torch_end_to_end(model, x_np, iterations, torch, device):
     return float(np.median(times[2:]))
 
 
+def time_torch_streamed(model, x_np, iterations, torch, device):
+    """Host to host as a serving loop would do it in PyTorch: pinned input, non-blocking copies, one sync at the end."""
+    if not device.startswith("cuda"):
+        return time_torch_end_to_end(model, x_np, iterations, torch, device)
+    pinned = torch.from_numpy(x_np).pin_memory()
+    outs = [torch.empty((x_np.shape[0], 1000), pin_memory=True) for _ in range(iterations)]
+    with torch.inference_mode():
+        for _ in range(2):
+            model(pinned.to(device, non_blocking=True)).cpu()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for out in outs:
+            out.copy_(model(pinned.to(device, non_blocking=True)), non_blocking=True)
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3 / iterations
+
+
+def time_vggserve_streamed(model, x, iterations):
+    """vggserve host to host with batches submitted back to back (each upload overlaps the previous kernels)."""
+    model.logits(x)
+    t = time.perf_counter()
+    pending = [model.submit(x) for _ in range(iterations)]
+    for p in pending:
+        p.result()
+    return (time.perf_counter() - t) * 1e3 / iterations
+
+
 def torch_layers(model, x, torch, device):
     """Milliseconds per conv/linear layer (timed around each module; ReLU/pool folded into the next)."""
     rows = []
@@ -138,7 +167,8 @@ def main():
         xt = torch.from_numpy(inputs[batch]).to(tdev)
         t_ms, t_logits = time_torch(tmodel, xt, args.iterations, torch, tdev)
         e2e = time_torch_end_to_end(tmodel, inputs[batch], args.iterations, torch, tdev)
-        torch_runs[batch] = (t_ms, t_logits, torch_layers(tmodel, xt, torch, tdev), e2e)
+        streamed = time_torch_streamed(tmodel, inputs[batch], args.iterations, torch, tdev)
+        torch_runs[batch] = (t_ms, t_logits, torch_layers(tmodel, xt, torch, tdev), e2e, streamed)
         del xt
     del tmodel
     if tdev.startswith("cuda"):
@@ -150,7 +180,7 @@ def main():
                "batches": []}
     for batch in batches:
         x = inputs[batch]
-        t_ms, t_logits, tl, t_e2e = torch_runs[batch]
+        t_ms, t_logits, tl, t_e2e, t_stream = torch_runs[batch]
         t0 = time.perf_counter()
         vmodel = VGG16.load(tensors, device=args.device, max_batch_size=batch, profile=True)
         load_s = time.perf_counter() - t0
@@ -162,6 +192,8 @@ def main():
             v_logits = vmodel.logits(x)
             times.append((time.perf_counter() - t) * 1e3)
         v_ms = float(np.median(times))
+        v_stream = time_vggserve_streamed(vmodel, x, args.iterations)
+        results["driver"] = vmodel.device.driver_version
         vl = {n: (ms, fl) for n, ms, fl in vmodel.layer_times(x)}
         vmodel.close()
         del vmodel
@@ -171,6 +203,11 @@ def main():
                "ratio_vggserve_over_torch": round(t_ms / v_ms, 3), "vggserve_kernels_ms": round(sum(m for m, _ in vl.values()), 3),
                "torch_end_to_end_ms": round(t_e2e, 3), "torch_end_to_end_img_s": round(batch / t_e2e * 1e3, 1),
                "ratio_end_to_end": round(t_e2e / v_ms, 3),
+               "vggserve_streamed_ms": round(v_stream, 3), "torch_streamed_ms": round(t_stream, 3),
+               "vggserve_streamed_img_s": round(batch / v_stream * 1e3, 1),
+               "torch_streamed_img_s": round(batch / t_stream * 1e3, 1),
+               "ratio_streamed": round(t_stream / v_stream, 3),
+               "ratio_vggserve_streamed_over_torch_on_gpu": round(t_ms / v_stream, 3),
                "vggserve_load_s": round(load_s, 3), "max_rel_diff_vs_torch": diff,
                "layers": [{"name": n, "torch_ms": round(ms, 4), "torch_tflops": round(fl / ms / 1e9, 2),
                            "vggserve_ms": round(vl.get(n, (0, 0))[0], 4),
@@ -185,6 +222,9 @@ def main():
               f"{row['vggserve_kernels_ms']:.2f} ms) | torch {row['torch_img_s']:8.1f} img/s ({t_ms:8.2f} ms on-GPU input, "
               f"{t_e2e:8.2f} ms host to host) | ratio {row['ratio_vggserve_over_torch']:.3f} vs on-GPU, "
               f"{row['ratio_end_to_end']:.3f} host to host | max rel diff {diff:.2e}", flush=True)
+        print(f"            streamed: vggserve {row['vggserve_streamed_img_s']:8.1f} img/s | torch (pinned, non-blocking) "
+              f"{row['torch_streamed_img_s']:8.1f} img/s | ratio {row['ratio_streamed']:.3f}; vggserve streamed over "
+              f"torch on-GPU input {row['ratio_vggserve_streamed_over_torch_on_gpu']:.3f}", flush=True)
     print("\nper layer at batch", batches[-1])
     print(f"{'layer':16s} {'torch ms':>9s} {'TFLOP/s':>8s} {'vggserve ms':>12s} {'TFLOP/s':>8s}")
     for layer in results["batches"][-1]["layers"]:

@@ -5,6 +5,7 @@
 #   tune      vggserve tune at batch 64 and batch 1 (winners stored, used by the later stages)
 #   compare   benchmarks/compare_torch.py: vggserve vs PyTorch/cuDNN FP32 (TF32 off), batches $BATCHES
 #   bench     vggserve bench at batch 1 and 64
+#   startup   benchmarks/startup.py: process start to first result, warm caches
 #   winograd  benchmarks/winograd_vs_gemm.py, if present
 #   serve     benchmarks/serve_saturation.py at batch 32 (service images/s vs engine images/s)
 #   loadtest  vggserve loadtest (closed and open loop) against vggserve serve on the GPU
@@ -35,6 +36,8 @@ for stage in $STAGES; do
              --json "$OUT/compare.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
   bench) for b in 1 64; do timeout 120 python3 -m vggserve bench --device gpu --batch-size $b --iterations 10 2>&1 \
            | grep -v Warning | tee -a "$LOG" | tail -3; done ;;
+  startup) timeout 200 python3 benchmarks/startup.py --weights $W --device gpu --runs 5 --json "$OUT/startup.json" 2>&1 \
+             | grep -v Warning | tee -a "$LOG" ;;
   winograd) [ -f benchmarks/winograd_vs_gemm.py ] && for b in 64 1; do timeout 200 python3 benchmarks/winograd_vs_gemm.py \
               --device gpu --batch $b 2>&1 | grep -v Warning | tee -a "$LOG"; done ;;
   serve) timeout 240 python3 benchmarks/serve_saturation.py --weights $W --device gpu --max-batch-size 32 --duration 20 \

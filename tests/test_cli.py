@@ -84,6 +84,7 @@ def test_bench_json_reports_layers_throughput_and_startup(tiny_weights_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["batch_size"] == 2 and data["images_per_second"] > 0 and data["device"]
+    assert data["streamed_images_per_second"] > 0
     names = [layer["name"] for layer in data["layers"]]
     assert names[0] == "features.0" and names[-1] == "classifier.6" and len([n for n in names if "pool" not in n]) == 16
     assert all(layer["ms"] > 0 for layer in data["layers"])
