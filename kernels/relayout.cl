@@ -34,3 +34,44 @@ void transpose_pad(__global const float *restrict W, __global float *restrict A,
         if (k < Kpad && m < Mpad) A[(size_t)k * Mpad + m] = tile[tx][r];
     }
 }
+
+/* Winograd F(2x2,3x3) weights for conv_winograd.cl, one work-item per (m, c):
+ *
+ *   in:  g, M x C x 3 x 3 (torchvision's layout)            g[((m * C + c) * 3 + k) * 3 + l]
+ *   out: U, 16 x Cpad x Mpad, zero-padded                    U[((4i + j) * Cpad + c) * Mpad + m] = (G g[m, c] G^T)[i, j]
+ *   G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]
+ *
+ * Work-items past M or C write the padding's zeros; the host launches whole work-groups of RL_WG over Mpad
+ * (rounded up) by Cpad, and work-items past Mpad return.
+ */
+#ifndef RL_WG
+#define RL_WG 64  /* work-group size along m */
+#endif
+
+__kernel __attribute__((reqd_work_group_size(RL_WG, 1, 1)))
+void winograd_weights(__global const float *restrict g, __global float *restrict U,
+                      const int M, const int C, const int Mpad, const int Cpad)
+{
+    const int m = get_global_id(0), c = get_global_id(1);
+    if (m >= Mpad || c >= Cpad) return;
+    float u[16];
+    for (int i = 0; i < 16; ++i) u[i] = 0.0f;
+    if (m < M && c < C) {
+        __global const float *w = g + ((size_t)m * C + c) * 9;
+        float t[4][3];  /* G g */
+        for (int l = 0; l < 3; ++l) {
+            const float a = w[l], b = w[3 + l], d = w[6 + l];
+            t[0][l] = a;
+            t[1][l] = 0.5f * (a + b + d);
+            t[2][l] = 0.5f * (a - b + d);
+            t[3][l] = d;
+        }
+        for (int i = 0; i < 4; ++i) {  /* (G g) G^T */
+            u[4 * i + 0] = t[i][0];
+            u[4 * i + 1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+            u[4 * i + 2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+            u[4 * i + 3] = t[i][2];
+        }
+    }
+    for (int xi = 0; xi < 16; ++xi) U[((size_t)xi * Cpad + c) * Mpad + m] = u[xi];
+}

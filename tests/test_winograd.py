@@ -108,6 +108,21 @@ def test_weight_transform_layout_and_padding(rng):
 
 
 # ---- the kernels --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m,c,tk,tm", [(1, 1, 1, 1), (5, 3, 8, 32), (70, 33, 16, 64), (129, 65, 16, 128)])
+def test_device_weight_transform_equals_the_host_one(cl_env, rng, m, c, tk, tm):
+    from vggserve.model.layers import DeviceRelayout
+
+    ctx, queue, cache = cl_env
+    g = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    buf, (cpad, mpad) = DeviceRelayout(ctx, queue, cache.build("relayout.cl", {})).winograd(g, tk, tm)
+    expected = winograd.relayout_u(winograd.transform_weights(g), tk, tm)
+    assert (16, cpad, mpad) == expected.shape
+    out = np.empty(expected.shape, np.float32)
+    cl.enqueue_copy(queue, out, buf)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+    assert not out[:, c:].any() and not out[:, :, m:].any()
+
+
 @pytest.mark.parametrize("params", PARAMS, ids=lambda p: "{TM}x{TN}x{TK}_{WM}x{WN}_x{XWG}".format(**p))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_winograd_layer_matches_float64_direct_convolution(cl_env, rng, params, shape):

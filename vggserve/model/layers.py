@@ -53,6 +53,7 @@ class DeviceRelayout:
     def __init__(self, ctx, queue, program):
         self.ctx, self.queue = ctx, queue
         self.kernel = cl.Kernel(program, "transpose_pad")
+        self.wino_kernel = cl.Kernel(program, "winograd_weights")
 
     def __call__(self, weight: np.ndarray, tk: int, tm: int):
         """(M, K...) weights -> a device buffer holding `relayout(weight, tk, tm)`, and (Kpad, Mpad)."""
@@ -67,6 +68,19 @@ class DeviceRelayout:
         self.kernel(self.queue, grid, (t, rows), src, dst, np.int32(m), np.int32(k), np.int32(mpad), np.int32(kpad))
         src.release()  # freed by the runtime once the transpose that reads it has run
         return dst, (kpad, mpad)
+
+    def winograd(self, weight: np.ndarray, tk: int, tm: int):
+        """(M, C, 3, 3) weights -> a device buffer holding winograd.relayout_u(transform_weights(weight)) in float32
+        arithmetic, and (Cpad, Mpad)."""
+        m, c = weight.shape[:2]
+        cpad, mpad = round_up(c, tk), round_up(m, tm)
+        src = upload(self.ctx, weight)
+        dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * 16 * cpad * mpad)
+        wg = 64
+        self.wino_kernel(self.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(m), np.int32(c),
+                         np.int32(mpad), np.int32(cpad))
+        src.release()
+        return dst, (cpad, mpad)
 
 
 def upload(ctx, array: np.ndarray):

@@ -38,15 +38,17 @@ class Slot:
         self.host_input, self.host_pixels, self.host_out = (a for _, a in self._bufs)
         self.pending: "Pending | None" = None
 
-    def stage(self, copy_queue, x: np.ndarray):
-        """Copy x into pinned memory and start its upload on copy_queue; returns the upload's event."""
+    def stage(self, copy_queue, x: np.ndarray, pinned: bool = True):
+        """Start x's upload on copy_queue, from pinned memory (x copied there first) or, with pinned=False,
+        straight from x (no host copy: quicker when nothing else would overlap it); returns the upload's event."""
         n = x.shape[0]
         if x.dtype == np.uint8:
             host, dev = self.host_pixels[:n], self.pixels
         else:
             host, dev = self.host_input[:n], self.input
-        np.copyto(host, x)
-        return cl.enqueue_copy(copy_queue, dev, host, is_blocking=False)
+        if pinned:
+            np.copyto(host, x)
+        return cl.enqueue_copy(copy_queue, dev, host if pinned else x, is_blocking=False)
 
     def release(self, queue) -> None:
         for buf, array in self._bufs:

@@ -150,7 +150,8 @@ class VGG16:
         for c in self.spec.convs:
             p = conv_params_for(self.params, c.cin, c.cout, size, self.max_batch_size)
             if winograd.is_winograd(p):  # "ALGO": "winograd" in the layer's params (docs/winograd.md)
-                layer = winograd.engine_layer(self, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], size)
+                layer = winograd.engine_layer(self, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], size,
+                                              device_relayout=on_device)
             else:
                 prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
                 layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"],
@@ -207,12 +208,13 @@ class VGG16:
             note(f.name, ev, 2.0 * n * f.fin * f.fout)
             src, flip = dst, flip ^ 1
 
-    def submit(self, x: np.ndarray, want: str = "logits", events: list | None = None) -> Pending:
+    def submit(self, x: np.ndarray, want: str = "logits", events: list | None = None, pinned: bool = True) -> Pending:
         """Start one batch of at most max_batch_size images and return at once; `.result()` gives its rows.
 
         x: normalised float32 (n, 3, 224, 224), or uint8 (n, 224, 224, 3) RGB crops, normalised on the device as
         the model's preprocessing mode says. want: "logits" or "probabilities". Two batches can be in flight; a
-        third submit waits for the first one's result (kept in its Pending).
+        third submit waits for the first one's result (kept in its Pending). pinned=False uploads straight from x
+        (x must then stay unchanged until the result is in): quicker for a lone batch that nothing overlaps.
         """
         if want not in ("logits", "probabilities"):
             raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")
@@ -225,7 +227,7 @@ class VGG16:
             self._turn ^= 1
             if slot.pending is not None:
                 slot.pending.result()  # its batch is done with the slot's staging and input buffers
-            upload = slot.stage(self.copy_queue, x)
+            upload = slot.stage(self.copy_queue, x, pinned)
             self.copy_queue.flush()
             cl.enqueue_barrier(self.queue, wait_for=[upload])
             if x.dtype == np.uint8:
@@ -246,8 +248,8 @@ class VGG16:
 
     def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
         x = check_input(x)
-        pending = [self.submit(x[s:s + self.max_batch_size], want, events)
-                   for s in range(0, x.shape[0], self.max_batch_size)]
+        chunks = range(0, x.shape[0], self.max_batch_size)
+        pending = [self.submit(x[s:s + self.max_batch_size], want, events, pinned=len(chunks) > 1) for s in chunks]
         if not pending:
             return np.empty((0, NUM_CLASSES), dtype=np.float32)
         return np.concatenate([p.result() for p in pending])

@@ -152,15 +152,19 @@ class WinogradLayer:
 
     def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, max_batch: int = 1,
                  max_h: int = 224, max_w: int = 224, workspace: WinogradWorkspace | None = None,
-                 max_buffer_bytes: int | None = None):
+                 max_buffer_bytes: int | None = None, device_relayout=None):
         check_params(params)
         if max_batch < 1 or max_h < 1 or max_w < 1:
             raise ValueError(f"max_batch, max_h, max_w must be positive, got {max_batch}, {max_h}, {max_w}")
         self.p = dict(params)
         self.m, self.cin = weight.shape[0], weight.shape[1]
-        u = relayout_u(transform_weights(weight), params["TK"], params["TM"])
-        self.cpad, self.mpad = u.shape[1], u.shape[2]
-        self.u, self.bias = upload(ctx, u), upload(ctx, bias)
+        if device_relayout is not None:  # layers.DeviceRelayout: transformed on the device, in float32
+            self.u, (self.cpad, self.mpad) = device_relayout.winograd(weight, params["TK"], params["TM"])
+        else:
+            u = relayout_u(transform_weights(weight), params["TK"], params["TM"])
+            self.cpad, self.mpad = u.shape[1], u.shape[2]
+            self.u = upload(ctx, u)
+        self.bias = upload(ctx, bias)
         self.k_in = Launch(cl.Kernel(program, "wino_input"))
         self.k_gemm = Launch(cl.Kernel(program, "wino_gemm"))
         self.k_out = Launch(cl.Kernel(program, "wino_output"))
@@ -209,7 +213,8 @@ class WinogradLayer:
         return 2.0 * 16 * n * th * tw * self.m * self.cin
 
 
-def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size: int) -> WinogradLayer:
+def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size: int,
+                 device_relayout=None) -> WinogradLayer:
     """A WinogradLayer for VGG16._upload: program from the model's cache, sized for its max_batch_size at
     size x size, and one workspace shared by all of the model's Winograd layers (they run one after another
     on the model's single in-order queue, so V and M are free again when the next layer starts)."""
@@ -218,4 +223,4 @@ def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size
         ws = model._winograd_ws = WinogradWorkspace(model.context)
     program = model.program_cache.build(KERNEL_FILE, defines(params))
     return WinogradLayer(model.context, program, params, weight, bias, max_batch=model.max_batch_size,
-                         max_h=size, max_w=size, workspace=ws)
+                         max_h=size, max_w=size, workspace=ws, device_relayout=device_relayout)

@@ -8,6 +8,7 @@ skipped with a note, so one broken installation does not hide a working one.
 """
 
 import glob
+import hashlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -71,6 +72,33 @@ def _probe(device) -> str:
         return text[:300]
 
 
+def _probe_marker(device):
+    """Where a passed probe of this device, driver and platform is remembered (None without a cache folder)."""
+    from .programs import cache_dir
+
+    key = "\0".join((device.platform.version, device.name, device.driver_version, _PROBE_SRC))
+    return cache_dir().parent / "probes" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".ok")
+
+
+def _probe_once(device) -> str:
+    """`_probe`, skipped when the same device, driver and platform passed it before: a probe compiles a kernel
+    and creates a context, a few hundred ms of every start on a GPU. Failures are not remembered, so a mended
+    installation is seen at once. VGGSERVE_NO_PROGRAM_CACHE=1 turns the memory off with the program cache."""
+    if os.environ.get("VGGSERVE_NO_PROGRAM_CACHE", "") in ("1", "true", "yes"):
+        return _probe(device)
+    marker = _probe_marker(device)
+    if marker.exists():
+        return ""
+    problem = _probe(device)
+    if not problem:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass
+    return problem
+
+
 @lru_cache(maxsize=1)
 def list_devices() -> tuple[DeviceInfo, ...]:
     """Every OpenCL device of every platform, probed once per process."""
@@ -85,7 +113,7 @@ def list_devices() -> tuple[DeviceInfo, ...]:
         except cl.Error:
             devices = []
         for di, d in enumerate(devices):
-            problem = _probe(d)
+            problem = _probe_once(d)
             found.append(DeviceInfo(pi, di, platform.name.strip(), d.name.strip(), _kind(d), d.max_compute_units,
                                     d.global_mem_size, d.local_mem_size, d.driver_version, not problem, problem))
     return tuple(found)
