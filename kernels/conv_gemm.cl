@@ -19,6 +19,11 @@
  *   rows m0 + ty + i * (TM/WM), columns n0 + tx + j * (TN/WN)   (strided, so local reads are conflict-free).
  * The host launches whole work-groups only (global size rounded up to the tile); every tail is handled by the
  * bounds checks on B and on the store, so there are no partial work-groups.
+ *
+ * Split K (SPLITK = 1; used for fully connected layers, whose few M x N tiles cannot fill a large GPU): work-group
+ * z = get_group_id(2) sums only k in [z * kchunk, min(K, (z + 1) * kchunk)), kchunk a multiple of TK, and stores
+ * its raw sum to part[(z * N + p) * Mpad + m] (`out` is then the partial-sum buffer); fc_gemv.cl's fc_reduce adds
+ * the partial sums, the bias and the activation.
  */
 
 #ifndef TM
@@ -48,6 +53,9 @@
 #ifndef RELU
 #define RELU 1  /* fuse max(0, .) into the store */
 #endif
+#ifndef SPLITK
+#define SPLITK 0  /* 1: K split over get_group_id(2), raw partial sums stored (see above) */
+#endif
 
 #define LM (TM / WM)            /* work-group size in M */
 #define LN (TN / WN)            /* work-group size in N */
@@ -70,9 +78,19 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
                __global const float *restrict wt,    /* Kpad x Mpad re-laid weights */
                __global const float *restrict bias,  /* M */
                __global float *restrict out,         /* NCHW output, B x M x H x W */
-               const int C, const int H, const int W, const int M, const int Mpad, const int N)
+               const int C, const int H, const int W, const int M, const int Mpad, const int N
+#if SPLITK
+               , const int kchunk  /* K per split, a multiple of TK */
+#endif
+               )
 {
     const int K = C * KK;
+#if SPLITK
+    const int kbeg = get_group_id(2) * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+#else
+    const int kbeg = 0, kend = K;
+#endif
     const int HW = H * W;
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * LN + tx;
@@ -102,7 +120,7 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
     for (int i = 0; i < WM; ++i)
         for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
 
-    const int ntiles = (K + TK - 1) / TK;
+    const int ntiles = (kend - kbeg + TK - 1) / TK;
 
 #define FETCH(k0)                                                                        \
     for (int l = 0; l < A_LOADS; ++l) {                                                  \
@@ -130,13 +148,13 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
     for (int c = 0; c < BCOLS; ++c)                                                      \
         for (int r = 0; r < BROWS; ++r) Bs[buf][brow0 + r * BSTEP][tid % BSPAN + c * NT] = rb[c * BROWS + r];
 
-    FETCH(0)
+    FETCH(kbeg)
     STASH(0)
     barrier(CLK_LOCAL_MEM_FENCE);
 
     for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
-        if (t + 1 < ntiles) { FETCH((t + 1) * TK) }
+        if (t + 1 < ntiles) { FETCH(kbeg + (t + 1) * TK) }
         for (int kk = 0; kk < TK; ++kk) {
             float a[WM], b[WN];
             for (int i = 0; i < WM; ++i) a[i] = As[cur][kk][ty + i * LM];
@@ -148,6 +166,18 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
+#if SPLITK
+    __global float *part = out + (size_t)get_group_id(2) * N * Mpad;
+    for (int j = 0; j < WN; ++j) {
+        const int q = n0 + tx + j * LN;
+        if (q >= N) continue;
+        for (int i = 0; i < WM; ++i) {
+            const int m = m0 + ty + i * LM;
+            if (m < M) part[(size_t)q * Mpad + m] = acc[i][j];
+        }
+    }
+    return;
+#endif
     for (int j = 0; j < WN; ++j) {
         const int q = n0 + tx + j * LN;
         if (q >= N) continue;

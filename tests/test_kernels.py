@@ -4,8 +4,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from vggserve.model.layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, check_conv_params,
-                                   gemv_span, relayout)
+from vggserve.model.layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm,
+                                   check_conv_params, gemv_span, relayout, split_for)
 from vggserve.model.reference import conv3x3_relu, maxpool2x2
 from vggserve.predictions import softmax as np_softmax
 from vggserve.preprocess import normalize_pixels
@@ -92,6 +92,38 @@ def test_fc_gemm_matches_numpy(cl_env, rng, relu, batch, fin, fout):
     ref = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
     ref = np.maximum(ref, 0) if relu else ref
     assert rel_err(read(queue, dst, (batch, fout)), ref) < 1e-5
+
+
+@pytest.mark.parametrize("params", [GPU_DEFAULT["conv"], CPU_DEFAULT["conv"], CONV_PARAMS[3]],
+                         ids=lambda p: "{TM}x{TN}x{TK}".format(**p))
+@pytest.mark.parametrize("relu", [0, 1])
+@pytest.mark.parametrize("batch,fin,fout", [(1, 300, 1), (5, 1000, 3), (7, 2049, 130), (33, 1300, 65)])
+def test_split_k_fc_gemm_matches_numpy(cl_env, rng, params, relu, batch, fin, fout):
+    ctx, queue, cache = cl_env
+    weight = rng.standard_normal((fout, fin)).astype(np.float32)
+    bias = rng.standard_normal(fout).astype(np.float32)
+    x = rng.standard_normal((batch, fin)).astype(np.float32)
+    gemm = GemmLayer(ctx, cache.build("conv_gemm.cl", {**params, "KS": 1, "PAD": 0, "RELU": relu}), params, weight, bias)
+    split_prog = cache.build("conv_gemm.cl", {**params, "KS": 1, "PAD": 0, "RELU": 0, "SPLITK": 1})
+    reduce_prog = cache.build("fc_gemv.cl", {**{k: v for k, v in GPU_DEFAULT["gemv"].items() if k.startswith("GEMV_")},
+                                             "RELU": relu})
+    layer = SplitKGemm(ctx, split_prog, reduce_prog, gemm, max_n=batch, target_groups=10_000)
+    assert layer.used_for(batch) and layer.splits[batch][0] > 1
+    dst = poisoned(ctx, queue, batch * fout)
+    layer.enqueue(queue, to_device(ctx, x), dst, batch)
+    ref = x.astype(np.float64) @ weight.T.astype(np.float64) + bias
+    ref = np.maximum(ref, 0) if relu else ref
+    assert rel_err(read(queue, dst, (batch, fout)), ref) < 1e-5
+
+
+@pytest.mark.parametrize("k,tk,groups,target", [(25088, 16, 64, 264), (4096, 16, 64, 264), (17, 16, 1, 100),
+                                                (1000, 8, 3, 1000), (4096, 16, 512, 264)])
+def test_split_k_chunks_cover_k_once_in_whole_slices(k, tk, groups, target):
+    splits, kchunk = split_for(k, tk, groups, target)
+    assert kchunk % tk == 0 or splits == 1
+    assert (splits - 1) * kchunk < k <= splits * kchunk
+    assert splits == 1 or kchunk >= 8 * tk
+    assert splits * groups <= max(target, groups) + groups  # about the target, never far past it
 
 
 GEMV_PARAMS = [GPU_DEFAULT["gemv"], CPU_DEFAULT["gemv"],

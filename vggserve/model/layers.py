@@ -139,6 +139,48 @@ class GemmLayer:
         return 2.0 * n * h * w * self.m * self.cin * ks * ks
 
 
+def split_for(k: int, tk: int, groups: int, target: int, max_split: int = 64) -> tuple[int, int]:
+    """(splits, K per split) so that `groups` M x N tiles times the splits reach about `target` work-groups;
+    each split keeps at least 8 TK-deep slices. (1, K) when the tiles alone are enough."""
+    want = max(1, min(max_split, -(-target // max(groups, 1)), k // (8 * tk)))
+    if want == 1:
+        return 1, k
+    kchunk = round_up(-(-k // want), tk)
+    return -(-k // kchunk), kchunk
+
+
+class SplitKGemm:
+    """conv_gemm.cl with SPLITK = 1 for a fully connected layer: K split over work-groups, partial sums reduced by
+    fc_gemv.cl's fc_reduce (bias + activation). Shares GemmLayer's weights. Used where the layer's M x N tiles
+    are too few to fill the device (batch 8..64 on a GPU with 100+ compute units)."""
+
+    def __init__(self, ctx, program, reduce_program, gemm: GemmLayer, max_n: int, target_groups: int):
+        self.g, self.target = gemm, target_groups
+        p = gemm.p
+        self.splits = {n: split_for(gemm.cin, p["TK"], self.groups(n), target_groups) for n in range(1, max_n + 1)}
+        floats = max(s * n for n, (s, _) in self.splits.items()) * gemm.mpad
+        needed = any(s > 1 for s, _ in self.splits.values())
+        self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * floats) if needed else None
+        self.kernel = Launch(cl.Kernel(program, "conv_gemm"))
+        self.reduce = Launch(cl.Kernel(reduce_program, "fc_reduce"))
+
+    def groups(self, n: int) -> int:
+        return round_up(n, self.g.p["TN"]) // self.g.p["TN"] * (self.g.mpad // self.g.p["TM"])
+
+    def used_for(self, n: int) -> bool:
+        return self.part is not None and self.splits.get(n, (1, 0))[0] > 1
+
+    def enqueue(self, queue, src, dst, n: int):
+        """Two launches (partial sums, then reduce + bias + activation); returns both events."""
+        g, p = self.g, self.g.p
+        splits, kchunk = self.splits[n]
+        grid = (round_up(n, p["TN"]) // p["TN"] * g.local[0], g.mpad // p["TM"] * g.local[1], splits)
+        first = self.kernel(queue, grid, (*g.local, 1), src, g.wt, g.bias, self.part, g.cin, 1, 1, g.m, g.mpad, n,
+                            kchunk)
+        last = self.reduce(queue, (round_up(n * g.m, 64),), None, self.part, g.bias, dst, g.m, g.mpad, n, splits)
+        return first, last
+
+
 def gemv_span(params: dict) -> int:
     """Outputs one fc_gemv work-group covers; FC weights are padded to a multiple of it."""
     return params["GEMV_LM"] * params.get("GEMV_WM", 1)

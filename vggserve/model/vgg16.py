@@ -25,7 +25,7 @@ from ..runtime import devices as devs
 from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
-from .layers import DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, gemv_span
+from .layers import DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm, gemv_span
 from .staging import Pending, Slot
 from . import winograd
 
@@ -144,6 +144,8 @@ class VGG16:
 
     def _upload(self, tensors: dict):
         gemv_p = self.params["gemv"]
+        # fully connected layers split K until their work-groups reach twice the compute units (or the table's say)
+        self.splitk_groups = int(self.params.get("splitk_groups", 2 * self.device.max_compute_units))
         on_device = DeviceRelayout(self.context, self.queue, self._prog_relayout)
         self.convs = []
         size = INPUT_SIZE
@@ -166,7 +168,10 @@ class VGG16:
             gemm = GemmLayer(self.context, prog, p, tensors[f"{f.name}.weight"],
                              tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p), device_relayout=on_device)
             gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
-            self.fcs.append((f, gemm, gemv))
+            split = SplitKGemm(self.context, self.program_cache.build("conv_gemm.cl", {**p, "KS": 1, "PAD": 0, "RELU": 0,
+                                                                                      "SPLITK": 1}),
+                               self._prog_gemv[relu], gemm, self.max_batch_size, self.splitk_groups)
+            self.fcs.append((f, gemm, gemv, split))
         self.pool = MaxPool(self._prog_pool, {})
         self.softmax_op = Softmax(self._prog_softmax, {})
         self.pixel_op = PixelInput(self.context, self._prog_pixels, self.preprocessing)
@@ -199,10 +204,12 @@ class VGG16:
                 dst = other[flip]
                 note(f"pool after {c.name}", self.pool.enqueue(self.queue, src, dst, n, c.cout, size, size), 0.0)
                 src, flip, size = dst, flip ^ 1, size // 2
-        for i, (f, gemm, gemv) in enumerate(self.fcs):
+        for i, (f, gemm, gemv, split) in enumerate(self.fcs):
             dst = self.logits_buf if i == len(self.fcs) - 1 else other[flip]
             if n <= self.gemv_max_batch:
                 ev = gemv.enqueue(self.queue, src, dst, n)
+            elif split.used_for(n):
+                ev = split.enqueue(self.queue, src, dst, n)
             else:
                 ev = gemm.enqueue(self.queue, src, dst, n)
             note(f.name, ev, 2.0 * n * f.fin * f.fout)
