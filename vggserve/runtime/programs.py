@@ -55,8 +55,12 @@ class ProgramCache:
         self.enabled = os.environ.get("VGGSERVE_NO_PROGRAM_CACHE", "") not in ("1", "true", "yes")
         self.hits = self.compiles = 0
         self.seconds = 0.0
+        self._built: dict = {}  # (name, defines) -> program, so layers sharing parameters share one program
 
     def build(self, name: str, defines: dict):
+        memo = (name, tuple(sorted(defines.items())))
+        if memo in self._built:
+            return self._built[memo]
         t0 = time.perf_counter()
         source = kernel_source(name, defines)
         key = cache_key(self.device, source, self.options)
@@ -70,6 +74,7 @@ class ProgramCache:
         else:
             self.hits += 1
         self.seconds += time.perf_counter() - t0
+        self._built[memo] = program
         return program
 
     def _from_binary(self, path: Path):
