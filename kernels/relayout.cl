@@ -75,3 +75,44 @@ void winograd_weights(__global const float *restrict g, __global float *restrict
     }
     for (int xi = 0; xi < 16; ++xi) U[((size_t)xi * Cpad + c) * Mpad + m] = u[xi];
 }
+
+/* Winograd F(4x4,3x3) weights for conv_winograd.cl built with WINO_M 4, one work-item per (m, c):
+ *
+ *   in:  g, M x C x 3 x 3                                     g[((m * C + c) * 3 + k) * 3 + l]
+ *   out: U, 36 x Cpad x Mpad, zero-padded                     U[((6i + j) * Cpad + c) * Mpad + m] = (G g[m, c] G^T)[i, j]
+ *   G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
+ *
+ * Same launch as winograd_weights (whole work-groups of RL_WG over Mpad rounded up, by Cpad).
+ */
+__kernel __attribute__((reqd_work_group_size(RL_WG, 1, 1)))
+void winograd4_weights(__global const float *restrict g, __global float *restrict U,
+                       const int M, const int C, const int Mpad, const int Cpad)
+{
+    const int m = get_global_id(0), c = get_global_id(1);
+    if (m >= Mpad || c >= Cpad) return;
+    float u[36];
+    for (int i = 0; i < 36; ++i) u[i] = 0.0f;
+    if (m < M && c < C) {
+        __global const float *w = g + ((size_t)m * C + c) * 9;
+        float t[6][3];  /* G g */
+        for (int l = 0; l < 3; ++l) {
+            const float a = w[l], b = w[3 + l], d = w[6 + l];
+            t[0][l] = a * (1.0f / 4);
+            t[1][l] = (a + b + d) * (-1.0f / 6);
+            t[2][l] = (a - b + d) * (-1.0f / 6);
+            t[3][l] = a * (1.0f / 24) + b * (1.0f / 12) + d * (1.0f / 6);
+            t[4][l] = a * (1.0f / 24) - b * (1.0f / 12) + d * (1.0f / 6);
+            t[5][l] = d;
+        }
+        for (int i = 0; i < 6; ++i) {  /* (G g) G^T */
+            const float a = t[i][0], b = t[i][1], d = t[i][2];
+            u[6 * i + 0] = a * (1.0f / 4);
+            u[6 * i + 1] = (a + b + d) * (-1.0f / 6);
+            u[6 * i + 2] = (a - b + d) * (-1.0f / 6);
+            u[6 * i + 3] = a * (1.0f / 24) + b * (1.0f / 12) + d * (1.0f / 6);
+            u[6 * i + 4] = a * (1.0f / 24) - b * (1.0f / 12) + d * (1.0f / 6);
+            u[6 * i + 5] = d;
+        }
+    }
+    for (int xi = 0; xi < 36; ++xi) U[((size_t)xi * Cpad + c) * Mpad + m] = u[xi];
+}

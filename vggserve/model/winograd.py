@@ -1,12 +1,14 @@
-"""Winograd F(2x2, 3x3) convolution: host side of kernels/conv_winograd.cl (design: docs/winograd.md).
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution: host side of kernels/conv_winograd.cl (docs/winograd.md).
 
-A 3x3 convolution (stride 1, padding 1) + bias + ReLU in three launches: input transform -> 16 batched GEMMs
-(depth Cin) -> output transform. 2.25x fewer multiplications than the direct convolution; the transformed input
-V and the GEMM result M live in device workspace buffers sized ONCE at construction for `max_batch` images of
-`max_h` x `max_w` (larger batches run in chunks; nothing is allocated per call).
+A 3x3 convolution (stride 1, padding 1) + bias + ReLU in three launches: input transform -> a*a batched GEMMs
+(depth Cin; a = m + 2: 16 for F(2x2), 36 for F(4x4)) -> output transform. 2.25x (F(2x2)) or 4x (F(4x4)) fewer
+multiplications than the direct convolution; the transformed input V and the GEMM result M live in device
+workspace buffers sized ONCE at construction for `max_batch` images of `max_h` x `max_w` (larger batches run in
+chunks; nothing is allocated per call).
 
 A layer is selected per conv layer by parameters with "ALGO": "winograd" (see `conv_params_for`); the other keys
-are conv_winograd.cl's #define tunables (TM, TN, TK, WM, WN, LPAD, XWG).
+are conv_winograd.cl's #define tunables (TM, TN, TK, WM, WN, LPAD, XWG) and the output tile size "WINO_M"
+(2 when absent, so tables written before F(4x4) existed keep meaning F(2x2); 4 for F(4x4, 3x3)).
 """
 
 
@@ -23,35 +25,81 @@ KERNEL_FILE = "conv_winograd.cl"
 BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64)
 AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)
+# F(4x4, 3x3) matrices (Lavin & Gray 2015), interpolation points 0, 1, -1, 2, -2 and infinity: A^T is the
+# Vandermonde matrix of the points (p^k, k = 0..3; infinity contributes the leading coefficient), G's rows are
+# [1, p, p^2] / prod_{q != p} (p - q), and B^T is what makes A^T ((G g) .* (B^T d)) the correlation of d with g
+# (tests/test_winograd.py derives B^T from A^T and G and checks these)
+BT4 = np.array([[4, 0, -5, 0, 1, 0],
+                [0, -4, -4, 1, 1, 0],
+                [0, 4, -4, -1, 1, 0],
+                [0, -2, -1, 2, 1, 0],
+                [0, 2, -1, -2, 1, 0],
+                [0, 4, 0, -5, 0, 1]], dtype=np.float64)
+G4 = np.array([[1 / 4, 0, 0],
+               [-1 / 6, -1 / 6, -1 / 6],
+               [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6],
+               [1 / 24, -1 / 12, 1 / 6],
+               [0, 0, 1]], dtype=np.float64)
+AT4 = np.array([[1, 1, 1, 1, 1, 0],
+                [0, 1, -1, 2, -2, 0],
+                [0, 1, 1, 4, 4, 0],
+                [0, 1, -1, 8, -8, 1]], dtype=np.float64)
+MATRICES = {2: (BT, G, AT), 4: (BT4, G4, AT4)}  # output tile side m -> (B^T, G, A^T)
+TILE_SIZES = tuple(MATRICES)
 
 # GEMM tiles as conv_gemm's reference variant (GPU) and its CPU default (PoCL vectorises 16 work-items wide;
 # 128x256 tiles, 32x16 per work-item: 2-2.3x conv_gemm's CPU default on the 56..14 layers at batch 4, where
 # 64x128 with 16x8 gave 1.2-1.5x); XWG = work-group size of the two transform kernels
 GPU_DEFAULT = {"ALGO": ALGO, "TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 1, "XWG": 256}
 CPU_DEFAULT = {"ALGO": ALGO, "TM": 128, "TN": 256, "TK": 16, "WM": 32, "WN": 16, "LPAD": 0, "XWG": 16}
-TUNABLES = ("TM", "TN", "TK", "WM", "WN", "LPAD", "XWG")
+TUNABLES = ("TM", "TN", "TK", "WM", "WN", "LPAD", "XWG", "WINO_M")
 
 
-def default_params(kind: str) -> dict:
-    """Winograd parameters for a device kind ("gpu", "cpu", other -> gpu)."""
-    return dict(CPU_DEFAULT if kind == "cpu" else GPU_DEFAULT)
+def tile_size(params: dict) -> int:
+    """m of F(m x m, 3x3): params["WINO_M"], 2 when absent."""
+    return int(params.get("WINO_M", 2))
+
+
+def points(m: int) -> int:
+    """a*a, a = m + 2: points of the transformed domain = GEMMs per layer (16 for F(2x2), 36 for F(4x4))."""
+    return (m + 2) * (m + 2)
+
+
+def default_params(kind: str, m: int = 2) -> dict:
+    """Winograd parameters for a device kind ("gpu", "cpu", other -> gpu) and output tile side m (2 or 4).
+    F(2x2) params carry no "WINO_M" key (as in the tables written before F(4x4)); F(4x4) ones carry "WINO_M": 4."""
+    p = dict(CPU_DEFAULT if kind == "cpu" else GPU_DEFAULT)
+    if m != 2:
+        p["WINO_M"] = m
+    check_params(p)
+    return p
+
+
+# GEMM tiles (TM, TN, TK, WM, WN) that `candidates` proposes, per device kind and tile size. CPUs: 16 work-items
+# wide in N (PoCL vectorises across them), tall WM blocks. F(4x4) has 4x fewer tiles per image than F(2x2) (so
+# narrower N tiles waste less on small images) and its GEMMs are the same shape otherwise.
+CANDIDATE_TILES = {
+    ("cpu", 2): [(128, 256, 16, 32, 16), (64, 256, 16, 16, 16), (128, 256, 32, 32, 16), (64, 128, 32, 16, 8)],
+    ("cpu", 4): [(128, 256, 16, 32, 16), (64, 128, 32, 16, 8)],
+    ("gpu", 2): [(64, 64, 16, 4, 4), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8),
+                 (128, 128, 8, 8, 8), (32, 64, 16, 4, 4)],
+    ("gpu", 4): [(64, 64, 16, 4, 4), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8)],
+}
 
 
 def candidates(kind: str, local_mem: int = 1 << 30, max_wg: int = 1 << 30) -> list[dict]:
-    """A few Winograd parameter sets for `vggserve tune` to time beside the conv_gemm candidates (default first)."""
-    if kind == "cpu":  # 16 work-items wide in N (PoCL vectorises across them), tall WM blocks
-        shapes = [(128, 256, 16, 32, 16), (64, 256, 16, 16, 16), (128, 256, 32, 32, 16), (64, 128, 32, 16, 8)]
-    else:
-        shapes = [(64, 64, 16, 4, 4), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8),
-                  (128, 128, 8, 8, 8), (32, 64, 16, 4, 4)]
-    base = default_params(kind)
+    """A few Winograd parameter sets for `vggserve tune` to time beside the conv_gemm candidates: F(2x2) ones
+    (its default first), then F(4x4) ones ("WINO_M": 4); only those that fit local_mem and max_wg."""
     out = []
-    for tm, tn, tk, wm, wn in shapes:
-        p = {**base, "TM": tm, "TN": tn, "TK": tk, "WM": wm, "WN": wn}
-        check_params(p)
-        nt = (tm // wm) * (tn // wn)
-        if nt <= max_wg and 2 * tk * (tm + tn + 2 * p["LPAD"]) * 4 <= local_mem and base["XWG"] <= max_wg:
-            out.append(p)
+    for m in TILE_SIZES:
+        base = default_params(kind, m)
+        for tm, tn, tk, wm, wn in CANDIDATE_TILES["cpu" if kind == "cpu" else "gpu", m]:
+            p = {**base, "TM": tm, "TN": tn, "TK": tk, "WM": wm, "WN": wn}
+            check_params(p)
+            nt = (tm // wm) * (tn // wn)
+            if nt <= max_wg and 2 * tk * (tm + tn + 2 * p["LPAD"]) * 4 <= local_mem and base["XWG"] <= max_wg:
+                out.append(p)
     return out
 
 
@@ -60,9 +108,11 @@ def is_winograd(params: dict) -> bool:
 
 
 def defines(params: dict, relu: int = 1) -> dict:
-    """The #defines for conv_winograd.cl: the tunables with "ALGO" (and anything non-numeric) stripped."""
+    """The #defines for conv_winograd.cl: the tunables with "ALGO" (and anything non-numeric) stripped; WINO_M
+    always present (2 when absent), so F(2x2) params with and without the key build one program."""
     out = {k: v for k, v in params.items() if k != "ALGO"}
     out.setdefault("XWG", GPU_DEFAULT["XWG"])
+    out["WINO_M"] = tile_size(params)
     out["RELU"] = relu
     return out
 
@@ -72,47 +122,74 @@ def check_params(p: dict) -> None:
     check_tile_params(p, "winograd")
     if p.get("XWG", 1) < 1:
         raise ValueError(f"winograd params {p}: XWG must be positive")
+    if tile_size(p) not in TILE_SIZES:
+        raise ValueError(f"winograd params {p}: WINO_M must be one of {TILE_SIZES}")
 
 
-def tiles(h: int, w: int) -> tuple[int, int]:
-    """(TH, TW): 2x2-output tiles covering an h x w image."""
-    return (h + 1) // 2, (w + 1) // 2
+def tiles(h: int, w: int, m: int = 2) -> tuple[int, int]:
+    """(TH, TW): m x m-output tiles covering an h x w image."""
+    return -(-h // m), -(-w // m)
 
 
-def transform_weights(weight: np.ndarray) -> np.ndarray:
-    """(M, C, 3, 3) -> U (16, C, M) float64, U[4i+j, c, m] = (G g[m, c] G^T)[i, j]."""
+def transform_weights(weight: np.ndarray, m: int = 2) -> np.ndarray:
+    """(M, C, 3, 3) -> U (a*a, C, M) float64, U[a*i+j, c, k] = (G g[k, c] G^T)[i, j], a = m + 2."""
     g = np.asarray(weight, dtype=np.float64)
     if g.ndim != 4 or g.shape[2:] != (3, 3):
-        raise ValueError(f"Winograd F(2x2,3x3) needs (M, C, 3, 3) weights, got {g.shape}")
-    u = np.einsum("ik,mckl,jl->ijcm", G, g, G)  # (4, 4, C, M)
-    return u.reshape(16, g.shape[1], g.shape[0])
+        raise ValueError(f"Winograd F({m}x{m},3x3) needs (M, C, 3, 3) weights, got {g.shape}")
+    gm = MATRICES[m][1]
+    u = np.einsum("ik,mckl,jl->ijcm", gm, g, gm)  # (a, a, C, M)
+    return u.reshape(points(m), g.shape[1], g.shape[0])
 
 
 def relayout_u(u: np.ndarray, tk: int, tm: int) -> np.ndarray:
-    """U (16, C, M) -> zero-padded (16, Cpad, Mpad) float32 (the kernel's A operand, one matrix per xi)."""
-    _, c, m = u.shape
-    out = np.zeros((16, round_up(c, tk), round_up(m, tm)), dtype=np.float32)
+    """U (a*a, C, M) -> zero-padded (a*a, Cpad, Mpad) float32 (the kernel's A operand, one matrix per xi)."""
+    nxi, c, m = u.shape
+    out = np.zeros((nxi, round_up(c, tk), round_up(m, tm)), dtype=np.float32)
     out[:, :c, :m] = u
     return out
 
 
 def winograd_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, relu: bool = True,
-                   dtype=np.float64) -> np.ndarray:
-    """The same algorithm in numpy (for tests and docs): NCHW x, (M, C, 3, 3) weight -> NCHW output."""
+                   dtype=np.float64, m: int = 2) -> np.ndarray:
+    """The same algorithm in numpy (for tests and docs): NCHW x, (M, C, 3, 3) weight -> NCHW output, by
+    F(m x m, 3x3) with the arithmetic done in `dtype`."""
     n, c, h, w = x.shape
-    th, tw = tiles(h, w)
-    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2), dtype=dtype)
+    a = m + 2
+    th, tw = tiles(h, w, m)
+    xp = np.zeros((n, c, m * th + 2, m * tw + 2), dtype=dtype)
     xp[:, :, 1:h + 1, 1:w + 1] = x
     s = xp.strides
-    d = np.lib.stride_tricks.as_strided(xp, (n, c, th, tw, 4, 4), (s[0], s[1], 2 * s[2], 2 * s[3], s[2], s[3]))
-    bt = BT.astype(dtype)
-    v = np.einsum("ik,nctukl,jl->ijcntu", bt, d, bt)                   # (4, 4, C, N, TH, TW)
-    u = transform_weights(weight).astype(dtype).reshape(4, 4, c, -1)     # (4, 4, C, M)
-    mm = np.einsum("ijcm,ijcntu->ijmntu", u, v)                         # (4, 4, M, N, TH, TW)
-    at = AT.astype(dtype)
-    y = np.einsum("ai,ijmntu,bj->nmtaub", at, mm, at)                   # (N, M, TH, 2, TW, 2)
-    y = y.reshape(n, -1, 2 * th, 2 * tw)[:, :, :h, :w] + np.asarray(bias, dtype).reshape(1, -1, 1, 1)
+    d = np.lib.stride_tricks.as_strided(xp, (n, c, th, tw, a, a), (s[0], s[1], m * s[2], m * s[3], s[2], s[3]))
+    bt_, _, at_ = (mat.astype(dtype) for mat in MATRICES[m])
+    v = np.einsum("ik,nctukl,jl->ijcntu", bt_, d, bt_)                  # (a, a, C, N, TH, TW)
+    u = transform_weights(weight, m).astype(dtype).reshape(a, a, c, -1)  # (a, a, C, M)
+    mm = np.einsum("ijcm,ijcntu->ijmntu", u, v)                         # (a, a, M, N, TH, TW)
+    y = np.einsum("ai,ijmntu,bj->nmtaub", at_, mm, at_)                 # (N, M, TH, m, TW, m)
+    y = y.reshape(n, -1, m * th, m * tw)[:, :, :h, :w] + np.asarray(bias, dtype).reshape(1, -1, 1, 1)
     return np.maximum(y, 0) if relu else y
+
+
+def device_weights(device_relayout, weight: np.ndarray, m: int, tk: int, tm: int):
+    """U for F(m x m) transformed on the device (float32 arithmetic) by relayout.cl: F(2x2) through
+    `DeviceRelayout.winograd`, F(4x4) through its program's `winograd4_weights` kernel (same launch shape).
+    Returns (buffer, (Cpad, Mpad)), or None when that program has no such kernel (the caller then transforms on
+    the host in float64)."""
+    if m == 2:
+        return device_relayout.winograd(weight, tk, tm)
+    try:
+        kernel = cl.Kernel(device_relayout.wino_kernel.program, "winograd4_weights")
+    except (cl.Error, AttributeError):
+        return None
+    k, c = weight.shape[:2]
+    cpad, mpad = round_up(c, tk), round_up(k, tm)
+    ctx = device_relayout.ctx
+    src = upload(ctx, weight)
+    dst = cl.Buffer(ctx, MF.READ_ONLY, 4 * points(m) * cpad * mpad)
+    wg = 64  # RL_WG, relayout.cl's default (its program is built with no defines)
+    kernel(device_relayout.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(k), np.int32(c),
+           np.int32(mpad), np.int32(cpad))
+    src.release()  # freed by the runtime once the kernel that reads it has run
+    return dst, (cpad, mpad)
 
 
 class WinogradWorkspace:
@@ -141,13 +218,14 @@ class WinogradWorkspace:
 
 
 class WinogradLayer:
-    """conv_winograd.cl: a 3x3 convolution (padding 1) + bias + ReLU for up to `max_batch` images per chunk.
+    """conv_winograd.cl: a 3x3 convolution (padding 1) + bias + ReLU for up to `max_batch` images per chunk, by
+    F(2x2, 3x3) or, with params["WINO_M"] == 4, F(4x4, 3x3) (the program must be built with `defines(params)`).
 
     Same construction and call shape as GemmLayer. `enqueue` returns (first event, last event) of the layer's
     launches, as GemvLayer does, so that profiling (VGG16.layer_times) spans the whole layer; `events` holds
-    every launch of the last call. Workspace: 16*Cin (V) + 16*Cout (M) floats per tile for max_batch images of
-    tiles(max_h, max_w) tiles, own or a shared `workspace`; each buffer is capped at `max_buffer_bytes` (default:
-    the device's largest allocation), fewer images per chunk if need be.
+    every launch of the last call. Workspace: a*a*Cin (V) + a*a*Cout (M) floats per tile (a*a = 16 or 36) for
+    max_batch images of tiles(max_h, max_w, m) tiles, own or a shared `workspace`; each buffer is capped at
+    `max_buffer_bytes` (default: the device's largest allocation), fewer images per chunk if need be.
     """
 
     def __init__(self, ctx, program, params: dict, weight: np.ndarray, bias: np.ndarray, max_batch: int = 1,
@@ -158,10 +236,15 @@ class WinogradLayer:
             raise ValueError(f"max_batch, max_h, max_w must be positive, got {max_batch}, {max_h}, {max_w}")
         self.p = dict(params)
         self.m, self.cin = weight.shape[0], weight.shape[1]
+        self.tile = tile_size(params)      # m of F(m x m, 3x3)
+        self.nxi = points(self.tile)       # GEMMs per chunk (16 or 36)
+        on_device = None
         if device_relayout is not None:  # layers.DeviceRelayout: transformed on the device, in float32
-            self.u, (self.cpad, self.mpad) = device_relayout.winograd(weight, params["TK"], params["TM"])
+            on_device = device_weights(device_relayout, weight, self.tile, params["TK"], params["TM"])
+        if on_device is not None:
+            self.u, (self.cpad, self.mpad) = on_device
         else:
-            u = relayout_u(transform_weights(weight), params["TK"], params["TM"])
+            u = relayout_u(transform_weights(weight, self.tile), params["TK"], params["TM"])
             self.cpad, self.mpad = u.shape[1], u.shape[2]
             self.u = upload(ctx, u)
         self.bias = upload(ctx, bias)
@@ -170,18 +253,18 @@ class WinogradLayer:
         self.k_out = Launch(cl.Kernel(program, "wino_output"))
         self.local = (params["TN"] // params["WN"], params["TM"] // params["WM"], 1)
         self.xwg = params.get("XWG", GPU_DEFAULT["XWG"])
-        th, tw = tiles(max_h, max_w)
+        th, tw = tiles(max_h, max_w, self.tile)
         # V or M for max_batch images may exceed what one buffer can hold (CL_DEVICE_MAX_MEM_ALLOC_SIZE, a quarter
         # of the memory on NVIDIA): then fewer images per chunk, but at least one
         limit = max_buffer_bytes or min(d.max_mem_alloc_size for d in ctx.devices)
-        self.max_tiles = max(th * tw, min(max_batch * th * tw, limit // (4 * 16 * max(self.cin, self.m))))
+        self.max_tiles = max(th * tw, min(max_batch * th * tw, limit // (4 * self.nxi * max(self.cin, self.m))))
         self.ws = workspace if workspace is not None else WinogradWorkspace(ctx)
-        self.ws.reserve(16 * self.cin * self.max_tiles, 16 * self.m * self.max_tiles)
+        self.ws.reserve(self.nxi * self.cin * self.max_tiles, self.nxi * self.m * self.max_tiles)
         self.events: list = []
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
         """3 launches per chunk of images; returns (first event, last event)."""
-        th, tw = tiles(h, w)
+        th, tw = tiles(h, w, self.tile)
         t = th * tw
         per_chunk = self.max_tiles // t
         if per_chunk < 1:
@@ -194,7 +277,7 @@ class WinogradLayer:
             xgrid = round_up(ptiles, self.xwg)
             self.events.append(self.k_in(queue, (xgrid, self.cin), (self.xwg, 1), src, self.ws.v, self.cin, h, w,
                                          tw, t, ptiles, b0))
-            grid = (round_up(ptiles, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1], 16)
+            grid = (round_up(ptiles, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1], self.nxi)
             self.events.append(self.k_gemm(queue, grid, self.local, self.u, self.ws.v, self.ws.m, self.cin, self.cpad,
                                            self.m, self.mpad, ptiles))
             self.events.append(self.k_out(queue, (xgrid, self.m), (self.xwg, 1), self.ws.m, self.bias, dst, self.m,
@@ -208,9 +291,10 @@ class WinogradLayer:
         return 2.0 * n * h * w * self.m * self.cin * ks * ks
 
     def gemm_flops(self, n: int, h: int, w: int) -> float:
-        """Flops the 16 GEMMs actually execute (2.25x fewer than direct for even h, w)."""
-        th, tw = tiles(h, w)
-        return 2.0 * 16 * n * th * tw * self.m * self.cin
+        """Flops the a*a GEMMs actually execute (2.25x (F(2x2)) or 4x (F(4x4)) fewer than direct when m divides
+        h and w)."""
+        th, tw = tiles(h, w, self.tile)
+        return 2.0 * self.nxi * n * th * tw * self.m * self.cin
 
 
 def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size: int,
