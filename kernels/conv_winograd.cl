@@ -48,7 +48,10 @@
  * e % TN, so consecutive work-items load consecutive addresses. B loads are checked (c < C, p < P; zero
  * otherwise) and stores are checked (m < M, p < P); the host launches whole work-groups only.
  * wino_input and wino_output are one work-item per (tile, channel), XWG work-items along the tiles, so their
- * NXI stores (input) and NXI loads (output) are coalesced along p.
+ * NXI stores (input) and NXI loads (output) are coalesced along p. With WINO_M 4 and W a multiple of 4,
+ * wino_output stores each row of 4 outputs as one float4 (aligned: H*W, the row start m*ty*W and m*tx are
+ * multiples of 4 floats, and buffers start aligned), so a work-group's stores are contiguous; with W even
+ * (e.g. 14) as two float2 (8-byte aligned likewise; a pair is wholly inside or outside the image).
  */
 
 #ifndef WINO_M
@@ -291,6 +294,33 @@ void wino_output(__global const float *restrict Mw,    /* NXI x M x P */
 
     const int oy = WINO_M * ty, ox = WINO_M * tx;
     __global float *dst = out + ((size_t)(b0 + b) * M + m) * (size_t)H * W + oy * W + ox;
+#if WINO_M == 4
+    if ((W & 3) == 0) {  /* every row of 4 outputs lies inside the image and is 16-byte aligned: one float4 store */
+        for (int dy = 0; dy < 4; ++dy) {
+            if (oy + dy >= H) break;
+            float4 v = (float4)(y[dy][0], y[dy][1], y[dy][2], y[dy][3]);
+#if RELU
+            v = fmax(v, (float4)(0.0f));
+#endif
+            *(__global float4 *)(dst + dy * W) = v;
+        }
+        return;
+    }
+    if ((W & 1) == 0) {  /* W even (14, 6, ...): pairs of outputs are 8-byte aligned and wholly in or out */
+        for (int dy = 0; dy < 4; ++dy) {
+            if (oy + dy >= H) break;
+            for (int dx = 0; dx < 4; dx += 2) {
+                if (ox + dx >= W) break;
+                float2 v = (float2)(y[dy][dx], y[dy][dx + 1]);
+#if RELU
+                v = fmax(v, (float2)(0.0f));
+#endif
+                *(__global float2 *)(dst + dy * W + dx) = v;
+            }
+        }
+        return;
+    }
+#endif
     for (int dy = 0; dy < WINO_M; ++dy) {
         if (oy + dy >= H) break;
         for (int dx = 0; dx < WINO_M; ++dx) {

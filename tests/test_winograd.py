@@ -25,8 +25,9 @@ SHAPES = [  # (batch, cin, cout, h, w): 1x1 images, odd sizes, channels off ever
     (3, 64, 70, 5, 3),
     (1, 130, 129, 15, 15),
     (2, 512, 512, 14, 14),
-    (2, 33, 31, 10, 6),     # sizes 2 mod 4: F(4x4)'s last tile row/column half outside the image
+    (2, 33, 31, 10, 6),     # sizes 2 mod 4: F(4x4)'s last tile row/column half outside (float2 row stores)
     (1, 2, 3, 4, 8),        # sizes multiples of 4: no dropped outputs
+    (1, 5, 6, 7, 12),       # W a multiple of 4 (F(4x4)'s float4 row stores), H not (the last tile row dropped)
 ]
 PARAMS = [
     winograd.GPU_DEFAULT,
@@ -34,7 +35,7 @@ PARAMS = [
     dict(ALGO="winograd", TM=32, TN=32, TK=8, WM=2, WN=2, LPAD=1, XWG=32),     # small tiles, many tails
     dict(ALGO="winograd", TM=128, TN=64, TK=16, WM=8, WN=4, LPAD=1, XWG=64),   # tall tile, 2 B loads / item
 ]
-PARAMS4 = [{**p, "WINO_M": 4} for p in PARAMS]  # the same tiles on F(4x4, 3x3)
+PARAMS4 = [{**p, "WINO_M": 4} for p in PARAMS] + [winograd.GPU_DEFAULT4]  # the same tiles on F(4x4, 3x3)
 # max |err| / max |ref| against float64 (He-scaled weights, unit-normal inputs). F(2x2,3x3) in float32 measures
 # <= 1.0e-6 on the shapes here. F(4x4,3x3) is less accurate (transform coefficients up to 8 in A^T, 5 in B^T,
 # 1/6 and 1/24 in G: V and M values are sums of terms many times larger than the result, whose rounding errors

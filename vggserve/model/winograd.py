@@ -53,6 +53,9 @@ TILE_SIZES = tuple(MATRICES)
 # 64x128 with 16x8 gave 1.2-1.5x); XWG = work-group size of the two transform kernels
 GPU_DEFAULT = {"ALGO": ALGO, "TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 1, "XWG": 256}
 CPU_DEFAULT = {"ALGO": ALGO, "TM": 128, "TN": 256, "TK": 16, "WM": 32, "WN": 16, "LPAD": 0, "XWG": 16}
+# F(4x4) on GPUs: 128x128x8 tiles, 8x8 per work-item (the H100's tuned F(2x2) winner at batch 64; on the H100 at
+# batch 256 F(4x4) with it takes 7.7 ms on 512x512 28x28, 10.8 ms with 64x64x16 / 4x4); CPUs: CPU_DEFAULT's tiles
+GPU_DEFAULT4 = {"ALGO": ALGO, "TM": 128, "TN": 128, "TK": 8, "WM": 8, "WN": 8, "LPAD": 1, "XWG": 256, "WINO_M": 4}
 TUNABLES = ("TM", "TN", "TK", "WM", "WN", "LPAD", "XWG", "WINO_M")
 
 
@@ -69,22 +72,28 @@ def points(m: int) -> int:
 def default_params(kind: str, m: int = 2) -> dict:
     """Winograd parameters for a device kind ("gpu", "cpu", other -> gpu) and output tile side m (2 or 4).
     F(2x2) params carry no "WINO_M" key (as in the tables written before F(4x4)); F(4x4) ones carry "WINO_M": 4."""
-    p = dict(CPU_DEFAULT if kind == "cpu" else GPU_DEFAULT)
-    if m != 2:
-        p["WINO_M"] = m
+    if m == 4 and kind != "cpu":
+        p = dict(GPU_DEFAULT4)
+    else:
+        p = dict(CPU_DEFAULT if kind == "cpu" else GPU_DEFAULT)
+        if m != 2:
+            p["WINO_M"] = m
     check_params(p)
     return p
 
 
 # GEMM tiles (TM, TN, TK, WM, WN) that `candidates` proposes, per device kind and tile size. CPUs: 16 work-items
-# wide in N (PoCL vectorises across them), tall WM blocks. F(4x4) has 4x fewer tiles per image than F(2x2) (so
-# narrower N tiles waste less on small images) and its GEMMs are the same shape otherwise.
+# wide in N (PoCL vectorises across them), tall WM blocks; F(4x4) has 4x fewer tiles per image than F(2x2), so a
+# narrower N tile too. GPUs, F(4x4): on the H100 at batch 256 (256x512x28 / 512x512x28 / 512x512x14, ms)
+# 128x128x8 8x8 4.17 / 7.67 / 2.53, 128x128x4 8x8 4.47 / 8.27 / 2.72, 128x64x8 8x8 4.68 / 8.66 / 2.85,
+# 64x128x8 4x8 5.21 / 9.80 / 3.22, 64x64x16 4x4 5.70 / 10.81 / 3.55, 128x128x16 8x8 5.30 / 9.79 / 3.22.
 CANDIDATE_TILES = {
     ("cpu", 2): [(128, 256, 16, 32, 16), (64, 256, 16, 16, 16), (128, 256, 32, 32, 16), (64, 128, 32, 16, 8)],
     ("cpu", 4): [(128, 256, 16, 32, 16), (64, 128, 32, 16, 8)],
     ("gpu", 2): [(64, 64, 16, 4, 4), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8),
                  (128, 128, 8, 8, 8), (32, 64, 16, 4, 4)],
-    ("gpu", 4): [(64, 64, 16, 4, 4), (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8)],
+    ("gpu", 4): [(128, 128, 8, 8, 8), (128, 128, 4, 8, 8), (128, 64, 8, 8, 8), (64, 128, 8, 4, 8),
+                 (64, 64, 16, 4, 4)],
 }
 
 
