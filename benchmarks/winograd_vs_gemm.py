@@ -1,15 +1,18 @@
-"""Winograd F(2x2,3x3) (conv_winograd.cl) against the implicit GEMM (conv_gemm.cl), per VGG16 conv shape.
+"""Winograd F(2x2,3x3) and F(4x4,3x3) (conv_winograd.cl) against the implicit GEMM (conv_gemm.cl), per VGG16 conv
+shape.
 
-    python benchmarks/winograd_vs_gemm.py --device gpu --batch 64 --iterations 10 [--json out.json]
+    python benchmarks/winograd_vs_gemm.py --device gpu --batch 256 --iterations 10 --json wino256.json
     python benchmarks/winograd_vs_gemm.py --device cpu --batch 1 --iterations 2 --shapes 512x512x14,256x512x28
 
-For every distinct VGG16 3x3 conv shape (CINxCOUTxSIZE) at the given batch: median milliseconds over OpenCL
-profiling events (GemmLayer: its one launch; WinogradLayer: first launch's start to last launch's end, with the
-three kernels' shares), effective TFLOP/s = DIRECT-convolution flops / time for both (so the figures compare with
-conv_gemm's and cuDNN's), the speed-up, the max relative difference between the two outputs, and each one's
-max relative error against a float64 direct convolution of the first image. GemmLayer uses the device kind's
-default parameters (params.TABLE; --tuned: the tuned table for this batch), WinogradLayer the defaults in
-vggserve/model/winograd.py unless --winograd-params '{"TM": 128, ...}' overrides some.
+For every distinct VGG16 3x3 conv shape (CINxCOUTxSIZE) at the given batch, for each variant (gemm, F2 =
+Winograd F(2x2,3x3), F4 = Winograd F(4x4,3x3); --variants picks some): median milliseconds over OpenCL profiling
+events (GemmLayer: its one launch; WinogradLayer: first launch's start to last launch's end, with the three
+kernels' shares input/GEMM/output), effective TFLOP/s = DIRECT-convolution flops / time (so the figures compare
+with conv_gemm's and cuDNN's), and the max relative error (max |err| / max |ref|) against a float64 direct
+convolution of the first image (--no-reference skips it). The winner per shape is marked. GemmLayer uses the
+device kind's default parameters (params.TABLE; --tuned: the tuned table for this batch), the Winograd variants
+the defaults in vggserve/model/winograd.py unless --winograd-params / --winograd4-params '{"TM": 128, ...}'
+override some.
 """
 
 import argparse
@@ -20,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+VARIANTS = ("gemm", "F2", "F4")
 
 
 def vgg_shapes(width: float = 1.0):
@@ -45,11 +50,16 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=10, help="timed calls per layer (median)")
     ap.add_argument("--shapes", default="", help="comma-separated CINxCOUTxSIZE keys (default: all 3x3 shapes)")
-    ap.add_argument("--winograd-params", default="{}", help="JSON overrides of the Winograd tunables")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
+    ap.add_argument("--winograd-params", default="{}", help="JSON overrides of the F(2x2) Winograd tunables")
+    ap.add_argument("--winograd4-params", default="{}", help="JSON overrides of the F(4x4) Winograd tunables")
     ap.add_argument("--tuned", action="store_true", help="GemmLayer with this device's tuned params, if stored")
     ap.add_argument("--no-reference", action="store_true", help="skip the float64 check of the first image")
     ap.add_argument("--json", default=None, help="write all figures to this file")
     args = ap.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: a comma-separated subset of {','.join(VARIANTS)}")
 
     import pyopencl as cl
 
@@ -67,15 +77,20 @@ def main():
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, device)
     table = params_for(info.kind, info.label) if args.tuned else TABLE.get(info.kind, GPU_DEFAULT)
-    wparams = {**winograd.default_params(info.kind), **json.loads(args.winograd_params)}
-    wprog = cache.build(winograd.KERNEL_FILE, winograd.defines(wparams))
+    wparams = {"F2": {**winograd.default_params(info.kind, 2), **json.loads(args.winograd_params)},
+               "F4": {**winograd.default_params(info.kind, 4), **json.loads(args.winograd4_params), "WINO_M": 4}}
+    wprogs = {v: cache.build(winograd.KERNEL_FILE, winograd.defines(p)) for v, p in wparams.items() if v in variants}
     shapes, names = vgg_shapes()
     keys = [k.strip() for k in args.shapes.split(",") if k.strip()] or list(shapes)
     n, rng = args.batch, np.random.default_rng(0)
-    print(f"{info.label}: batch {n}, {args.iterations} iterations; Winograd {wparams}", flush=True)
-    head = (f"{'shape':>12s} {'layers':<22s} {'gemm ms':>9s} {'TFLOP/s':>8s} {'wino ms':>9s} {'TFLOP/s':>8s} "
-            f"{'speedup':>7s} {'in/gemm/out %':>14s} {'maxrel':>8s} {'gemm f64':>8s} {'wino f64':>8s}")
-    print(head)
+    print(f"{info.label}: batch {n}, {args.iterations} iterations; "
+          + "; ".join(f"{v} {wparams[v]}" for v in variants if v in wparams), flush=True)
+    head = f"{'shape':>12s} {'layers':<14s}"
+    for v in variants:
+        head += f" {v + ' ms':>9s} {'TFLOP/s':>8s} {'f64 err':>8s}"
+        if v != "gemm":
+            head += f" {'in/gemm/out %':>13s}"
+    print(head + f" {'best':>5s} {'vs gemm':>7s}")
     rows = []
     for key in keys:
         cin, cout, size = (int(v) for v in key.split("x")) if key not in shapes else shapes[key]
@@ -87,53 +102,64 @@ def main():
         x = rng.standard_normal((n, cin, size, size), dtype=np.float32)
         src = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
         dst = cl.Buffer(ctx, mf.READ_WRITE, 4 * n * cout * size * size)
-        gemm = GemmLayer(ctx, cache.build("conv_gemm.cl", {**gparams, "KS": 3, "PAD": 1, "RELU": 1}), gparams,
-                         weight, bias)
-        wino = winograd.WinogradLayer(ctx, wprog, wparams, weight, bias, max_batch=n, max_h=size, max_w=size)
-        outs, times = {}, {}
-        for name, layer in (("gemm", gemm), ("wino", wino)):
+        ref = None
+        if not args.no_reference:
+            ref = conv3x3_relu(x[:1].astype(np.float64), weight.astype(np.float64), bias.astype(np.float64))
+            rscale = max(float(np.abs(ref).max()), 1e-30)
+        flops = 2.0 * n * size * size * cin * cout * 9
+        row = {"shape": key, "layers": names.get(key, []), "batch": n, "flops": flops, "gemm_params": gparams}
+        for v in variants:
+            if v == "gemm":
+                layer = GemmLayer(ctx, cache.build("conv_gemm.cl", {**gparams, "KS": 3, "PAD": 1, "RELU": 1}),
+                                  gparams, weight, bias)
+            else:
+                layer = winograd.WinogradLayer(ctx, wprogs[v], wparams[v], weight, bias, max_batch=n, max_h=size,
+                                               max_w=size)
+            cl.enqueue_fill_buffer(queue, dst, np.float32(np.nan), 0, dst.size)  # unwritten outputs show as NaN
             layer.enqueue(queue, src, dst, n, size, size)  # warm-up
             queue.finish()
+            out1 = np.empty((1, cout, size, size), np.float32)
+            cl.enqueue_copy(queue, out1, dst)  # the first image, as the first call left it
             calls, parts = [], []
             for _ in range(args.iterations):
                 ev = layer.enqueue(queue, src, dst, n, size, size)
                 queue.finish()
-                evs = list(layer.events) if name == "wino" else [ev]
+                evs = [ev] if v == "gemm" else list(layer.events)
                 calls.append(evs)
-                if name == "wino":
+                if v != "gemm":
                     parts.append([sum((e.profile.end - e.profile.start) for e in evs[i::3]) for i in range(3)])
-            times[name] = median_ms(calls)
+            ms = median_ms(calls)
+            row[f"{v}_ms"], row[f"{v}_tflops"] = ms, flops / ms * 1e-9
             if parts:
                 share = np.median(np.array(parts, dtype=np.float64), axis=0)
-                times["parts"] = (100 * share / share.sum()).round(0).astype(int).tolist()
-            out = np.empty((n, cout, size, size), np.float32)
-            cl.enqueue_copy(queue, out, dst)
-            outs[name] = out
-        flops = gemm.flops(n, size, size)
-        scale = max(float(np.abs(outs["gemm"]).max()), 1e-30)
-        row = {"shape": key, "layers": names.get(key, []), "batch": n, "flops": flops,
-               "gemm_ms": times["gemm"], "wino_ms": times["wino"], "wino_parts_pct": times["parts"],
-               "gemm_tflops": flops / times["gemm"] * 1e-9, "wino_tflops": flops / times["wino"] * 1e-9,
-               "max_rel_diff": float(np.abs(outs["wino"] - outs["gemm"]).max() / scale),
-               "gemm_params": gparams, "wino_params": wparams}
-        if not args.no_reference:
-            ref = conv3x3_relu(x[:1].astype(np.float64), weight.astype(np.float64), bias.astype(np.float64))
-            rs = max(float(np.abs(ref).max()), 1e-30)
-            row["gemm_err_f64"] = float(np.abs(outs["gemm"][:1] - ref).max() / rs)
-            row["wino_err_f64"] = float(np.abs(outs["wino"][:1] - ref).max() / rs)
+                row[f"{v}_parts_pct"] = (100 * share / share.sum()).round(0).astype(int).tolist()
+                row[f"{v}_params"] = wparams[v]
+                for buf in (layer.ws.v, layer.ws.m):
+                    buf.release()
+            if ref is not None:
+                row[f"{v}_err_f64"] = float(np.abs(out1 - ref).max() / rscale)  # NaN if an output was not written
+            del layer
+        best = min(variants, key=lambda v: row[f"{v}_ms"])
+        row["best"] = best
+        line = f"{key:>12s} {','.join(nm.split('.')[-1] for nm in row['layers']) or '-':<14s}"
+        for v in variants:
+            line += f" {row[f'{v}_ms']:9.3f} {row[f'{v}_tflops']:8.3f} {row.get(f'{v}_err_f64', float('nan')):8.1e}"
+            if v != "gemm":
+                line += f" {'/'.join(map(str, row[f'{v}_parts_pct'])):>13s}"
+        vs = f"{row['gemm_ms'] / row[f'{best}_ms']:7.2f}" if "gemm" in variants else f"{'-':>7s}"
+        print(f"{line} {best:>5s} {vs}", flush=True)
         rows.append(row)
-        print(f"{key:>12s} {','.join(nm.split('.')[-1] for nm in row['layers']) or '-':<22s} "
-              f"{row['gemm_ms']:9.3f} {row['gemm_tflops']:8.3f} {row['wino_ms']:9.3f} {row['wino_tflops']:8.3f} "
-              f"{row['gemm_ms'] / row['wino_ms']:7.2f} {'/'.join(map(str, row['wino_parts_pct'])):>14s} "
-              f"{row['max_rel_diff']:8.1e} {row.get('gemm_err_f64', float('nan')):8.1e} "
-              f"{row.get('wino_err_f64', float('nan')):8.1e}", flush=True)
-        for buf in (src, dst, wino.ws.v, wino.ws.m):
+        for buf in (src, dst):
             buf.release()
-    total_g = sum(r["gemm_ms"] * len(r["layers"] or [1]) for r in rows)
-    total_w = sum(min(r["gemm_ms"], r["wino_ms"]) * len(r["layers"] or [1]) for r in rows)
-    print(f"all conv layers: gemm {total_g:.2f} ms; best of both per layer {total_w:.2f} ms")
+    count = {r["shape"]: len(r["layers"] or [1]) for r in rows}
+    totals = {v: sum(r[f"{v}_ms"] * count[r["shape"]] for r in rows) for v in variants}
+    best_total = sum(min(r[f"{v}_ms"] for v in variants) * count[r["shape"]] for r in rows)
+    print("all conv layers: " + "; ".join(f"{v} {t:.2f} ms" for v, t in totals.items())
+          + f"; best per layer {best_total:.2f} ms")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": info.label, "batch": n, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"device": info.label, "batch": n, "variants": variants,
+                                               "rows": rows, "totals_ms": totals, "best_total_ms": best_total},
+                                              indent=1))
 
 
 if __name__ == "__main__":
