@@ -2,6 +2,7 @@
 with each batch sharded over every rank's device.
 
     vggserve serve --weights W [--host 127.0.0.1] [--port 8000] [--device gpu:0,gpu:1] [--max-batch-size 16]
+    vggserve serve --weights W --http-workers 4   # 4 HTTP front-end processes feed this process's device workers
     mpirun -n 4 vggserve serve --weights W --device gpu      # rank 0 serves HTTP; batches go to all 4 GPUs
 
 See docs/serving.md for the API, every setting and the deploy files.
@@ -47,6 +48,11 @@ def register(subparsers) -> None:
     p.add_argument("--preprocess-procs", type=int, default=None, metavar="N",
                    help="worker processes decoding images, past the GIL (0: in the threads only; default: 0 "
                         "with up to 4 cores, else cores - 2, at most 16)")
+    p.add_argument("--http-workers", default=None, metavar="N",
+                   help="HTTP front-end processes (1..64, or `auto` = half the cores, 2..8): each parses requests "
+                        "and decodes images in its own process and sends the crops to this process, which batches "
+                        "them on the devices. Use it when the front end, not the device, is the limit (default 1: "
+                        "everything in one process)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
     p.add_argument("--api-key", default=None,
@@ -60,7 +66,7 @@ def register(subparsers) -> None:
 
 def _settings(args, **overrides):
     from ..serving.settings import (API_KEY_ENV, Settings, default_preprocess_procs, default_preprocess_threads,
-                                    parse_devices)
+                                    parse_devices, parse_http_workers)
 
     values = dict(
         weights=str(args.weights) if args.weights else None, host=args.host, port=args.port,
@@ -70,7 +76,7 @@ def _settings(args, **overrides):
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup)
+        warmup=not args.no_warmup, http_workers=parse_http_workers(args.http_workers))
     values.update(overrides)
     return Settings(**values)
 
@@ -93,8 +99,9 @@ def _run(args) -> int:
     from ..serving.server import run_server
 
     settings = _settings(args)
+    fronts = f" and {settings.http_workers} HTTP front-end processes" if settings.http_workers > 1 else ""
     print(f"vggserve: serving on http://{settings.host}:{settings.port} with {len(settings.devices)} device "
-          f"worker(s) ({', '.join(settings.devices)})", file=sys.stderr)
+          f"worker(s) ({', '.join(settings.devices)}){fronts}", file=sys.stderr)
     return run_server(settings, log_level=args.log_level, access_log=args.access_log)
 
 

@@ -102,6 +102,7 @@ class BatchQueue:
                 self._admitted -= 1
                 raise self._closed
             self._items.append(item)
+            self._note_length()
             self._cond.notify_all()
         return item
 
@@ -113,6 +114,7 @@ class BatchQueue:
             except ValueError:
                 return False
             self._admitted -= 1
+            self._note_length()
         item.future.set_exception(error)
         if isinstance(error, DeadlineExceeded):
             self.metrics.timeouts.inc()
@@ -141,11 +143,17 @@ class BatchQueue:
                     item = self._items.popleft()
                     self._admitted -= 1
                     (expired if item.deadline <= now else batch).append(item)
+                self._note_length()
             for item in expired:
                 item.expire(now)
                 self.metrics.timeouts.inc()
             if batch:
                 return batch
+
+    def _note_length(self) -> None:
+        """Multiprocess metrics cannot ask the queue at scrape time: set the gauge as the length changes."""
+        if self.metrics.multiprocess:
+            self.metrics.queue_length.set(len(self._items))
 
     def close(self, error: ApiError) -> None:
         """Refuse further images with `error`, fail the waiting ones with it, and wake every worker."""
@@ -154,6 +162,7 @@ class BatchQueue:
             left = list(self._items)
             self._items.clear()
             self._admitted -= len(left)
+            self._note_length()
             self._cond.notify_all()
         for item in left:
             item.future.set_exception(error)

@@ -28,12 +28,13 @@ class Drain:
         self.started_at: float | None = None
         self.in_flight = 0
 
-    def begin(self) -> None:
+    def begin(self, announce: bool = True) -> None:
         if not self.draining:
             self.draining = True
             self.started_at = time.monotonic()
-            log.info("draining: refusing new requests, waiting for %d in flight (at most %.0f s)",
-                     self.in_flight, self.timeout_s)
+            if announce:
+                log.info("draining: refusing new requests, waiting for %d in flight (at most %.0f s)",
+                         self.in_flight, self.timeout_s)
 
     async def wait_idle(self, poll_s: float = 0.05) -> bool:
         """Wait until no request is in flight or the drain time is over; True if all finished."""

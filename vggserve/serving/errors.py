@@ -31,8 +31,15 @@ class ApiError(Exception):
         self.message = message
         self.headers = headers or {}
 
-    def __reduce__(self):  # pickles whole (Exception's default would rebuild it from the message alone)
-        return type(self), (self.status, self.code, self.message, self.headers)
+    def __reduce__(self):  # pickles whole, subclasses too (Exception's default rebuilds from the message alone)
+        return _rebuild_api_error, (type(self), self.status, self.code, self.message, self.headers)
+
+
+def _rebuild_api_error(cls, status: int, code: str, message: str, headers: dict) -> ApiError:
+    """An unpickled ApiError of class `cls`, whatever arguments that subclass's constructor takes."""
+    error = cls.__new__(cls)
+    ApiError.__init__(error, status, code, message, headers)
+    return error
 
 
 class ErrorDetail(BaseModel):

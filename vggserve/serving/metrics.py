@@ -1,13 +1,21 @@
 """Prometheus metrics in a registry of our own (one per app, so several apps in one process do not collide),
 and the middleware that counts requests by endpoint and status.
 
-The names are agreed with the load-test harness, which scrapes them; change them only together.
+With HTTP front-end processes (`--http-workers N`) every process writes its metrics to files in one directory
+(prometheus_client's multiprocess mode, `multiprocess_metrics`) and a scrape of any front end reads them all, so
+/metrics shows the whole server. The names are agreed with the load-test harness, which scrapes them; change them
+only together.
 """
 
+import os
 import time
+from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -17,10 +25,35 @@ KNOWN_ENDPOINTS = ("/classify", "/classify/batch", "/health/live", "/health/read
 TIMED_ENDPOINTS = ("/classify", "/classify/batch")
 
 
-class Metrics:
-    """Every metric the service exports."""
+@contextmanager
+def multiprocess_metrics(directory: str):
+    """While inside: this process writes every metric created to files in `directory`, as the processes it starts
+    will (they inherit the environment variable and read it when prometheus_client is imported)."""
+    before = os.environ.get(MULTIPROC_ENV), values.ValueClass
+    os.environ[MULTIPROC_ENV] = directory
+    values.ValueClass = values.MultiProcessValue()
+    try:
+        yield
+    finally:
+        if before[0] is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = before[0]
+        values.ValueClass = before[1]
 
-    def __init__(self):
+
+def forget_process(pid: int) -> None:
+    """Drop the live gauges of a process that has exited (its counters and histograms stay in the totals)."""
+    if os.environ.get(MULTIPROC_ENV):
+        mark_process_dead(pid)
+
+
+class Metrics:
+    """Every metric the service exports. `multiprocess`: values live in files shared by the server's processes
+    (gauges are then set explicitly, not computed at scrape time)."""
+
+    def __init__(self, multiprocess: bool = False):
+        self.multiprocess = multiprocess
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("vggserve_requests_total", "HTTP requests by endpoint and status code.",
                                 ["endpoint", "status"], registry=r)
@@ -34,19 +67,26 @@ class Metrics:
                                          "request as the server sees it.", buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("vggserve_batch_size", "Images per device batch.", buckets=BATCH_BUCKETS,
                                     registry=r)
-        self.queue_length = Gauge("vggserve_queue_length", "Images waiting for a device.", registry=r)
+        self.queue_length = Gauge("vggserve_queue_length", "Images waiting for a device.", registry=r,
+                                  multiprocess_mode="livesum")
         self.rejected = Counter("vggserve_rejected_total", "Requests refused at admission, by reason.", ["reason"],
                                 registry=r)
         self.timeouts = Counter("vggserve_timeouts_total", "Images dropped because their deadline passed (504).",
                                 registry=r)
         self.abandoned = Counter("vggserve_abandoned_total", "Images not computed because their client went away.",
                                  registry=r)
-        self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r)
-        self.workers_ready = Gauge("vggserve_workers_ready", "Device workers that are ready.", registry=r)
+        self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r,
+                           multiprocess_mode="livemax")
+        self.workers_ready = Gauge("vggserve_workers_ready", "Device workers that are ready.", registry=r,
+                                   multiprocess_mode="livesum")
 
     def render(self) -> tuple[bytes, str]:
-        """The text exposition format and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The text exposition format and its content type (in multiprocess mode: every process's values)."""
+        if not self.multiprocess:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 def endpoint_label(path: str) -> str:

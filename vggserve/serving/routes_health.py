@@ -12,10 +12,10 @@ router = APIRouter()
             responses={503: {"model": Health, "description": "Every device worker has died: restart the process."}})
 async def live(request: Request):
     """200 while the process serves HTTP and some device worker is alive or still starting."""
-    service = request.app.state.service
-    if service.workers and not any(w.alive or w.state == "starting" for w in service.workers):
-        return JSONResponse({"status": "dead", "detail": service.readiness()[2]}, status_code=503)
-    return {"status": "ok", "detail": "serving"}
+    alive, detail = request.app.state.service.liveness()
+    if not alive:
+        return JSONResponse({"status": "dead", "detail": detail}, status_code=503)
+    return {"status": "ok", "detail": detail}
 
 
 @router.get("/health/ready", response_model=Health, tags=["health"], summary="Readiness",

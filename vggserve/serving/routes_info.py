@@ -13,7 +13,7 @@ router = APIRouter()
             responses=error_responses(401))
 async def metadata(request: Request):
     """Model, weights source and checksum, input size, number of labels, devices and limits."""
-    return request.app.state.service.metadata()
+    return await request.app.state.service.describe()
 
 
 @router.get("/metrics", tags=["info"], summary="Prometheus metrics", response_class=Response,

@@ -57,6 +57,11 @@ class DeviceInfo(BaseModel):
     name: str | None = Field(description="OpenCL device name once loaded.")
 
 
+class FrontendInfo(BaseModel):
+    index: int = Field(description="Which front-end process, 0 .. http_workers - 1 (kept across restarts).")
+    pid: int = Field(description="Its process id; also sent on every response as `X-Vggserve-Frontend`.")
+
+
 class Metadata(BaseModel):
     model: str
     version: str
@@ -75,3 +80,6 @@ class Metadata(BaseModel):
     preprocess_threads: int = Field(description="Threads decoding (or, with processes, normalising) images.")
     preprocess_procs: int = Field(description="Worker processes decoding images; 0 when the threads do it.")
     mpi: bool
+    http_workers: int = Field(1, description="HTTP front-end processes feeding the device workers.")
+    frontend: FrontendInfo | None = Field(None, description="The front-end process that answered (with "
+                                          "--http-workers above 1).")

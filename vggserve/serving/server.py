@@ -16,27 +16,40 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 NO_WORKERS_EXIT = 3  # every device worker died (as DeviceError): a supervisor should restart the service
 
 
+def uvicorn_config(app, log_level: str, access_log: bool, **where) -> uvicorn.Config:
+    """uvicorn's configuration for our app; `where` is host and port (or nothing, to serve given sockets)."""
+    return uvicorn.Config(app, log_level=log_level, access_log=access_log,
+                          timeout_graceful_shutdown=CLOSE_CONNECTIONS_S, lifespan="on", server_header=False, **where)
+
+
+def configure_logging(log_level: str) -> None:
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def build_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
                  access_log: bool = False) -> DrainingServer:
     """A uvicorn server for `create_app(settings, model_factory)` on settings.host:settings.port."""
     app = create_app(settings, model_factory)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            access_log=access_log, timeout_graceful_shutdown=CLOSE_CONNECTIONS_S,
-                            lifespan="on", server_header=False)
-    server = DrainingServer(config, app.state.service.drain)
+    server = DrainingServer(uvicorn_config(app, log_level, access_log, host=settings.host, port=settings.port),
+                            app.state.service.drain)
     app.state.service.on_all_workers_dead = server.fail  # exit (status 3) rather than serve 503s forever
     return server
 
 
 def run_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
                access_log: bool = False) -> int:
-    """Serve until SIGTERM/SIGINT (drained) and return the exit status: 0 after a clean drain."""
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Serve until SIGTERM/SIGINT (drained) and return the exit status: 0 after a clean drain. With
+    settings.http_workers above 1, this process runs the device workers and HTTP front-end processes serve."""
+    configure_logging(log_level)
     if settings.host not in LOOPBACK and not settings.api_key:
         logging.getLogger("vggserve.serving").warning(
             "listening on %s without an API key: anyone who can reach it can use it (set VGGSERVE_API_KEY, or "
             "bind 127.0.0.1 behind nginx)", settings.host)
+    if settings.http_workers > 1:
+        from .frontends import run_with_frontends
+
+        return run_with_frontends(settings, model_factory, log_level, access_log)
     server = build_server(settings, model_factory, log_level, access_log)
     server.run()
     if server.failure:

@@ -42,10 +42,12 @@ def unavailable(code: str, message: str) -> ApiError:
 class Service:
     """Owns everything the routes need; one per app."""
 
-    def __init__(self, settings: Settings, model_factory: ModelFactory | None = None):
+    sends_pixels = False  # True in an HTTP front-end process: images leave it as uint8 crops, not model inputs
+
+    def __init__(self, settings: Settings, model_factory: ModelFactory | None = None, multiprocess: bool = False):
         self.settings = settings
         self.model_factory = model_factory
-        self.metrics = Metrics()
+        self.metrics = Metrics(multiprocess)
         self.drain = Drain(settings.drain_timeout_s, self.metrics)
         self.queue = BatchQueue(settings.max_queue, self.metrics)
         self.workers: list[DeviceWorker] = []
@@ -58,9 +60,11 @@ class Service:
         self.stopping = False
         self._users = 0  # lifespans currently using the service
         self.on_all_workers_dead: Callable[[str], None] | None = None  # set by run_server: exit, so it restarts
-        self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
-        self.metrics.queue_length.set_function(lambda: len(self.queue))
-        self.metrics.workers_ready.set_function(lambda: sum(w.ready for w in self.workers))
+        self.on_state_change: Callable[[], None] | None = None  # set by the engine host: tell the front ends
+        if not multiprocess:  # computed at scrape time; in multiprocess mode state_changed sets them
+            self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
+            self.metrics.queue_length.set_function(lambda: len(self.queue))
+            self.metrics.workers_ready.set_function(lambda: sum(w.ready for w in self.workers))
 
     # lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,7 +91,8 @@ class Service:
             self._sha256 = self.pool.submit(sha256_file, self.settings.weights)
         self.workers = [DeviceWorker(device, factory, self.queue, self.metrics,
                                      max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
-                                     warmup=self.settings.warmup, on_change=self._worker_changed)
+                                     warmup=self.settings.warmup, on_change=self._worker_changed,
+                                     pixels=self.settings.http_workers > 1)
                         for device in self.settings.devices]
         for worker in self.workers:  # all listed before any starts: "none alive" must see every worker
             worker.start()
@@ -114,6 +119,16 @@ class Service:
             self.queue.close(unavailable("no_workers", f"no device worker is alive ({reasons})"))
             if self.on_all_workers_dead is not None:
                 self.on_all_workers_dead(reasons)
+        self.state_changed()
+
+    def state_changed(self) -> None:
+        """Readiness may have changed (a worker, the drain): update the gauges that are not computed at scrape
+        time and tell whoever listens."""
+        if self.metrics.multiprocess:
+            self.metrics.ready.set(1.0 if self.readiness()[0] else 0.0)
+            self.metrics.workers_ready.set(sum(w.ready for w in self.workers))
+        if self.on_state_change is not None:
+            self.on_state_change()
 
     # state the routes ask for --------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str, str]:
@@ -132,6 +147,12 @@ class Service:
         if waiting:
             return False, "not_ready", "waiting for " + ", ".join(waiting)
         return True, "ready", f"{len(self.workers)} device worker(s) ready"
+
+    def liveness(self) -> tuple[bool, str]:
+        """(alive, detail): alive while some device worker is alive or still starting."""
+        if self.workers and not any(w.alive or w.state == "starting" for w in self.workers):
+            return False, self.readiness()[2]
+        return True, "serving"
 
     def ensure_accepting(self) -> None:
         """Raise 503 unless some device worker can take images (one dead worker of several is not fatal)."""
@@ -154,6 +175,10 @@ class Service:
     @property
     def preprocessing(self) -> str:
         return self.model_info().get("preprocessing", "torchvision")
+
+    async def describe(self) -> dict:
+        """What /metadata answers."""
+        return self.metadata()
 
     def metadata(self) -> dict:
         info = self.model_info()
@@ -181,4 +206,5 @@ class Service:
             "preprocess_threads": self.settings.preprocess_threads,
             "preprocess_procs": self.settings.preprocess_procs,
             "mpi": self.settings.mpi,
+            "http_workers": self.settings.http_workers,
         }

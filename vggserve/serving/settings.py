@@ -31,6 +31,24 @@ def default_preprocess_procs(cpus: int | None = None) -> int:
     return 0
 
 
+def auto_http_workers(cpus: int | None = None) -> int:
+    """`--http-workers auto`: half the cores, at least 2, at most 8."""
+    return min(8, max(2, (cpus if cpus is not None else os.cpu_count() or 2) // 2))
+
+
+def parse_http_workers(text: str | int | None) -> int:
+    """`--http-workers N` or `auto` as a number of front-end processes (range checked by Settings)."""
+    if text is None:
+        return 1
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return auto_http_workers()
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise SettingsError(f"--http-workers must be an integer from 1 to 64 or `auto`, got {text!r}; "
+                            "pass e.g. --http-workers 4") from None
+
+
 def parse_devices(text: str | None) -> tuple[str, ...]:
     """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU."""
     parts = tuple(p.strip() for p in (text or "auto").split(","))
@@ -56,6 +74,7 @@ _BOUNDS = {
     "preprocess_threads": (1, 256, "--preprocess-threads", "4"),
     "preprocess_procs": (0, 256, "--preprocess-procs", "8"),
     "drain_timeout_s": (0, 3600, "--drain-timeout", "30"),
+    "http_workers": (1, 64, "--http-workers", "4"),
 }
 
 
@@ -81,6 +100,8 @@ class Settings:
     api_key: str | None = None  # when set, every endpoint but /health/* needs `Authorization: Bearer <key>`
     warmup: bool = True  # each device worker runs one batch before the service reports ready
     mpi: bool = False  # set by `mpirun -n N vggserve serve`: batches are sharded over all ranks
+    # HTTP front-end processes; above 1 this process only batches and computes (vggserve.serving.frontends)
+    http_workers: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -98,6 +119,21 @@ class Settings:
         if self.max_files > self.max_queue:
             raise SettingsError(f"--max-files ({self.max_files}) is larger than --max-queue ({self.max_queue}), so a "
                                 "full batch request could never be admitted; lower --max-files or raise --max-queue")
+        if self.http_workers > 1:
+            self._check_front_ends()
+
+    def _check_front_ends(self) -> None:
+        n = self.http_workers
+        if self.preprocess_procs:
+            raise SettingsError(f"--http-workers {n} and --preprocess-procs {self.preprocess_procs} do not combine: "
+                                "each front-end process decodes its own images; pass one or the other")
+        if self.mpi:
+            raise SettingsError(f"--http-workers {n} does not work under mpirun (rank 0 serves HTTP in one "
+                                "process); drop --http-workers or run without mpirun")
+        if self.frontend_queue_share < self.max_files:
+            raise SettingsError(f"with --http-workers {n} each front end admits {self.frontend_queue_share} images "
+                                f"(--max-queue {self.max_queue} / {n}), fewer than --max-files {self.max_files}; "
+                                f"raise --max-queue to at least {self.max_files * n} or lower --max-files")
 
     def _check_range(self, name: str, value) -> None:
         low, high, flag, example = _BOUNDS[name]
@@ -110,6 +146,11 @@ class Settings:
             kind = "a number" if name in ("max_wait_ms", "drain_timeout_s") else "an integer"
             raise SettingsError(f"{flag} must be {kind} from {low} to {high}, got {value!r}; "
                                 f"pass e.g. {flag} {example}")
+
+    @property
+    def frontend_queue_share(self) -> int:
+        """Images each HTTP front-end process may admit at once: ceil(max_queue / http_workers)."""
+        return -(-self.max_queue // self.http_workers)
 
     @property
     def max_wait_s(self) -> float:

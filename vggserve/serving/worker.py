@@ -1,5 +1,9 @@
 """A device worker: one thread that owns one model (models are not thread-safe), loads it, runs a warm-up batch,
-then computes batches from the shared queue until the queue closes."""
+then computes batches from the shared queue until the queue closes.
+
+Queued images are float32 (3, 224, 224) model inputs, or uint8 (224, 224, 3) centre crops sent by HTTP front-end
+processes; a batch of crops goes to the model's `probabilities_from_pixels` when it has one (the preprocessing
+arithmetic then runs on the device), else each crop is normalised here exactly as `preprocess` would."""
 
 import logging
 import threading
@@ -16,6 +20,7 @@ from .metrics import Metrics
 log = logging.getLogger("vggserve.serving")
 
 INPUT_SHAPE = (3, 224, 224)
+PIXELS_SHAPE = (224, 224, 3)
 LIVE_STATES = ("loading", "warming", "ready")
 
 
@@ -28,7 +33,8 @@ class DeviceWorker:
     """States: starting -> loading -> warming -> ready -> stopped, or failed (with `error`) from any of them."""
 
     def __init__(self, device: str, model_factory: Callable, queue: BatchQueue, metrics: Metrics, *,
-                 max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None]):
+                 max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None],
+                 pixels: bool = False):
         self.device = device
         self.model_factory = model_factory
         self.queue = queue
@@ -37,6 +43,7 @@ class DeviceWorker:
         self.max_wait_s = max_wait_s
         self.warmup = warmup
         self.on_change = on_change
+        self.pixels = pixels  # images arrive as uint8 crops: warm up the path they will take
         self.state = "starting"
         self.error: str | None = None
         self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size once loaded
@@ -77,7 +84,7 @@ class DeviceWorker:
             if self.warmup:
                 self._set("warming")
                 started = time.perf_counter()
-                model.logits(np.zeros((self.max_batch_size, *INPUT_SHAPE), dtype=np.float32))
+                self._warm_up(model)
                 log.info("device %s warmed up in %.2f s", self.device, time.perf_counter() - started)
             self._set("ready")
             while (batch := self.queue.take_batch(self.max_batch_size, self.max_wait_s)) is not None:
@@ -106,7 +113,7 @@ class DeviceWorker:
         self.metrics.batch_size.observe(len(batch))
         try:
             t0 = time.perf_counter()
-            probs = np.asarray(model.probabilities(np.stack([item.tensor for item in batch])), dtype=np.float32)
+            probs = np.asarray(self._probabilities(model, [item.tensor for item in batch]), dtype=np.float32)
             seconds = time.perf_counter() - t0
         except BaseException as exc:
             # a device that failed once is not trusted again: the worker dies, and says so before anyone hears
@@ -119,3 +126,22 @@ class DeviceWorker:
         self.batches += 1
         for item, row in zip(batch, probs):
             item.future.set_result(Outcome(row, started - item.enqueued, seconds, len(batch), self.device))
+
+    def _warm_up(self, model) -> None:
+        if self.pixels and hasattr(model, "probabilities_from_pixels"):
+            model.probabilities_from_pixels(np.zeros((self.max_batch_size, *PIXELS_SHAPE), dtype=np.uint8))
+        else:
+            model.logits(np.zeros((self.max_batch_size, *INPUT_SHAPE), dtype=np.float32))
+
+    def _probabilities(self, model, inputs: list[np.ndarray]) -> np.ndarray:
+        """(N, 1000) probabilities for a batch of float32 model inputs and/or uint8 crops."""
+        if all(x.dtype == np.uint8 for x in inputs) and hasattr(model, "probabilities_from_pixels"):
+            return model.probabilities_from_pixels(np.stack(inputs))
+        return model.probabilities(np.stack([self._as_input(x) for x in inputs]))
+
+    def _as_input(self, x: np.ndarray) -> np.ndarray:
+        if x.dtype != np.uint8:
+            return x
+        from ..preprocess import normalize_pixels
+
+        return normalize_pixels(x, self.info.get("preprocessing", "torchvision"))

@@ -1,0 +1,284 @@
+"""The link between an HTTP front-end process and the engine process (`--http-workers N`), and the front end's side
+of it: `RemoteQueue`, which the request pipeline uses in place of the engine's BatchQueue.
+
+A link is one authenticated Unix-socket connection (`multiprocessing.connection`). Each side sends lists of
+messages (several at a time when they queue up); a message is a tuple whose first element names it:
+
+    front end -> engine
+        ("hello", index, pid)                      who is connecting
+        ("submit", image_id, pixels, seconds_left) a uint8 (224, 224, 3) centre crop and its remaining deadline
+        ("withdraw", image_id, error)              drop it if it still waits (DeadlineExceeded or ClientGone)
+        ("call", call_id, "metadata")              ask for the engine's /metadata
+    engine -> front end
+        ("state", state)                           readiness, liveness, model info: on connect and on every change
+        ("result", image_id, outcome)              an Outcome (probabilities, queue/inference time, batch, device)
+        ("error", image_id, api_error)             429, 503, 504, 499 or 500 for that image
+        ("reply", call_id, value)
+
+Every submitted image gets exactly one "result" or "error", withdrawn or not.
+"""
+
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection
+from typing import Callable
+
+import numpy as np
+
+from .batcher import QueueFull
+from .errors import ApiError
+from .metrics import Metrics
+
+log = logging.getLogger("vggserve.serving")
+
+AUTHKEY_BYTES = 32
+_STOP = object()
+
+
+def shutting_down(message: str = "the server is shutting down") -> ApiError:
+    return ApiError(503, "shutting_down", message, {"Retry-After": "1"})
+
+
+class Link:
+    """One end of a connection: `send` queues a message for the writer thread; the reader thread hands each message
+    received to `on_message`, and calls `on_close` once when the connection ends (either side)."""
+
+    def __init__(self, conn: Connection, on_message: Callable[[tuple], None], on_close: Callable[[], None],
+                 name: str):
+        self.conn = conn
+        self.on_message = on_message
+        self.on_close = on_close
+        self.name = name
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name=f"{name}-writer", daemon=True)
+
+    def start(self) -> None:
+        self._writer.start()
+        self._reader.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def send(self, message: tuple) -> None:
+        if not self._closed.is_set():
+            self._outbox.put(message)
+
+    def close(self) -> None:
+        """End the connection: the other side sees it closed, and so does this side's reader."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._outbox.put(_STOP)
+        try:  # shutdown (not close) wakes a reader blocked in recv
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _write(self) -> None:
+        while True:
+            message = self._outbox.get()
+            batch = []
+            while message is not _STOP:
+                batch.append(message)
+                if self._outbox.empty():
+                    break
+                message = self._outbox.get()
+            if batch:
+                try:
+                    self.conn.send(batch)
+                except (OSError, ValueError):
+                    self.close()
+                    return
+            if message is _STOP:
+                return
+
+    def _read(self) -> None:
+        try:
+            while True:
+                for message in self.conn.recv():
+                    self.on_message(message)
+        except (EOFError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - a bad message ends the link, loudly
+            log.exception("%s: unexpected failure reading the link", self.name)
+        finally:
+            self.close()
+            self._writer.join(5)
+            self.conn.close()
+            self.on_close()
+
+
+@dataclass(eq=False)
+class RemoteItem:
+    """One image sent to the engine; its future gets an Outcome or an ApiError from the engine."""
+
+    id: int
+    deadline: float
+    enqueued: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)
+
+
+class RemoteQueue:
+    """The front end's queue: admission against this process's share of --max-queue (an image holds its place
+    from admission until the engine answers it), images sent to the engine, answers matched back to them."""
+
+    def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None]):
+        self.capacity = capacity
+        self.metrics = metrics
+        self._send = send
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._pending: dict[int, RemoteItem] = {}
+        self._ids = itertools.count()
+        self._closed: ApiError | None = None
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    @property
+    def admitted(self) -> int:
+        return self._admitted
+
+    def admit(self, n: int) -> None:
+        """Reserve room for n images, all or none; QueueFull (429) if this front end's share is taken."""
+        with self._lock:
+            if self._closed is not None:
+                raise self._closed
+            if self._admitted + n > self.capacity:
+                self.metrics.rejected.labels(reason="queue_full").inc()
+                raise QueueFull(self.capacity)
+            self._admitted += n
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self._admitted -= n
+
+    def submit(self, pixels: np.ndarray, deadline: float) -> RemoteItem:
+        """Send one admitted image to the engine."""
+        with self._lock:
+            if self._closed is not None:
+                self._admitted -= 1
+                raise self._closed
+            item = RemoteItem(next(self._ids), deadline)
+            self._pending[item.id] = item
+        self._send(("submit", item.id, pixels, deadline - time.monotonic()))
+        return item
+
+    def withdraw(self, item: RemoteItem, error: ApiError) -> bool:
+        """Ask the engine to drop the image if it still waits; its answer (this error, or its result if a device
+        has it already) arrives as for any image. False: not known yet."""
+        self._send(("withdraw", item.id, error))
+        return False
+
+    def resolve(self, image_id: int, outcome=None, error: ApiError | None = None) -> None:
+        """The engine's answer for one image."""
+        with self._lock:
+            item = self._pending.pop(image_id, None)
+            if item is None:
+                return
+            self._admitted -= 1
+        if error is not None:
+            item.future.set_exception(error)
+        else:
+            item.future.set_result(outcome)
+
+    def close(self, error: ApiError) -> None:
+        """Refuse further images with `error` and fail those still waiting for the engine with it."""
+        with self._lock:
+            self._closed = error
+            left = list(self._pending.values())
+            self._pending.clear()
+            self._admitted -= len(left)
+        for item in left:
+            item.future.set_exception(error)
+
+
+class EngineClient:
+    """A front end's connection to the engine: the link, the remote queue, the engine's last state, calls."""
+
+    def __init__(self, address: str, authkey: bytes, capacity: int, metrics: Metrics, index: int):
+        self.address = address
+        self.authkey = authkey
+        self.index = index
+        self.state: dict | None = None  # the engine's last "state" message
+        self.on_state: Callable[[], None] | None = None
+        self.on_lost: Callable[[str], None] | None = None  # the engine went away
+        self._first_state = threading.Event()
+        self._calls: dict[int, Future] = {}
+        self._call_ids = itertools.count()
+        self.link: Link | None = None
+        self.queue = RemoteQueue(capacity, metrics, self._send)
+        self._stopping = False
+
+    def _send(self, message: tuple) -> None:
+        if self.link is not None:
+            self.link.send(message)
+
+    def connect(self, wait_state_s: float = 5.0) -> None:
+        """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
+        conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
+        self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
+        self.link.start()
+        self.link.send(("hello", self.index, os.getpid()))
+        self._first_state.wait(wait_state_s)
+
+    def close(self) -> None:
+        self._stopping = True
+        self.queue.close(shutting_down())
+        if self.link is not None:
+            self.link.close()
+
+    async def call(self, what: str, timeout_s: float = 5.0):
+        """The engine's answer to a call ("metadata"); ApiError 503 if it does not come in time."""
+        import asyncio
+
+        call_id = next(self._call_ids)
+        future: Future = Future()
+        self._calls[call_id] = future
+        self._send(("call", call_id, what))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "unavailable", f"the engine process did not answer within {timeout_s:.0f} s",
+                           {"Retry-After": "1"}) from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _received(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "result":
+            self.queue.resolve(message[1], outcome=message[2])
+        elif kind == "error":
+            self.queue.resolve(message[1], error=message[2])
+        elif kind == "state":
+            self.state = message[1]
+            self._first_state.set()
+            if self.on_state is not None:
+                self.on_state()
+        elif kind == "reply":
+            future = self._calls.get(message[1])
+            if future is not None and not future.done():
+                future.set_result(message[2])
+        else:
+            log.warning("front end %d: unknown message %r from the engine", self.index, kind)
+
+    def _closed(self) -> None:
+        self.queue.close(shutting_down("the engine process went away; retry"))
+        for future in list(self._calls.values()):
+            if not future.done():
+                future.set_exception(shutting_down())
+        if not self._stopping:
+            log.error("front end %d: lost the link to the engine process", self.index)
+            if self.on_lost is not None:
+                self.on_lost("the engine process went away")
