@@ -1,0 +1,427 @@
+"""`vggserve serve --http-workers N`: HTTP front-end processes feeding one engine process.
+
+In-process: the engine link answers like the BatchQueue (results, 429 beyond --max-queue, withdraws, a front end
+that goes away), the device worker's uint8 path, the restart budget, the settings. Real processes: results
+identical to `vggserve classify --json`, batching across front ends with metrics aggregated over processes, both
+front ends serving, 4xx, a killed front end restarted; with a sleeping stand-in model: readiness, 429, 504, clients
+that go away, and SIGTERM draining with no process left behind.
+"""
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from conftest import TEST_DEVICE
+from image_corpus import build_corpus
+from PIL import Image
+
+from test_http_api import PNG
+from test_http_process import HTTP, IMAGE, MEDIA, classify, concurrently, live, metric, samples, wait_metric, wait_until
+from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, Outcome
+from vggserve.serving.engine_host import EngineHost
+from vggserve.serving.engine_link import EngineClient
+from vggserve.serving.fakes import SlowModel
+from vggserve.serving.frontend import HEADER
+from vggserve.serving.frontends import FrontEnds
+from vggserve.serving.imaging import decode_and_crop, prepare_image
+from vggserve.serving.metrics import Metrics
+from vggserve.serving.process import ServerProcess, python_env
+from vggserve.serving.service import Service
+from vggserve.serving.settings import Settings, SettingsError, auto_http_workers, parse_http_workers
+from vggserve.serving.worker import DeviceWorker
+
+
+def crop(color) -> np.ndarray:
+    buffer = io.BytesIO()
+    Image.new("RGB", (300, 260), color).save(buffer, "PNG")
+    return decode_and_crop(buffer.getvalue(), "torchvision", 10**8)[0]
+
+
+@contextmanager
+def engine_and_client(settings: Settings, models: list, seconds: float, capacity: int = 64):
+    """A started Service with SlowModels (appended to `models`) behind an EngineHost, and a connected client."""
+    def load(device):
+        models.append(SlowModel(device, seconds, settings.max_batch_size))
+        return models[-1]
+
+    service = Service(settings, load)
+    workdir = tempfile.mkdtemp(prefix="vggserve-test-")
+    host = EngineHost(service, os.path.join(workdir, "engine.sock"), os.urandom(32))
+    host.start()
+    service.start()
+    client = EngineClient(host.address, host.authkey, capacity, Metrics(), 0)
+    try:
+        client.connect()
+        wait_until(lambda: client.state and client.state["ready"][0], 10, "the engine's ready state")
+        yield service, client
+    finally:
+        client.close()
+        host.close()
+        service.stop()
+        os.rmdir(workdir)
+
+
+def send(client: EngineClient, pixels: np.ndarray, timeout_s: float = 30.0):
+    client.queue.admit(1)
+    return client.queue.submit(pixels, time.monotonic() + timeout_s)
+
+
+def test_link_answers_with_the_models_probabilities_and_refuses_beyond_max_queue():
+    from vggserve.preprocess import normalize_pixels
+
+    settings = Settings(http_workers=2, max_queue=2, max_files=1, max_batch_size=1, max_wait_ms=0, warmup=False)
+    models: list = []
+    pixels = [crop((40 * i, 200 - 30 * i, 90)) for i in range(4)]
+    with engine_and_client(settings, models, seconds=0.3) as (service, client):
+        items = [send(client, p) for p in pixels]  # 1 on the device + 2 waiting fit; the 4th does not
+        answers = [(item.future.exception(timeout=10) or item.future.result()) for item in items]
+    refused = [a for a in answers if not isinstance(a, Outcome)]
+    assert refused and all(a.status == 429 and a.code == "queue_full" for a in refused), answers
+    reference = SlowModel(seconds_per_batch=0)
+    for p, answer in zip(pixels, answers):
+        if isinstance(answer, Outcome):
+            want = reference.probabilities(normalize_pixels(p, "torchvision")[None])[0]
+            assert np.array_equal(answer.probabilities, want) and answer.batch_size == 1
+    assert sum(models[0].batch_sizes) == len(pixels) - len(refused)
+    assert client.queue.admitted == 0
+
+
+def test_link_withdraws_waiting_images_and_drops_a_front_end_that_goes_away():
+    settings = Settings(http_workers=2, max_queue=8, max_files=1, max_batch_size=1, max_wait_ms=0, warmup=False)
+    models: list = []
+    with engine_and_client(settings, models, seconds=0.6) as (service, client):
+        busy = send(client, crop((1, 2, 3)))
+        wait_until(lambda: models[0].batch_sizes == [1], 5, "the first image on the device")
+        late, gone = send(client, crop((4, 5, 6))), send(client, crop((7, 8, 9)))
+        wait_until(lambda: len(service.queue) == 2, 5, "two images waiting in the engine")
+        client.queue.withdraw(late, DeadlineExceeded(0.1))
+        error = late.future.exception(timeout=5)
+        assert isinstance(error, DeadlineExceeded) and error.status == 504
+        assert not busy.future.done()  # answered without waiting for the device
+        client.link.close()  # the front end goes away: its waiting image is not computed
+        count = service.metrics.registry.get_sample_value
+        wait_until(lambda: count("vggserve_abandoned_total") == 1, 5, "the image withdrawn")
+        assert gone.future.exception(timeout=5).status == 503  # the front end's side: the link is gone
+        assert len(service.queue) == 0 and count("vggserve_timeouts_total") == 1
+        wait_until(lambda: service.workers[0].batches == 1, 5, "the busy image computed")
+    assert models[0].batch_sizes == [1]
+
+
+class PixelModel(SlowModel):
+    def probabilities_from_pixels(self, pixels):
+        self.pixels = pixels
+        return self.probabilities(pixels.astype(np.float32))
+
+
+@pytest.mark.parametrize("model_class", [SlowModel, PixelModel])
+def test_worker_computes_uint8_crops_on_the_device_or_normalises_them_exactly(model_class):
+    image = io.BytesIO()
+    Image.new("RGB", (320, 240), (10, 120, 240)).save(image, "PNG")
+    data = image.getvalue()
+    models: list = []
+    metrics = Metrics()
+    queue = BatchQueue(4, metrics)
+    worker = DeviceWorker("cpu", lambda d: models.append(model_class(d, 0.0, 2)) or models[-1], queue, metrics,
+                          max_batch_size=2, max_wait_s=0.05, warmup=True, on_change=lambda: None, pixels=True)
+    worker.start()
+    pixels = decode_and_crop(data, "torchvision", 10**8)[0]
+    queue.admit(2)
+    items = [queue.submit(pixels, time.monotonic() + 10), queue.submit(pixels, time.monotonic() + 10)]
+    outcomes = [item.future.result(timeout=10) for item in items]
+    queue.close(ClientGone())
+    worker.join(5)
+    if model_class is PixelModel:
+        assert models[0].pixels.dtype == np.uint8 and models[0].pixels.shape == (2, 224, 224, 3)
+        want = SlowModel(seconds_per_batch=0).probabilities(pixels.astype(np.float32)[None])[0]
+    else:  # the same float32 input as the single-process path's prepare_image, bit for bit
+        want = SlowModel(seconds_per_batch=0).probabilities(prepare_image(data, "torchvision", 10**8)[0][None])[0]
+    assert all(np.array_equal(o.probabilities, want) and o.batch_size == 2 for o in outcomes)
+
+
+def test_front_ends_are_restarted_until_they_die_too_often():
+    launched = []
+
+    def launch(index):
+        launched.append(index)
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+
+    frontends = FrontEnds(2, launch)
+    frontends.start()
+    reason = None
+    end = time.monotonic() + 30
+    while reason is None and time.monotonic() < end:
+        reason = frontends.check()
+        time.sleep(0.02)
+    assert reason and "keep dying" in reason and "status 7" in reason, reason
+    assert 5 <= len(launched) <= 7 and set(launched) == {0, 1}
+    frontends.kill()
+
+
+def test_http_workers_setting_and_flag():
+    assert Settings().http_workers == 1
+    assert Settings(http_workers=4).frontend_queue_share == 64
+    assert Settings(http_workers=3, max_queue=10, max_files=4).frontend_queue_share == 4
+    assert [auto_http_workers(n) for n in (1, 2, 4, 16, 64)] == [2, 2, 2, 8, 8]
+    assert parse_http_workers("auto") == auto_http_workers() and parse_http_workers("3") == 3
+    for bad, words in [(0, "--http-workers"), (65, "--http-workers"),
+                       ({"http_workers": 2, "preprocess_procs": 2}, "--preprocess-procs"),
+                       ({"http_workers": 2, "mpi": True}, "mpirun"),
+                       ({"http_workers": 4, "max_queue": 16, "max_files": 16}, "--max-queue")]:
+        with pytest.raises(SettingsError, match=words):
+            Settings(**bad) if isinstance(bad, dict) else Settings(http_workers=bad)
+    with pytest.raises(SettingsError, match="auto"):
+        parse_http_workers("many")
+
+    import argparse
+
+    from vggserve.cli import serve
+
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    assert serve._settings(parser.parse_args(["serve", "--http-workers", "3"])).http_workers == 3
+    assert serve._settings(parser.parse_args(["serve"])).http_workers == 1
+
+
+# --- real processes -------------------------------------------------------------------------------------------
+
+def front_end_pids(server: ServerProcess) -> set[int]:
+    return {p.pid for p in psutil.Process(server.proc.pid).children()}
+
+
+def no_process_left(server: ServerProcess) -> bool:
+    try:
+        os.killpg(server.proc.pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@contextmanager
+def running(server: ServerProcess):
+    """The server, and on the way out, whatever is left of its process group killed (even if a test failed)."""
+    try:
+        with server:
+            yield server
+    finally:
+        if not no_process_left(server):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def frontends_server(tiny_weights_path):
+    args = ["--weights", str(tiny_weights_path), "--device", TEST_DEVICE, "--max-batch-size", "4",
+            "--max-wait-ms", "300", "--max-body-bytes", "65536", "--preprocess-threads", "2", "--http-workers", "2",
+            "--log-level", "warning"]
+    with running(ServerProcess.serve_cli(args)) as server:
+        server.wait_ready(180)
+        yield server
+
+
+def test_results_identical_to_vggserve_classify_json(frontends_server, tiny_weights_path, tmp_path):
+    files = build_corpus(tmp_path)
+    names = ["palette.png", "animated.gif", "exif_orientation_8.jpg", "cmyk.jpg"]
+    command = [sys.executable, "-m", "vggserve", "classify", "--json", "--weights", str(tiny_weights_path),
+               "--device", TEST_DEVICE, "--top-k", "5", *(str(files[n]) for n in names)]
+    done = subprocess.run(command, env=python_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    cli = {Path(line["image"]).name: line["predictions"] for line in map(json.loads, done.stdout.splitlines())}
+    url = frontends_server.url
+    with ThreadPoolExecutor(4) as pool:
+        singles = list(pool.map(lambda n: HTTP.post(url + "/classify", content=files[n].read_bytes(),
+                                                    headers={"content-type": MEDIA[files[n].suffix]}, timeout=60),
+                                names))
+    batch = HTTP.post(url + "/classify/batch", timeout=60,
+                      files=[("files", (n, files[n].read_bytes(), MEDIA[files[n].suffix])) for n in names])
+    assert batch.status_code == 200, batch.text
+    for name, single, entry in zip(names, singles, batch.json()["results"]):
+        assert single.status_code == 200, single.text
+        want = cli[name]
+        for got in (single.json()["predictions"], entry["predictions"]):
+            assert [(p["index"], p["label"]) for p in got] == [(p["index"], p["label"]) for p in want], name
+            assert [p["probability"] for p in got] == pytest.approx([p["probability"] for p in want],
+                                                                   rel=1e-5, abs=1e-7)
+
+
+def test_images_from_both_front_ends_are_batched_together_and_metrics_cover_every_process(frontends_server):
+    url = frontends_server.url
+    before = samples(url)
+    seen: set[str] = set()
+    sent = 0
+    for _ in range(6):  # new connections each time, until both front ends have answered (bounded)
+        responses = concurrently(16, lambda: classify(url, timeout=120))
+        assert [r.status_code for r in responses] == [200] * 16
+        seen |= {r.headers[HEADER] for r in responses}
+        sent += 16
+        if len(seen) == 2:
+            break
+    assert {int(pid) for pid in seen} == front_end_pids(frontends_server)
+    after = samples(url)
+    images = after[("vggserve_batch_size_sum",)] - before[("vggserve_batch_size_sum",)]
+    batches = after[("vggserve_batch_size_count",)] - before[("vggserve_batch_size_count",)]
+    assert images == sent and images / batches > 1, (images, batches)
+    key = ("vggserve_requests_total", ("endpoint", "/classify"), ("status", "200"))
+    assert after[key] - before.get(key, 0) == sent  # counted in both front ends, summed in one scrape
+    assert after[("vggserve_ready",)] == 1 and after[("vggserve_workers_ready",)] == 1
+    meta = HTTP.get(url + "/metadata", timeout=10)
+    assert meta.json()["http_workers"] == 2 and meta.json()["frontend"]["pid"] == int(meta.headers[HEADER])
+    assert meta.json()["devices"][0]["state"] == "ready" and meta.json()["devices"][0]["batches"] >= batches
+
+
+@pytest.mark.parametrize("kwargs, status, code", [
+    ({"content": b"just text", "headers": {"content-type": "image/jpeg"}}, 400, "invalid_image"),
+    ({"content": b"", "headers": {"content-type": "image/png"}}, 400, "empty_body"),
+    ({"content": PNG, "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
+    ({"content": b"\x89PNG" + b"0" * 100_000, "headers": IMAGE}, 413, "payload_too_large"),
+    ({"content": PNG, "headers": IMAGE, "params": {"top_k": 0}}, 422, "invalid_request"),
+])
+def test_bad_input_is_a_4xx_in_the_error_shape(frontends_server, kwargs, status, code):
+    r = HTTP.post(frontends_server.url + "/classify", timeout=30, **kwargs)
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error"} and r.json()["error"]["code"] == code and r.json()["error"]["message"]
+
+
+def test_a_killed_front_end_is_restarted_and_the_server_keeps_answering(frontends_server):
+    url = frontends_server.url
+    key = ("vggserve_requests_total", ("endpoint", "/classify"), ("status", "200"))
+    answered = samples(url)[key]
+    old = front_end_pids(frontends_server)
+    victim = min(old)
+    os.kill(victim, signal.SIGKILL)
+    codes = []
+    end = time.monotonic() + 60
+    while time.monotonic() < end:  # answering all along, until a new front end has replaced the killed one
+        codes.append(classify(url, timeout=60).status_code)
+        pids = front_end_pids(frontends_server)
+        if len(pids) == 2 and victim not in pids:
+            break
+    assert codes and set(codes) == {200}, codes
+    assert len(pids) == 2 and victim not in pids
+    new = (pids - old).pop()
+    wait_until(lambda: any(classify(url, timeout=60).headers[HEADER] == str(new) for _ in range(8)), 60,
+               "the new front end answering")
+    assert samples(url)[key] >= answered + len(codes)  # the dead process's counts are kept
+
+
+def test_sigterm_drains_and_leaves_no_process_behind(frontends_server):
+    assert len(front_end_pids(frontends_server)) == 2
+    frontends_server.signal(signal.SIGTERM)
+    assert frontends_server.wait(60) == 0, frontends_server.output()[-3000:]
+    wait_until(lambda: no_process_left(frontends_server), 10, "every front end gone")
+    assert "Traceback" not in frontends_server.output()
+
+
+SLOW_SERVER = """
+import os, sys, time
+from vggserve.serving.fakes import SlowModel
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+
+def load(device):
+    while not os.path.exists(GATE):  # the test opens the gate once it has seen readiness answer 503
+        time.sleep(0.02)
+    return SlowModel(device, 0.5, 2)
+
+settings = Settings(port=PORT, http_workers=2, max_batch_size=2, max_wait_ms=50, max_queue=8, max_files=4,
+                    drain_timeout_s=10, preprocess_threads=2)
+sys.exit(run_server(settings, load, log_level="warning"))
+"""
+
+
+def test_slow_model_readiness_429_504_gone_clients_and_drain(tmp_path):
+    gate = tmp_path / "gate"
+    with running(ServerProcess.python_code(SLOW_SERVER.replace("GATE", repr(str(gate))))) as server:
+        url = server.url
+        # readiness: the front ends are live while the engine still loads, ready once it has warmed up
+        wait_until(lambda: live(url), 60, "liveness")
+        r = HTTP.get(url + "/health/ready", timeout=5)
+        assert r.status_code == 503 and r.json()["status"] == "not_ready", r.text
+        assert classify(url).json()["error"]["code"] == "not_ready"
+        gate.touch()
+        server.wait_ready(30)
+
+        # each front end admits 4 of --max-queue 8 until answered: 12 at once, at least 4 refused at once
+        def timed(headers=None):
+            response = classify(url, headers)
+            return response, time.monotonic()
+
+        results = concurrently(12, timed)
+        codes = [r.status_code for r, _ in results]
+        assert codes.count(429) >= 4 and set(codes) <= {200, 429}, codes
+        first_done = min(t for r, t in results if r.status_code == 200)
+        for r, finished in results:
+            if r.status_code == 429:
+                assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
+                assert finished < first_done
+
+        # a deadline that passes while the image waits in the engine: 504 at once, never computed
+        before = samples(url)
+        with ThreadPoolExecutor(3) as pool:
+            busy = [pool.submit(timed) for _ in range(2)]
+            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == before[("vggserve_batch_size_sum",)] + 2,
+                        "the two busy images on the device")
+            late, late_done = timed({"x-request-timeout-ms": "150"})
+            assert [f.result()[0].status_code for f in busy] == [200, 200]
+            assert late_done < min(f.result()[1] for f in busy)
+        assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+        after = samples(url)
+        assert after[("vggserve_batch_size_sum",)] == before[("vggserve_batch_size_sum",)] + 2
+        assert after[("vggserve_timeouts_total",)] == before[("vggserve_timeouts_total",)] + 1
+
+        # a client that goes away while its image waits in the engine: withdrawn, so never computed
+        images = after[("vggserve_batch_size_sum",)]
+        with ThreadPoolExecutor(2) as pool:
+            busy = [pool.submit(classify, url) for _ in range(2)]
+            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == images + 2, "the busy images on the device")
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
+                wait_metric(url, "vggserve_queue_length", lambda v: v == 1, "the third image waiting")
+            wait_metric(url, "vggserve_abandoned_total", lambda v: v == 1, "the abandoned image withdrawn")
+            assert [f.result().status_code for f in busy] == [200, 200]
+        assert metric(url, "vggserve_batch_size_sum") == images + 2 and metric(url, "vggserve_queue_length") == 0
+
+        # SIGTERM with requests in flight: readiness 503, new requests refused, in-flight ones finish, exit 0
+        pids = front_end_pids(server)
+        with ThreadPoolExecutor(3) as pool:
+            inflight = [pool.submit(classify, url) for _ in range(3)]
+            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == images + 4, "two images on the device")
+            wait_metric(url, "vggserve_queue_length", lambda v: v == 1, "the third image waiting")
+            server.signal(signal.SIGTERM)
+            wait_until(lambda: HTTP.get(url + "/health/ready", timeout=5).json()["status"] == "draining", 10,
+                       "readiness to report draining")
+            refused = classify(url)
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+            assert [f.result().status_code for f in inflight] == [200, 200, 200]
+        assert server.wait(30) == 0, server.output()[-3000:]
+        wait_until(lambda: no_process_left(server), 10, "every front end gone")
+        assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
+        assert "Traceback" not in server.output()
+
+
+def test_every_device_worker_dead_exits_3_and_stops_the_front_ends():
+    code = """
+import sys
+from vggserve.errors import DeviceError
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+def no_device(device):
+    raise DeviceError("no gpu device number 7 (usable devices: cpu)")
+sys.exit(run_server(Settings(port=PORT, devices=("gpu:7",), http_workers=2), no_device, log_level="warning"))
+"""
+    with running(ServerProcess.python_code(code)) as server:
+        assert server.wait(60) == 3, server.output()[-3000:]
+        assert "no device worker is alive (gpu:7: DeviceError: no gpu device number 7" in server.output()
+        wait_until(lambda: no_process_left(server), 10, "every front end gone")
