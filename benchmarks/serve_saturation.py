@@ -9,7 +9,8 @@
 2. Service: starts `python -m vggserve serve` on 127.0.0.1 with --max-batch-size B (or uses --url), waits for
    /health/ready, then --client-procs processes keep --concurrency requests in flight (POST /classify, raw
    JPEG body; or POST /classify/batch with --files-per-request N) for --warmup + --duration seconds.
-   --preprocess-threads and --preprocess-procs are passed to the server (default: the server's defaults).
+   --preprocess-threads, --preprocess-procs and --http-workers are passed to the server (default: the
+   server's defaults).
    images/s counts the images classified in requests completed within the --duration window.
 3. Prints both, their ratio (the target is >= 0.90), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles; --json FILE writes the same as JSON. Exit status 0; with
@@ -50,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preprocess-threads", type=int, default=None, help="server's --preprocess-threads")
     p.add_argument("--preprocess-procs", type=int, default=None,
                    help="server's --preprocess-procs (worker processes decoding images; default: the server's)")
+    p.add_argument("--http-workers", default=None, metavar="N",
+                   help="server's --http-workers (HTTP front-end processes, or `auto`; default: the server's, 1)")
     p.add_argument("--files-per-request", type=int, default=1,
                    help="images per request: 1 posts to /classify, more to /classify/batch (default 1)")
     p.add_argument("--image", default=None, help="image file to send (default: a synthetic 500x375 JPEG)")
@@ -100,7 +103,7 @@ async def _drive(url, body, files, connections, start_at, warmup, duration) -> d
                                                             for i in range(files)])
 
     window_start, end = start_at + warmup, start_at + warmup + duration
-    ok, statuses, latencies = 0, {}, []
+    ok, statuses, latencies, frontends = 0, {}, [], {}
     tls = ssl.create_default_context()  # built once: every client would otherwise build its own
 
     async def loop(client):
@@ -113,13 +116,15 @@ async def _drive(url, body, files, connections, start_at, warmup, duration) -> d
                 if status == 200 and files > 1:
                     status = 200 if all("predictions" in x for x in r.json()["results"]) else "item_error"
             except httpx.HTTPError as exc:
-                status = type(exc).__name__
+                status, r = type(exc).__name__, None
             done = time.time()
             if window_start <= done < end:
                 statuses[str(status)] = statuses.get(str(status), 0) + 1
                 if status == 200:
                     ok += files
                     latencies.append(done - sent)
+                    pid = r.headers.get("x-vggserve-frontend", "-")  # which front-end process answered
+                    frontends[pid] = frontends.get(pid, 0) + files
 
     # small connection pools: one httpx pool holding many connections scales badly
     sizes = [min(POOL_SIZE, connections - start) for start in range(0, connections, POOL_SIZE)]
@@ -131,7 +136,7 @@ async def _drive(url, body, files, connections, start_at, warmup, duration) -> d
     finally:
         for client in clients:
             await client.aclose()
-    return {"ok": ok, "statuses": statuses, "latencies": latencies}
+    return {"ok": ok, "statuses": statuses, "latencies": latencies, "frontends": frontends}
 
 
 def batch_stats(url: str) -> tuple[float, float]:
@@ -148,11 +153,12 @@ def batch_stats(url: str) -> tuple[float, float]:
 
 
 def server_preprocessing(url: str) -> dict:
-    """The running server's preprocess_threads and preprocess_procs, from /metadata (None where it does not say)."""
+    """The running server's preprocess_threads, preprocess_procs and http_workers, from /metadata (None where it
+    does not say)."""
     import httpx
 
     meta = httpx.get(url + "/metadata", timeout=10).json()
-    return {k: meta.get(k) for k in ("preprocess_threads", "preprocess_procs")}
+    return {k: meta.get(k) for k in ("preprocess_threads", "preprocess_procs", "http_workers")}
 
 
 def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, duration: float,
@@ -173,13 +179,17 @@ def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, du
     for w in workers:
         w.join(timeout=60)
     statuses: dict[str, int] = {}
+    frontends: dict[str, int] = {}
     for part in parts:
         for k, v in part["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
+        for k, v in part["frontends"].items():
+            frontends[k] = frontends.get(k, 0) + v
     latencies = np.array([x for part in parts for x in part["latencies"]]) * 1000
     ok = sum(part["ok"] for part in parts)
     return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses,
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
+            "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
                            for q in ("p50", "p90", "p99")}}
 
@@ -187,18 +197,19 @@ def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, du
 def main(argv=None) -> int:
     args = parse_args(argv)
     from vggserve.serving.process import ServerProcess
-    from vggserve.serving.settings import parse_devices
+    from vggserve.serving.settings import parse_devices, parse_http_workers
     from vggserve.weights import find_weights
 
     weights = str(find_weights(args.weights)) if not args.url or not args.skip_engine else None
     devices = parse_devices(args.device)
+    fronts = parse_http_workers(args.http_workers)
     batch = args.max_batch_size
     concurrency = args.concurrency or max(1, 4 * batch * len(devices) // args.files_per_request)
     procs = args.client_procs or max(1, min(8, (mp.cpu_count() or 2) // 2))
     body = Path(args.image).read_bytes() if args.image else synthetic_jpeg()
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
            "duration_s": args.duration, "preprocess_threads": args.preprocess_threads,
-           "preprocess_procs": args.preprocess_procs}
+           "preprocess_procs": args.preprocess_procs, "http_workers": args.http_workers}
 
     if not args.skip_engine:
         per_device = [engine_images_per_second(weights, d, batch, args.engine_seconds) for d in devices]
@@ -216,12 +227,15 @@ def main(argv=None) -> int:
         serve_args = ["--weights", weights, "--device", args.device, "--max-batch-size", str(batch),
                       "--max-files", str(max(16, args.files_per_request)),
                       "--max-wait-ms", str(args.max_wait_ms),
-                      "--max-queue", str(max(256, 2 * concurrency * args.files_per_request)),
+                      # each front-end process admits its share of the queue: room for every request in each
+                      "--max-queue", str(max(256, 2 * concurrency * args.files_per_request) * fronts),
                       "--log-level", "warning"]
         if args.preprocess_threads:
             serve_args += ["--preprocess-threads", str(args.preprocess_threads)]
         if args.preprocess_procs is not None:
             serve_args += ["--preprocess-procs", str(args.preprocess_procs)]
+        if args.http_workers is not None:
+            serve_args += ["--http-workers", str(args.http_workers)]
         with ServerProcess.serve_cli(serve_args) as server:
             server.wait_ready(600)
             out.update(server_preprocessing(server.url))
@@ -232,7 +246,9 @@ def main(argv=None) -> int:
     lat = service["latency_ms"]
     print(f"service : {service['images_per_s']:9.1f} images/s, mean batch {service['mean_batch']:.1f}, "
           f"{concurrency} in flight from {procs} processes; preprocess threads {out['preprocess_threads']}, "
-          f"processes {out['preprocess_procs']}; statuses {service['statuses']}; latency ms "
+          f"processes {out['preprocess_procs']}; HTTP front ends {out['http_workers']} (images each "
+          f"{service['images_per_frontend']}); "
+          f"statuses {service['statuses']}; latency ms "
           + ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if v is not None), flush=True)
     if "engine_images_per_s" in out:
         out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
