@@ -10,7 +10,7 @@ def register(subparsers) -> None:
     p.add_argument("--candidates", type=positive_int, default=24, help="parameter sets tried per shape (default 24)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per candidate (median; default 3)")
     p.add_argument("--winograd", action="store_true",
-                   help="also time Winograd F(2x2,3x3) candidates on the 3x3 layers (docs/winograd.md)")
+                   help="also time Winograd F(2x2,3x3) and F(4x4,3x3) candidates on the 3x3 layers (docs/winograd.md)")
     p.add_argument("--dry-run", action="store_true", help="report, but do not store the winners")
     p.add_argument("--json", action="store_true", help="print winners and every trial as JSON")
     add_device_args(p, batch_default=16)
