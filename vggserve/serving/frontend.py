@@ -97,26 +97,6 @@ class FrontendService(Service):
         return metadata
 
 
-class TakeTurnsSocket(socket.socket):
-    """The shared listening socket, accepting one connection per wake-up of the event loop.
-
-    Every front end waits on the same socket, and the kernel wakes them all when connections arrive; an event loop
-    that accepted all it could would take a whole burst of connections (one front end held 44 of 64 keep-alive
-    connections in a test), leaving the other processes idle. Taking one at a time lets whichever front end is
-    free take the next one. (asyncio's accept loop stops at BlockingIOError; uvloop accepts in C, so the front
-    ends run on asyncio's own loop.)"""
-
-    _took_one = False
-
-    def accept(self):
-        if self._took_one:
-            self._took_one = False
-            raise BlockingIOError
-        conn, address = super().accept()
-        self._took_one = True
-        return conn, address
-
-
 class FrontendHeaderMiddleware:
     """Pure ASGI middleware: names the answering process on every response (for debugging load spreading)."""
 
@@ -142,11 +122,11 @@ def serve(spec: FrontendSpec) -> int:
     from .server import configure_logging, uvicorn_config
 
     configure_logging(spec.log_level)
-    sock = TakeTurnsSocket(fileno=spec.fd)
+    sock = socket.socket(fileno=spec.fd)
     service = FrontendService(spec.settings, spec.address, spec.authkey, spec.index)
     app = create_app(spec.settings, service=service)
     app.add_middleware(FrontendHeaderMiddleware, value=str(os.getpid()))
-    server = DrainingServer(uvicorn_config(app, spec.log_level, spec.access_log, loop="asyncio"), service.drain)
+    server = DrainingServer(uvicorn_config(app, spec.log_level, spec.access_log), service.drain)
     service.engine.on_lost = server.fail
     server.run(sockets=[sock])
     if server.failure:
