@@ -46,8 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--preprocess-threads", type=int, default=None,
                    help="threads decoding and preprocessing images (default: one per core, 2..16)")
     p.add_argument("--preprocess-procs", type=int, default=None, metavar="N",
-                   help="worker processes decoding images, past the GIL (0: in the threads only; default: 0 "
-                        "with up to 4 cores, else cores - 2, at most 16)")
+                   help="worker processes decoding images, past the GIL (default 0: in the threads only)")
     p.add_argument("--http-workers", default=None, metavar="N",
                    help="HTTP front-end processes (1..64, or `auto` = half the cores, 2..8): each parses requests "
                         "and decodes images in its own process and sends the crops to this process, which batches "
