@@ -18,6 +18,7 @@ messages (several at a time when they queue up); a message is a tuple whose firs
 Every submitted image gets exactly one "result" or "error", withdrawn or not.
 """
 
+import asyncio
 import itertools
 import logging
 import os
@@ -241,8 +242,6 @@ class EngineClient:
 
     async def call(self, what: str, timeout_s: float = 5.0):
         """The engine's answer to a call ("metadata"); ApiError 503 if it does not come in time."""
-        import asyncio
-
         call_id = next(self._call_ids)
         future: Future = Future()
         self._calls[call_id] = future

@@ -189,26 +189,33 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
     host = EngineHost(service, os.path.join(workdir, "engine.sock"), os.urandom(AUTHKEY_BYTES))
     stop = Stop()
     service.on_all_workers_dead = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")
-    spec_for = lambda index: FrontendSpec(settings, sock.fileno(), host.address, host.authkey, index,  # noqa: E731
-                                          log_level, access_log)
+
+    def spec_for(index: int) -> FrontendSpec:
+        return FrontendSpec(settings, sock.fileno(), host.address, host.authkey, index, log_level, access_log)
+
     frontends = FrontEnds(settings.http_workers, launcher(spec_for, sock.fileno()))
     with _handling_signals(stop):
-        host.start()
-        service.start()
         try:
+            host.start()
+            service.start()
             frontends.start()
             log.info("listening on http://%s:%d with %d HTTP front-end processes (pids %s)", settings.host,
                      sock.getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)))
-            while not stop.event.wait(SUPERVISE_EVERY_S):
-                reason = frontends.check()
-                if reason:
-                    stop.fail(FRONTENDS_FAILED_EXIT, reason)
+            _supervise(frontends, stop)
         finally:
             _shut_down(settings, service, host, frontends, stop)
             sock.close()
     if stop.code:
         print(f"vggserve: error: {stop.reason}", file=sys.stderr)
     return stop.code
+
+
+def _supervise(frontends: FrontEnds, stop: Stop) -> None:
+    """Restart front ends that die until a signal or a failure stops the server."""
+    while not stop.event.wait(SUPERVISE_EVERY_S):
+        reason = frontends.check()
+        if reason:
+            stop.fail(FRONTENDS_FAILED_EXIT, reason)
 
 
 def _shut_down(settings: Settings, service: Service, host: EngineHost, frontends: FrontEnds, stop: Stop) -> None:
