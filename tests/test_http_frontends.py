@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import numpy as np
 import psutil
 import pytest

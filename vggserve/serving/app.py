@@ -31,7 +31,8 @@ request's deadline. When the server has an API key, every endpoint but `/health/
 `Authorization: Bearer <key>`."""
 
 
-def create_app(settings: Settings, model_factory: ModelFactory | None = None, service: Service | None = None) -> FastAPI:
+def create_app(settings: Settings, model_factory: ModelFactory | None = None,
+               service: Service | None = None) -> FastAPI:
     """The app for `settings`. `model_factory(device_spec) -> model` replaces loading the weights (for tests);
     `service` replaces the service the app would build (an HTTP front-end process passes its own)."""
     service = service or Service(settings, model_factory)
