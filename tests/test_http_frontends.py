@@ -424,3 +424,19 @@ sys.exit(run_server(Settings(port=PORT, devices=("gpu:7",), http_workers=2), no_
         assert server.wait(60) == 3, server.output()[-3000:]
         assert "no device worker is alive (gpu:7: DeviceError: no gpu device number 7" in server.output()
         wait_until(lambda: no_process_left(server), 10, "every front end gone")
+
+
+def test_default_front_ends_follow_the_device_kind(monkeypatch):
+    from types import SimpleNamespace
+
+    from vggserve.runtime import devices as devs
+    from vggserve.serving.settings import default_http_workers
+
+    kinds = {"gpu:0": "gpu", "gpu:1": "gpu", "cpu": "cpu"}
+    monkeypatch.setattr(devs, "resolve", lambda spec: SimpleNamespace(kind=kinds[spec]))
+    assert default_http_workers(("gpu:0",), cpus=16) == 8
+    assert default_http_workers(("gpu:0", "gpu:1"), cpus=4) == 2
+    assert default_http_workers(("cpu",), cpus=16) == 1
+    assert default_http_workers(("gpu:0", "cpu"), cpus=16) == 1
+    assert default_http_workers(("tpu",), cpus=16) == 1  # unresolvable: the worker will say why
+    assert default_http_workers(("cpu",)) == 1

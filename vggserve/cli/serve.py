@@ -50,8 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--http-workers", default=None, metavar="N",
                    help="HTTP front-end processes (1..64, or `auto` = half the cores, 2..8): each parses requests "
                         "and decodes images in its own process and sends the crops to this process, which batches "
-                        "them on the devices. Use it when the front end, not the device, is the limit (default 1: "
-                        "everything in one process)")
+                        "them on the devices. Use it when the front end, not the device, is the limit (default: "
+                        "`auto` when every device is a GPU, else 1 = everything in one process)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
     p.add_argument("--api-key", default=None,
@@ -65,7 +65,7 @@ def register(subparsers) -> None:
 
 def _settings(args, **overrides):
     from ..serving.settings import (API_KEY_ENV, Settings, default_preprocess_procs, default_preprocess_threads,
-                                    parse_devices, parse_http_workers)
+                                    default_http_workers, parse_devices, parse_http_workers)
 
     values = dict(
         weights=str(args.weights) if args.weights else None, host=args.host, port=args.port,
@@ -75,8 +75,12 @@ def _settings(args, **overrides):
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup, http_workers=parse_http_workers(args.http_workers))
+        warmup=not args.no_warmup)
     values.update(overrides)
+    if args.http_workers is not None:
+        values["http_workers"] = parse_http_workers(args.http_workers)
+    elif not values.get("mpi") and not values["preprocess_procs"]:
+        values["http_workers"] = default_http_workers(values["devices"])
     return Settings(**values)
 
 
