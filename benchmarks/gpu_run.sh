@@ -37,11 +37,16 @@ for stage in $STAGES; do
   bench) for b in 1 64; do timeout 120 python3 -m vggserve bench --device gpu --batch-size $b --iterations 10 2>&1 \
            | grep -v Warning | tee -a "$LOG" | tail -3; done ;;
   startup) timeout 200 python3 benchmarks/startup.py --weights $W --device gpu --runs 5 --json "$OUT/startup.json" 2>&1 \
-             | grep -v Warning | tee -a "$LOG" ;;
+             | grep -v Warning | tee -a "$LOG"
+           python3 -X importtime -c "import vggserve.model.vgg16" 2>&1 | sort -t'|' -k2 -n | tail -6 | tee -a "$LOG" ;;
   winograd) [ -f benchmarks/winograd_vs_gemm.py ] && for b in 64 1; do timeout 200 python3 benchmarks/winograd_vs_gemm.py \
               --device gpu --batch $b 2>&1 | grep -v Warning | tee -a "$LOG"; done ;;
-  serve) timeout 240 python3 benchmarks/serve_saturation.py --weights $W --device gpu --max-batch-size 32 --duration 20 \
-           --warmup 5 --engine-seconds 8 --json "$OUT/serve.json" 2>&1 | grep -v Warning | tail -25 | tee -a "$LOG" ;;
+  serve) for hw in ${HTTP_WORKERS:-default 1}; do
+           flag=$([ "$hw" = default ] || echo "--http-workers $hw")
+           say "serve, http workers: $hw"
+           timeout 240 python3 benchmarks/serve_saturation.py --weights $W --device gpu --max-batch-size 32 --duration 20 \
+             --warmup 5 --engine-seconds 8 $flag --json "$OUT/serve-$hw.json" 2>&1 | grep -v Warning | tail -25 | tee -a "$LOG"
+         done ;;
   loadtest) python3 -m vggserve serve --weights $W --device gpu --max-batch-size 32 --port 8411 > /tmp/serve.log 2>&1 &
             mkdir -p /tmp/lt-images && python3 - <<'PY'
 from PIL import Image
