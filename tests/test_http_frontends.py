@@ -34,7 +34,7 @@ from vggserve.serving.engine_host import EngineHost
 from vggserve.serving.engine_link import EngineClient
 from vggserve.serving.fakes import SlowModel
 from vggserve.serving.frontend import HEADER
-from vggserve.serving.frontends import FrontEnds
+from vggserve.serving.frontends import FrontEnds, bind
 from vggserve.serving.imaging import decode_and_crop, prepare_image
 from vggserve.serving.metrics import Metrics
 from vggserve.serving.process import ServerProcess, python_env
@@ -314,6 +314,17 @@ def test_a_killed_front_end_is_restarted_and_the_server_keeps_answering(frontend
     assert samples(url)[key] >= answered + len(codes)  # the dead process's counts are kept
 
 
+def test_new_connections_are_spread_over_the_front_ends(frontends_server):
+    import httpx
+
+    answered: dict[str, int] = {}
+    for _ in range(60):  # a new connection each time: the kernel hashes each to one front end's socket
+        r = httpx.get(frontends_server.url + "/health/live", timeout=10)
+        assert r.status_code == 200
+        answered[r.headers[HEADER]] = answered.get(r.headers[HEADER], 0) + 1
+    assert len(answered) == 2 and min(answered.values()) >= 10, answered  # one shared socket gave 60/0 splits
+
+
 def test_sigterm_drains_and_leaves_no_process_behind(frontends_server):
     assert len(front_end_pids(frontends_server)) == 2
     frontends_server.signal(signal.SIGTERM)
@@ -440,3 +451,14 @@ def test_default_front_ends_follow_the_device_kind(monkeypatch):
     assert default_http_workers(("gpu:0", "cpu"), cpus=16) == 1
     assert default_http_workers(("tpu",), cpus=16) == 1  # unresolvable: the worker will say why
     assert default_http_workers(("cpu",)) == 1
+
+
+def test_each_front_end_listens_on_its_own_socket_of_one_port():
+    socks = bind(Settings(host="127.0.0.1", port=0, http_workers=3), 3)
+    try:
+        assert len({s.fileno() for s in socks}) == 3
+        assert len({s.getsockname()[1] for s in socks}) == 1 and socks[0].getsockname()[1] > 0
+    finally:
+        for sock in socks:
+            sock.close()
+

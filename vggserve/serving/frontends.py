@@ -137,26 +137,49 @@ def _handling_signals(stop: Stop):
             signal.signal(sig, handler)
 
 
-def bind(settings: Settings) -> socket.socket:
-    """The listening TCP socket every front end serves on (port 0: the system picks one)."""
+def _listener(settings: Settings, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        sock.bind((settings.host, settings.port))
+        sock.bind((settings.host, port))
+        sock.listen(BACKLOG)
     except OSError:
         sock.close()
         raise
-    sock.listen(BACKLOG)
     return sock
 
 
-def launcher(spec_for: Callable[[int], FrontendSpec], fd: int) -> Callable[[int], subprocess.Popen]:
-    """A function starting front end `index` as a fresh interpreter (no OpenCL state, no threads inherited)."""
+def bind(settings: Settings, count: int) -> list[socket.socket]:
+    """The listening TCP sockets of `count` front ends, all on settings.port (0: the system picks one).
+
+    Where the system has SO_REUSEPORT (Linux), each front end gets its own socket in one reuse-port group, and the
+    kernel spreads new connections evenly over them. One socket accepted from by every process instead lets the
+    first idle process take most connections: on an H100 host, 8 front ends then answered from 2083 to 5532
+    images each, and the busiest one set the pace. Elsewhere every front end shares one socket."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        return [_listener(settings, settings.port, False)] * count
+    first = _listener(settings, settings.port, True)
+    socks = [first]
+    try:
+        for _ in range(count - 1):
+            socks.append(_listener(settings, first.getsockname()[1], True))
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def launcher(spec_for: Callable[[int], FrontendSpec], fd_for: Callable[[int], int]) -> Callable[[int], subprocess.Popen]:
+    """A function starting front end `index` as a fresh interpreter (no OpenCL state, no threads inherited),
+    handing it its listening socket."""
 
     def launch(index: int) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, PACKAGE_ROOT], stdin=subprocess.PIPE,
-                                pass_fds=(fd,), env=dict(os.environ))
+                                pass_fds=(fd_for(index),), env=dict(os.environ))
         try:
             proc.stdin.write(pickle.dumps(spec_for(index)))
             proc.stdin.close()
@@ -181,7 +204,7 @@ def run_with_frontends(settings: Settings, model_factory: ModelFactory | None = 
 
 def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, workdir: str) -> int:
     try:
-        sock = bind(settings)
+        socks = bind(settings, settings.http_workers)
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s", settings.host, settings.port, exc)
         return 1
@@ -190,21 +213,22 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
     stop = Stop()
     service.on_all_workers_dead = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")
 
-    def spec_for(index: int) -> FrontendSpec:
-        return FrontendSpec(settings, sock.fileno(), host.address, host.authkey, index, log_level, access_log)
+    def spec_for(index: int) -> FrontendSpec:  # a restarted front end gets the socket of the one it replaces
+        return FrontendSpec(settings, socks[index].fileno(), host.address, host.authkey, index, log_level, access_log)
 
-    frontends = FrontEnds(settings.http_workers, launcher(spec_for, sock.fileno()))
+    frontends = FrontEnds(settings.http_workers, launcher(spec_for, lambda index: socks[index].fileno()))
     with _handling_signals(stop):
         try:
             host.start()
             service.start()
             frontends.start()
             log.info("listening on http://%s:%d with %d HTTP front-end processes (pids %s)", settings.host,
-                     sock.getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)))
+                     socks[0].getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)))
             _supervise(frontends, stop)
         finally:
             _shut_down(settings, service, host, frontends, stop)
-            sock.close()
+            for sock in set(socks):
+                sock.close()
     if stop.code:
         print(f"vggserve: error: {stop.reason}", file=sys.stderr)
     return stop.code
