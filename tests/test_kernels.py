@@ -191,6 +191,18 @@ def test_device_relayout_equals_the_numpy_relayout(cl_env, rng, shape, tk, tm):
     np.testing.assert_array_equal(read(queue, buf, expected.shape), expected)
 
 
+def test_weights_pass_through_pinned_memory_in_chunks_unchanged(cl_env, rng, monkeypatch):
+    ctx, queue, cache = cl_env
+    monkeypatch.setattr(DeviceRelayout, "STAGE_FLOATS", 64)  # halves of 32 floats: many chunks, both halves reused
+    w = rng.standard_normal((37, 50)).astype(np.float32)
+    mover = DeviceRelayout(ctx, queue, cache.build("relayout.cl", {}))
+    buf, shape = mover(w, 16, 64)
+    raw = mover.upload(w[:, :7])
+    mover.close()
+    np.testing.assert_array_equal(read(queue, buf, shape), relayout(w, 16, 64))
+    np.testing.assert_array_equal(read(queue, raw, (37, 7)), w[:, :7])
+
+
 @pytest.mark.parametrize("mode", ["torchvision", "caffe"])
 @pytest.mark.parametrize("n,h,w", [(1, 1, 1), (3, 7, 5), (2, 224, 224)])
 def test_pixels_kernel_equals_normalize_pixels_bit_for_bit(cl_env, rng, mode, n, h, w):

@@ -49,11 +49,43 @@ class DeviceRelayout:
     528 MB takes milliseconds instead of the seconds numpy's strided transpose takes on the host."""
 
     TILE, ROWS = 32, 8
+    STAGE_FLOATS = 4 << 20  # two halves of 8 MB of pinned memory that the raw weights pass through
 
     def __init__(self, ctx, queue, program):
         self.ctx, self.queue = ctx, queue
         self.kernel = cl.Kernel(program, "transpose_pad")
         self.wino_kernel = cl.Kernel(program, "winograd_weights")
+        self._stage = None  # (buffer, pinned array), made on first use
+        self._copies = [None, None]  # the last upload from each half
+
+    def upload(self, array: np.ndarray):
+        """A device copy of `array` (float32) made through pinned memory: chunk i+1 is copied into one half while
+        chunk i travels from the other, so the upload runs at DMA speed instead of a pageable copy's."""
+        from .staging import pinned
+
+        flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * max(flat.size, 1))
+        if self._stage is None:
+            self._stage = pinned(self.ctx, self.queue, (self.STAGE_FLOATS,), np.float32)
+        half = self.STAGE_FLOATS // 2
+        for i, start in enumerate(range(0, flat.size, half)):
+            part = flat[start:start + half]
+            side = i % 2
+            if self._copies[side] is not None:
+                self._copies[side].wait()  # that half's previous chunk has left
+            host = self._stage[1][side * half:side * half + part.size]
+            np.copyto(host, part)
+            self._copies[side] = cl.enqueue_copy(self.queue, dst, host, dst_offset=4 * start, is_blocking=False)
+        return dst
+
+    def close(self) -> None:
+        """Wait for every upload and give the pinned memory back."""
+        self.queue.finish()
+        if self._stage is not None:
+            buf, array = self._stage
+            array.base.release(self.queue)
+            buf.release()
+            self._stage, self._copies = None, [None, None]
 
     def __call__(self, weight: np.ndarray, tk: int, tm: int):
         """(M, K...) weights -> a device buffer holding `relayout(weight, tk, tm)`, and (Kpad, Mpad)."""
@@ -61,7 +93,7 @@ class DeviceRelayout:
         w2 = np.ascontiguousarray(weight, dtype=np.float32).reshape(m, -1)
         k = w2.shape[1]
         kpad, mpad = round_up(k, tk), round_up(m, tm)
-        src = upload(self.ctx, w2)
+        src = self.upload(w2)
         dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * kpad * mpad)
         t, rows = self.TILE, self.ROWS
         grid = (round_up(kpad, t), round_up(mpad, t) // t * rows)
@@ -74,7 +106,7 @@ class DeviceRelayout:
         arithmetic, and (Cpad, Mpad)."""
         m, c = weight.shape[:2]
         cpad, mpad = round_up(c, tk), round_up(m, tm)
-        src = upload(self.ctx, weight)
+        src = self.upload(weight)
         dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * 16 * cpad * mpad)
         wg = 64
         self.wino_kernel(self.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(m), np.int32(c),

@@ -175,6 +175,7 @@ class VGG16:
         self.pool = MaxPool(self._prog_pool, {})
         self.softmax_op = Softmax(self._prog_softmax, {})
         self.pixel_op = PixelInput(self.context, self._prog_pixels, self.preprocessing)
+        on_device.close()
         b = self.max_batch_size
         largest = max(activation_sizes(self.spec))  # floats per image of the largest activation
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, 4 * b * largest)

@@ -192,7 +192,7 @@ def device_weights(device_relayout, weight: np.ndarray, m: int, tk: int, tm: int
     k, c = weight.shape[:2]
     cpad, mpad = round_up(c, tk), round_up(k, tm)
     ctx = device_relayout.ctx
-    src = upload(ctx, weight)
+    src = device_relayout.upload(weight)
     dst = cl.Buffer(ctx, MF.READ_ONLY, 4 * points(m) * cpad * mpad)
     wg = 64  # RL_WG, relayout.cl's default (its program is built with no defines)
     kernel(device_relayout.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(k), np.int32(c),
