@@ -61,19 +61,16 @@ class Outcome:
     device: str
 
 
-class BatchQueue:
-    """Thread-safe bounded FIFO of Items shared by all device workers."""
+class Admission:
+    """Room counted in images, shared by the queues: `admit(n)` reserves all or none (QueueFull, 429, when it is
+    taken; the close reason once closed), `release(n)` gives room back. Subclasses set `_guard` (their lock)."""
 
-    def __init__(self, capacity: int, metrics: Metrics):
+    def __init__(self, capacity: int, metrics: Metrics, guard):
         self.capacity = capacity
         self.metrics = metrics
-        self._cond = threading.Condition()
-        self._items: deque[Item] = deque()
-        self._admitted = 0  # images reserved or waiting
+        self._guard = guard
+        self._admitted = 0  # images reserved, waiting or (front ends) on their way
         self._closed: ApiError | None = None
-
-    def __len__(self) -> int:
-        return len(self._items)
 
     @property
     def admitted(self) -> int:
@@ -81,7 +78,7 @@ class BatchQueue:
 
     def admit(self, n: int) -> None:
         """Reserve room for n images, all or none; QueueFull (429) if there is not enough."""
-        with self._cond:
+        with self._guard:
             if self._closed is not None:
                 raise self._closed
             if self._admitted + n > self.capacity:
@@ -91,8 +88,20 @@ class BatchQueue:
 
     def release(self, n: int) -> None:
         """Give back reserved room that will not be submitted (the image failed to decode, say)."""
-        with self._cond:
+        with self._guard:
             self._admitted -= n
+
+
+class BatchQueue(Admission):
+    """Thread-safe bounded FIFO of Items shared by all device workers."""
+
+    def __init__(self, capacity: int, metrics: Metrics):
+        self._cond = threading.Condition()
+        super().__init__(capacity, metrics, self._cond)
+        self._items: deque[Item] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def submit(self, tensor: np.ndarray, deadline: float) -> Item:
         """Queue one admitted image for the next batch."""

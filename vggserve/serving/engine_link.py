@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from .batcher import QueueFull
+from .batcher import Admission
 from .errors import ApiError
 from .metrics import Metrics
 
@@ -130,40 +130,19 @@ class RemoteItem:
     future: Future = field(default_factory=Future)
 
 
-class RemoteQueue:
+class RemoteQueue(Admission):
     """The front end's queue: admission against this process's share of --max-queue (an image holds its place
     from admission until the engine answers it), images sent to the engine, answers matched back to them."""
 
     def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None]):
-        self.capacity = capacity
-        self.metrics = metrics
-        self._send = send
         self._lock = threading.Lock()
-        self._admitted = 0
+        super().__init__(capacity, metrics, self._lock)
+        self._send = send
         self._pending: dict[int, RemoteItem] = {}
         self._ids = itertools.count()
-        self._closed: ApiError | None = None
 
     def __len__(self) -> int:
         return len(self._pending)
-
-    @property
-    def admitted(self) -> int:
-        return self._admitted
-
-    def admit(self, n: int) -> None:
-        """Reserve room for n images, all or none; QueueFull (429) if this front end's share is taken."""
-        with self._lock:
-            if self._closed is not None:
-                raise self._closed
-            if self._admitted + n > self.capacity:
-                self.metrics.rejected.labels(reason="queue_full").inc()
-                raise QueueFull(self.capacity)
-            self._admitted += n
-
-    def release(self, n: int) -> None:
-        with self._lock:
-            self._admitted -= n
 
     def submit(self, pixels: np.ndarray, deadline: float) -> RemoteItem:
         """Send one admitted image to the engine."""
