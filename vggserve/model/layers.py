@@ -171,14 +171,19 @@ class GemmLayer:
         return 2.0 * n * h * w * self.m * self.cin * ks * ks
 
 
-def split_for(k: int, tk: int, groups: int, target: int, max_split: int = 64) -> tuple[int, int]:
-    """(splits, K per split) so that `groups` M x N tiles times the splits reach about `target` work-groups;
-    each split keeps at least 8 TK-deep slices. (1, K) when the tiles alone are enough."""
-    want = max(1, min(max_split, -(-target // max(groups, 1)), k // (8 * tk)))
+def split_for(k: int, align: int, groups: int, target: int, max_split: int) -> tuple[int, int]:
+    """(splits, K per split) so that `groups` work-groups per split times the splits reach about `target`, with at
+    most `max_split` splits and K per split a multiple of `align`. (1, K) when the groups alone are enough."""
+    want = max(1, min(max_split, -(-target // max(groups, 1))))
     if want == 1:
         return 1, k
-    kchunk = round_up(-(-k // want), tk)
+    kchunk = round_up(-(-k // want), align)
     return -(-k // kchunk), kchunk
+
+
+def enqueue_reduce(launch: "Launch", queue, part, gemm: "GemmLayer", dst, n: int, splits: int):
+    """fc_gemv.cl's fc_reduce: dst = activation(bias + the `splits` partial sums in `part`), n rows of gemm.m."""
+    return launch(queue, (round_up(n * gemm.m, 64),), None, part, gemm.bias, dst, gemm.m, gemm.mpad, n, splits)
 
 
 class SplitKGemm:
@@ -189,7 +194,9 @@ class SplitKGemm:
     def __init__(self, ctx, program, reduce_program, gemm: GemmLayer, max_n: int, target_groups: int):
         self.g, self.target = gemm, target_groups
         p = gemm.p
-        self.splits = {n: split_for(gemm.cin, p["TK"], self.groups(n), target_groups) for n in range(1, max_n + 1)}
+        most = min(64, gemm.cin // (8 * p["TK"]))  # each split keeps at least 8 TK-deep slices
+        self.splits = {n: split_for(gemm.cin, p["TK"], self.groups(n), target_groups, most)
+                       for n in range(1, max_n + 1)}
         floats = max(s * n for n, (s, _) in self.splits.items()) * gemm.mpad
         needed = any(s > 1 for s, _ in self.splits.values())
         self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * floats) if needed else None
@@ -209,8 +216,7 @@ class SplitKGemm:
         grid = (round_up(n, p["TN"]) // p["TN"] * g.local[0], g.mpad // p["TM"] * g.local[1], splits)
         first = self.kernel(queue, grid, (*g.local, 1), src, g.wt, g.bias, self.part, g.cin, 1, 1, g.m, g.mpad, n,
                             kchunk)
-        last = self.reduce(queue, (round_up(n * g.m, 64),), None, self.part, g.bias, dst, g.m, g.mpad, n, splits)
-        return first, last
+        return first, enqueue_reduce(self.reduce, queue, self.part, g, dst, n, splits)
 
 
 def gemv_span(params: dict) -> int:
@@ -227,9 +233,7 @@ class GemvLayer:
         lm, lk, span = params["GEMV_LM"], params["GEMV_LK"], gemv_span(params)
         assert gemm.mpad % span == 0, "Mpad must be a multiple of GEMV_LM * GEMV_WM"
         groups_m = gemm.mpad // span
-        self.ksplit = max(1, min(-(-params["ksplit_target"] // groups_m), -(-self.k // (lk * 16))))
-        self.kchunk = -(-self.k // self.ksplit)
-        self.ksplit = -(-self.k // self.kchunk)
+        self.ksplit, self.kchunk = split_for(self.k, 1, groups_m, params["ksplit_target"], -(-self.k // (lk * 16)))
         self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.ksplit * params["GEMV_NB"] * gemm.mpad)
         self.gemv = Launch(cl.Kernel(program, "fc_gemv"))
         self.reduce = Launch(cl.Kernel(program, "fc_reduce"))
@@ -240,8 +244,7 @@ class GemvLayer:
         """Two launches (partial sums, then reduce + bias + activation); returns both events."""
         g = self.g
         first = self.gemv(queue, self.grid, self.local, src, g.wt, self.part, self.k, g.mpad, n, self.kchunk)
-        last = self.reduce(queue, (round_up(n * g.m, 64),), None, self.part, g.bias, dst, g.m, g.mpad, n, self.ksplit)
-        return first, last
+        return first, enqueue_reduce(self.reduce, queue, self.part, g, dst, n, self.ksplit)
 
 
 def pixel_table(mode: str) -> np.ndarray:
