@@ -30,7 +30,7 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(
 
 def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
     """A PIL image in any mode -> C-contiguous float32 array (3, 224, 224) for VGG16 in `mode`."""
-    _check_mode(mode)
+    check_mode(mode)
     return normalize_pixels(center_crop(img), mode)
 
 
@@ -47,7 +47,7 @@ def normalize_pixels(pixels: np.ndarray, mode: str = "torchvision") -> np.ndarra
 
     `preprocess(img, mode)` is exactly `normalize_pixels(center_crop(img), mode)`, bit for bit.
     """
-    _check_mode(mode)
+    check_mode(mode)
     chw = pixels.transpose(2, 0, 1).astype(np.float32, order="C")
     if mode == "torchvision":
         chw /= np.float32(255)
@@ -61,7 +61,7 @@ def normalize_pixels(pixels: np.ndarray, mode: str = "torchvision") -> np.ndarra
 
 def preprocess_batch(images: Iterable[Image.Image], mode: str = "torchvision") -> np.ndarray:
     """Preprocess each image and stack them: float32 (N, 3, 224, 224); N may be 0."""
-    _check_mode(mode)
+    check_mode(mode)
     arrays = [preprocess(img, mode) for img in images]
     if not arrays:
         return np.empty((0, 3, CROP_SIZE, CROP_SIZE), dtype=np.float32)
@@ -70,7 +70,7 @@ def preprocess_batch(images: Iterable[Image.Image], mode: str = "torchvision") -
 
 def load_and_preprocess(source: Source, mode: str = "torchvision", **limits) -> np.ndarray:
     """`open_image(source, **limits)` then `preprocess`: float32 (3, 224, 224). Raises `ImageError`s."""
-    _check_mode(mode)
+    check_mode(mode)
     return preprocess(open_image(source, **limits), mode)
 
 
@@ -128,6 +128,10 @@ def crop_pixels(img: Image.Image, crop: int = CROP_SIZE) -> np.ndarray:
     return pixels[top : top + crop, left : left + crop]
 
 
-def _check_mode(mode: str) -> None:
+def check_mode(mode: str) -> None:
+    """ValueError unless `mode` is one of MODES (for callers that validate before decoding, as `preprocess` does)."""
     if mode not in MODES:
         raise ValueError(f"unknown preprocessing mode {mode!r}; choose one of {', '.join(MODES)}")
+
+
+_check_mode = check_mode  # the former private name, still imported by vggserve/serving/imaging.py
