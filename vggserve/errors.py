@@ -35,3 +35,11 @@ class ImageError(VggserveError):
     exit_code = 5
     code = "invalid_image"
     http_status = 400
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a user: the message of our own errors, `Type: first line of the message` for anything else."""
+    if isinstance(exc, VggserveError):
+        return str(exc)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

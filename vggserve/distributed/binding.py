@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import VggserveError
+from ..errors import VggserveError, describe
 from .devices import rank_device
-from .mpi import barrier, describe, node_layout, world
+from .mpi import barrier, node_layout, world
 
 
 class RankSetupError(VggserveError):

@@ -21,9 +21,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ..errors import describe
 from .binding import RankSetupError, load_rank_model
 from .inputs import list_inputs
-from .mpi import abort_all, barrier, describe, world
+from .mpi import abort_all, barrier, world
 from .pipeline import ChunkOutcome, ChunkRunner, RankStats
 from .store import ResultStore
 from .summary import format_summary, summarize

@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from ..errors import VggserveError
+from ..errors import VggserveError, describe
 
 # launcher variables holding the node-local rank: Open MPI, MPICH (Hydra), Slurm's srun
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
@@ -82,14 +82,6 @@ def wait_for_message(comm, source: int, tag: int, status=None) -> None:
 def barrier(comm) -> None:
     """A barrier that sleeps while it waits for the slower ranks."""
     wait(comm.Ibarrier())
-
-
-def describe(exc: BaseException) -> str:
-    """One line for a user: the message of our own errors, `Type: message` for anything else."""
-    if isinstance(exc, VggserveError):
-        return str(exc)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def abort_all(comm, who: str, exc: BaseException, program: str = "vggserve") -> None:

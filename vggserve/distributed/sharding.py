@@ -60,11 +60,11 @@ import threading
 
 import numpy as np
 
-from ..errors import VggserveError
+from ..errors import VggserveError, describe
 from ..predictions import top_k as top_k_predictions
 from ..weights.spec import NUM_CLASSES
 from .binding import RankSetupError, load_rank_model
-from .mpi import describe, wait, world
+from .mpi import wait, world
 
 _STOP, _LOGITS, _PROBABILITIES = 0, 1, 2
 _OPERATIONS = {_LOGITS: "logits", _PROBABILITIES: "probabilities"}

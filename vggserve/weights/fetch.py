@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..errors import WeightsError
+from ..errors import WeightsError, describe
 from .loaded import sha256_file
 from .lookup import weights_dir
 from .provenance import TIMM, TORCHVISION, WeightsSource
@@ -83,7 +83,7 @@ def _hub_download(target: Path, endpoint: str | None) -> str:
     try:
         return huggingface_hub.hf_hub_download(repo_id=TIMM.hub_repo, filename=TIMM.file_name, endpoint=endpoint)
     except Exception as exc:  # HTTP errors, connection errors of several types
-        raise _unreachable(TIMM, target, _reason(exc)) from None
+        raise _unreachable(TIMM, target, describe(exc)) from None
 
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -156,7 +156,7 @@ def _download(url: str, target: Path, progress: bool) -> tuple[str, str]:
             os.fsync(out.fileno())
     except httpx.HTTPError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise _unreachable(TORCHVISION, target, _reason(exc), url) from None
+        raise _unreachable(TORCHVISION, target, describe(exc), url) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -182,11 +182,6 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _unreachable(src: WeightsSource, target: Path, reason: str, url: str | None = None) -> WeightsError:
