@@ -22,10 +22,8 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+from ..serving.metrics import Metrics
 
 
 @dataclass
@@ -41,28 +39,6 @@ class StandinConfig:
     reject: bool = False
 
 
-class StandinMetrics:
-    """The agreed vggserve_* metrics in a private registry (several stand-ins can share a process)."""
-
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("vggserve_requests_total", "HTTP requests", ["endpoint", "status"], registry=r)
-        self.queue = Histogram("vggserve_queue_seconds", "admission to batch start", buckets=TIME_BUCKETS,
-                               registry=r)
-        self.preprocess = Histogram("vggserve_preprocess_seconds", "decode + preprocess per image",
-                                    buckets=TIME_BUCKETS, registry=r)
-        self.inference = Histogram("vggserve_inference_seconds", "device time per batch", buckets=TIME_BUCKETS,
-                                   registry=r)
-        self.request = Histogram("vggserve_request_seconds", "total per request", buckets=TIME_BUCKETS,
-                                 registry=r)
-        self.batch_size = Histogram("vggserve_batch_size", "images per batch", buckets=BATCH_BUCKETS, registry=r)
-        self.queue_length = Gauge("vggserve_queue_length", "requests waiting", registry=r)
-        self.rejected = Counter("vggserve_rejected_total", "requests refused", ["reason"], registry=r)
-        self.timeouts = Counter("vggserve_timeouts_total", "requests past their deadline", registry=r)
-        self.ready = Gauge("vggserve_ready", "1 when serving", registry=r)
-
-
 def _error(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
@@ -72,7 +48,7 @@ class Standin:
 
     def __init__(self, config: StandinConfig | None = None):
         self.config = config or StandinConfig()
-        self.metrics = StandinMetrics()
+        self.metrics = Metrics()  # the service's own metric names, so the two cannot drift apart
         self.received = 0
         self.queue: asyncio.Queue | None = None
         self.app = self._build_app()
@@ -97,7 +73,8 @@ class Standin:
         return {"ready": True}
 
     async def metrics_text(self):
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = self.metrics.render()
+        return Response(body, media_type=content_type)
 
     async def classify(self, request: Request):
         """Admit, queue, wait for the batch; every answer is counted in vggserve_requests_total."""
@@ -118,7 +95,7 @@ class Standin:
             reason = "forced" if config.reject else "queue_full"
             self.metrics.rejected.labels(reason).inc()
             return _error(429, "overloaded", "queue is full", {"Retry-After": "1"})
-        self.metrics.preprocess.observe(time.perf_counter() - start)
+        self.metrics.preprocess_seconds.observe(time.perf_counter() - start)
         future = asyncio.get_running_loop().create_future()
         self.queue.put_nowait((time.perf_counter(), future))
         self.metrics.queue_length.set(self.queue.qsize())
@@ -128,7 +105,7 @@ class Standin:
             self.metrics.timeouts.inc()
             return _error(504, "deadline_exceeded", f"no result within {config.deadline_s} s")
         total = time.perf_counter() - start
-        self.metrics.request.observe(total)
+        self.metrics.request_seconds.observe(total)
         return JSONResponse({"request_id": uuid.uuid4().hex, "model": "standin",
                              "predictions": [{"index": 0, "label": "stand-in", "score": 1.0}],
                              "timing_ms": {**timing, "total": total * 1000.0}})
@@ -150,11 +127,11 @@ class Standin:
             self.metrics.queue_length.set(self.queue.qsize())
             started = time.perf_counter()
             for admitted, _ in batch:
-                self.metrics.queue.observe(started - admitted)
+                self.metrics.queue_seconds.observe(started - admitted)
             self.metrics.batch_size.observe(len(batch))
             await asyncio.sleep(self.config.delay_s + self.config.per_image_s * len(batch))
             device = time.perf_counter() - started
-            self.metrics.inference.observe(device)
+            self.metrics.inference_seconds.observe(device)
             for admitted, future in batch:
                 if not future.done():
                     future.set_result({"queue": (started - admitted) * 1000.0, "preprocess": 0.0,
