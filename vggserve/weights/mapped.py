@@ -20,6 +20,11 @@ def view(buffer, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
     return arr if arr.flags.aligned else arr.copy()
 
 
+def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values stored as uint16 -> float32 (a copy): bfloat16 is the top half of a float32."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def stored_member_span(mapped: mmap.mmap, info: zipfile.ZipInfo) -> tuple[int, int] | None:
     """(offset, size) of an uncompressed zip member's bytes inside the mapped archive; None if compressed.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import WeightsError
-from .mapped import map_file, stored_member_span, view
+from .mapped import map_file, stored_member_span, view, widen_bfloat16
 from .sniff import TORCH_LEGACY_MAGIC
 from .torch_pickle import BF16, RestrictedUnpickler, StorageRef, UnsafePickle, collect_tensors, tensor_array
 
@@ -122,5 +122,5 @@ def _dtype(ref: StorageRef, byteorder: str) -> np.dtype:
 def _finish(arr: np.ndarray, ref) -> np.ndarray:
     """bfloat16 storages widen to float32 here; everything else stays a view until validation."""
     if ref.storage.storage_type.dtype == BF16:
-        return (arr.astype(np.uint32) << 16).view(np.float32)
+        return widen_bfloat16(arr)
     return arr

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import WeightsError
-from .mapped import map_file, view
+from .mapped import map_file, view, widen_bfloat16
 
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
 
@@ -57,7 +57,7 @@ def _tensor(path, mapped, base: int, size: int, key: str, entry) -> np.ndarray:
         raise WeightsError(f"{path}: {key}: truncated file (tensor ends at byte {base + end}, file has {size})")
     arr = view(mapped, dtype, base + begin, count).reshape(shape)
     if dtype_name == "BF16":
-        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        arr = widen_bfloat16(arr)
     return arr
 
 
