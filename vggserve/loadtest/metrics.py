@@ -43,10 +43,6 @@ class Snapshot:
                   if n == name and all(dict(pairs).get(k) == want for k, want in labels.items())]
         return sum(values) if values else None
 
-    def value(self, name: str) -> float | None:
-        """A gauge's value (summed over labels)."""
-        return self.total(name)
-
 
 def _delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> float | None:
     a, b = after.total(name, **labels), before.total(name, **labels)
@@ -64,10 +60,7 @@ def _mean(before: Snapshot, after: Snapshot, family: str, scale: float = 1.0) ->
 
 def _classify_requests(before: Snapshot, after: Snapshot) -> float | None:
     """Delta of vggserve_requests_total{endpoint="/classify"} summed over statuses (/classify/batch excluded)."""
-    endpoints = {dict(pairs).get("endpoint", "") for (name, pairs) in after.samples
-                 if name == "vggserve_requests_total"}
-    deltas = [_delta(before, after, "vggserve_requests_total", endpoint=e) for e in endpoints
-              if e in CLASSIFY_ENDPOINT_LABELS]
+    deltas = [_delta(before, after, "vggserve_requests_total", endpoint=e) for e in CLASSIFY_ENDPOINT_LABELS]
     deltas = [d for d in deltas if d is not None]
     return sum(deltas) if deltas else None
 

@@ -68,11 +68,6 @@ class RequestRecord:
         return self.outcome == OK
 
     @property
-    def is_error(self) -> bool:
-        """Anything a caller would count as a failure (dropped and cancelled included)."""
-        return self.outcome != OK
-
-    @property
     def error_key(self) -> str | None:
         """'429', '504', 'conn_error', 'dropped', ... or None for a success: the key errors are counted by."""
         if self.outcome == OK:
