@@ -1,6 +1,5 @@
 """`vggserve classify IMAGE...`: top-k ImageNet classes for each image."""
 
-import json
 import sys
 
 import numpy as np
@@ -49,7 +48,9 @@ def run(args) -> int:
 
 def _print(path: str, predictions: list[dict], as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"image": path, "predictions": predictions}), flush=True)
+        from ..distributed.store import result_line  # the batch job's results.jsonl line, by design the same
+
+        print(result_line(path, predictions), flush=True)
         return
     print(path)
     for p in predictions:
