@@ -176,16 +176,16 @@ class ShardedModel:
 
     def classify(self, images, top_k: int = 5) -> list[list[dict]]:
         """PIL images or paths -> top-k predictions per image, like VGG16.classify."""
+        from PIL import Image
+
         from ..images import open_image
-        from ..preprocess import preprocess
+        from ..preprocess import preprocess_batch
 
         images = list(images)
         if not images:
             return []
-        loaded = [open_image(image) if isinstance(image, (str, bytes)) or hasattr(image, "__fspath__") else image
-                  for image in images]
-        x = np.stack([preprocess(image, self.preprocessing) for image in loaded]).astype(np.float32)
-        return top_k_predictions(self.probabilities(x), top_k)
+        loaded = [image if isinstance(image, Image.Image) else open_image(image) for image in images]
+        return top_k_predictions(self.probabilities(preprocess_batch(loaded, self.preprocessing)), top_k)
 
     def close(self) -> None:
         """Release the workers (their worker_loop returns). Idempotent."""
