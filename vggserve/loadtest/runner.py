@@ -65,11 +65,12 @@ async def _run(config: LoadTestConfig, images: ImageSet, wait_ready_s: float) ->
                     break
                 await _run_level(config, images, level, clock0, stop, side_client, result)
                 result.files.append(write_level_csv(Path(config.output), result.runs[-1]))
-                _write_summary(config, result, meta)  # kept current, in case the process is killed
+                # kept current, in case the process is killed
+                _write_summary(config, result, meta, timeline(result.runs))
         result.interrupted = stop.is_set() or any(run.interrupted for run in result.runs)
         meta["interrupted"] = result.interrupted
-        result.files += _write_summary(config, result, meta)
         series = timeline(result.runs)
+        result.files += _write_summary(config, result, meta, series)
         result.files += write_plots(Path(config.output), result.rows, config.mode, series)
         return result
 
@@ -161,9 +162,10 @@ async def _scrape_later(client: httpx.AsyncClient, url: str, delay_s: float) -> 
     return await scrape(client, url)
 
 
-def _write_summary(config: LoadTestConfig, result: RunResult, meta: dict) -> list[Path]:
+def _write_summary(config: LoadTestConfig, result: RunResult, meta: dict, series: list[dict]) -> list[Path]:
+    """The summary files as of now; `series` is timeline(result.runs)."""
     meta["warnings"] = list(result.warnings)
-    return list(write_summary(Path(config.output), result.rows, meta, timeline(result.runs)))
+    return list(write_summary(Path(config.output), result.rows, meta, series))
 
 
 def _meta(config: LoadTestConfig, images: ImageSet) -> dict:

@@ -94,10 +94,10 @@ def summarize(run: LevelRun, server: dict) -> dict:
 def timeline(runs: list[LevelRun], bucket_s: float = 1.0) -> list[dict]:
     """Per-`bucket_s` series over the whole run: successes/s, p95 latency (ms) and errors of the answers in
     each bucket (dropped requests at their due time), with the level each bucket belongs to."""
-    records = [(run.plan.label, r) for run in runs for r in run.records]
+    records = [r for run in runs for r in run.records]
     if not records:
         return []
-    end = max((r.done_s if r.done_s is not None else r.scheduled_s) for _, r in records)
+    end = max((r.done_s if r.done_s is not None else r.scheduled_s) for r in records)
     count = int(math.floor(end / bucket_s)) + 1
     if count > 1 and end - (count - 1) * bucket_s < bucket_s / 4:
         count -= 1  # a sliver at the end joins the bucket before it
@@ -106,7 +106,7 @@ def timeline(runs: list[LevelRun], bucket_s: float = 1.0) -> list[dict]:
         for bucket in buckets:
             if run.start_s <= bucket["t_s"] + bucket_s / 2 <= run.end_s:
                 bucket["level"] = run.plan.label
-    for _, record in records:
+    for record in records:
         at = record.done_s if record.done_s is not None else record.scheduled_s
         bucket = buckets[min(int(at / bucket_s), len(buckets) - 1)]
         if record.is_ok:
