@@ -140,6 +140,12 @@ def check_conv_params(p: dict) -> None:
         raise ValueError(f"conv params {p}: TK must be a multiple of work-group size / TN = {nt // tn}")
 
 
+def gemm_defines(params: dict, ks: int, relu: int, splitk: int = 0) -> dict:
+    """conv_gemm.cl's #defines for a layer: its tile parameters, kernel size (3: padding 1; 1: a fully connected
+    layer), fused ReLU, and SPLITK for the split-K variant."""
+    return {**params, "KS": ks, "PAD": 1 if ks == 3 else 0, "RELU": relu, **({"SPLITK": 1} if splitk else {})}
+
+
 class GemmLayer:
     """conv_gemm.cl: a 3x3 convolution (ks=3, pad=1) or a fully connected layer over the batch (ks=1, pad=0)."""
 
@@ -192,22 +198,25 @@ class SplitKGemm:
     are too few to fill the device (batch 8..64 on a GPU with 100+ compute units)."""
 
     def __init__(self, ctx, program, reduce_program, gemm: GemmLayer, max_n: int, target_groups: int):
-        self.g, self.target = gemm, target_groups
-        p = gemm.p
-        most = min(64, gemm.cin // (8 * p["TK"]))  # each split keeps at least 8 TK-deep slices
-        self.splits = {n: split_for(gemm.cin, p["TK"], self.groups(n), target_groups, most)
-                       for n in range(1, max_n + 1)}
+        """program: conv_gemm.cl built with `gemm_defines(gemm.p, 1, 0, splitk=1)`."""
+        self.g = gemm
+        self.splits = self.plan(gemm, max_n, target_groups)
         floats = max(s * n for n, (s, _) in self.splits.items()) * gemm.mpad
-        needed = any(s > 1 for s, _ in self.splits.values())
-        self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * floats) if needed else None
+        self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * floats)
         self.kernel = Launch(cl.Kernel(program, "conv_gemm"))
         self.reduce = Launch(cl.Kernel(reduce_program, "fc_reduce"))
 
-    def groups(self, n: int) -> int:
-        return round_up(n, self.g.p["TN"]) // self.g.p["TN"] * (self.g.mpad // self.g.p["TM"])
+    @staticmethod
+    def plan(gemm: GemmLayer, max_n: int, target_groups: int) -> dict:
+        """{n: (splits, K per split)} for batches 1..max_n; worth building only if some n has splits > 1."""
+        p = gemm.p
+        most = min(64, gemm.cin // (8 * p["TK"]))  # each split keeps at least 8 TK-deep slices
+        tiles_m = gemm.mpad // p["TM"]
+        return {n: split_for(gemm.cin, p["TK"], round_up(n, p["TN"]) // p["TN"] * tiles_m, target_groups, most)
+                for n in range(1, max_n + 1)}
 
     def used_for(self, n: int) -> bool:
-        return self.part is not None and self.splits.get(n, (1, 0))[0] > 1
+        return self.splits.get(n, (1, 0))[0] > 1
 
     def enqueue(self, queue, src, dst, n: int):
         """Two launches (partial sums, then reduce + bias + activation); returns both events."""

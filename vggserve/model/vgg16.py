@@ -25,7 +25,8 @@ from ..runtime import devices as devs
 from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
-from .layers import DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm, gemv_span
+from .layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm, gemm_defines,
+                     gemv_span)
 from .staging import Pending, Slot
 from . import winograd
 
@@ -53,12 +54,10 @@ def activation_sizes(spec) -> list[int]:
 
 
 def build_programs(cache: ProgramCache, params: dict) -> dict:
-    """Every program the forward pass needs, specialised by the device's parameter set."""
-    conv = params["conv"]
+    """The programs every forward pass needs whatever its layers' parameters; each layer's GEMM or Winograd
+    program is built with the layer (the cache shares one program among layers with the same parameters)."""
     gemv_defs = {k: v for k, v in params["gemv"].items() if k.startswith("GEMV_")}
     return {
-        "conv": cache.build("conv_gemm.cl", {**conv, "KS": 3, "PAD": 1, "RELU": 1}),
-        "fc": {relu: cache.build("conv_gemm.cl", {**conv, "KS": 1, "PAD": 0, "RELU": relu}) for relu in (0, 1)},
         "gemv": {relu: cache.build("fc_gemv.cl", {**gemv_defs, "RELU": relu}) for relu in (0, 1)},
         "pool": cache.build("maxpool.cl", {}),
         "softmax": cache.build("softmax.cl", {}),
@@ -81,7 +80,8 @@ def check_input(x: np.ndarray) -> np.ndarray:
 
 class VGG16:
     def __init__(self, tensors: dict, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
-                 preprocessing: str = "torchvision"):
+                 preprocessing: str = "torchvision", program_dir=None):
+        """program_dir: where compiled programs are cached (default: `programs.cache_dir()`)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.startup = StartupTimes()
@@ -99,7 +99,7 @@ class VGG16:
         self.preprocessing = preprocessing
         self.params = params_for(self.device_info.kind, self.device_info.label)
         self._lock = threading.Lock()
-        self.program_cache = ProgramCache(self.context, self.device)
+        self.program_cache = ProgramCache(self.context, self.device, folder=program_dir)
         self._build_programs()
         t1, built = time.perf_counter(), self.program_cache.seconds
         self._upload(tensors)  # also builds the programs of layers with tuned parameters
@@ -111,12 +111,14 @@ class VGG16:
 
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, weights, device: str = "auto", max_batch_size: int = 16, profile: bool = False) -> "VGG16":
+    def load(cls, weights, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
+             program_dir=None) -> "VGG16":
         """From a weights file (any supported format) or a dict of arrays (any supported key scheme)."""
         from ..weights import load_weights, weights_from_tensors
 
         loaded = weights_from_tensors(weights) if isinstance(weights, dict) else load_weights(weights)
-        model = cls(loaded.tensors, device, max_batch_size, profile, preprocessing=loaded.preprocessing)
+        model = cls(loaded.tensors, device, max_batch_size, profile, preprocessing=loaded.preprocessing,
+                    program_dir=program_dir)
         model._weights_loaded = loaded  # only for its lazily computed, cached sha256; tensors dropped below
         loaded.tensors = {}
         return model
@@ -133,14 +135,14 @@ class VGG16:
 
     def _build_programs(self):
         progs = build_programs(self.program_cache, self.params)
-        self._prog_conv, self._prog_fc, self._prog_gemv = progs["conv"], progs["fc"], progs["gemv"]
+        self._prog_gemv = progs["gemv"]
         self._prog_pool, self._prog_softmax = progs["pool"], progs["softmax"]
         self._prog_relayout = progs["relayout"]
         self._prog_pixels = self.program_cache.build("pixels.cl", PixelInput.defines(self.preprocessing))
 
-    def _gemm_program(self, p: dict, ks: int, relu: int):
+    def _gemm_program(self, p: dict, ks: int, relu: int, splitk: int = 0):
         """conv_gemm.cl specialised for one parameter set (shared by every layer that uses it)."""
-        return self.program_cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": 1 if ks == 3 else 0, "RELU": relu})
+        return self.program_cache.build("conv_gemm.cl", gemm_defines(p, ks, relu, splitk))
 
     def _upload(self, tensors: dict):
         gemv_p = self.params["gemv"]
@@ -155,8 +157,7 @@ class VGG16:
                 layer = winograd.engine_layer(self, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], size,
                                               device_relayout=on_device)
             else:
-                prog = self._prog_conv if p == self.params["conv"] else self._gemm_program(p, 3, 1)
-                layer = GemmLayer(self.context, prog, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"],
+                layer = GemmLayer(self.context, self._gemm_program(p, 3, 1), p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"],
                                   device_relayout=on_device)
             self.convs.append((c, layer))
             size //= 2 if c.pool_after else 1
@@ -164,13 +165,13 @@ class VGG16:
         for f in self.spec.fcs:
             relu = int(f.relu)
             p = conv_params_for(self.params, f.fin, f.fout, 1, self.max_batch_size)
-            prog = self._prog_fc[relu] if p == self.params["conv"] else self._gemm_program(p, 1, relu)
-            gemm = GemmLayer(self.context, prog, p, tensors[f"{f.name}.weight"],
+            gemm = GemmLayer(self.context, self._gemm_program(p, 1, relu), p, tensors[f"{f.name}.weight"],
                              tensors[f"{f.name}.bias"], m_multiple=gemv_span(gemv_p), device_relayout=on_device)
             gemv = GemvLayer(self.context, self._prog_gemv[relu], gemv_p, gemm)
-            split = SplitKGemm(self.context, self.program_cache.build("conv_gemm.cl", {**p, "KS": 1, "PAD": 0, "RELU": 0,
-                                                                                      "SPLITK": 1}),
-                               self._prog_gemv[relu], gemm, self.max_batch_size, self.splitk_groups)
+            split = None  # built (and its program too) only where some batch size splits K
+            if any(s > 1 for s, _ in SplitKGemm.plan(gemm, self.max_batch_size, self.splitk_groups).values()):
+                split = SplitKGemm(self.context, self._gemm_program(p, 1, 0, splitk=1), self._prog_gemv[relu], gemm,
+                                   self.max_batch_size, self.splitk_groups)
             self.fcs.append((f, gemm, gemv, split))
         self.pool = MaxPool(self._prog_pool, {})
         self.softmax_op = Softmax(self._prog_softmax, {})
@@ -209,7 +210,7 @@ class VGG16:
             dst = self.logits_buf if i == len(self.fcs) - 1 else other[flip]
             if n <= self.gemv_max_batch:
                 ev = gemv.enqueue(self.queue, src, dst, n)
-            elif split.used_for(n):
+            elif split is not None and split.used_for(n):
                 ev = split.enqueue(self.queue, src, dst, n)
             else:
                 ev = gemm.enqueue(self.queue, src, dst, n)

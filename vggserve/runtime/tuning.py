@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from ..model.layers import GemmLayer, check_conv_params
+from ..model.layers import GemmLayer, check_conv_params, gemm_defines
 from ..model import winograd
 from ..weights.spec import INPUT_SIZE, vgg16_spec
 from .params import GPU_DEFAULT, shape_key, tuned_file
@@ -81,7 +81,7 @@ def _time_layer(ctx, queue, cache, p, weight, bias, src, dst, batch, size, ks, r
         program = cache.build(winograd.KERNEL_FILE, winograd.defines(p))
         layer = winograd.WinogradLayer(ctx, program, p, weight, bias, max_batch=batch, max_h=size, max_w=size)
     else:
-        program = cache.build("conv_gemm.cl", {**p, "KS": ks, "PAD": 1 if ks == 3 else 0, "RELU": 1})
+        program = cache.build("conv_gemm.cl", gemm_defines(p, ks, 1))
         layer = GemmLayer(ctx, program, p, weight, bias)
     cl.enqueue_fill_buffer(queue, dst, np.float32(np.nan), 0, dst.size)  # unwritten outputs fail the check
     layer.enqueue(queue, src, dst, batch, size, size)
