@@ -7,7 +7,6 @@ Every subprocess is bounded by a timeout.
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,37 +15,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mpi_scripts.launch import mpiexec, subprocess_env
 from PIL import Image
 
 pytestmark = pytest.mark.mpi
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 RUN_TIMEOUT = 240
 GOOD = 10
 BAD = {"not_an_image.jpg": "text", "empty.png": "empty", "sub/truncated.jpg": "truncated"}
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _mpiexec(ranks):
-    mpiexec = shutil.which("mpiexec")
-    assert mpiexec, "mpiexec not found: install the `mpich` package (pip install mpich)"
-    return [mpiexec, "-n", str(ranks)]
-
-
 def batch_command(ranks, weights, images, output, *extra):
-    launcher = _mpiexec(ranks) if ranks else []  # ranks=None: plain python, no mpiexec
+    launcher = mpiexec(ranks) if ranks else []  # ranks=None: plain python, no mpiexec
     return [*launcher, sys.executable, "-m", "vggserve", "batch", "--weights", str(weights), "--input", str(images),
             "--output", str(output), "--device", "cpu", "--no-progress", *extra]
 
 
 def run(command, cwd):
-    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    return subprocess.run(command, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
 
 
 def read_jsonl(path):
@@ -173,7 +160,7 @@ def test_rerun_after_kill_completes_every_image_exactly_once(images, expected, t
     output = tmp_path / "killed-run.jsonl"
     errors_file = tmp_path / "killed-run.errors.jsonl"
     command = batch_command(2, tiny_weights_path, images, output, "--batch-size", "1", "--decode-threads", "1")
-    process = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
@@ -206,7 +193,7 @@ def test_rerun_after_kill_completes_every_image_exactly_once(images, expected, t
 
 def test_exception_on_one_rank_aborts_the_whole_job_promptly_with_its_message(images, tiny_weights_path, tmp_path):
     output = tmp_path / "results.jsonl"
-    command = [*_mpiexec(3), sys.executable, str(SCRIPTS / "batch_with_failing_rank.py"), "1",
+    command = [*mpiexec(3), sys.executable, str(SCRIPTS / "batch_with_failing_rank.py"), "1",
                "--weights", str(tiny_weights_path), "--input", str(images), "--output", str(output),
                "--device", "cpu", "--batch-size", "2", "--no-progress"]
     started = time.monotonic()

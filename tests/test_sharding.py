@@ -5,28 +5,23 @@ to raise on pieces of more than 2 rows. (split_counts itself is covered in tests
 """
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mpi_scripts.launch import mpiexec, subprocess_env
 
 pytestmark = pytest.mark.mpi
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "sharding_check.py"
 
 
 @pytest.fixture(scope="module")
 def report(tiny_weights_path, tmp_path_factory):
-    mpiexec = shutil.which("mpiexec")
-    assert mpiexec, "mpiexec not found: install the `mpich` package (pip install mpich)"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([mpiexec, "-n", "3", sys.executable, str(SCRIPT), str(tiny_weights_path), "1,2,5,7", "2"],
-                          cwd=tmp_path_factory.mktemp("sharding"), env=env, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run([*mpiexec(3), sys.executable, str(SCRIPT), str(tiny_weights_path), "1,2,5,7", "2"],
+                          cwd=tmp_path_factory.mktemp("sharding"), env=subprocess_env(), capture_output=True,
+                          text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
