@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from .client import ClientPool, send_one
-from .images import ImageSet
+from .images import Image, ImageSet
 from .records import CANCELLED, DROPPED, MEASURE, WARMUP, RequestRecord
 
 STOP_POLL_S = 0.05  # how often a sleeping loop looks at the stop flag
@@ -110,8 +110,7 @@ async def _settle(run: LevelRun, tasks: set[asyncio.Task], deadline_s: float, st
             record.outcome = CANCELLED
 
 
-def _new_record(run: LevelRun, images: ImageSet, index: int, phase: str, due_s: float) -> RequestRecord:
-    image = images.pick(index)
+def _new_record(run: LevelRun, image: Image, index: int, phase: str, due_s: float) -> RequestRecord:
     record = RequestRecord(index=index, phase=phase, scheduled_s=due_s, image=image.name, bytes=len(image.data))
     run.records.append(record)
     return record
@@ -141,10 +140,12 @@ async def run_closed(pool: ClientPool, images: ImageSet, run: LevelRun, stop: as
                     return
                 continue
             counts[phase] += 1
-            record = _new_record(run, images, next(next_index), phase, now)
+            index = next(next_index)
+            image = images.pick(index)
+            record = _new_record(run, image, index, phase, now)
             run.inflight += 1
             try:
-                await send_one(client, plan.url, images.pick(record.index), record, clock0, plan.multipart)
+                await send_one(client, plan.url, image, record, clock0, plan.multipart)
             finally:
                 run.inflight -= 1
 
@@ -177,7 +178,7 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
     for slot in range(plan.max_inflight):
         free_slots.put_nowait(slot)
 
-    async def send_when_free(record: RequestRecord, slot: int | None) -> None:
+    async def send_when_free(record: RequestRecord, image: Image, slot: int | None) -> None:
         if slot is None:  # overflow "wait": queue for the next free slot
             run.waiting += 1
             try:
@@ -187,7 +188,7 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
         try:
             record.late = run.now() - record.scheduled_s > plan.lag_threshold_s
             run.inflight += 1
-            await send_one(pool.for_slot(slot), plan.url, images.pick(record.index), record, clock0, plan.multipart)
+            await send_one(pool.for_slot(slot), plan.url, image, record, clock0, plan.multipart)
         finally:
             run.inflight -= 1
             free_slots.put_nowait(slot)
@@ -196,14 +197,15 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
         due = run.start_s + index / rate
         if not await _sleep_until(run, due, stop):
             break
-        record = _new_record(run, images, index, WARMUP if index < n_warm else MEASURE, due)
+        image = images.pick(index)
+        record = _new_record(run, image, index, WARMUP if index < n_warm else MEASURE, due)
         slot = None
         if plan.overflow == "drop":
             if free_slots.empty():
                 record.outcome = DROPPED
                 continue
             slot = free_slots.get_nowait()  # taken now, so the next due request sees it gone
-        tasks.add(asyncio.create_task(send_when_free(record, slot)))
+        tasks.add(asyncio.create_task(send_when_free(record, image, slot)))
     schedule_end = run.start_s + (n_warm + n_measure) / rate
     await _sleep_until(run, schedule_end, stop)  # the last interval is part of the window too
     await _settle(run, tasks, max(run.now(), schedule_end) + plan.drain_s, stop)
