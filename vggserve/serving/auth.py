@@ -1,7 +1,8 @@
 """Optional API key: with one configured, every endpoint but the health checks needs `Authorization: Bearer <key>`."""
 
 import hmac
-import json
+
+from .errors import error_response
 
 OPEN_PATHS = frozenset({"/health/live", "/health/ready"})
 
@@ -22,9 +23,6 @@ class ApiKeyMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") in OPEN_PATHS or self._authorised(scope):
             return await self.app(scope, receive, send)
-        payload = json.dumps({"error": {"code": "unauthorized", "message": (
-            "this server needs an API key: send the header `Authorization: Bearer <key>`")}}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                                (b"www-authenticate", b'Bearer realm="vggserve"')]})
-        await send({"type": "http.response.body", "body": payload})
+        await error_response(401, "unauthorized", "this server needs an API key: send the header "
+                             "`Authorization: Bearer <key>`", {"WWW-Authenticate": 'Bearer realm="vggserve"'})(
+            scope, receive, send)

@@ -3,13 +3,13 @@
 process exits 0. A second SIGINT during the drain exits at once."""
 
 import asyncio
-import json
 import logging
 import signal
 import time
 
 import uvicorn
 
+from .errors import error_response
 from .metrics import Metrics
 
 log = logging.getLogger("vggserve.serving")
@@ -58,21 +58,14 @@ class DrainMiddleware:
             return await self.app(scope, receive, send)
         if self.drain.draining and scope.get("path") not in ALWAYS_OPEN:
             self.drain.metrics.rejected.labels(reason="draining").inc()
-            return await _refuse(send)
+            return await error_response(503, "draining", "the server is shutting down and takes no new requests; "
+                                        "retry on another instance", {"Connection": "close", "Retry-After": "1"})(
+                scope, receive, send)
         self.drain.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.drain.in_flight -= 1
-
-
-async def _refuse(send) -> None:
-    payload = json.dumps({"error": {"code": "draining", "message": (
-        "the server is shutting down and takes no new requests; retry on another instance")}}).encode()
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close"), (b"retry-after", b"1")]})
-    await send({"type": "http.response.body", "body": payload})
 
 
 class DrainingServer(uvicorn.Server):

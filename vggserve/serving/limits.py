@@ -1,9 +1,7 @@
 """Request body size limit, enforced twice before the whole body is read: from Content-Length when the request
 arrives, and again while the body streams in (chunked uploads, or a Content-Length that lies)."""
 
-import json
-
-from .errors import ApiError, error_body
+from .errors import ApiError, error_response
 
 
 class BodyTooLarge(ApiError):
@@ -14,12 +12,9 @@ class BodyTooLarge(ApiError):
                          "(send a smaller image, or raise the server's --max-body-bytes)")
 
 
-async def _send_error(send, status: int, body: dict) -> None:
-    payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": payload})
+def _refusal(exc: ApiError):
+    """The answer to a request refused before its body was read in full: the connection is not reused."""
+    return error_response(exc.status, exc.code, exc.message, {**exc.headers, "Connection": "close"})
 
 
 def _content_length(scope) -> str | None:
@@ -42,11 +37,10 @@ class BodySizeLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None:
             if not declared.strip().isdigit():
-                return await _send_error(send, 400, error_body("bad_request",
-                                                               f"Content-Length {declared!r} is not a number"))
+                return await _refusal(ApiError(400, "bad_request", f"Content-Length {declared!r} is not a number"))(
+                    scope, receive, send)
             if int(declared) > self.max_bytes:
-                exc = BodyTooLarge(self.max_bytes, int(declared))
-                return await _send_error(send, 413, error_body(exc.code, exc.message))
+                return await _refusal(BodyTooLarge(self.max_bytes, int(declared)))(scope, receive, send)
 
         received = 0
         started = False
@@ -71,4 +65,4 @@ class BodySizeLimitMiddleware:
         except BodyTooLarge as exc:  # normally answered by the app's handler; this covers code outside it
             if started:
                 raise
-            await _send_error(send, 413, error_body(exc.code, exc.message))
+            await _refusal(exc)(scope, receive, send)
