@@ -24,7 +24,6 @@ import asyncio
 import io
 import json
 import multiprocessing as mp
-import ssl
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-POOL_SIZE = 8  # connections per httpx client in the load generator
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -96,6 +94,8 @@ def _client_process(url, body, files, connections, start_at, warmup, duration, r
 async def _drive(url, body, files, connections, start_at, warmup, duration) -> dict:
     import httpx
 
+    from vggserve.loadtest.client import ClientPool
+
     def send(client):
         if files == 1:
             return client.post(url + "/classify", content=body, headers={"content-type": "image/jpeg"})
@@ -104,7 +104,6 @@ async def _drive(url, body, files, connections, start_at, warmup, duration) -> d
 
     window_start, end = start_at + warmup, start_at + warmup + duration
     ok, statuses, latencies, frontends = 0, {}, [], {}
-    tls = ssl.create_default_context()  # built once: every client would otherwise build its own
 
     async def loop(client):
         nonlocal ok
@@ -126,30 +125,21 @@ async def _drive(url, body, files, connections, start_at, warmup, duration) -> d
                     pid = r.headers.get("x-vggserve-frontend", "-")  # which front-end process answered
                     frontends[pid] = frontends.get(pid, 0) + files
 
-    # small connection pools: one httpx pool holding many connections scales badly
-    sizes = [min(POOL_SIZE, connections - start) for start in range(0, connections, POOL_SIZE)]
-    clients = [httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                                 timeout=120, verify=tls) for n in sizes]
-    try:
+    # the harness's pools of a few connections each (one httpx pool of many scales badly) and one TLS context
+    async with ClientPool(connections, timeout_s=120) as pool:
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        await asyncio.gather(*(loop(client) for client, n in zip(clients, sizes) for _ in range(n)))
-    finally:
-        for client in clients:
-            await client.aclose()
+        await asyncio.gather(*(loop(pool.for_slot(slot)) for slot in range(connections)))
     return {"ok": ok, "statuses": statuses, "latencies": latencies, "frontends": frontends}
 
 
 def batch_stats(url: str) -> tuple[float, float]:
     """(images, batches) the server has computed so far, from /metrics."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
-    values = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        for s in family.samples:
-            if s.name in ("vggserve_batch_size_sum", "vggserve_batch_size_count"):
-                values[s.name] = s.value
-    return values.get("vggserve_batch_size_sum", 0.0), values.get("vggserve_batch_size_count", 0.0)
+    from vggserve.loadtest.metrics import Snapshot
+
+    snapshot = Snapshot.parse(httpx.get(url + "/metrics", timeout=10).text)
+    return snapshot.total("vggserve_batch_size_sum") or 0.0, snapshot.total("vggserve_batch_size_count") or 0.0
 
 
 def server_preprocessing(url: str) -> dict:
