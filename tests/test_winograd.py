@@ -205,24 +205,13 @@ def test_device_f4_weight_transform_equals_the_host_one(cl_env, rng, m, c, tk, t
     ctx, queue, cache = cl_env
     g = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
     on_device = DeviceRelayout(ctx, queue, cache.build("relayout.cl", {}))
-    buf, (cpad, mpad) = winograd.device_weights(on_device, g, 4, tk, tm)
+    buf, (cpad, mpad) = on_device.winograd(g, tk, tm, tile=4)
     expected = winograd.relayout_u(winograd.transform_weights(g, m=4), tk, tm)
     assert (36, cpad, mpad) == expected.shape
     out = np.empty(expected.shape, np.float32)
     cl.enqueue_copy(queue, out, buf)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
     assert not out[:, c:].any() and not out[:, :, m:].any()
-
-
-def test_f4_weights_fall_back_to_the_host_without_the_device_kernel(cl_env, rng):
-    from types import SimpleNamespace
-
-    ctx, queue, cache = cl_env
-    x, weight, bias, ref = problem(rng, (1, 3, 4, 6, 6))
-    no_kernel = SimpleNamespace(ctx=ctx, queue=queue, wino_kernel=None)  # a relayout without winograd4_weights
-    assert winograd.device_weights(no_kernel, weight, 4, 16, 64) is None
-    _, out = run_layer(cl_env, PARAMS4[0], x, weight, bias, device_relayout=no_kernel)
-    assert not np.isnan(out).any() and rel_err(out, ref) < TOL4
 
 
 @pytest.mark.parametrize("params", PARAMS + PARAMS4, ids=pid)

@@ -54,7 +54,7 @@ class DeviceRelayout:
     def __init__(self, ctx, queue, program):
         self.ctx, self.queue = ctx, queue
         self.kernel = cl.Kernel(program, "transpose_pad")
-        self.wino_kernel = cl.Kernel(program, "winograd_weights")
+        self.wino_kernels = {2: cl.Kernel(program, "winograd_weights"), 4: cl.Kernel(program, "winograd4_weights")}
         self._stage = None  # (buffer, pinned array), made on first use
         self._copies = [None, None]  # the last upload from each half
 
@@ -101,17 +101,17 @@ class DeviceRelayout:
         src.release()  # freed by the runtime once the transpose that reads it has run
         return dst, (kpad, mpad)
 
-    def winograd(self, weight: np.ndarray, tk: int, tm: int):
-        """(M, C, 3, 3) weights -> a device buffer holding winograd.relayout_u(transform_weights(weight)) in float32
-        arithmetic, and (Cpad, Mpad)."""
+    def winograd(self, weight: np.ndarray, tk: int, tm: int, tile: int = 2):
+        """(M, C, 3, 3) weights -> a device buffer holding winograd.relayout_u(transform_weights(weight, tile)) for
+        F(tile x tile, 3x3) (tile 2 or 4), in float32 arithmetic, and (Cpad, Mpad)."""
         m, c = weight.shape[:2]
         cpad, mpad = round_up(c, tk), round_up(m, tm)
         src = self.upload(weight)
-        dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * 16 * cpad * mpad)
-        wg = 64
-        self.wino_kernel(self.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(m), np.int32(c),
-                         np.int32(mpad), np.int32(cpad))
-        src.release()
+        dst = cl.Buffer(self.ctx, MF.READ_ONLY, 4 * (tile + 2) ** 2 * cpad * mpad)
+        wg = 64  # RL_WG, relayout.cl's default (its program is built with no defines)
+        self.wino_kernels[tile](self.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(m), np.int32(c),
+                                np.int32(mpad), np.int32(cpad))
+        src.release()  # freed by the runtime once the kernel that reads it has run
         return dst, (cpad, mpad)
 
 

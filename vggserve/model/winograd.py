@@ -178,29 +178,6 @@ def winograd_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, relu: bo
     return np.maximum(y, 0) if relu else y
 
 
-def device_weights(device_relayout, weight: np.ndarray, m: int, tk: int, tm: int):
-    """U for F(m x m) transformed on the device (float32 arithmetic) by relayout.cl: F(2x2) through
-    `DeviceRelayout.winograd`, F(4x4) through its program's `winograd4_weights` kernel (same launch shape).
-    Returns (buffer, (Cpad, Mpad)), or None when that program has no such kernel (the caller then transforms on
-    the host in float64)."""
-    if m == 2:
-        return device_relayout.winograd(weight, tk, tm)
-    try:
-        kernel = cl.Kernel(device_relayout.wino_kernel.program, "winograd4_weights")
-    except (cl.Error, AttributeError):
-        return None
-    k, c = weight.shape[:2]
-    cpad, mpad = round_up(c, tk), round_up(k, tm)
-    ctx = device_relayout.ctx
-    src = device_relayout.upload(weight)
-    dst = cl.Buffer(ctx, MF.READ_ONLY, 4 * points(m) * cpad * mpad)
-    wg = 64  # RL_WG, relayout.cl's default (its program is built with no defines)
-    kernel(device_relayout.queue, (round_up(mpad, wg), cpad), (wg, 1), src, dst, np.int32(k), np.int32(c),
-           np.int32(mpad), np.int32(cpad))
-    src.release()  # freed by the runtime once the kernel that reads it has run
-    return dst, (cpad, mpad)
-
-
 class WinogradWorkspace:
     """Device buffers for V and M, shared by layers that run one after another on one in-order queue.
 
@@ -247,11 +224,8 @@ class WinogradLayer:
         self.m, self.cin = weight.shape[0], weight.shape[1]
         self.tile = tile_size(params)      # m of F(m x m, 3x3)
         self.nxi = points(self.tile)       # GEMMs per chunk (16 or 36)
-        on_device = None
         if device_relayout is not None:  # layers.DeviceRelayout: transformed on the device, in float32
-            on_device = device_weights(device_relayout, weight, self.tile, params["TK"], params["TM"])
-        if on_device is not None:
-            self.u, (self.cpad, self.mpad) = on_device
+            self.u, (self.cpad, self.mpad) = device_relayout.winograd(weight, params["TK"], params["TM"], self.tile)
         else:
             u = relayout_u(transform_weights(weight, self.tile), params["TK"], params["TM"])
             self.cpad, self.mpad = u.shape[1], u.shape[2]
