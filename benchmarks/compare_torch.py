@@ -25,9 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 def torch_model(tensors, torch, device):
     """torchvision's VGG16 layer for layer (torchvision itself is not needed), with the given weights."""
+    from vggserve.weights.spec import CONFIG_D, HIDDEN, NUM_CLASSES, POOLED_SIZE
+
     nn = torch.nn
     layers, cin = [], 3
-    for item in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"):
+    for item in CONFIG_D:
         if item == "M":
             layers.append(nn.MaxPool2d(2, 2))
         else:
@@ -35,9 +37,10 @@ def torch_model(tensors, torch, device):
             cin = item
     model = nn.Module()
     model.features = nn.Sequential(*layers)
-    model.avgpool = nn.AdaptiveAvgPool2d((7, 7))
-    model.classifier = nn.Sequential(nn.Linear(25088, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 4096),
-                                     nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 1000))
+    model.avgpool = nn.AdaptiveAvgPool2d((POOLED_SIZE, POOLED_SIZE))
+    model.classifier = nn.Sequential(nn.Linear(cin * POOLED_SIZE * POOLED_SIZE, HIDDEN), nn.ReLU(True), nn.Dropout(),
+                                     nn.Linear(HIDDEN, HIDDEN), nn.ReLU(True), nn.Dropout(),
+                                     nn.Linear(HIDDEN, NUM_CLASSES))
     model.forward = lambda x: model.classifier(torch.flatten(model.avgpool(model.features(x)), 1))
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()})
     return model.eval().to(device)
