@@ -34,17 +34,13 @@ from typing import Callable
 import numpy as np
 
 from .batcher import Admission
-from .errors import ApiError
+from .errors import ApiError, shutting_down, unavailable
 from .metrics import Metrics
 
 log = logging.getLogger("vggserve.serving")
 
 AUTHKEY_BYTES = 32
 _STOP = object()
-
-
-def shutting_down(message: str = "the server is shutting down") -> ApiError:
-    return ApiError(503, "shutting_down", message, {"Retry-After": "1"})
 
 
 class Link:
@@ -228,8 +224,7 @@ class EngineClient:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except asyncio.TimeoutError:
-            raise ApiError(503, "unavailable", f"the engine process did not answer within {timeout_s:.0f} s",
-                           {"Retry-After": "1"}) from None
+            raise unavailable("unavailable", f"the engine process did not answer within {timeout_s:.0f} s") from None
         finally:
             self._calls.pop(call_id, None)
 

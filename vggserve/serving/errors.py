@@ -53,6 +53,15 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+def unavailable(code: str, message: str) -> ApiError:
+    """A 503 the client may retry after a second: not ready, draining, shutting down, no device worker."""
+    return ApiError(503, code, message, {"Retry-After": "1"})
+
+
+def shutting_down(message: str = "the server is shutting down") -> ApiError:
+    return unavailable("shutting_down", message)
+
+
 def error_body(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
 

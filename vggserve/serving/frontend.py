@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from .drain import DrainingServer
 from .engine_link import EngineClient
-from .errors import ApiError
-from .service import Service, unavailable
+from .errors import ApiError, unavailable
+from .service import Service
 from .settings import Settings
 
 log = logging.getLogger("vggserve.serving")

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from ..images import ALLOWED_FORMATS
-from .errors import ApiError
+from .errors import ApiError, shutting_down
 from .imaging import decode_and_crop
 
 log = logging.getLogger("vggserve.serving")
@@ -48,7 +48,7 @@ def _chained(future: Future, then, mode: str) -> Future:
 
     def finish(done: Future) -> None:
         if done.cancelled():  # cancelled by close(): the server is stopping
-            out.set_exception(ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"}))
+            out.set_exception(shutting_down())
             return
         try:
             pixels, seconds = done.result()
@@ -114,14 +114,14 @@ class ProcessPool:
         for _attempt in range(2):
             executor = self._executor
             if executor is None or self._closed:
-                raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"})
+                raise shutting_down()
             try:
                 future = executor.submit(self.task, data, mode, max_pixels, tuple(formats))
             except BrokenProcessPool as exc:  # broken by an earlier image; this one has not run: try a fresh pool
                 self._replace(executor, exc)
                 continue
             except RuntimeError as exc:  # shut down under us
-                raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"}) from exc
+                raise shutting_down() from exc
             try:
                 return await asyncio.wrap_future(future if then is None else _chained(future, then, mode))
             except BrokenProcessPool as exc:

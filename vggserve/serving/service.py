@@ -10,7 +10,7 @@ from .. import __version__
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
 from .batcher import BatchQueue
 from .drain import Drain
-from .errors import ApiError
+from .errors import shutting_down, unavailable
 from .metrics import Metrics
 from .imaging import decode_and_crop
 from .procpool import ProcessPool
@@ -33,10 +33,6 @@ def default_model_factory(settings: Settings) -> ModelFactory:
         return VGG16.load(settings.weights, device=device, max_batch_size=settings.max_batch_size)
 
     return load
-
-
-def unavailable(code: str, message: str) -> ApiError:
-    return ApiError(503, code, message, {"Retry-After": "1"})
 
 
 class Service:
@@ -103,7 +99,7 @@ class Service:
         if self._users:
             return
         self.stopping = True
-        self.queue.close(unavailable("shutting_down", "the server is shutting down"))
+        self.queue.close(shutting_down())
         end = time.monotonic() + timeout_s
         for worker in self.workers:
             worker.join(max(0.0, end - time.monotonic()))
