@@ -24,6 +24,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
     """Everything `vggserve bench` reports, as a dict."""
     from ..model.vgg16 import VGG16
     from ..runtime import devices as devs
+    from ..weights import load_weights
     from ..weights.init import init_weights
 
     t0 = time.perf_counter()
@@ -33,7 +34,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
 
     # every program the model needs, built from an empty cache (a first start), then loaded from it (every later
     # start): the timed model is the second one
-    source = weights if weights is not None else init_weights(seed=0)
+    source = load_weights(weights).tensors if weights is not None else init_weights(seed=0)  # read once, used twice
     with tempfile.TemporaryDirectory() as tmp:
         with VGG16.load(source, device=info.spec, max_batch_size=batch, program_dir=tmp) as first:
             first_build = first.startup.build_s

@@ -149,13 +149,17 @@ class VGG16:
         # fully connected layers split K until their work-groups reach twice the compute units (or the table's say)
         self.splitk_groups = int(self.params.get("splitk_groups", 2 * self.device.max_compute_units))
         on_device = DeviceRelayout(self.context, self.queue, self._prog_relayout)
+        # V and M of every Winograd layer: they run one after another on the one in-order queue
+        workspace = winograd.WinogradWorkspace(self.context)
         self.convs = []
         size = INPUT_SIZE
         for c in self.spec.convs:
             p = conv_params_for(self.params, c.cin, c.cout, size, self.max_batch_size)
             if winograd.is_winograd(p):  # "ALGO": "winograd" in the layer's params (docs/winograd.md)
-                layer = winograd.engine_layer(self, p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], size,
-                                              device_relayout=on_device)
+                layer = winograd.WinogradLayer(
+                    self.context, self.program_cache.build(winograd.KERNEL_FILE, winograd.defines(p)), p,
+                    tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], max_batch=self.max_batch_size,
+                    max_h=size, max_w=size, workspace=workspace, device_relayout=on_device)
             else:
                 layer = GemmLayer(self.context, self._gemm_program(p, 3, 1), p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"],
                                   device_relayout=on_device)

@@ -278,16 +278,3 @@ class WinogradLayer:
         h and w)."""
         th, tw = tiles(h, w, self.tile)
         return 2.0 * self.nxi * n * th * tw * self.m * self.cin
-
-
-def engine_layer(model, params: dict, weight: np.ndarray, bias: np.ndarray, size: int,
-                 device_relayout=None) -> WinogradLayer:
-    """A WinogradLayer for VGG16._upload: program from the model's cache, sized for its max_batch_size at
-    size x size, and one workspace shared by all of the model's Winograd layers (they run one after another
-    on the model's single in-order queue, so V and M are free again when the next layer starts)."""
-    ws = getattr(model, "_winograd_ws", None)
-    if ws is None:
-        ws = model._winograd_ws = WinogradWorkspace(model.context)
-    program = model.program_cache.build(KERNEL_FILE, defines(params))
-    return WinogradLayer(model.context, program, params, weight, bias, max_batch=model.max_batch_size,
-                         max_h=size, max_w=size, workspace=ws, device_relayout=device_relayout)
