@@ -57,6 +57,8 @@
 #define SPLITK 0  /* 1: K split over get_group_id(2), raw partial sums stored (see above) */
 #endif
 
+#include "gemm_loop.clh"  /* GEMM_K_LOOP, the K loop both GEMMs share */
+
 #define LM (TM / WM)            /* work-group size in M */
 #define LN (TN / WN)            /* work-group size in N */
 #define NT (LM * LN)            /* work-items per work-group */
@@ -148,23 +150,7 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
     for (int c = 0; c < BCOLS; ++c)                                                      \
         for (int r = 0; r < BROWS; ++r) Bs[buf][brow0 + r * BSTEP][tid % BSPAN + c * NT] = rb[c * BROWS + r];
 
-    FETCH(kbeg)
-    STASH(0)
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    for (int t = 0; t < ntiles; ++t) {
-        const int cur = t & 1;
-        if (t + 1 < ntiles) { FETCH(kbeg + (t + 1) * TK) }
-        for (int kk = 0; kk < TK; ++kk) {
-            float a[WM], b[WN];
-            for (int i = 0; i < WM; ++i) a[i] = As[cur][kk][ty + i * LM];
-            for (int j = 0; j < WN; ++j) b[j] = Bs[cur][kk][tx + j * LN];
-            for (int i = 0; i < WM; ++i)
-                for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-        }
-        if (t + 1 < ntiles) { STASH(cur ^ 1) }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    GEMM_K_LOOP(FETCH, STASH, kbeg)
 
 #if SPLITK
     __global float *part = out + (size_t)get_group_id(2) * N * Mpad;

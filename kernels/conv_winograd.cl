@@ -91,6 +91,8 @@
 #endif
 #define NXI (WA * WA)           /* points of the transformed domain = number of GEMMs */
 
+#include "gemm_loop.clh"  /* GEMM_K_LOOP, the K loop both GEMMs share */
+
 #define LM (TM / WM)            /* GEMM work-group size in M */
 #define LN (TN / WN)            /* GEMM work-group size in N */
 #define NT (LM * LN)            /* GEMM work-items per work-group */
@@ -225,23 +227,7 @@ void wino_gemm(__global const float *restrict U,  /* NXI x Cpad x Mpad */
         Bs[buf][e / TN][e % TN] = rb[l];                                                 \
     }
 
-    WFETCH(0)
-    WSTASH(0)
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    for (int t = 0; t < ntiles; ++t) {
-        const int cur = t & 1;
-        if (t + 1 < ntiles) { WFETCH((t + 1) * TK) }
-        for (int kk = 0; kk < TK; ++kk) {
-            float a[WM], b[WN];
-            for (int i = 0; i < WM; ++i) a[i] = As[cur][kk][ty + i * LM];
-            for (int j = 0; j < WN; ++j) b[j] = Bs[cur][kk][tx + j * LN];
-            for (int i = 0; i < WM; ++i)
-                for (int j = 0; j < WN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
-        }
-        if (t + 1 < ntiles) { WSTASH(cur ^ 1) }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    GEMM_K_LOOP(WFETCH, WSTASH, 0)
 
     for (int j = 0; j < WN; ++j) {
         const int q = n0 + tx + j * LN;

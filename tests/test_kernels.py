@@ -222,3 +222,15 @@ def test_pixels_kernel_equals_normalize_pixels_bit_for_bit(cl_env, rng, mode, n,
 def test_invalid_conv_params_are_refused_with_the_rule(bad):
     with pytest.raises(ValueError, match="conv params"):
         check_conv_params(bad)
+
+
+@pytest.mark.parametrize("name", ["conv_gemm.cl", "conv_winograd.cl"])
+def test_included_kernel_files_are_expanded_into_the_source(name):
+    import re
+
+    from vggserve.runtime.programs import kernel_source
+
+    source = kernel_source(name, {"TM": 64})
+    assert source.startswith("#define TM 64\n")
+    assert "#define GEMM_K_LOOP(" in source and "GEMM_K_LOOP(" in source.split("#define GEMM_K_LOOP(")[1]
+    assert not re.search(r"^#include", source, re.MULTILINE)  # nothing left for the compiler to look up

@@ -8,6 +8,7 @@ turns the cache off.
 
 import hashlib
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +28,13 @@ def kernels_dir() -> Path:
     raise KernelBuildError(f"kernel sources not found (looked in {_HERE / '_kernels'} and {_HERE.parent / 'kernels'})")
 
 
+INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.MULTILINE)
+
+
 def kernel_source(name: str, defines: dict) -> str:
-    body = (kernels_dir() / name).read_text()
+    """The `#define`s, then the file with each `#include "x"` of kernels/ replaced by that file's text (so the
+    program cache key covers included files, and no compiler include path is needed)."""
+    body = INCLUDE.sub(lambda m: (kernels_dir() / m.group(1)).read_text(), (kernels_dir() / name).read_text())
     head = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(defines.items()))
     return head + body
 
