@@ -40,9 +40,9 @@ def rank_device(spec: str, local_rank: int, local_size: int) -> str:
 
 def count_gpus() -> int:
     """Usable OpenCL GPUs on this node, numbered as the engine's "gpu:N" numbers them."""
-    from ..runtime.devices import list_devices
+    from ..runtime.devices import usable_gpus
 
     try:
-        return sum(1 for info in list_devices() if info.usable and info.kind == "gpu")
+        return len(usable_gpus())
     except Exception:  # no ICD loader or a broken platform: no GPU to use
         return 0

@@ -161,12 +161,17 @@ def diagnose(devices=None) -> list[str]:
     return notes
 
 
+def usable_gpus() -> list[DeviceInfo]:
+    """The usable GPUs in the order "gpu:N" numbers them."""
+    return [d for d in list_devices() if d.usable and d.kind == "gpu"]
+
+
 def resolve(spec: str = "auto") -> DeviceInfo:
     """The device a spec selects; DeviceError with the list of choices if it selects nothing."""
     spec = (spec or "auto").strip().lower()
     devices = list_devices()
     usable = [d for d in devices if d.usable]
-    gpus = [d for d in usable if d.kind == "gpu"]
+    gpus = usable_gpus()
     cpus = [d for d in usable if d.kind == "cpu"]
 
     def pick(pool, n, what):
@@ -199,8 +204,7 @@ def expand(spec: str) -> tuple[str, ...]:
     """`all` -> every usable GPU ("gpu:0", "gpu:1", ...), or ("cpu",) when there is none; other specs unchanged."""
     if spec.strip().lower() != "all":
         return (spec,)
-    gpus = [d for d in list_devices() if d.usable and d.kind == "gpu"]
-    return tuple(f"gpu:{i}" for i in range(len(gpus))) or ("cpu",)
+    return tuple(f"gpu:{i}" for i in range(len(usable_gpus()))) or ("cpu",)
 
 
 def cl_device(info: DeviceInfo):
