@@ -183,6 +183,24 @@ def test_cli_answers_bad_input_with_one_line(argv, message, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and message in err
 
 
+@pytest.mark.parametrize("flag, env, sent", [(None, None, None), ("k1", None, "k1"), (None, "k2", "k2"),
+                                             ("k1", "k2", "k1")])
+def test_cli_sends_the_api_key_from_the_flag_or_the_variable(flag, env, sent, tmp_path, monkeypatch):
+    import argparse
+
+    from vggserve.cli import loadtest as cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    if env:
+        monkeypatch.setenv(cli.API_KEY_ENV, env)
+    argv = ["loadtest", "--url", "http://127.0.0.1:9", "--images", str(tmp_path)] + (["--api-key", flag] if flag else [])
+    config = cli.build_config(parser.parse_args(argv))
+    assert config.api_key == sent
+    assert config.headers == ({"Authorization": f"Bearer {sent}"} if sent else {})
+
+
 def test_cli_rejects_a_folder_without_images(tmp_path, capsys):
     from vggserve.cli import main
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -74,6 +75,7 @@ def build_config(args: argparse.Namespace):
         warmup_s=args.warmup, output=args.output, max_requests=args.max_requests, timeout_s=args.timeout,
         max_inflight=args.max_inflight, overflow=args.overflow, lag_threshold_ms=args.lag_threshold_ms,
         multipart=args.multipart, scrape_metrics=not args.no_metrics, progress=not args.quiet,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
     )
 
 
