@@ -63,7 +63,7 @@ class Outcome:
 
 class Admission:
     """Room counted in images, shared by the queues: `admit(n)` reserves all or none (QueueFull, 429, when it is
-    taken; the close reason once closed), `release(n)` gives room back. Subclasses set `_guard` (their lock)."""
+    taken; the close reason once closed), `release(n)` gives room back. `guard`: the subclass's lock."""
 
     def __init__(self, capacity: int, metrics: Metrics, guard):
         self.capacity = capacity

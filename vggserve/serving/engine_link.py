@@ -62,10 +62,6 @@ class Link:
         self._writer.start()
         self._reader.start()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
-
     def send(self, message: tuple) -> None:
         if not self._closed.is_set():
             self._outbox.put(message)
@@ -188,7 +184,6 @@ class EngineClient:
         self.authkey = authkey
         self.index = index
         self.state: dict | None = None  # the engine's last "state" message
-        self.on_state: Callable[[], None] | None = None
         self.on_lost: Callable[[str], None] | None = None  # the engine went away
         self._first_state = threading.Event()
         self._calls: dict[int, Future] = {}
@@ -237,8 +232,6 @@ class EngineClient:
         elif kind == "state":
             self.state = message[1]
             self._first_state.set()
-            if self.on_state is not None:
-                self.on_state()
         elif kind == "reply":
             future = self._calls.get(message[1])
             if future is not None and not future.done():

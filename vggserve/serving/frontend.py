@@ -12,7 +12,6 @@ import os
 import pickle
 import socket
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -55,7 +54,6 @@ class FrontendService(Service):
         """Start the decoding threads and connect to the engine."""
         self.stopping = False
         self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
-        self.started_at = time.monotonic()
         self.engine.connect()
 
     def stop(self, timeout_s: float = 30.0) -> None:

@@ -52,7 +52,6 @@ class Service:
         self._procs_started = None  # Future of the processes' warm-up, run in the thread pool
         self.preprocess_task = decode_and_crop  # what the processes run (module-level; tests swap in fakes')
         self._sha256 = None  # Future of the weights file's checksum, computed once in the pool
-        self.started_at: float | None = None
         self.stopping = False
         self._users = 0  # lifespans currently using the service
         self.on_all_workers_dead: Callable[[str], None] | None = None  # set by run_server: exit, so it restarts
@@ -80,7 +79,6 @@ class Service:
             self.procs = ProcessPool(self.settings.preprocess_procs, task=self.preprocess_task)
             self.procs.start()
             self._procs_started = self.pool.submit(self.procs.warm_up)  # readiness waits for it
-        self.started_at = time.monotonic()
         if self.settings.weights:
             from ..weights import sha256_file
 

@@ -171,10 +171,6 @@ class Settings:
     def max_wait_s(self) -> float:
         return self.max_wait_ms / 1000.0
 
-    @property
-    def request_timeout_s(self) -> float:
-        return self.request_timeout_ms / 1000.0
-
     def public(self) -> dict:
         """The settings as a dict safe to show (the API key only as set/unset)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
