@@ -173,15 +173,16 @@ def bind(settings: Settings, count: int) -> list[socket.socket]:
     return socks
 
 
-def launcher(spec_for: Callable[[int], FrontendSpec], fd_for: Callable[[int], int]) -> Callable[[int], subprocess.Popen]:
+def launcher(spec_for: Callable[[int], FrontendSpec]) -> Callable[[int], subprocess.Popen]:
     """A function starting front end `index` as a fresh interpreter (no OpenCL state, no threads inherited),
-    handing it its listening socket."""
+    handing it its listening socket (the spec's `fd`)."""
 
     def launch(index: int) -> subprocess.Popen:
+        spec = spec_for(index)
         proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, PACKAGE_ROOT], stdin=subprocess.PIPE,
-                                pass_fds=(fd_for(index),), env=dict(os.environ))
+                                pass_fds=(spec.fd,), env=dict(os.environ))
         try:
-            proc.stdin.write(pickle.dumps(spec_for(index)))
+            proc.stdin.write(pickle.dumps(spec))
             proc.stdin.close()
         except OSError:  # it died at once: the supervisor sees it exit
             pass
@@ -216,7 +217,7 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
     def spec_for(index: int) -> FrontendSpec:  # a restarted front end gets the socket of the one it replaces
         return FrontendSpec(settings, socks[index].fileno(), host.address, host.authkey, index, log_level, access_log)
 
-    frontends = FrontEnds(settings.http_workers, launcher(spec_for, lambda index: socks[index].fileno()))
+    frontends = FrontEnds(settings.http_workers, launcher(spec_for))
     with _handling_signals(stop):
         try:
             host.start()
