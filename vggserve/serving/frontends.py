@@ -89,14 +89,15 @@ class FrontEnds:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(sig)
 
+    def exited(self) -> bool:
+        return all(p is None or p.poll() is not None for p in self.procs)
+
     def wait(self, timeout_s: float, give_up: Callable[[], bool]) -> bool:
         """Wait until every front end has exited (True), the time is over or `give_up()` (False)."""
         end = time.monotonic() + timeout_s
-        while time.monotonic() < end and not give_up():
-            if all(p is None or p.poll() is not None for p in self.procs):
-                return True
+        while not self.exited() and time.monotonic() < end and not give_up():
             time.sleep(0.05)
-        return all(p is None or p.poll() is not None for p in self.procs)
+        return self.exited()
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
