@@ -8,6 +8,7 @@ with each batch sharded over every rank's device.
 See docs/serving.md for the API, every setting and the deploy files.
 """
 
+import dataclasses
 import os
 import signal
 import sys
@@ -124,8 +125,8 @@ def _run_mpi(args) -> int:
     settings = _settings(args, devices=("mpi",), mpi=True)
 
     def serve(model) -> int:
-        front = _settings(args, devices=("mpi",), mpi=True, max_batch_size=int(model.max_batch_size),
-                          max_queue=max(settings.max_queue, int(model.max_batch_size)))
+        front = dataclasses.replace(settings, max_batch_size=int(model.max_batch_size),
+                                    max_queue=max(settings.max_queue, int(model.max_batch_size)))
         print(f"vggserve: serving on http://{front.host}:{front.port} with batches of up to "
               f"{front.max_batch_size} sharded over {model.device_name}", file=sys.stderr)
         return run_server(front, model_factory=lambda _device: model, log_level=args.log_level,
