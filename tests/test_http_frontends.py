@@ -11,7 +11,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,10 @@ from image_corpus import build_corpus
 from PIL import Image
 
 from test_http_api import PNG
-from test_http_process import HTTP, IMAGE, MEDIA, classify, concurrently, live, metric, samples, wait_metric, wait_until
+from test_http_process import (HTTP, IMAGE, MEDIA, check_a_gone_client_is_withdrawn,
+                               check_deadline_in_the_queue_is_504_and_not_computed,
+                               check_full_queue_answers_429_at_once, classify, concurrently, live, metric, samples,
+                               wait_metric, wait_until)
 from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, Outcome
 from vggserve.serving.engine_host import EngineHost
 from vggserve.serving.engine_link import EngineClient
@@ -363,44 +365,14 @@ def test_slow_model_readiness_429_504_gone_clients_and_drain(tmp_path):
         server.wait_ready(30)
 
         # each front end admits 4 of --max-queue 8 until answered: 12 at once, at least 4 refused at once
-        def timed(headers=None):
-            response = classify(url, headers)
-            return response, time.monotonic()
-
-        results = concurrently(12, timed)
-        codes = [r.status_code for r, _ in results]
-        assert codes.count(429) >= 4 and set(codes) <= {200, 429}, codes
-        first_done = min(t for r, t in results if r.status_code == 200)
-        for r, finished in results:
-            if r.status_code == 429:
-                assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
-                assert finished < first_done
+        check_full_queue_answers_429_at_once(url)
 
         # a deadline that passes while the image waits in the engine: 504 at once, never computed
-        before = samples(url)
-        with ThreadPoolExecutor(3) as pool:
-            busy = [pool.submit(timed) for _ in range(2)]
-            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == before[("vggserve_batch_size_sum",)] + 2,
-                        "the two busy images on the device")
-            late, late_done = timed({"x-request-timeout-ms": "150"})
-            assert [f.result()[0].status_code for f in busy] == [200, 200]
-            assert late_done < min(f.result()[1] for f in busy)
-        assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
-        after = samples(url)
-        assert after[("vggserve_batch_size_sum",)] == before[("vggserve_batch_size_sum",)] + 2
-        assert after[("vggserve_timeouts_total",)] == before[("vggserve_timeouts_total",)] + 1
+        after = check_deadline_in_the_queue_is_504_and_not_computed(url)
 
         # a client that goes away while its image waits in the engine: withdrawn, so never computed
         images = after[("vggserve_batch_size_sum",)]
-        with ThreadPoolExecutor(2) as pool:
-            busy = [pool.submit(classify, url) for _ in range(2)]
-            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == images + 2, "the busy images on the device")
-            with socket.create_connection(("127.0.0.1", server.port)) as sock:
-                sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
-                wait_metric(url, "vggserve_queue_length", lambda v: v == 1, "the third image waiting")
-            wait_metric(url, "vggserve_abandoned_total", lambda v: v == 1, "the abandoned image withdrawn")
-            assert [f.result().status_code for f in busy] == [200, 200]
+        check_a_gone_client_is_withdrawn(url, server.port, images)
         assert metric(url, "vggserve_batch_size_sum") == images + 2 and metric(url, "vggserve_queue_length") == 0
 
         # SIGTERM with requests in flight: readiness 503, new requests refused, in-flight ones finish, exit 0

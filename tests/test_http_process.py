@@ -76,6 +76,57 @@ def wait_metric(url: str, name: str, predicate, what: str, timeout_s: float = 20
     wait_until(lambda: predicate(metric(url, name)), timeout_s, what)
 
 
+def timed(url: str, headers=None) -> tuple[httpx.Response, float]:
+    """A /classify answer and the time it arrived."""
+    response = classify(url, headers)
+    return response, time.monotonic()
+
+
+def check_full_queue_answers_429_at_once(url: str) -> None:
+    """12 requests at once, more than the queue holds: at least 4 get 429 with Retry-After, each one before the
+    first image has left the device."""
+    results = concurrently(12, lambda: timed(url))
+    codes = [r.status_code for r, _ in results]
+    assert codes.count(429) >= 4 and set(codes) <= {200, 429}, codes
+    first_done = min(t for r, t in results if r.status_code == 200)
+    for r, finished in results:
+        if r.status_code == 429:
+            assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
+            assert finished < first_done
+
+
+def check_deadline_in_the_queue_is_504_and_not_computed(url: str) -> dict:
+    """Two images on the device, then one with a 150 ms deadline: 504 without waiting for the device, and never
+    computed. The metrics samples afterwards."""
+    before = samples(url)
+    with ThreadPoolExecutor(3) as pool:
+        busy = [pool.submit(timed, url) for _ in range(2)]
+        wait_metric(url, "vggserve_batch_size_sum", lambda v: v == before[("vggserve_batch_size_sum",)] + 2,
+                    "the two busy images on the device")
+        late, late_done = timed(url, {"x-request-timeout-ms": "150"})
+        assert [f.result()[0].status_code for f in busy] == [200, 200]
+        assert late_done < min(f.result()[1] for f in busy)  # answered without waiting for the device
+    assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+    after = samples(url)
+    assert after[("vggserve_batch_size_sum",)] == before[("vggserve_batch_size_sum",)] + 2
+    assert after[("vggserve_timeouts_total",)] == before[("vggserve_timeouts_total",)] + 1
+    return after
+
+
+def check_a_gone_client_is_withdrawn(url: str, port: int, images: float) -> None:
+    """Two images on the device (`images` computed before them), then a third from a client that goes away while
+    it waits: it is withdrawn (vggserve_abandoned_total 1), and the two busy ones are answered 200."""
+    with ThreadPoolExecutor(2) as pool:
+        busy = [pool.submit(classify, url) for _ in range(2)]
+        wait_metric(url, "vggserve_batch_size_sum", lambda v: v == images + 2, "the busy images on the device")
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
+            wait_metric(url, "vggserve_queue_length", lambda v: v == 1, "the third image waiting")
+        wait_metric(url, "vggserve_abandoned_total", lambda v: v == 1, "the abandoned image withdrawn")
+        assert [f.result().status_code for f in busy] == [200, 200]
+
+
 def test_slow_model_server_readiness_429_504_gone_clients_and_drain():
     with ServerProcess.python_code(SLOW_SERVER) as server:
         url = server.url
@@ -88,44 +139,14 @@ def test_slow_model_server_readiness_429_504_gone_clients_and_drain():
 
         # a full queue answers 429 with Retry-After at once (2 on the device + 4 admitted fit): every 429
         # arrives before the first image has left the device
-        def timed(headers=None):
-            response = classify(url, headers)
-            return response, time.monotonic()
-
-        results = concurrently(12, timed)
-        codes = [r.status_code for r, _ in results]
-        assert codes.count(429) >= 4 and set(codes) <= {200, 429}, codes
-        first_done = min(t for r, t in results if r.status_code == 200)
-        for r, finished in results:
-            if r.status_code == 429:
-                assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
-                assert finished < first_done
+        check_full_queue_answers_429_at_once(url)
 
         # a deadline that passes in the queue: 504, and the image is never computed
-        before = samples(url)
-        with ThreadPoolExecutor(3) as pool:
-            busy = [pool.submit(timed) for _ in range(2)]
-            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == before[("vggserve_batch_size_sum",)] + 2,
-                        "the two busy images on the device")
-            late, late_done = timed({"x-request-timeout-ms": "150"})
-            assert [f.result()[0].status_code for f in busy] == [200, 200]
-            assert late_done < min(f.result()[1] for f in busy)  # answered without waiting for the device
-        assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
-        after = samples(url)
-        assert after[("vggserve_batch_size_sum",)] == before[("vggserve_batch_size_sum",)] + 2
-        assert after[("vggserve_timeouts_total",)] == before[("vggserve_timeouts_total",)] + 1
+        after = check_deadline_in_the_queue_is_504_and_not_computed(url)
 
         # a client that goes away while its image waits: the image is not computed
         images = after[("vggserve_batch_size_sum",)]
-        with ThreadPoolExecutor(2) as pool:
-            busy = [pool.submit(classify, url) for _ in range(2)]
-            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == images + 2, "the busy images on the device")
-            with socket.create_connection(("127.0.0.1", server.port)) as sock:
-                sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
-                wait_metric(url, "vggserve_queue_length", lambda v: v == 1, "the third image waiting")
-            wait_metric(url, "vggserve_abandoned_total", lambda v: v == 1, "the abandoned image withdrawn")
-            assert [f.result().status_code for f in busy] == [200, 200]
+        check_a_gone_client_is_withdrawn(url, server.port, images)
         time.sleep(0.7)  # time enough for the abandoned image to have run, had it not been withdrawn
         assert metric(url, "vggserve_batch_size_sum") == images + 2
 
