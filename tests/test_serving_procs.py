@@ -33,10 +33,8 @@ from vggserve.serving.process import ServerProcess
 from vggserve.serving.settings import default_preprocess_procs
 from vggserve.weights.spec import NUM_CLASSES
 from test_http_api import PNG, assert_error, wait_ready
+from test_http_images import MEDIA
 
-MEDIA = {"png": "image/png", "jpg": "image/jpeg", "gif": "image/gif", "webp": "image/webp", "bmp": "image/bmp",
-         "tiff": "image/tiff", "svg": "image/svg+xml", "pdf": "image/pdf", "eps": "image/eps", "ico": "image/x-icon",
-         "txt": "image/png"}
 MAX_PIXELS = 40_000_000
 
 
