@@ -10,10 +10,10 @@ import pickle
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 from conftest import TEST_DEVICE
 from fastapi.testclient import TestClient
@@ -226,28 +226,14 @@ def test_a_dying_worker_costs_its_request_a_500_and_the_pool_is_replaced():
 
 # a real server process --------------------------------------------------------------------------------------------
 def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
+    return {p.pid for p in psutil.Process(pid).children(recursive=True)}
 
 
 def _alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def test_real_server_with_worker_processes_classifies_like_the_engine_and_drains(tiny_weights_path, corpus):
