@@ -228,9 +228,7 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
                      socks[0].getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)))
             _supervise(frontends, stop)
         finally:
-            _shut_down(settings, service, host, frontends, stop)
-            for sock in set(socks):
-                sock.close()
+            _shut_down(settings, service, host, frontends, stop, socks)
     if stop.code:
         print(f"vggserve: error: {stop.reason}", file=sys.stderr)
     return stop.code
@@ -244,11 +242,17 @@ def _supervise(frontends: FrontEnds, stop: Stop) -> None:
             stop.fail(FRONTENDS_FAILED_EXIT, reason)
 
 
-def _shut_down(settings: Settings, service: Service, host: EngineHost, frontends: FrontEnds, stop: Stop) -> None:
+def _shut_down(settings: Settings, service: Service, host: EngineHost, frontends: FrontEnds, stop: Stop,
+               socks: list) -> None:
     """Drain the front ends and wait for them to exit (killed if they take too long), then stop the workers."""
     service.drain.begin(announce=False)  # readiness "draining", pushed to the front ends
     service.state_changed()
     frontends.signal(signal.SIGTERM)
+    # nothing is restarted from here on: the front ends hold the only copies of their sockets, so the socket of one
+    # that has exited leaves the reuse-port group, and new connections go to those still draining (a 503) or are
+    # refused, instead of waiting in a socket nobody accepts from until this process exits
+    for sock in set(socks):
+        sock.close()
     if not frontends.wait(settings.drain_timeout_s + CLOSE_CONNECTIONS_S + STOP_GRACE_S, lambda: stop.forced):
         if not stop.forced:
             log.warning("front ends still running after the drain time; killing them")
