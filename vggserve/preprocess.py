@@ -134,4 +134,3 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"unknown preprocessing mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
-_check_mode = check_mode  # the former private name, still imported by vggserve/serving/imaging.py

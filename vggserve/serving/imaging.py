@@ -46,10 +46,10 @@ def decode_and_crop(data: bytes, mode: str, max_pixels: int,
                     formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
     """In a worker process: (contiguous uint8 (224, 224, 3) centre crop, seconds spent). The same ImageErrors
     and ApiErrors as `prepare_image` (they pickle back to the main process unchanged)."""
-    from ..preprocess import _check_mode, center_crop
+    from ..preprocess import center_crop, check_mode
 
     started = time.perf_counter()
-    _check_mode(mode)
+    check_mode(mode)
     image = _open(data, max_pixels, formats)
     try:
         pixels = np.ascontiguousarray(center_crop(image), dtype=np.uint8)
