@@ -104,7 +104,13 @@ class ProcessPool:
             log.error("a preprocessing worker process died (%s); starting a new pool of %d", why, self.procs)
             self._executor = self._new_executor()
             self.restarts += 1
+        # a broken pool stops its surviving workers with SIGTERM, which ours ignore (_init_worker): kill them, or
+        # they live on and the interpreter's exit waits for them forever
+        workers = list((getattr(broken, "_processes", None) or {}).values())
         broken.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
 
     async def run(self, data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, then=None):
         """`task(data, mode, max_pixels, formats)` in a worker: its result, or the exception it raised (ImageError,
