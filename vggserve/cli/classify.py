@@ -2,8 +2,6 @@
 
 import sys
 
-import numpy as np
-
 from .common import add_device_args, load_model, positive_int
 
 
@@ -20,9 +18,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..distributed.pipeline import classify_decoded, decode
     from ..errors import ImageError, VggserveError
-    from ..predictions import top_k
-    from ..preprocess import load_and_preprocess
 
     if args.top_k > 1000:
         raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")
@@ -30,18 +27,12 @@ def run(args) -> int:
     failures = 0
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start:start + args.batch_size]
-        good, arrays = [], []
-        for path in paths:
-            try:
-                arrays.append(load_and_preprocess(path, model.preprocessing))
-                good.append(path)
-            except ImageError as exc:
-                failures += 1
-                print(f"vggserve: error: {exc}", file=sys.stderr)
-        if not good:
-            continue
-        results = top_k(model.probabilities(np.stack(arrays)), args.top_k)
-        for path, preds in zip(good, results):
+        decoded = (decode(path, model.preprocessing, catch=ImageError) for path in paths)
+        classified, failed = classify_decoded(model, paths, decoded, args.top_k)
+        failures += len(failed)
+        for _path, (reason, _kind) in failed:  # an ImageError's message names the file
+            print(f"vggserve: error: {reason}", file=sys.stderr)
+        for path, preds in classified:
             _print(path, preds, args.json)
     return 5 if failures else 0
 

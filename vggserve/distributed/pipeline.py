@@ -66,15 +66,35 @@ class RankStats:
         }
 
 
-def decode(path: str, mode: str):
-    """(pixels float32 (3, 224, 224), None) for a readable image, else (None, (reason, exception type))."""
+def decode(path: str, mode: str, catch: type[BaseException] | tuple = Exception):
+    """(pixels float32 (3, 224, 224), None) for a readable image, else (None, (reason, exception type)).
+
+    `catch`: the failures recorded that way; any other exception propagates. The batch job records an unreadable
+    image of any kind (never fatal); `vggserve classify` only `ImageError`s.
+    """
     from ..preprocess import load_and_preprocess
 
     try:
         return np.asarray(load_and_preprocess(path, mode), dtype=np.float32), None
-    except Exception as exc:  # an unreadable image of any kind is recorded, never fatal
+    except catch as exc:
         reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
         return None, (reason or str(exc) or type(exc).__name__, type(exc).__name__)
+
+
+def classify_decoded(model, paths: list[str], decoded, k: int):
+    """([(path, top-k predictions)], [(path, (reason, exception type))]): `decoded` is `decode`'s answer for each
+    of `paths`, in order (any iterable; taken one at a time). The readable images go to the model in one batch."""
+    good_paths, pixels, failed = [], [], []
+    for path, (array, problem) in zip(paths, decoded, strict=True):
+        if problem is None:
+            good_paths.append(path)
+            pixels.append(array)
+        else:
+            failed.append((path, problem))
+    if not pixels:
+        return [], failed
+    predictions = top_k_predictions(model.probabilities(np.stack(pixels)), k)
+    return list(zip(good_paths, predictions, strict=True)), failed
 
 
 class ChunkRunner:
@@ -98,20 +118,9 @@ class ChunkRunner:
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         paths, futures = self._queue.popleft()
-        good_paths, pixels, errors = [], [], []
-        for path, future in zip(paths, futures, strict=True):
-            array, problem = future.result()
-            if problem is None:
-                good_paths.append(path)
-                pixels.append(array)
-            else:
-                errors.append(error_line(path, *problem))
-        results = []
-        if pixels:
-            probabilities = self.model.probabilities(np.stack(pixels))
-            predictions = top_k_predictions(probabilities, self.top_k)
-            results = [result_line(path, preds) for path, preds in zip(good_paths, predictions, strict=True)]
-        return ChunkOutcome(results, errors)
+        classified, failed = classify_decoded(self.model, paths, (future.result() for future in futures), self.top_k)
+        return ChunkOutcome([result_line(path, preds) for path, preds in classified],
+                            [error_line(path, *problem) for path, problem in failed])
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
         """run_next, recorded in `stats`."""
