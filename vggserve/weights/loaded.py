@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-PREPROCESSING = ("torchvision", "caffe")
-
 
 def sha256_file(path, chunk_size: int = 1 << 22) -> str:
     """Hex SHA256 of a file's bytes, read in 4 MiB chunks."""

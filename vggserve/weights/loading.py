@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import WeightsError, WeightsNotFound
-from .loaded import PREPROCESSING, LoadedWeights
+from ..preprocess import MODES
+from .loaded import LoadedWeights
 from .schemes import detect_scheme, to_torchvision
 from .sniff import detect_format
 from .validate import validate
@@ -62,6 +63,6 @@ def _preprocessing(path: Path, scheme: str, metadata: dict[str, str]) -> str:
     if scheme == "keras":
         return "caffe"
     value = metadata.get("preprocessing", "torchvision")
-    if value not in PREPROCESSING:
-        raise WeightsError(f"{path}: metadata preprocessing={value!r} is not one of {', '.join(PREPROCESSING)}")
+    if value not in MODES:
+        raise WeightsError(f"{path}: metadata preprocessing={value!r} is not one of {', '.join(MODES)}")
     return value
