@@ -15,13 +15,13 @@ Phases, all ranks together:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 
 from ..errors import describe
+from ..jsonfile import write_json_atomically
 from .binding import RankSetupError, load_rank_model
 from .inputs import list_inputs
 from .mpi import abort_all, barrier, world
@@ -141,7 +141,7 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
                                 str(plan.store.output), str(plan.store.errors_path))
             print(format_summary(summary), flush=True)
             if options.summary_path:
-                _write_json_atomically(options.summary_path, summary)
+                write_json_atomically(options.summary_path, summary)
         return 0
     finally:
         runner.close()
@@ -173,11 +173,3 @@ def _progress_bar(plan: Plan, enabled: bool):
                disable=not enabled, smoothing=0.05, mininterval=interval, dynamic_ncols=True, file=sys.stderr)
     bar.set_postfix(errors=plan.store.error_count, refresh=False)
     return bar
-
-
-def _write_json_atomically(path: str, data: dict) -> None:
-    temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-    os.replace(temporary, path)

@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import WeightsError, describe
+from ..jsonfile import write_json_atomically
 from .loaded import sha256_file
 from .lookup import weights_dir
 from .provenance import TIMM, TORCHVISION, WeightsSource
@@ -126,7 +127,8 @@ def fetch_torchvision(folder=None, url=None, expected_prefix: str = TORCHVISION.
             "the download was deleted"
         )
     os.replace(tmp, target)
-    _write_json(sidecar, {"file": target.name, "url": url, "sha256": digest, "sha256_prefix": expected_prefix})
+    record = {"file": target.name, "url": url, "sha256": digest, "sha256_prefix": expected_prefix}
+    write_json_atomically(sidecar, record)
     return target
 
 
@@ -172,12 +174,6 @@ def _recorded_sha256(sidecar: Path) -> str | None:
         return json.loads(sidecar.read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _offline() -> bool:
