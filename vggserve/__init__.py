@@ -6,7 +6,15 @@
 """
 
 __version__ = "0.1.0"
-__all__ = ["VGG16", "preprocess", "__version__"]
+__all__ = ["VGG16", "preprocess", "start_device_discovery", "__version__"]
+
+
+def start_device_discovery(device: str | None = "auto") -> bool:
+    """Start OpenCL's platform discovery (and, for a spec naming the first GPU, its context) in the background,
+    before the heavy imports: call it first thing; the model made later finds them ready. See runtime/warmstart.py."""
+    from .runtime import warmstart
+
+    return warmstart.start(device)
 
 
 def __getattr__(name):  # lazy, so `import vggserve` does not load OpenCL

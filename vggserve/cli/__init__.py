@@ -29,7 +29,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that build a model on --device: they start OpenCL's discovery before importing the rest
+MODEL_COMMANDS = {"classify": "auto", "bench": "auto", "batch": "auto", "serve": "all", "tune": "auto"}
+
+
+def peek_device(argv: list[str]) -> tuple[str | None, str | None]:
+    """(command, --device value or the command's default) from the raw arguments, before any parsing."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    device = MODEL_COMMANDS.get(command)
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            device = argv[i + 1]
+        elif arg.startswith("--device="):
+            device = arg.partition("=")[2]
+    return command, device
+
+
 def main(argv=None) -> int:
+    command, device = peek_device(sys.argv[1:] if argv is None else list(argv))
+    if command in MODEL_COMMANDS and "-h" not in (argv or sys.argv) and "--help" not in (argv or sys.argv):
+        from .. import start_device_discovery
+
+        start_device_discovery(device)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

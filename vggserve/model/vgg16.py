@@ -21,7 +21,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..predictions import top_k as top_k_predictions
-from ..runtime import devices as devs
+from ..runtime import devices as devs, warmstart
 from ..runtime.params import conv_params_for, params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
@@ -88,7 +88,7 @@ class VGG16:
         t0 = time.perf_counter()
         self.device_info = devs.resolve(device)
         self.device = devs.cl_device(self.device_info)
-        self.context = cl.Context([self.device])
+        self.context = warmstart.take_context(self.device) or cl.Context([self.device])
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
         self.queue = cl.CommandQueue(self.context, properties=props)
         self.copy_queue = cl.CommandQueue(self.context, properties=props)  # uploads, overlapping the kernels

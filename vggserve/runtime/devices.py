@@ -16,6 +16,7 @@ from functools import lru_cache
 import pyopencl as cl
 
 from ..errors import DeviceError
+from . import warmstart
 
 NVIDIA_LIB = "libnvidia-opencl.so.1"
 NVIDIA_LIB_DIRS = ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
@@ -102,6 +103,7 @@ def _probe_once(device) -> str:
 @lru_cache(maxsize=1)
 def list_devices() -> tuple[DeviceInfo, ...]:
     """Every OpenCL device of every platform, probed once per process."""
+    warmstart.wait()  # an early discovery (runtime/warmstart.py) initialises the same drivers: let it finish
     try:
         platforms = cl.get_platforms()
     except cl.Error:
