@@ -4,6 +4,8 @@ Every wrapper is built once (weights re-laid out and uploaded at load) and enque
 allocation: `enqueue(queue, src, dst, n)` returns the OpenCL event of its last kernel.
 """
 
+import os
+
 import numpy as np
 import pyopencl as cl
 
@@ -50,6 +52,7 @@ class DeviceRelayout:
 
     TILE, ROWS = 32, 8
     STAGE_FLOATS = 4 << 20  # two halves of 8 MB of pinned memory that the raw weights pass through
+    COPY_THREADS = 4  # host copies into the pinned halves: one core copies at 7 GB/s on the H100's host
 
     def __init__(self, ctx, queue, program):
         self.ctx, self.queue = ctx, queue
@@ -57,6 +60,17 @@ class DeviceRelayout:
         self.wino_kernels = {2: cl.Kernel(program, "winograd_weights"), 4: cl.Kernel(program, "winograd4_weights")}
         self._stage = None  # (buffer, pinned array), made on first use
         self._copies = [None, None]  # the last upload from each half
+        self._pool = None  # copying threads (numpy lets go of the GIL while it copies), made on first use
+
+    def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """dst[:] = src, split over the copying threads."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = max(1, min(self.COPY_THREADS, os.cpu_count() or 1))
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="vggserve-upload")
+        step = -(-src.size // self._threads)
+        list(self._pool.map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]), range(0, src.size, step)))
 
     def upload(self, array: np.ndarray):
         """A device copy of `array` (float32) made through pinned memory: chunk i+1 is copied into one half while
@@ -74,13 +88,16 @@ class DeviceRelayout:
             if self._copies[side] is not None:
                 self._copies[side].wait()  # that half's previous chunk has left
             host = self._stage[1][side * half:side * half + part.size]
-            np.copyto(host, part)
+            self._copy(host, part)
             self._copies[side] = cl.enqueue_copy(self.queue, dst, host, dst_offset=4 * start, is_blocking=False)
         return dst
 
     def close(self) -> None:
-        """Wait for every upload and give the pinned memory back."""
+        """Wait for every upload and give the pinned memory and the copying threads back."""
         self.queue.finish()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         if self._stage is not None:
             buf, array = self._stage
             array.base.release(self.queue)
