@@ -62,9 +62,7 @@ class FrontendService(Service):
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def readiness(self) -> tuple[bool, str, str]:
-        if self.drain.draining:
-            return False, "draining", "the server is draining for shutdown"
+    def serving_readiness(self) -> tuple[bool, str, str]:
         state = self.engine.state
         if state is None:
             return False, "not_ready", "waiting for the engine process"
@@ -74,9 +72,7 @@ class FrontendService(Service):
         state = self.engine.state
         return (True, "serving") if state is None else tuple(state["live"])
 
-    def ensure_accepting(self) -> None:
-        if self.drain.draining:
-            raise unavailable("draining", "the server is draining for shutdown; retry on another instance")
+    def admit(self) -> None:
         state = self.engine.state
         if state is None:
             raise unavailable("not_ready", "the engine process has not answered yet; retry in a moment")

@@ -126,9 +126,13 @@ class Service:
 
     # state the routes ask for --------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str, str]:
-        """(ready, code, message): ready once every worker has loaded and warmed up, and none has died."""
+        """(ready, code, message): never while draining, else what `serving_readiness` says."""
         if self.drain.draining:
             return False, "draining", "the server is draining for shutdown"
+        return self.serving_readiness()
+
+    def serving_readiness(self) -> tuple[bool, str, str]:
+        """Readiness when not draining: ready once every worker has loaded and warmed up, and none has died."""
         if not self.workers:
             return False, "not_ready", "the service has not started"
         dead = [w for w in self.workers if not w.alive and w.state != "starting"]
@@ -149,9 +153,14 @@ class Service:
         return True, "serving"
 
     def ensure_accepting(self) -> None:
-        """Raise 503 unless some device worker can take images (one dead worker of several is not fatal)."""
+        """Raise 503 while draining, else whatever `admit` raises."""
         if self.drain.draining:
             raise unavailable("draining", "the server is draining for shutdown; retry on another instance")
+        self.admit()
+
+    def admit(self) -> None:
+        """When not draining: raise 503 unless some device worker can take images (one dead worker of several is
+        not fatal)."""
         if any(w.ready for w in self.workers):
             return
         if any(w.alive or w.state == "starting" for w in self.workers):
