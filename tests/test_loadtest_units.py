@@ -8,7 +8,9 @@ from vggserve.errors import VggserveError
 from vggserve.loadtest.config import normalise_url, parse_levels
 from vggserve.loadtest.loops import LevelPlan, LevelRun, open_loop_counts
 from vggserve.loadtest.metrics import SERVER_KEYS, Snapshot, server_split
-from vggserve.loadtest.records import CONN_ERROR, DROPPED, HTTP_ERROR, MEASURE, OK, WARMUP, RequestRecord
+from vggserve.loadtest.progress import RECENT_S, ProgressTally, progress_text
+from vggserve.loadtest.records import (CANCELLED, CONN_ERROR, DROPPED, HTTP_ERROR, MEASURE, OK, TIMEOUT, WARMUP,
+                                       RequestRecord)
 from vggserve.loadtest.stats import count_errors, percentiles, summarize, timeline
 
 
@@ -161,6 +163,68 @@ def test_timeline_buckets_hold_every_answer_once():
     assert sum(b["ok"] for b in series) == 30 and sum(b["errors"] for b in series) == 10
     assert [b["t_s"] for b in series] == [0.0, 1.0, 2.0, 3.0]
     assert np.isclose(sum(b["throughput_ips"] * b["width_s"] for b in series), 30)
+
+
+def rescanned_progress_text(run: LevelRun, total_s: float) -> str:
+    """The progress line as it was computed before ProgressTally: every record looked at on every tick."""
+    now = run.now()
+    elapsed = now - run.start_s
+    if elapsed < run.plan.warmup_s:
+        phase = "warmup"
+    elif elapsed < run.plan.warmup_s + run.plan.duration_s:
+        phase = MEASURE
+    else:
+        phase = "drain"
+    records = list(run.records)
+    dropped = sum(r.outcome == DROPPED for r in records)
+    done = [r for r in records if r.outcome and r.outcome != DROPPED]
+    ok = [r for r in done if r.is_ok]
+    recent = [r.latency_ms for r in ok if r.done_s is not None and r.done_s >= now - RECENT_S]
+    span = min(RECENT_S, max(elapsed, 1e-9))
+    p95 = percentiles(recent)["latency_p95_ms"]
+    p95_text = "-" if p95 is None else f"{p95:.1f} ms"
+    dropped_text = f"  dropped {dropped}" if dropped else ""
+    waiting_text = f"  waiting {run.waiting}" if run.waiting else ""
+    return (f"[{run.plan.label} {phase}] {min(elapsed, total_s):.1f}/{total_s:.1f} s  "
+            f"sent {len(records) - dropped}  ok {len(ok)}  err {len(done) - len(ok)}{dropped_text}  "
+            f"in-flight {run.inflight}{waiting_text}  {len(recent) / span:.1f} img/s  p95 {p95_text}")
+
+
+def test_progress_line_kept_incrementally_prints_what_a_full_rescan_prints():
+    """A simulated level (warm-up, measure, drain): requests start, are dropped, and end out of order in every way;
+    on each tick the running tally's line equals the rescan's."""
+    rng = np.random.default_rng(5)
+    run = LevelRun(make_plan(warmup=1.0, duration=3.0), clock0=0.0)
+    clock = {"t": 0.0}
+    run.now = lambda: clock["t"]
+    tally, total_s = ProgressTally(run), 4.0
+    lines, opened = [], []
+    for tick in range(1, 25):
+        before, clock["t"] = clock["t"], tick * 0.25
+        if clock["t"] <= total_s:  # new requests until the level's time is up, then only the drain
+            for _ in range(int(rng.integers(0, 12))):
+                rec = record(len(run.records), WARMUP if clock["t"] <= 1.0 else MEASURE, "", 0,
+                             due=float(rng.uniform(before, clock["t"])), sent=None, done=None)
+                run.records.append(rec)
+                if rng.random() < 0.1:
+                    rec.outcome = DROPPED
+                else:
+                    rec.sent_s = rec.scheduled_s + float(rng.uniform(0, 0.01))
+                    opened.append(rec)
+        rng.shuffle(opened)  # requests end in any order
+        cut = int(rng.integers(0, len(opened) + 1))
+        finishing, opened = opened[:cut], opened[cut:]
+        for rec in finishing:
+            rec.outcome = str(rng.choice([OK, OK, OK, HTTP_ERROR, TIMEOUT, CONN_ERROR, CANCELLED]))
+            rec.status = 200 if rec.outcome == OK else 429 if rec.outcome == HTTP_ERROR else 0
+            if rec.outcome != CANCELLED:
+                rec.done_s = max(rec.sent_s, float(rng.uniform(before, clock["t"])))
+        run.inflight, run.waiting = len(opened), int(rng.integers(0, 3))
+        want = rescanned_progress_text(run, total_s)
+        assert progress_text(tally, total_s) == want, tick
+        lines.append(want)
+    assert any("dropped" in line for line in lines) and any("p95 -" not in line for line in lines)
+    assert {line.split("]")[0].split()[-1] for line in lines} == {"warmup", "measure", "drain"}
 
 
 @pytest.mark.parametrize("argv, message", [
