@@ -3,7 +3,11 @@ then computes batches from the shared queue until the queue closes.
 
 Queued images are float32 (3, 224, 224) model inputs, or uint8 (224, 224, 3) centre crops sent by HTTP front-end
 processes; a batch of crops goes to the model's `probabilities_from_pixels` when it has one (the preprocessing
-arithmetic then runs on the device), else each crop is normalised here exactly as `preprocess` would."""
+arithmetic then runs on the device), else each crop is normalised here exactly as `preprocess` would.
+
+A model with the engine's `submit` runs with two batches in flight (`inflight.InflightRunner`): the next batch is
+taken and uploaded while the device computes the current one. Other models (the stand-ins in `fakes`) run one
+batch at a time here."""
 
 import logging
 import threading
@@ -87,11 +91,16 @@ class DeviceWorker:
                 self._warm_up(model)
                 log.info("device %s warmed up in %.2f s", self.device, time.perf_counter() - started)
             self._set("ready")
-            while (batch := self.queue.take_batch(self.max_batch_size, self.max_wait_s)) is not None:
-                self._run_batch(model, batch)
+            if hasattr(model, "submit"):
+                from .inflight import InflightRunner
+
+                InflightRunner(self, model).run()  # returns once the queue is closed and every batch is answered
+            else:
+                while (batch := self.queue.take_batch(self.max_batch_size, self.max_wait_s)) is not None:
+                    self._run_batch(model, batch)
             self._set("stopped")
         except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
-            if self.state == "failed":  # already reported by _run_batch
+            if self.state == "failed":  # already reported by _run_batch or the in-flight runner
                 log.error("device worker %s stopped after a failed batch: %s", self.device, self.error, exc_info=exc)
                 return
             if isinstance(exc, VggserveError):  # a known cause with its own message: no traceback
@@ -107,10 +116,7 @@ class DeviceWorker:
                     log.exception("closing the model on %s failed", self.device)
 
     def _run_batch(self, model, batch: list[Item]) -> None:
-        started = time.monotonic()
-        for item in batch:
-            self.metrics.queue_seconds.observe(started - item.enqueued)
-        self.metrics.batch_size.observe(len(batch))
+        started = self._taken(batch)
         try:
             t0 = time.perf_counter()
             probs = np.asarray(self._probabilities(model, [item.tensor for item in batch]), dtype=np.float32)
@@ -118,14 +124,31 @@ class DeviceWorker:
         except BaseException as exc:
             # a device that failed once is not trusted again: the worker dies, and says so before anyone hears
             self._set("failed", f"{type(exc).__name__}: {exc}")
-            error = InferenceFailed(self.device, exc)
-            for item in batch:
-                item.future.set_exception(error)
+            self._fail_items(batch, exc)
             raise
+        self._resolve(batch, probs, started, seconds)
+
+    def _taken(self, batch: list[Item]) -> float:
+        """Record a batch just taken from the queue; returns when it was taken (time.monotonic())."""
+        started = time.monotonic()
+        for item in batch:
+            self.metrics.queue_seconds.observe(started - item.enqueued)
+        self.metrics.batch_size.observe(len(batch))
+        return started
+
+    def _resolve(self, batch: list[Item], probs: np.ndarray, started: float, seconds: float) -> None:
+        """Answer a computed batch: row i of probs is batch[i]'s."""
         self.metrics.inference_seconds.observe(seconds)
         self.batches += 1
         for item, row in zip(batch, probs):
             item.future.set_result(Outcome(row, started - item.enqueued, seconds, len(batch), self.device))
+
+    def _fail_items(self, batch: list[Item], exc: BaseException) -> None:
+        """Answer every still-unanswered item of the batch with 500 inference_failed."""
+        error = InferenceFailed(self.device, exc)
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(error)
 
     def _warm_up(self, model) -> None:
         if self.pixels and hasattr(model, "probabilities_from_pixels"):
@@ -138,6 +161,12 @@ class DeviceWorker:
         if all(x.dtype == np.uint8 for x in inputs) and hasattr(model, "probabilities_from_pixels"):
             return model.probabilities_from_pixels(np.stack(inputs))
         return model.probabilities(np.stack([self._as_input(x) for x in inputs]))
+
+    def _stack(self, inputs: list[np.ndarray]) -> np.ndarray:
+        """What `submit` takes for a batch: the uint8 crops as they are when all are crops, else float32 inputs."""
+        if all(x.dtype == np.uint8 for x in inputs):
+            return np.stack(inputs)
+        return np.stack([self._as_input(x) for x in inputs])
 
     def _as_input(self, x: np.ndarray) -> np.ndarray:
         if x.dtype != np.uint8:
