@@ -1,0 +1,247 @@
+"""The device worker with two batches in flight (`serving.inflight`), on the gated `PipelinedModel` stand-in and on
+the real engine (tiny network, PoCL): results to the right requests in submission order, failures at submit or
+result time fail everything in flight, and shutdown answers what is in flight before the model is closed."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from vggserve.serving.batcher import BatchQueue, Outcome
+from vggserve.serving.errors import shutting_down
+from vggserve.serving.fakes import PipelinedModel, SlowModel
+from vggserve.serving.metrics import Metrics
+from vggserve.serving.worker import DeviceWorker
+
+from conftest import TEST_DEVICE
+
+TIMEOUT = 20.0  # generous: nothing here should take more than a fraction of it
+
+
+def wait_until(predicate, what: str, timeout_s: float = TIMEOUT):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def inputs(n: int) -> list[np.ndarray]:
+    """n float32 model inputs whose SlowModel classes all differ (up to 125: 150528 * (i + 1) mod 1000)."""
+    return [np.full((3, 224, 224), i + 1, np.float32) for i in range(n)]
+
+
+def queue_of(capacity: int) -> tuple[Metrics, BatchQueue]:
+    metrics = Metrics()
+    return metrics, BatchQueue(capacity, metrics)
+
+
+def start_worker(device: str, model, queue: BatchQueue, metrics: Metrics, max_batch_size: int, *,
+                 warmup: bool = False) -> DeviceWorker:
+    worker = DeviceWorker(device, lambda d: model, queue, metrics, max_batch_size=max_batch_size, max_wait_s=0.01,
+                          warmup=warmup, on_change=lambda: None)
+    worker.start()
+    return worker
+
+
+def fill(queue: BatchQueue, tensors: list[np.ndarray]) -> list:
+    queue.admit(len(tensors))
+    return [queue.submit(t, time.monotonic() + 60) for t in tensors]
+
+
+def expected_row(x: np.ndarray) -> np.ndarray:
+    return SlowModel(seconds_per_batch=0).probabilities(x[None])[0]
+
+
+def completer_threads(device: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"vggserve-inflight-{device}"]
+
+
+def assert_inference_failed(item, words: str):
+    error = item.future.exception(timeout=TIMEOUT)
+    assert error is not None and error.status == 500 and error.code == "inference_failed", error
+    assert words in str(error)
+
+
+def test_two_batches_in_flight_results_to_their_requests_in_submission_order():
+    metrics, queue = queue_of(64)
+    model = PipelinedModel("fake-order", seconds_per_batch=0.01, max_batch_size=4, gated=True)
+    tensors = inputs(24)
+    items = fill(queue, tensors)  # the queue is full before the worker starts: every batch has 4 images
+    answered: list[int] = []
+    for i, item in enumerate(items):
+        item.future.add_done_callback(lambda _, i=i: answered.append(i))
+    worker = start_worker("fake-order", model, queue, metrics, 4)
+    wait_until(lambda: len(model.submitted) == 2, "two batches submitted")
+    assert model.in_flight == 2 and not any(item.future.done() for item in items)
+    model.release(*range(6))
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+    assert not worker._thread.is_alive() and worker.state == "stopped" and worker.batches == 6
+    assert model.max_in_flight == 2  # two at once, never three
+    assert answered == list(range(24))  # batches and images answered in the order they were taken
+    for k, batch in enumerate(model.submitted):  # batch k is images 4k..4k+3, as they were queued
+        np.testing.assert_array_equal(batch, np.stack(tensors[4 * k:4 * k + 4]))
+    for tensor, outcome in zip(tensors, outcomes):
+        assert isinstance(outcome, Outcome) and outcome.batch_size == 4 and outcome.device == "fake-order"
+        np.testing.assert_array_equal(outcome.probabilities, expected_row(tensor))
+        assert outcome.queue_s >= 0 and outcome.inference_s > 0
+    assert len({int(o.probabilities.argmax()) for o in outcomes}) == 24  # the rows tell the images apart
+    assert metrics.registry.get_sample_value("vggserve_batch_size_count") == 6
+    assert not completer_threads("fake-order")
+
+
+def test_uint8_crops_are_submitted_as_they_are_and_mixed_batches_as_float32():
+    metrics, queue = queue_of(16)
+    model = PipelinedModel("fake-pixels", seconds_per_batch=0.0, max_batch_size=2)
+    crops = [np.full((224, 224, 3), v, np.uint8) for v in (3, 7)]
+    items = fill(queue, crops)
+    worker = start_worker("fake-pixels", model, queue, metrics, 2)
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    mixed = fill(queue, [crops[0], inputs(1)[0]])
+    [item.future.result(timeout=TIMEOUT) for item in mixed]
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+    assert model.submitted[0].dtype == np.uint8 and model.submitted[0].shape == (2, 224, 224, 3)
+    for crop, outcome in zip(crops, outcomes):
+        np.testing.assert_array_equal(outcome.probabilities, expected_row(crop))
+    assert model.submitted[1].dtype == np.float32 and model.submitted[1].shape == (2, 3, 224, 224)
+
+
+def test_a_failure_at_result_time_fails_its_batch_and_the_one_in_flight_after_it():
+    metrics, queue = queue_of(64)
+    model = PipelinedModel("fake-result", seconds_per_batch=0.0, max_batch_size=2, gated=True,
+                           fail_at=(1, "result"))
+    items = fill(queue, inputs(8))
+    worker = start_worker("fake-result", model, queue, metrics, 2)
+    wait_until(lambda: len(model.submitted) == 2, "batches 0 and 1 submitted")
+    model.release(0)
+    wait_until(lambda: len(model.submitted) == 3, "batch 2 submitted once batch 0 is answered")
+    model.release(1)  # batch 1 fails; batch 2 is in flight behind it
+    worker.join(TIMEOUT)
+    assert not worker._thread.is_alive(), "the worker stops taking batches after a failure"
+    assert worker.state == "failed" and "simulated device failure in batch 1" in worker.error
+    assert not worker.alive and not worker.ready
+    for item in items[:2]:
+        assert item.future.result(timeout=0).batch_size == 2
+    for item in items[2:6]:
+        assert_inference_failed(item, "simulated device failure in batch 1")
+    assert len(queue) == 2 and not any(item.future.done() for item in items[6:])  # never taken
+    assert ("close",) in model.log and worker.batches == 1
+    queue.close(shutting_down())
+    assert all(item.future.done() for item in items)
+    assert not completer_threads("fake-result")
+
+
+def test_a_failure_at_submit_fails_its_batch_and_the_one_in_flight_before_it():
+    metrics, queue = queue_of(64)
+    model = PipelinedModel("fake-submit", seconds_per_batch=0.0, max_batch_size=2, gated=True,
+                           fail_at=(2, "submit"))
+    items = fill(queue, inputs(8))
+    worker = start_worker("fake-submit", model, queue, metrics, 2)
+    wait_until(lambda: len(model.submitted) == 2, "batches 0 and 1 submitted")
+    model.release(0)  # batch 2 is taken and its submit fails while batch 1 is still on the device
+    wait_until(lambda: worker.state == "failed", "the worker failed")
+    for item in items[4:6]:
+        assert_inference_failed(item, "simulated device failure at submit of batch 2")
+    assert not any(item.future.done() for item in items[2:4])  # batch 1 is still in flight
+    model.release(1)
+    for item in items[2:4]:
+        assert_inference_failed(item, "simulated device failure at submit of batch 2")
+    worker.join(TIMEOUT)
+    assert not worker._thread.is_alive() and worker.state == "failed" and "at submit of batch 2" in worker.error
+    assert items[0].future.result(timeout=0).batch_size == 2 and worker.batches == 1
+    assert len(queue) == 2 and model.log[-1] == ("close",)
+    queue.close(shutting_down())
+    assert all(item.future.done() for item in items)
+    assert not completer_threads("fake-submit")
+
+
+def test_closing_the_queue_answers_the_batches_in_flight_before_the_model_is_closed():
+    metrics, queue = queue_of(64)
+    model = PipelinedModel("fake-close", seconds_per_batch=0.0, max_batch_size=2, gated=True)
+    tensors = inputs(4)
+    items = fill(queue, tensors)
+    worker = start_worker("fake-close", model, queue, metrics, 2, warmup=True)
+    wait_until(lambda: len(model.submitted) == 2, "two batches in flight")
+    queue.close(shutting_down())
+    time.sleep(0.2)  # the feeder has seen the queue closed: nothing may be closed or answered yet
+    assert worker.state == "ready" and worker._thread.is_alive() and ("close",) not in model.log
+    assert not any(item.future.done() for item in items)
+    model.release(0, 1)
+    worker.join(TIMEOUT)
+    assert not worker._thread.is_alive() and worker.state == "stopped" and worker.batches == 2
+    for tensor, item in zip(tensors, items):
+        np.testing.assert_array_equal(item.future.result(timeout=0).probabilities, expected_row(tensor))
+    assert model.log == [("submit", 0), ("submit", 1), ("result", 0), ("result", 1), ("close",)]
+    assert model.batch_sizes == [2, 2, 2]  # the warm-up batch, then the two
+    assert not completer_threads("fake-close")
+
+
+def test_a_serial_model_still_runs_one_batch_at_a_time():
+    metrics, queue = queue_of(16)
+    model = SlowModel("cpu", seconds_per_batch=0.01, max_batch_size=2)
+    assert not hasattr(model, "submit")
+    tensors = inputs(4)
+    items = fill(queue, tensors)
+    worker = start_worker("fake-serial", model, queue, metrics, 2)
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+    assert worker.state == "stopped" and worker.batches == 2 and model.batch_sizes == [2, 2]
+    for tensor, outcome in zip(tensors, outcomes):
+        np.testing.assert_array_equal(outcome.probabilities, expected_row(tensor))
+    assert not completer_threads("fake-serial")
+
+
+def test_the_http_service_answers_through_the_pipelined_worker():
+    import io
+
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    from vggserve.serving import Settings, create_app
+
+    models: list = []
+    settings = Settings(max_batch_size=4, max_wait_ms=5)
+    app = create_app(settings, model_factory=lambda d: models.append(PipelinedModel(d, 0.01, 4)) or models[-1])
+    png = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(png, "PNG")
+    with TestClient(app) as client:
+        wait_until(lambda: client.get("/health/ready").status_code == 200, "ready")
+        responses = [client.post("/classify", content=png.getvalue(), headers={"content-type": "image/png"})
+                     for _ in range(3)]
+    assert all(r.status_code == 200 for r in responses), responses[0].text
+    assert len(models[0].submitted) == 3 and models[0].log[-1] == ("close",)
+
+
+@pytest.mark.parametrize("kind", ["uint8 crops", "float32 inputs"])
+def test_the_real_engine_in_flight_gives_each_image_its_own_row(tiny_weights_path, kind):
+    from vggserve.model.vgg16 import VGG16
+
+    rng = np.random.default_rng(5)
+    if kind == "uint8 crops":
+        tensors = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(10)]
+    else:
+        tensors = [rng.standard_normal((3, 224, 224)).astype(np.float32) for _ in range(10)]
+    model = VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=4)
+    if kind == "uint8 crops":
+        want = [model.probabilities_from_pixels(t[None])[0] for t in tensors]
+    else:
+        want = [model.probabilities(t[None])[0] for t in tensors]
+    metrics, queue = queue_of(16)
+    items = fill(queue, tensors)
+    worker = start_worker("engine", model, queue, metrics, 4)
+    outcomes = [item.future.result(timeout=120) for item in items]
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+    assert worker.state == "stopped" and worker.batches == 3  # 4 + 4 + 2: the queue was full from the start
+    assert [o.batch_size for o in outcomes] == [4] * 8 + [2] * 2
+    assert model.slots == []  # the worker closed the model
+    for got, expected in zip(outcomes, want):
+        np.testing.assert_allclose(got.probabilities, expected, rtol=1e-5, atol=1e-9)
+    for i in range(len(want)):  # the comparison can tell the images apart: a mixed-up row would fail it
+        assert not any(np.allclose(want[i], want[j], rtol=1e-5, atol=1e-9) for j in range(len(want)) if j != i)
