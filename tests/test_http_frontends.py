@@ -29,8 +29,8 @@ from PIL import Image
 from test_http_api import PNG
 from test_http_process import (HTTP, IMAGE, MEDIA, check_a_gone_client_is_withdrawn,
                                check_deadline_in_the_queue_is_504_and_not_computed,
-                               check_full_queue_answers_429_at_once, classify, concurrently, live, metric, samples,
-                               wait_metric, wait_until)
+                               check_full_queue_answers_429_at_once, check_sigterm_lets_the_requests_in_flight_finish,
+                               classify, concurrently, live, metric, samples, wait_until)
 from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, Outcome
 from vggserve.serving.engine_host import EngineHost
 from vggserve.serving.engine_link import EngineClient
@@ -377,17 +377,7 @@ def test_slow_model_readiness_429_504_gone_clients_and_drain(tmp_path):
 
         # SIGTERM with requests in flight: readiness 503, new requests refused, in-flight ones finish, exit 0
         pids = front_end_pids(server)
-        with ThreadPoolExecutor(3) as pool:
-            inflight = [pool.submit(classify, url) for _ in range(3)]
-            wait_metric(url, "vggserve_batch_size_sum", lambda v: v == images + 4, "two images on the device")
-            wait_metric(url, "vggserve_queue_length", lambda v: v == 1, "the third image waiting")
-            server.signal(signal.SIGTERM)
-            wait_until(lambda: HTTP.get(url + "/health/ready", timeout=5).json()["status"] == "draining", 10,
-                       "readiness to report draining")
-            refused = classify(url)
-            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-            assert [f.result().status_code for f in inflight] == [200, 200, 200]
-        assert server.wait(30) == 0, server.output()[-3000:]
+        check_sigterm_lets_the_requests_in_flight_finish(server)
         wait_until(lambda: no_process_left(server), 10, "every front end gone")
         assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
         assert "Traceback" not in server.output()
