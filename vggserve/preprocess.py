@@ -92,6 +92,36 @@ def limit_aspect_ratio(img: Image.Image, max_ratio: int = MAX_ASPECT_RATIO) -> I
     return img.crop((0, top, width, top + keep))
 
 
+class RawImage:
+    """An RGB image (uint8 (h, w, 3), already within MAX_ASPECT_RATIO) whose Resize(256) + CenterCrop(224) is left
+    to the engine: `VGG16.submit` does it on the device, bit for bit as `center_crop` (model/resize.py)."""
+
+    __slots__ = ("pixels",)
+
+    def __init__(self, pixels: np.ndarray):
+        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+        if pixels.ndim != 3 or pixels.shape[2] != 3 or min(pixels.shape[:2]) < 1:
+            raise ValueError(f"a RawImage is uint8 RGB of shape (h, w, 3), got {pixels.shape}")
+        self.pixels = pixels
+
+    def __reduce__(self):  # pickles as its array (sent between processes)
+        return RawImage, (self.pixels,)
+
+    @property
+    def needs_resize(self) -> bool:
+        height, width = self.pixels.shape[:2]
+        return resized_size(width, height) != (width, height)
+
+    def center_crop(self) -> np.ndarray:
+        """The crop computed here, on the CPU: `center_crop` of the image."""
+        return np.ascontiguousarray(center_crop(Image.fromarray(self.pixels, "RGB")))
+
+
+def raw_rgb(img: Image.Image) -> RawImage:
+    """The RGB, aspect-limited image that `center_crop` would resize, as a RawImage for the engine."""
+    return RawImage(np.asarray(limit_aspect_ratio(to_rgb(img)), dtype=np.uint8))
+
+
 def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:
     """(width, height) after torchvision's Resize(shorter): long side int(shorter * long / short)."""
     if width <= height:

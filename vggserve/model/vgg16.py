@@ -27,6 +27,8 @@ from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
 from .layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm, gemm_defines,
                      gemv_span)
+from ..preprocess import RawImage
+from .resize import DeviceResize
 from .staging import Pending, Slot
 from . import winograd
 
@@ -79,6 +81,8 @@ def check_input(x: np.ndarray) -> np.ndarray:
 
 
 class VGG16:
+    resizes_on_device = True  # submit takes preprocess.RawImage images and resizes them itself (model/resize.py)
+
     def __init__(self, tensors: dict, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
                  preprocessing: str = "torchvision", program_dir=None):
         """program_dir: where compiled programs are cached (default: `programs.cache_dir()`)."""
@@ -139,6 +143,7 @@ class VGG16:
         self._prog_pool, self._prog_softmax = progs["pool"], progs["softmax"]
         self._prog_relayout = progs["relayout"]
         self._prog_pixels = self.program_cache.build("pixels.cl", PixelInput.defines(self.preprocessing))
+        self.resize_op = DeviceResize(self.context, self.program_cache.build("resize.cl", {}))
 
     def _gemm_program(self, p: dict, ks: int, relu: int, splitk: int = 0):
         """conv_gemm.cl specialised for one parameter set (shared by every layer that uses it)."""
@@ -225,14 +230,20 @@ class VGG16:
         """Start one batch of at most max_batch_size images and return at once; `.result()` gives its rows.
 
         x: normalised float32 (n, 3, 224, 224), or uint8 (n, 224, 224, 3) RGB crops, normalised on the device as
-        the model's preprocessing mode says. want: "logits" or "probabilities". Two batches can be in flight; a
+        the model's preprocessing mode says, or a list of n images, each a uint8 (224, 224, 3) crop or a
+        `preprocess.RawImage`, whose Resize(256) + CenterCrop(224) the device does, bit for bit as `center_crop`. want: "logits" or "probabilities". Two batches can be in flight; a
         third submit waits for the first one's result (kept in its Pending). pinned=False uploads straight from x
         (x must then stay unchanged until the result is in): quicker for a lone batch that nothing overlaps.
         """
         if want not in ("logits", "probabilities"):
             raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")
-        x = check_input(x)
-        n = x.shape[0]
+        as_images = isinstance(x, (list, tuple))
+        if as_images:
+            crops, raws = self._sort_images(x)
+            n = len(x)
+        else:
+            x = check_input(x)
+            n = x.shape[0]
         if not 1 <= n <= self.max_batch_size:
             raise ValueError(f"submit takes 1 to max_batch_size={self.max_batch_size} images, got {n}")
         with self._lock:
@@ -240,10 +251,17 @@ class VGG16:
             self._turn ^= 1
             if slot.pending is not None:
                 slot.pending.result()  # its batch is done with the slot's staging and input buffers
-            upload = slot.stage(self.copy_queue, x, pinned)
+            if as_images:
+                uploads, placed = slot.stage_images(self.copy_queue, crops, raws)
+            else:
+                uploads, placed = [slot.stage(self.copy_queue, x, pinned)], []
             self.copy_queue.flush()
-            cl.enqueue_barrier(self.queue, wait_for=[upload])
-            if x.dtype == np.uint8:
+            cl.enqueue_barrier(self.queue, wait_for=uploads)
+            if placed:
+                ev = self.resize_op.enqueue(self.queue, slot.raw.device, placed, slot.pixels)
+                if events is not None:
+                    events.append(("resize", ev, 0.0))
+            if as_images or x.dtype == np.uint8:
                 ev = self.pixel_op.enqueue(self.queue, slot.pixels, slot.input, n, INPUT_SIZE * INPUT_SIZE)
                 if events is not None:
                     events.append(("pixels", ev, 0.0))
@@ -258,6 +276,24 @@ class VGG16:
             self.queue.flush()
             slot.pending = Pending(slot, n, read)
             return slot.pending
+
+    def _sort_images(self, images) -> tuple[dict, list]:
+        """A batch given as a list of uint8 (224, 224, 3) crops and `preprocess.RawImage`s -> ({index: crop},
+        [(index, raw pixels)]): raw images that need a resize go to the device resize, the others are cropped
+        here (a crop of an image that keeps its size is a slice)."""
+        crops, raws = {}, []
+        for i, image in enumerate(images):
+            if isinstance(image, RawImage):
+                if image.needs_resize:
+                    raws.append((i, image.pixels))
+                    continue
+                image = image.center_crop()
+            crop = np.asarray(image)
+            if crop.dtype != np.uint8 or crop.shape != (INPUT_SIZE, INPUT_SIZE, 3):
+                raise ValueError(f"image {i} of the batch: expected a uint8 ({INPUT_SIZE}, {INPUT_SIZE}, 3) crop or a "
+                                 f"RawImage, got {crop.dtype} {crop.shape}")
+            crops[i] = crop
+        return crops, raws
 
     def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
         x = check_input(x)

@@ -1,0 +1,65 @@
+"""`VGG16.submit` with a list of images: uint8 crops and `preprocess.RawImage`s, the raw ones resized and cropped on the
+device (model/resize.py). The probabilities must be exactly those of the CPU's `center_crop` of the same images."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vggserve.preprocess import RawImage, center_crop, raw_rgb
+
+SIZES = [(500, 375), (375, 500), (224, 224), (256, 300), (300, 256), (1024, 768), (231, 97), (257, 257), (40, 30)]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_weights_path, test_device):
+    from vggserve.model.vgg16 import VGG16
+
+    with VGG16.load(tiny_weights_path, device=test_device, max_batch_size=len(SIZES) + 1) as m:
+        yield m
+
+
+def pictures(seed=0):
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in SIZES]
+
+
+def test_raw_images_and_crops_give_the_probabilities_of_the_cpu_crops(model):
+    images = pictures()
+    batch = [raw_rgb(img) for img in images]
+    batch.insert(3, np.ascontiguousarray(center_crop(images[0])))  # a crop among the raw images
+    want = model.probabilities_from_pixels(np.stack([np.ascontiguousarray(center_crop(img)) for img in images]))
+    want = np.insert(want, 3, want[0], axis=0)
+    got = model.submit(batch, "probabilities").result()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_two_batches_in_flight_keep_their_own_raw_images(model):
+    first, second = pictures(1), pictures(2)
+    pending = [model.submit([raw_rgb(img) for img in batch], "probabilities") for batch in (first, second)]
+    for batch, p in zip((first, second), pending):
+        want = model.probabilities_from_pixels(np.stack([np.ascontiguousarray(center_crop(img)) for img in batch]))
+        np.testing.assert_array_equal(p.result(), want)
+
+
+def test_a_raw_image_that_keeps_its_size_is_cropped_on_the_host(model):
+    img = pictures()[3]  # 256 x 300: Resize(256) keeps it
+    assert not raw_rgb(img).needs_resize
+    want = model.probabilities_from_pixels(np.ascontiguousarray(center_crop(img))[None])
+    np.testing.assert_array_equal(model.submit([raw_rgb(img)], "probabilities").result(), want)
+
+
+@pytest.mark.parametrize("bad", [np.zeros((224, 224, 3), np.float32), np.zeros((100, 100, 3), np.uint8),
+                                 np.zeros((224, 224), np.uint8)])
+def test_a_batch_item_that_is_neither_crop_nor_raw_image_is_refused(model, bad):
+    with pytest.raises(ValueError, match="image 1 of the batch"):
+        model.submit([RawImage(np.zeros((300, 400, 3), np.uint8)), bad])
+
+
+def test_raw_image_checks_its_shape_and_pickles():
+    import pickle
+
+    with pytest.raises(ValueError, match=r"\(h, w, 3\)"):
+        RawImage(np.zeros((10, 10), np.uint8))
+    raw = RawImage(np.arange(60, dtype=np.uint8).reshape(4, 5, 3))
+    back = pickle.loads(pickle.dumps(raw))
+    np.testing.assert_array_equal(back.pixels, raw.pixels)
