@@ -232,6 +232,10 @@ def frontends_server(tiny_weights_path):
 
 
 def test_results_identical_to_vggserve_classify_json(frontends_server, tiny_weights_path, tmp_path):
+    """The front ends send the engine decoded images and its device resizes and crops them: the results must be
+    those of `vggserve classify`, which crops on the CPU."""
+    resized_before = metric(frontends_server.url, "vggserve_device_resized_images_total")
+    assert HTTP.get(frontends_server.url + "/metadata", timeout=10).json()["resize_on_device"] is True
     files = build_corpus(tmp_path)
     names = ["palette.png", "animated.gif", "exif_orientation_8.jpg", "cmyk.jpg"]
     command = [sys.executable, "-m", "vggserve", "classify", "--json", "--weights", str(tiny_weights_path),
@@ -254,6 +258,8 @@ def test_results_identical_to_vggserve_classify_json(frontends_server, tiny_weig
             assert [(p["index"], p["label"]) for p in got] == [(p["index"], p["label"]) for p in want], name
             assert [p["probability"] for p in got] == pytest.approx([p["probability"] for p in want],
                                                                    rel=1e-5, abs=1e-7)
+    # every image of the corpus used here needs a resize: all 8 went through the device's resize
+    assert metric(frontends_server.url, "vggserve_device_resized_images_total") - resized_before == 2 * len(names)
 
 
 def test_images_from_both_front_ends_are_batched_together_and_metrics_cover_every_process(frontends_server):

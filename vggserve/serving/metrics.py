@@ -73,6 +73,8 @@ class Metrics:
                                 registry=r)
         self.timeouts = Counter("vggserve_timeouts_total", "Images dropped because their deadline passed (504).",
                                 registry=r)
+        self.device_resized = Counter("vggserve_device_resized_images_total", "Images that the HTTP front ends sent "
+                                      "decoded and the device resized and cropped.", registry=r)
         self.abandoned = Counter("vggserve_abandoned_total", "Images not computed because their client went away.",
                                  registry=r)
         self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r,

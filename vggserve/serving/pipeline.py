@@ -10,7 +10,7 @@ from fastapi import Request
 from ..errors import ImageError
 from .batcher import ClientGone, DeadlineExceeded, Item, Outcome
 from .errors import ApiError, image_error_parts
-from .imaging import decode_and_crop, normalize, prepare_image
+from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
 from .service import Service
 from .uploads import Upload
 
@@ -41,11 +41,13 @@ def deadline_for(service: Service, started: float, header_ms: int | None) -> flo
 
 async def _prepare(service: Service, upload: Upload) -> tuple:
     """(float32 model input, seconds): decoded in a thread, or decoded in a worker process and normalised here;
-    in an HTTP front-end process, (uint8 centre crop, seconds): the engine process normalises it."""
+    in an HTTP front-end process, (uint8 centre crop or preprocess.RawImage, seconds): the engine process
+    normalises it (and resizes a RawImage on its device)."""
     loop = asyncio.get_running_loop()
     mode = service.preprocessing
-    if service.sends_pixels:
-        return await loop.run_in_executor(service.pool, decode_and_crop, upload.data, mode, service.settings.max_pixels)
+    if service.sends_pixels:  # the engine resizes on its device when it can (RawImages), else it gets crops
+        task = decode_for_engine if service.model_info().get("resizes_on_device") else decode_and_crop
+        return await loop.run_in_executor(service.pool, task, upload.data, mode, service.settings.max_pixels)
     if service.procs is None:
         return await loop.run_in_executor(service.pool, prepare_image, upload.data, mode, service.settings.max_pixels)
     return await service.procs.run(upload.data, mode, service.settings.max_pixels, then=normalize)

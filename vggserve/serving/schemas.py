@@ -81,5 +81,8 @@ class Metadata(BaseModel):
     preprocess_procs: int = Field(description="Worker processes decoding images; 0 when the threads do it.")
     mpi: bool
     http_workers: int = Field(1, description="HTTP front-end processes feeding the device workers.")
+    resize_on_device: bool = Field(False, description="Whether uploads are decoded by the front ends and resized and "
+                                   "centre-cropped on the device (bit for bit as on the CPU), with --http-workers "
+                                   "above 1 and the OpenCL engine.")
     frontend: FrontendInfo | None = Field(None, description="The front-end process that answered (with "
                                           "--http-workers above 1).")

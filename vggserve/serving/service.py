@@ -210,4 +210,6 @@ class Service:
             "preprocess_procs": self.settings.preprocess_procs,
             "mpi": self.settings.mpi,
             "http_workers": self.settings.http_workers,
+            # uploads decoded by the front ends, resized and cropped on the device
+            "resize_on_device": self.settings.http_workers > 1 and bool(info.get("resizes_on_device")),
         }

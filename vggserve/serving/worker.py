@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import VggserveError
+from ..preprocess import RawImage
 from .batcher import BatchQueue, Item, Outcome
 from .errors import ApiError
 from .metrics import Metrics
@@ -84,7 +85,9 @@ class DeviceWorker:
             self.info = {"device_name": str(getattr(model, "device_name", self.device)),
                          "preprocessing": getattr(model, "preprocessing", "torchvision"),
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
-                         "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size))}
+                         "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
+                         # front ends may then send RawImages, resized and cropped on the device
+                         "resizes_on_device": bool(getattr(model, "resizes_on_device", False))}
             if self.warmup:
                 self._set("warming")
                 started = time.perf_counter()
@@ -163,7 +166,12 @@ class DeviceWorker:
         return model.probabilities(np.stack([self._as_input(x) for x in inputs]))
 
     def _stack(self, inputs: list[np.ndarray]) -> np.ndarray:
-        """What `submit` takes for a batch: the uint8 crops as they are when all are crops, else float32 inputs."""
+        """What `submit` takes for a batch: a list when it holds RawImages (crops and raw images, resized on the
+        device), the uint8 crops stacked when all are crops, else float32 inputs."""
+        raw = sum(isinstance(x, RawImage) for x in inputs)
+        if raw:
+            self.metrics.device_resized.inc(raw)
+            return list(inputs)
         if all(x.dtype == np.uint8 for x in inputs):
             return np.stack(inputs)
         return np.stack([self._as_input(x) for x in inputs])

@@ -1,0 +1,69 @@
+"""Front ends hand the engine decoded RGB images (preprocess.RawImage) when its device resizes, and crops otherwise."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vggserve.preprocess import RawImage, center_crop
+from vggserve.serving import imaging
+from vggserve.serving.imaging import decode_for_engine
+
+
+def jpeg(width, height, mode="RGB") -> bytes:
+    rng = np.random.default_rng(width * 7 + height)
+    img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).convert(mode)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def test_a_photo_that_needs_a_resize_goes_to_the_engine_raw():
+    data = jpeg(500, 375)
+    raw, seconds = decode_for_engine(data, "torchvision", 10**8)
+    assert isinstance(raw, RawImage) and raw.pixels.shape == (375, 500, 3) and seconds >= 0
+    np.testing.assert_array_equal(raw.center_crop(), center_crop(Image.open(io.BytesIO(data))))
+
+
+def test_grayscale_is_sent_as_rgb():
+    raw, _ = decode_for_engine(jpeg(300, 400, "L"), "torchvision", 10**8)
+    assert isinstance(raw, RawImage) and raw.pixels.shape == (400, 300, 3)
+
+
+def test_an_image_that_keeps_its_size_is_cropped_in_the_front_end():
+    crop, _ = decode_for_engine(jpeg(256, 300), "torchvision", 10**8)
+    assert isinstance(crop, np.ndarray) and crop.shape == (224, 224, 3) and crop.flags.c_contiguous
+
+
+def test_a_large_image_is_resized_in_the_front_end(monkeypatch):
+    monkeypatch.setattr(imaging, "RAW_LIMIT_BYTES", 500 * 375 * 3 - 1)
+    data = jpeg(500, 375)
+    crop, _ = decode_for_engine(data, "torchvision", 10**8)
+    np.testing.assert_array_equal(crop, center_crop(Image.open(io.BytesIO(data))))
+
+
+def test_bad_bytes_are_the_same_400_as_for_crops():
+    from vggserve.serving.errors import ApiError
+
+    with pytest.raises(Exception) as raw_error:
+        decode_for_engine(b"not an image at all", "torchvision", 10**8)
+    with pytest.raises(Exception) as crop_error:
+        imaging.decode_and_crop(b"not an image at all", "torchvision", 10**8)
+    assert type(raw_error.value) is type(crop_error.value)
+    assert isinstance(raw_error.value, (ApiError, Exception)) and str(raw_error.value) == str(crop_error.value)
+
+
+def test_the_worker_hands_a_batch_with_raw_images_to_submit_as_a_list():
+    from vggserve.serving.worker import DeviceWorker
+
+    from vggserve.serving.metrics import Metrics
+
+    worker = object.__new__(DeviceWorker)
+    worker.metrics = Metrics()
+    crop = np.zeros((224, 224, 3), np.uint8)
+    raw = RawImage(np.zeros((300, 400, 3), np.uint8))
+    stacked = worker._stack([crop, raw, raw])
+    assert isinstance(stacked, list) and stacked[1] is raw
+    assert worker._stack([crop, crop]).shape == (2, 224, 224, 3)
+    assert worker.metrics.device_resized._value.get() == 2
