@@ -27,7 +27,8 @@ for stage in $STAGES; do
   say "$stage"
   case $stage in
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
-           tests/test_engine.py tests/test_cli.py $(ls tests/test_winograd.py 2>/dev/null) -k "not device_specs" 2>&1 \
+           tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
+           tests/test_warmstart.py -k "not device_specs" 2>&1 \
            | tail -3 | tee -a "$LOG" ;;
   tune) for b in 64 1; do timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --candidates ${CANDIDATES:-40} --winograd \
           2>&1 | grep -v Warning | tee -a "$LOG" | tail -13; done
