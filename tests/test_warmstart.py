@@ -1,7 +1,7 @@
 """Early OpenCL discovery (vggserve/runtime/warmstart.py): the context made ahead in a background thread is the one
 the model uses, results are unchanged, a context made for another device is released, and the commands that build
-a model start it. Each case runs in a fresh interpreter, since discovery starts once per process. Here the CPU
-(PoCL) stands in for the GPU by pointing the thread's GPU device type at CPUs."""
+a model start it. Each case runs in a fresh interpreter, since discovery starts once per process. Without a GPU
+(VGGSERVE_TEST_DEVICE=cpu) the CPU (PoCL) stands in for it: the thread's GPU device type is pointed at CPUs."""
 
 import json
 import os
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TEST_DEVICE
 from vggserve.cli import peek_device
 from vggserve.runtime import warmstart
 
@@ -19,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys
 from vggserve.runtime import warmstart
-warmstart.CL_DEVICE_TYPE_GPU = 1 << 1  # CL_DEVICE_TYPE_CPU: PoCL's CPU device stands in for a GPU
+if sys.argv[4] == "cpu":
+    warmstart.CL_DEVICE_TYPE_GPU = 1 << 1  # CL_DEVICE_TYPE_CPU: PoCL's CPU device stands in for a GPU
 import vggserve
 started = vggserve.start_device_discovery(sys.argv[2])
 import numpy as np
@@ -28,7 +30,7 @@ warmstart.wait()
 early = warmstart._early["context"]
 if sys.argv[3] == "other-device":  # as if the early context were made on some other device
     warmstart._early["device"] = -1
-model = VGG16.load(sys.argv[1], device="cpu", max_batch_size=2)
+model = VGG16.load(sys.argv[1], device=sys.argv[4], max_batch_size=2)
 x = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
 out = model.logits_from_pixels(x)
 print(json.dumps({"started": started, "early": early, "used": model.context.int_ptr,
@@ -39,8 +41,8 @@ print(json.dumps({"started": started, "early": early, "used": model.context.int_
 
 def run_child(weights, spec: str, case: str = "same-device", env_extra=None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(weights), spec, case], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(weights), spec, case, TEST_DEVICE], capture_output=True,
+                          text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -52,7 +54,7 @@ def plain_logits(tiny_weights_path):
     from vggserve.model.vgg16 import VGG16
 
     x = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
-    with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=2) as model:
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=2) as model:
         return model.logits_from_pixels(x)
 
 
