@@ -11,7 +11,9 @@ from multiprocessing.connection import Listener
 
 from .batcher import ClientGone, Item
 from .engine_link import Link
+from ..preprocess import RawImage
 from .errors import ApiError
+from .shm import Mapped, Shared
 from .service import Service
 
 log = logging.getLogger("vggserve.serving")
@@ -36,6 +38,7 @@ class FrontEndPeer:
         self.service = host.service
         self.index: int | None = None
         self.pid: int | None = None
+        self.arena: Mapped | None = None  # the front end's shared pixels, once it has said hello
         self._items: dict[int, Item] = {}
         self._lock = threading.Lock()
         self.link = Link(link_conn, self._received, self._closed, f"vggserve-engine-link{number}")
@@ -53,11 +56,17 @@ class FrontEndPeer:
             self.link.send(("reply", message[1], self._call(message[2])))
         elif kind == "hello":
             self.index, self.pid = message[1], message[2]
-            log.info("front end %s (pid %s) connected", self.index, self.pid)
+            if len(message) > 3 and message[3]:
+                self.arena = Mapped(message[3])
+            log.info("front end %s (pid %s) connected%s", self.index, self.pid,
+                     ", pixels through shared memory" if self.arena else "")
         else:
             log.warning("unknown message %r from front end %s", kind, self.index)
 
     def _submit(self, image_id: int, pixels, seconds_left: float) -> None:
+        if isinstance(pixels, Shared):  # a view of the front end's block: read before the image is answered
+            view = self.arena.view(pixels)
+            pixels = RawImage(view) if pixels.raw else view
         queue = self.service.queue
         try:
             queue.admit(1)
@@ -91,6 +100,8 @@ class FrontEndPeer:
             left = list(self._items.values())
         for item in left:
             self.service.queue.withdraw(item, ClientGone())
+        if self.arena is not None:
+            self.arena.close()
         self.host.forget(self)
         if not self.host.closing:
             log.info("front end %s (pid %s) disconnected", self.index, self.pid)

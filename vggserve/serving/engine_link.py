@@ -5,8 +5,11 @@ A link is one authenticated Unix-socket connection (`multiprocessing.connection`
 messages (several at a time when they queue up); a message is a tuple whose first element names it:
 
     front end -> engine
-        ("hello", index, pid)                      who is connecting
-        ("submit", image_id, pixels, seconds_left) a uint8 (224, 224, 3) centre crop and its remaining deadline
+        ("hello", index, pid, arena)               who is connecting, and the name of its shared-memory arena
+                                                   (None: pixels come inline)
+        ("submit", image_id, pixels, seconds_left) a uint8 (224, 224, 3) centre crop or a preprocess.RawImage, or
+                                                   where either lies in the arena (shm.Shared), and its remaining
+                                                   deadline
         ("withdraw", image_id, error)              drop it if it still waits (DeadlineExceeded or ClientGone)
         ("call", call_id, "metadata")              ask for the engine's /metadata
     engine -> front end
@@ -33,9 +36,11 @@ from typing import Callable
 
 import numpy as np
 
+from ..preprocess import RawImage
 from .batcher import Admission
 from .errors import ApiError, shutting_down, unavailable
 from .metrics import Metrics
+from .shm import Arena, Shared, make_arena
 
 log = logging.getLogger("vggserve.serving")
 
@@ -120,6 +125,7 @@ class RemoteItem:
     deadline: float
     enqueued: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
+    shared: Shared | None = None  # its pixels' block in the arena, freed when the engine answers
 
 
 class RemoteQueue(Admission):
@@ -132,6 +138,7 @@ class RemoteQueue(Admission):
         self._send = send
         self._pending: dict[int, RemoteItem] = {}
         self._ids = itertools.count()
+        self.arena: Arena | None = None  # set on connect when shared memory is available
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -144,7 +151,10 @@ class RemoteQueue(Admission):
                 raise self._closed
             item = RemoteItem(next(self._ids), deadline)
             self._pending[item.id] = item
-        self._send(("submit", item.id, pixels, deadline - time.monotonic()))
+        if self.arena is not None:
+            raw = isinstance(pixels, RawImage)
+            item.shared = self.arena.put(pixels.pixels if raw else pixels, raw)
+        self._send(("submit", item.id, item.shared or pixels, deadline - time.monotonic()))
         return item
 
     def withdraw(self, item: RemoteItem, error: ApiError) -> bool:
@@ -160,6 +170,8 @@ class RemoteQueue(Admission):
             if item is None:
                 return
             self._admitted -= 1
+        if item.shared is not None:
+            self.arena.free(item.shared)
         if error is not None:
             item.future.set_exception(error)
         else:
@@ -190,6 +202,7 @@ class EngineClient:
         self._call_ids = itertools.count()
         self.link: Link | None = None
         self.queue = RemoteQueue(capacity, metrics, self._send)
+        self.share_pixels = True  # pixels through a shared-memory arena (shm.py) when one can be made
         self._stopping = False
 
     def _send(self, message: tuple) -> None:
@@ -199,9 +212,10 @@ class EngineClient:
     def connect(self, wait_state_s: float = 5.0) -> None:
         """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
+        self.queue.arena = make_arena() if self.share_pixels else None
         self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
-        self.link.send(("hello", self.index, os.getpid()))
+        self.link.send(("hello", self.index, os.getpid(), self.queue.arena and self.queue.arena.name))
         self._first_state.wait(wait_state_s)
 
     def close(self) -> None:
@@ -209,6 +223,8 @@ class EngineClient:
         self.queue.close(shutting_down())
         if self.link is not None:
             self.link.close()
+        if self.queue.arena is not None:
+            self.queue.arena.close()  # unlinked now; the engine's mapping lasts until it lets go
 
     async def call(self, what: str, timeout_s: float = 5.0):
         """The engine's answer to a call ("metadata"); ApiError 503 if it does not come in time."""

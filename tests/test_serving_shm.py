@@ -1,0 +1,93 @@
+"""Pixels from the front ends through shared memory (vggserve/serving/shm.py): the arena's FIFO blocks, the
+engine's views, and the link using them, with every block freed once the engine has answered."""
+
+import time
+
+import numpy as np
+import pytest
+
+from test_http_frontends import crop, engine_and_client, send
+from vggserve.preprocess import RawImage, center_crop
+from vggserve.serving.batcher import Outcome
+from vggserve.serving.fakes import SlowModel
+from vggserve.serving.settings import Settings
+from vggserve.serving.shm import ALIGN, Arena, Mapped, Shared
+
+
+@pytest.fixture
+def arena():
+    a = Arena(10 * ALIGN)
+    yield a
+    a.close()
+
+
+def block(nbytes: int, value: int = 7) -> np.ndarray:
+    return np.full(nbytes, value, np.uint8)
+
+
+def test_blocks_are_handed_out_in_order_until_full_and_come_back_oldest_first(arena):
+    blocks = [arena.put(block(3 * ALIGN - 5), raw=False) for _ in range(3)]
+    assert [b.offset for b in blocks] == [0, 3 * ALIGN, 6 * ALIGN]
+    assert arena.put(block(2 * ALIGN), raw=False) is None  # 9 of 10 taken
+    arena.free(blocks[1])  # not the oldest: nothing comes back yet
+    assert arena.put(block(2 * ALIGN), raw=False) is None
+    arena.free(blocks[0])  # the oldest: both come back, and the next block wraps to the start
+    again = arena.put(block(5 * ALIGN), raw=False)
+    assert again.offset == 0
+    assert arena.put(block(2 * ALIGN), raw=False) is None  # between the wrapped head and the live tail: 1 left
+    arena.free(blocks[2])
+    arena.free(again)
+    assert arena.put(block(10 * ALIGN), raw=False).offset == 0  # empty again: the whole arena
+    assert arena.put(block(1), raw=False) is None
+
+
+def test_freeing_twice_or_unknown_blocks_is_harmless(arena):
+    b = arena.put(block(ALIGN), raw=True)
+    arena.free(b)
+    arena.free(b)
+    arena.free(Shared(5 * ALIGN, (1,), False))
+    assert arena.put(block(10 * ALIGN), raw=False) is not None
+
+
+def test_the_engine_sees_the_pixels_the_front_end_wrote(arena):
+    pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    shared = arena.put(pixels, raw=True)
+    mapped = Mapped(arena.name)
+    view = mapped.view(shared)
+    np.testing.assert_array_equal(view, pixels)
+    assert shared.raw and view.shape == (2, 3, 3)
+    del view
+    mapped.close()
+
+
+def test_the_link_carries_crops_and_raw_images_through_shared_memory_and_frees_every_block():
+    from PIL import Image
+
+    from vggserve.preprocess import normalize_pixels
+
+    settings = Settings(http_workers=2, max_queue=16, max_files=1, max_batch_size=4, max_wait_ms=50, warmup=False)
+    models: list = []
+    rng = np.random.default_rng(3)
+    photo = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    images = [crop((40 * i, 200 - 30 * i, 90)) for i in range(3)] + [RawImage(photo)]
+    with engine_and_client(settings, models, seconds=0.05) as (service, client):
+        assert client.queue.arena is not None
+        items = [send(client, image) for image in images]
+        answers = [item.future.result(timeout=30) for item in items]
+        assert all(item.shared is not None for item in items)
+        assert client.queue.arena._blocks == {}  # all answered: every block back
+    reference = SlowModel(seconds_per_batch=0)
+    crops = [*images[:3], np.ascontiguousarray(center_crop(Image.fromarray(photo)))]
+    for answer, pixels in zip(answers, crops):
+        assert isinstance(answer, Outcome)
+        want = reference.probabilities(normalize_pixels(pixels, "torchvision")[None])[0]
+        np.testing.assert_array_equal(answer.probabilities, want)
+
+
+def test_without_room_in_the_arena_pixels_go_inline():
+    settings = Settings(http_workers=2, max_queue=8, max_files=1, max_batch_size=2, max_wait_ms=0, warmup=False)
+    with engine_and_client(settings, [], seconds=0.05) as (service, client):
+        client.queue.arena.close()
+        client.queue.arena = Arena(ALIGN)  # too small for a crop
+        item = send(client, crop((1, 2, 3)))
+        assert item.shared is None and isinstance(item.future.result(timeout=30), Outcome)

@@ -1,0 +1,125 @@
+"""Pixels from an HTTP front end to the engine process through shared memory instead of the link's socket.
+
+A decoded photo is half a megabyte; sent through the link it is copied into the socket, out of it and into a new
+array, all in the engine process while its device worker waits for the GIL. Instead each front end owns an
+`Arena`, a POSIX shared-memory segment the engine maps once (its name comes in the "hello" message): the front end
+copies an image's pixels into a block of it and sends only `Shared(offset, shape)`; the engine's queue holds a
+view of the block, which the device worker copies into its pinned staging memory. The block is freed when the
+engine's answer for that image arrives, and the engine answers only after it has copied the pixels (or decided
+not to compute them), so a block is never reused while the engine may still read it.
+
+Blocks are handed out first-in first-out around the segment (answers come back in about the order images went
+out); when the arena has no room (or no shared memory could be made, e.g. a tiny /dev/shm) the pixels travel
+inline in the message as before.
+"""
+
+import logging
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+log = logging.getLogger("vggserve.serving")
+
+ARENA_BYTES = 32 << 20  # per front end: ~57 decoded 500x375 photos in flight
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Shared:
+    """Where an image's uint8 pixels of `shape` lie in the sender's arena; `raw`: a RawImage (else a crop)."""
+
+    offset: int
+    shape: tuple
+    raw: bool
+
+
+class Arena:
+    """The front end's side: a shared-memory segment and a FIFO block allocator over it (thread-safe)."""
+
+    def __init__(self, nbytes: int = ARENA_BYTES):
+        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
+        self.size = nbytes
+        self._lock = threading.Lock()
+        self._blocks: dict[int, list] = {}  # start -> [end, freed], in allocation order
+        self._head = 0  # where the next block starts
+
+    @property
+    def name(self) -> str:
+        return self.memory.name
+
+    def _find(self, nbytes: int) -> int | None:
+        if not self._blocks:
+            self._head = 0
+            return 0 if nbytes <= self.size else None
+        tail = next(iter(self._blocks))  # oldest live block
+        if self._head > tail:  # live region [tail, head): room after head, else wrap to the start
+            if self._head + nbytes <= self.size:
+                return self._head
+            return 0 if nbytes <= tail else None
+        return self._head if self._head + nbytes <= tail else None  # wrapped: room between head and tail
+
+    def put(self, pixels: np.ndarray, raw: bool) -> Shared | None:
+        """Copy pixels into a free block; None when there is no room (the caller sends them inline)."""
+        nbytes = pixels.nbytes
+        with self._lock:
+            start = self._find(nbytes)
+            if start is None:
+                return None
+            self._blocks[start] = [start + nbytes, False]
+            self._head = -(-(start + nbytes) // ALIGN) * ALIGN
+        np.copyto(np.ndarray(pixels.shape, np.uint8, self.memory.buf, start), pixels)
+        return Shared(start, pixels.shape, raw)
+
+    def free(self, shared: Shared) -> None:
+        """The engine has answered for that image: its block (and any freed ones behind the oldest) return."""
+        with self._lock:
+            block = self._blocks.get(shared.offset)
+            if block is None:
+                return
+            block[1] = True
+            while self._blocks:
+                start = next(iter(self._blocks))
+                if not self._blocks[start][1]:
+                    break
+                del self._blocks[start]
+
+    def close(self) -> None:
+        self.memory.close()
+        self.memory.unlink()
+
+
+class Mapped:
+    """The engine's side: a front end's arena mapped by name; `view` gives an image's pixels. Mapped with mmap
+    rather than SharedMemory, which would register the segment with a resource tracker (a process of its own) as
+    if this process owned it."""
+
+    def __init__(self, name: str):
+        import _posixshmem
+
+        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
+        try:
+            self.memory = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+
+    def view(self, shared: Shared) -> np.ndarray:
+        return np.ndarray(shared.shape, np.uint8, self.memory, shared.offset)
+
+    def close(self) -> None:
+        try:
+            self.memory.close()
+        except BufferError:  # a view is still referenced somewhere: the mapping goes with the process
+            log.debug("shared pixels still referenced at close")
+
+
+def make_arena(nbytes: int = ARENA_BYTES) -> Arena | None:
+    """An arena, or None (with a log line) where shared memory cannot be had: pixels then travel inline."""
+    try:
+        return Arena(nbytes)
+    except OSError as exc:
+        log.warning("no shared memory for pixels (%s); they go through the engine link", exc)
+        return None
