@@ -61,9 +61,13 @@ def test_the_worker_hands_a_batch_with_raw_images_to_submit_as_a_list():
 
     worker = object.__new__(DeviceWorker)
     worker.metrics = Metrics()
+    worker.info = {"resizes_on_device": True}
     crop = np.zeros((224, 224, 3), np.uint8)
     raw = RawImage(np.zeros((300, 400, 3), np.uint8))
     stacked = worker._stack([crop, raw, raw])
     assert isinstance(stacked, list) and stacked[1] is raw
     assert worker._stack([crop, crop]).shape == (2, 224, 224, 3)
     assert worker.metrics.device_resized._value.get() == 2
+    worker.info = {"resizes_on_device": False}  # a model that does not resize: cropped here
+    cropped = worker._stack([crop, raw])
+    assert cropped.shape == (2, 224, 224, 3) and worker.metrics.device_resized._value.get() == 2

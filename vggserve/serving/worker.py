@@ -10,6 +10,7 @@ taken and uploaded while the device computes the current one. Other models (the 
 batch at a time here."""
 
 import logging
+import os
 import threading
 import time
 from typing import Callable
@@ -87,7 +88,8 @@ class DeviceWorker:
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
                          "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
                          # front ends may then send RawImages, resized and cropped on the device
-                         "resizes_on_device": bool(getattr(model, "resizes_on_device", False))}
+                         "resizes_on_device": bool(getattr(model, "resizes_on_device", False))
+                         and os.environ.get("VGGSERVE_DEVICE_RESIZE", "1") != "0"}
             if self.warmup:
                 self._set("warming")
                 started = time.perf_counter()
@@ -159,8 +161,14 @@ class DeviceWorker:
         else:
             model.logits(np.zeros((self.max_batch_size, *INPUT_SHAPE), dtype=np.float32))
 
+    @staticmethod
+    def _cropped(inputs: list) -> list:
+        """The batch with any RawImage cropped here, on the CPU (for a model that does not resize itself)."""
+        return [x.center_crop() if isinstance(x, RawImage) else x for x in inputs]
+
     def _probabilities(self, model, inputs: list[np.ndarray]) -> np.ndarray:
         """(N, 1000) probabilities for a batch of float32 model inputs and/or uint8 crops."""
+        inputs = self._cropped(inputs)
         if all(x.dtype == np.uint8 for x in inputs) and hasattr(model, "probabilities_from_pixels"):
             return model.probabilities_from_pixels(np.stack(inputs))
         return model.probabilities(np.stack([self._as_input(x) for x in inputs]))
@@ -169,9 +177,10 @@ class DeviceWorker:
         """What `submit` takes for a batch: a list when it holds RawImages (crops and raw images, resized on the
         device), the uint8 crops stacked when all are crops, else float32 inputs."""
         raw = sum(isinstance(x, RawImage) for x in inputs)
-        if raw:
+        if raw and self.info.get("resizes_on_device"):
             self.metrics.device_resized.inc(raw)
             return list(inputs)
+        inputs = self._cropped(inputs)
         if all(x.dtype == np.uint8 for x in inputs):
             return np.stack(inputs)
         return np.stack([self._as_input(x) for x in inputs])
