@@ -71,3 +71,30 @@ def test_the_worker_hands_a_batch_with_raw_images_to_submit_as_a_list():
     worker.info = {"resizes_on_device": False}  # a model that does not resize: cropped here
     cropped = worker._stack([crop, raw])
     assert cropped.shape == (2, 224, 224, 3) and worker.metrics.device_resized._value.get() == 2
+
+
+def test_resize_on_is_checked_and_reaches_the_workers():
+    from vggserve.serving.service import Service
+    from vggserve.serving.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="--resize-on"):
+        Settings(resize_on="gpu")
+    from vggserve.serving.fakes import PipelinedModel
+
+    for where, expected in (("device", True), ("cpu", False)):
+        service = Service(Settings(http_workers=2, resize_on=where, warmup=False),
+                          lambda device: PipelinedModel(device, seconds_per_batch=0.0))
+        service.start()
+        try:
+            assert [w.device_resize for w in service.workers] == [expected]
+        finally:
+            service.stop()
+
+
+def test_the_serve_command_takes_resize_on():
+    from vggserve.cli import build_parser
+    from vggserve.cli import serve
+
+    parser = build_parser()
+    assert serve._settings(parser.parse_args(["serve", "--resize-on", "cpu"])).resize_on == "cpu"
+    assert serve._settings(parser.parse_args(["serve"])).resize_on == "device"

@@ -53,6 +53,11 @@ def register(subparsers) -> None:
                         "and decodes images in its own process and sends the crops to this process, which batches "
                         "them on the devices. Use it when the front end, not the device, is the limit (default: "
                         "`auto` when every device is a GPU, else 1 = everything in one process)")
+    p.add_argument("--resize-on", choices=("device", "cpu"), default="device",
+                   help="with HTTP front ends: where uploads are resized and centre-cropped. `device`: the front "
+                        "ends send decoded images through shared memory and the engine's kernels resize them, bit "
+                        "for bit as on the CPU, at a fraction of the front ends' CPU; `cpu`: in the front ends "
+                        "(default device)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
     p.add_argument("--api-key", default=None,
@@ -76,7 +81,7 @@ def _settings(args, **overrides):
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup)
+        warmup=not args.no_warmup, resize_on=args.resize_on)
     values.update(overrides)
     if args.http_workers is not None:
         values["http_workers"] = parse_http_workers(args.http_workers)

@@ -86,7 +86,8 @@ class Service:
         self.workers = [DeviceWorker(device, factory, self.queue, self.metrics,
                                      max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
                                      warmup=self.settings.warmup, on_change=self._worker_changed,
-                                     pixels=self.settings.http_workers > 1)
+                                     pixels=self.settings.http_workers > 1,
+                                     device_resize=self.settings.resize_on == "device")
                         for device in self.settings.devices]
         for worker in self.workers:  # all listed before any starts: "none alive" must see every worker
             worker.start()

@@ -117,6 +117,9 @@ class Settings:
     mpi: bool = False  # set by `mpirun -n N vggserve serve`: batches are sharded over all ranks
     # HTTP front-end processes; above 1 this process only batches and computes (vggserve.serving.frontends)
     http_workers: int = 1
+    # where uploads are resized and centre-cropped with front ends: "device" (the engine's kernels, bit for bit as
+    # the CPU, when the model can) or "cpu" (in the front ends)
+    resize_on: str = "device"
 
     def __post_init__(self):
         for f in fields(self):
@@ -126,6 +129,8 @@ class Settings:
                                                                                 for d in self.devices):
             raise SettingsError(f"devices must be a non-empty tuple of device specs, got {self.devices!r}; "
                                 "pass e.g. --device gpu:0,gpu:1")
+        if self.resize_on not in ("device", "cpu"):
+            raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
         if not isinstance(self.host, str) or not self.host.strip():
             raise SettingsError(f"--host must be an address to bind, got {self.host!r}; pass e.g. --host 127.0.0.1")
         if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):

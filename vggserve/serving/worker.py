@@ -10,7 +10,6 @@ taken and uploaded while the device computes the current one. Other models (the 
 batch at a time here."""
 
 import logging
-import os
 import threading
 import time
 from typing import Callable
@@ -40,7 +39,7 @@ class DeviceWorker:
 
     def __init__(self, device: str, model_factory: Callable, queue: BatchQueue, metrics: Metrics, *,
                  max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None],
-                 pixels: bool = False):
+                 pixels: bool = False, device_resize: bool = True):
         self.device = device
         self.model_factory = model_factory
         self.queue = queue
@@ -50,6 +49,7 @@ class DeviceWorker:
         self.warmup = warmup
         self.on_change = on_change
         self.pixels = pixels  # images arrive as uint8 crops: warm up the path they will take
+        self.device_resize = device_resize  # tell the front ends to send RawImages if the model resizes them
         self.state = "starting"
         self.error: str | None = None
         self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size once loaded
@@ -88,8 +88,8 @@ class DeviceWorker:
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
                          "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
                          # front ends may then send RawImages, resized and cropped on the device
-                         "resizes_on_device": bool(getattr(model, "resizes_on_device", False))
-                         and os.environ.get("VGGSERVE_DEVICE_RESIZE", "1") != "0"}
+                         "resizes_on_device": self.device_resize and bool(getattr(model, "resizes_on_device",
+                                                                                  False))}
             if self.warmup:
                 self._set("warming")
                 started = time.perf_counter()
