@@ -40,7 +40,8 @@ print(json.dumps({"started": started, "early": early, "used": model.context.int_
 
 
 def run_child(weights, spec: str, case: str = "same-device", env_extra=None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           **(env_extra or {})}
     done = subprocess.run([sys.executable, "-c", CHILD, str(weights), spec, case, TEST_DEVICE], capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -96,7 +97,8 @@ def test_the_bundled_loader_is_found_without_importing_pyopencl():
     code = ("import sys; from vggserve.runtime import warmstart; path, own = warmstart.loader_library(); "
             "print(path, own, 'pyopencl' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split()
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH",
+                                                                                                    "")])}).stdout.split()
     assert "libOpenCL" in out[0] and ".so" in out[0]
     assert out[2] == "False"
 
