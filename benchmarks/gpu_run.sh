@@ -7,7 +7,8 @@
 #   bench     vggserve bench at batch 1 and 64
 #   startup   benchmarks/startup.py: process start to first result, warm caches
 #   winograd  benchmarks/winograd_vs_gemm.py, if present
-#   serve     benchmarks/serve_saturation.py at batch 32 (service images/s vs engine images/s)
+#   serve     benchmarks/serve_saturation.py at batch 32 (service images/s vs engine images/s), for each of
+#             $HTTP_WORKERS (default "default 1") and $RESIZE_ON (default "device")
 #   loadtest  vggserve loadtest (closed and open loop) against vggserve serve on the GPU
 #   scaling   benchmarks/batch_scaling.py with 1, 2, 4 ranks (needs a machine with 4 GPUs)
 set -u
@@ -42,12 +43,13 @@ for stage in $STAGES; do
            python3 -X importtime -c "import vggserve.model.vgg16" 2>&1 | sort -t'|' -k2 -n | tail -6 | tee -a "$LOG" ;;
   winograd) [ -f benchmarks/winograd_vs_gemm.py ] && for b in 64 1; do timeout 200 python3 benchmarks/winograd_vs_gemm.py \
               --device gpu --batch $b 2>&1 | grep -v Warning | tee -a "$LOG"; done ;;
-  serve) for hw in ${HTTP_WORKERS:-default 1}; do
-           flag=$([ "$hw" = default ] || echo "--http-workers $hw")
-           say "serve, http workers: $hw"
-           timeout 240 python3 benchmarks/serve_saturation.py --weights $W --device gpu --max-batch-size 32 --duration 20 \
-             --warmup 5 --engine-seconds 8 $flag --json "$OUT/serve-$hw.json" 2>&1 | grep -v Warning | tail -25 | tee -a "$LOG"
-         done ;;
+  serve) n=0; for hw in ${HTTP_WORKERS:-default 1}; do for where in ${RESIZE_ON:-device}; do
+           n=$((n + 1)); flag=$([ "$hw" = default ] || echo "--http-workers $hw")
+           say "serve run $n, http workers: $hw, resize on: $where"
+           timeout 240 python3 benchmarks/serve_saturation.py --weights $W --device gpu --max-batch-size 32 --duration 25 \
+             --warmup 5 --engine-seconds 8 --resize-on $where $flag --json "$OUT/serve-$n-$hw-$where.json" 2>&1 \
+             | grep -v Warning | tail -25 | tee -a "$LOG"
+         done; done ;;
   loadtest) python3 -m vggserve serve --weights $W --device gpu --max-batch-size 32 --port 8411 > /tmp/serve.log 2>&1 &
             mkdir -p /tmp/lt-images && python3 - <<'PY'
 from PIL import Image
