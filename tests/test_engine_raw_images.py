@@ -63,3 +63,31 @@ def test_raw_image_checks_its_shape_and_pickles():
     raw = RawImage(np.arange(60, dtype=np.uint8).reshape(4, 5, 3))
     back = pickle.loads(pickle.dumps(raw))
     np.testing.assert_array_equal(back.pixels, raw.pixels)
+
+
+def test_the_device_resize_is_checked_against_the_installed_pillow(model, monkeypatch):
+    from vggserve.model import resize
+
+    assert model.resize_matches_pillow()
+    # as if Pillow's pass order had changed: 300 x 1000 shrinks its height enough for the order to matter
+    monkeypatch.setattr(resize, "VERTICAL_FIRST_RULE", not resize.VERTICAL_FIRST_RULE)
+    resize.crop_tables.cache_clear()
+    try:
+        assert not model.resize_matches_pillow()
+    finally:
+        monkeypatch.undo()
+        resize.crop_tables.cache_clear()
+    assert model.resize_matches_pillow()
+
+
+def test_a_worker_falls_back_to_front_end_crops_when_the_check_fails(model, monkeypatch):
+    from vggserve.serving.worker import DeviceWorker
+
+    worker = object.__new__(DeviceWorker)
+    worker.device, worker.pixels, worker.device_resize = "test", True, True
+    assert worker._device_resizes(model)
+    monkeypatch.setattr(type(model), "resize_matches_pillow", lambda self: False)
+    assert not worker._device_resizes(model)
+    worker.pixels = False  # one process: no front ends, nothing to decide
+    monkeypatch.undo()
+    assert not worker._device_resizes(model)

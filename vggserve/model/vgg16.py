@@ -295,6 +295,31 @@ class VGG16:
             crops[i] = crop
         return crops, raws
 
+    def resize_matches_pillow(self) -> bool:
+        """Whether this device's resize gives the installed Pillow's crops, bit for bit, on probe images of both
+        pass orders (resize.py follows Pillow's algorithm by version: a Pillow that changed it is caught here).
+        The service checks it once before it lets front ends send raw images."""
+        from PIL import Image
+
+        from ..preprocess import center_crop
+
+        rng = np.random.default_rng(0)
+        images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in ((500, 375), (300, 1000), (231, 97))]
+        raw = np.concatenate([im.reshape(-1) for im in images])
+        placed, offset = [], 0
+        for i, im in enumerate(images):
+            placed.append((offset, im.shape[1], im.shape[0], i))
+            offset += im.nbytes
+        host_out = np.empty((len(images), INPUT_SIZE, INPUT_SIZE, 3), dtype=np.uint8)
+        with self._lock:
+            src = cl.Buffer(self.context, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=raw)
+            out = cl.Buffer(self.context, MF.READ_WRITE, host_out.nbytes)
+            self.resize_op.enqueue(self.queue, src, placed, out)
+            cl.enqueue_copy(self.queue, host_out, out)
+            src.release()
+            out.release()
+        return all(np.array_equal(host_out[i], center_crop(Image.fromarray(im))) for i, im in enumerate(images))
+
     def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
         x = check_input(x)
         chunks = range(0, x.shape[0], self.max_batch_size)

@@ -88,8 +88,7 @@ class DeviceWorker:
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
                          "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
                          # front ends may then send RawImages, resized and cropped on the device
-                         "resizes_on_device": self.device_resize and bool(getattr(model, "resizes_on_device",
-                                                                                  False))}
+                         "resizes_on_device": self._device_resizes(model)}
             if self.warmup:
                 self._set("warming")
                 started = time.perf_counter()
@@ -119,6 +118,18 @@ class DeviceWorker:
                     model.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing the model on %s failed", self.device)
+
+    def _device_resizes(self, model) -> bool:
+        """Whether front ends should send this model decoded images: it resizes on its device, --resize-on device,
+        images come from front ends, and the device's crops equal the installed Pillow's (checked once here)."""
+        if not (self.pixels and self.device_resize and getattr(model, "resizes_on_device", False)):
+            return False
+        check = getattr(model, "resize_matches_pillow", None)
+        if check is not None and not check():
+            log.warning("device %s: the device resize does not match this Pillow's; images are resized on the "
+                        "CPU in the front ends instead", self.device)
+            return False
+        return True
 
     def _run_batch(self, model, batch: list[Item]) -> None:
         started = self._taken(batch)
