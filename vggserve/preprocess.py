@@ -80,16 +80,21 @@ def limit_aspect_ratio(img: Image.Image, max_ratio: int = MAX_ASPECT_RATIO) -> I
     torchvision would resize a 1 x 100000 image to 256 x 25600000 before cropping; this bound keeps the
     intermediate image under 256 x 16384. Only such extreme images differ (slightly) from torchvision.
     """
-    width, height = img.size
+    box = aspect_box(*img.size, max_ratio)
+    return img if box is None else img.crop(box)
+
+
+def aspect_box(width: int, height: int, max_ratio: int = MAX_ASPECT_RATIO) -> tuple[int, int, int, int] | None:
+    """(left, top, right, bottom) of `limit_aspect_ratio`'s centre crop; None when the image is within the ratio."""
     short = min(width, height)
     if max(width, height) <= max_ratio * short:
-        return img
+        return None
     keep = max_ratio * short
     if width > height:
         left = (width - keep) // 2
-        return img.crop((left, 0, left + keep, height))
+        return left, 0, left + keep, height
     top = (height - keep) // 2
-    return img.crop((0, top, width, top + keep))
+    return 0, top, width, top + keep
 
 
 class RawImage:

@@ -27,7 +27,8 @@ import numpy as np
 import PIL
 import pyopencl as cl
 
-from ..preprocess import CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, crop_offsets, crop_pixels, resized_size
+from ..preprocess import (CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, aspect_box, crop_offsets, crop_pixels,
+                          resized_size)
 
 PRECISION_BITS = 22  # Pillow's fixed-point fraction bits for 8-bit images: 32 - 8 - 2
 ONE = 1 << PRECISION_BITS
@@ -201,16 +202,8 @@ def crop_tables(width: int, height: int, shorter: int = RESIZE_SHORTER, crop: in
 
 def limit_aspect_pixels(pixels: np.ndarray, max_ratio: int = MAX_ASPECT_RATIO) -> np.ndarray:
     """`preprocess.limit_aspect_ratio` on a (h, w, 3) array: the same centre slice (a view)."""
-    height, width = pixels.shape[:2]
-    short = min(width, height)
-    if max(width, height) <= max_ratio * short:
-        return pixels
-    keep = max_ratio * short
-    if width > height:
-        left = (width - keep) // 2
-        return pixels[:, left:left + keep]
-    top = (height - keep) // 2
-    return pixels[top:top + keep]
+    box = aspect_box(pixels.shape[1], pixels.shape[0], max_ratio)
+    return pixels if box is None else pixels[box[1]:box[3], box[0]:box[2]]
 
 
 def _resample(src: np.ndarray, axis: int, first: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
