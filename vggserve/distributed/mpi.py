@@ -2,9 +2,12 @@
 
 - `world()`: MPI.COMM_WORLD (a one-rank world when the program was not started by mpirun/mpiexec).
 - `node_layout(comm)`: (local_rank, local_size), this rank's index among the ranks of its node.
-- `wait(request)`, `wait_for_message(...)`, `barrier(comm)`: waits that sleep between polls. MPI's blocking
-  calls spin a core while they wait; ranks that share cores (several ranks per node, oversubscribed CI
-  machines, decode threads) would lose that core to a rank that is only waiting.
+- `wait(request)`, `wait_for_message(...)`, `barrier(comm)`, `sleep_until(done)`: waits that sleep between
+  polls. MPI's blocking calls spin a core while they wait; ranks that share cores (several ranks per node,
+  oversubscribed CI machines, decode threads) would lose that core to a rank that is only waiting.
+- `Outbox(comm)`: non-blocking sends, so that a large message does not stall its sender.
+- `helper_threads_allowed()`: whether the MPI thread level lets this thread make MPI calls while helper threads
+  (which make none) run beside it.
 - `abort_all(comm, who, exc)`: print the failing rank's message on stderr, then MPI_Abort every rank.
 
 mpi4py is imported inside the functions: importing this module does not start MPI.
@@ -62,7 +65,8 @@ def _local_rank_from_environment() -> int | None:
     return None
 
 
-def _sleep_until(done) -> None:
+def sleep_until(done) -> None:
+    """Return once `done()` is true, polling it with sleeps growing from 0.2 ms to 5 ms."""
     delay = _FIRST_SLEEP
     while not done():
         time.sleep(delay)
@@ -71,12 +75,45 @@ def _sleep_until(done) -> None:
 
 def wait(request) -> None:
     """Complete an MPI request (Isend, Ibcast, Ibarrier, ...), sleeping between tests."""
-    _sleep_until(request.Test)
+    sleep_until(request.Test)
 
 
 def wait_for_message(comm, source: int, tag: int, status=None) -> None:
     """Return once a message from `source` (may be MPI.ANY_SOURCE) with `tag` can be received."""
-    _sleep_until(lambda: comm.Iprobe(source=source, tag=tag, status=status))
+    sleep_until(lambda: comm.Iprobe(source=source, tag=tag, status=status))
+
+
+class Outbox:
+    """Non-blocking sends: a large message (a report with many top-k lines) must not stall its sender until
+    the receiver gets round to it."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._requests: list = []
+
+    def send(self, message, dest: int, tag: int) -> None:
+        self._requests = [request for request in self._requests if not request.Test()]
+        self._requests.append(self.comm.isend(message, dest=dest, tag=tag))
+
+    def flush(self) -> None:
+        """Wait until every message has been delivered."""
+        for request in self._requests:
+            wait(request)
+        self._requests.clear()
+
+
+def helper_threads_allowed() -> bool:
+    """True when this thread may go on making MPI calls while helper threads that make none run beside it:
+    MPI was initialised at MPI_THREAD_SERIALIZED or above, or at MPI_THREAD_FUNNELED on the main thread.
+
+    mpi4py asks for MPI_THREAD_MULTIPLE unless told otherwise (mpi4py.rc.thread_level, or the environment
+    variable MPI4PY_RC_THREAD_LEVEL); MPICH grants it, Open MPI supports it (robustly since 3.0). At
+    MPI_THREAD_SINGLE the process should not run other threads at all.
+    """
+    from mpi4py import MPI
+
+    level = MPI.Query_thread()
+    return level >= MPI.THREAD_SERIALIZED or (level == MPI.THREAD_FUNNELED and MPI.Is_thread_main())
 
 
 def barrier(comm) -> None:
