@@ -7,9 +7,10 @@ Phases, all ranks together:
 1. plan (rank 0): find the weights, list the inputs, open the output (cutting a torn tail), drop the images
    already done; broadcast the weights path or the error.
 2. setup (every rank): bind the device by local rank, load the model; any failure ends every rank cleanly.
-3. run: rank 0 coordinates and classifies (workqueue.Coordinator), the others take chunks from it; results
-   go to the output as they arrive. An exception on any rank (with more than one rank) prints that rank's
-   message and aborts every rank (MPI_Abort, exit status 1); with one rank it is raised as usual.
+3. run: rank 0 coordinates (coordinator.Coordinator, on its main thread) and classifies (on a helper thread
+   when the MPI thread level allows), the others take chunks from it (workqueue); results go to the output as
+   they arrive. An exception on any rank (with more than one rank) prints that rank's message and aborts every
+   rank (MPI_Abort, exit status 1); with one rank it is raised as usual.
 4. summary (rank 0): progress bar closed, totals and per-rank throughput printed (and written as JSON).
 """
 
@@ -24,11 +25,12 @@ from ..errors import describe
 from ..jsonfile import write_json_atomically
 from .binding import RankSetupError, load_rank_model
 from .inputs import list_inputs
-from .mpi import abort_all, barrier, world
+from .coordinator import Coordinator
+from .mpi import abort_all, barrier, helper_threads_allowed, world
 from .pipeline import ChunkOutcome, ChunkRunner, RankStats
 from .store import ResultStore
 from .summary import format_summary, summarize
-from .workqueue import Coordinator, chunked, work_for_coordinator
+from .workqueue import CoordinatorLink, chunk_size, chunked, work_for_coordinator
 
 
 @dataclass
@@ -36,7 +38,7 @@ class BatchOptions:
     input: str
     output: str
     weights: str | None = None  # None: the default places (vggserve.weights.find_weights)
-    batch_size: int = 16  # images per chunk handed out, and the model's max_batch_size
+    batch_size: int = 16  # the model's max_batch_size, and images per chunk handed out (fewer in a small job)
     device: str = "auto"  # spec, see devices.py
     top_k: int = 5
     retry_errors: bool = False  # classify again the images listed in the errors file
@@ -122,8 +124,9 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
             if rank == 0:
                 progress = _progress_bar(plan, options.progress)
                 started = time.perf_counter()
-                coordinator = Coordinator(comm, runner, stats, chunked(plan.todo, options.batch_size),
-                                          _recorder(plan.store, progress))
+                chunks = chunked(plan.todo, chunk_size(len(plan.todo), size, options.batch_size))
+                coordinator = Coordinator(CoordinatorLink(comm), runner, stats, chunks,
+                                          _recorder(plan.store, progress), threaded=helper_threads_allowed())
                 stats_by_rank = coordinator.run()
                 wall = time.perf_counter() - started
             else:

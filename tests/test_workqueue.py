@@ -1,0 +1,194 @@
+"""The batch job's work sharing without MPI: chunk sizes, and rank 0's Coordinator against simulated workers.
+
+`FakeWorkers` stands in for the MPI side (CoordinatorLink): every chunk sent to a worker comes back as a report
+`seconds` after the worker is free, one chunk at a time per worker. Rank 0's own Worker runs on a `SleepingRunner`
+(ChunkRunner's interface: submit / pending / run_timed) that sleeps per chunk and needs no images.
+tests/test_batch_mpi.py runs the real thing under mpiexec.
+"""
+
+import json
+import threading
+import time
+from collections import deque
+
+import pytest
+
+from vggserve.distributed.coordinator import Coordinator
+from vggserve.distributed.pipeline import ChunkOutcome, RankStats
+from vggserve.distributed.workqueue import TOKENS, Worker, chunk_size, chunked
+
+
+class SleepingRunner:
+    def __init__(self, seconds, fail=False):
+        self.seconds = seconds
+        self.fail = fail
+        self.queue = deque()
+        self.thread_names = set()
+
+    @property
+    def pending(self):
+        return len(self.queue)
+
+    def submit(self, paths):
+        self.queue.append(list(paths))
+
+    def run_timed(self, stats):
+        self.thread_names.add(threading.current_thread().name)
+        started = time.perf_counter()
+        time.sleep(self.seconds)
+        if self.fail:
+            raise RuntimeError("injected failure on rank 0")
+        paths = self.queue.popleft()
+        outcome = ChunkOutcome([json.dumps({"image": p, "rank": 0}) for p in paths], [])
+        stats.record(outcome, started, time.perf_counter())
+        return outcome
+
+
+class FakeWorkers:
+    """CoordinatorLink for `size` ranks whose workers (1..size-1) take `seconds` per chunk."""
+
+    def __init__(self, size, seconds):
+        self.size = size
+        self.seconds = seconds
+        self.free_at = {rank: 0.0 for rank in range(1, size)}
+        self.in_flight = []  # (due time, worker, report)
+        self.nones = {rank: 0 for rank in range(1, size)}
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def send(self, worker, chunk):
+        assert threading.current_thread() is threading.main_thread(), "only the main thread may make MPI calls"
+        if chunk is None:
+            self.nones[worker] += 1
+            return
+        due = max(time.monotonic(), self.free_at[worker]) + self.seconds
+        self.free_at[worker] = due
+        results = [json.dumps({"image": p, "rank": worker}) for p in chunk]
+        self.in_flight.append((due, worker, {"results": results, "errors": [], "stats": {"rank": worker}}))
+
+    def _due(self):
+        now = time.monotonic()
+        due = [entry for entry in self.in_flight if entry[0] <= now]
+        return min(due, key=lambda entry: entry[0]) if due else None
+
+    def report_waiting(self):
+        assert threading.current_thread() is threading.main_thread()
+        return self._due() is not None
+
+    def next_report(self):
+        assert threading.current_thread() is threading.main_thread()
+        entry = self._due()
+        if entry is None:
+            return None
+        self.in_flight.remove(entry)
+        return entry[1], entry[2]
+
+    def close(self):
+        self.closed = True
+
+
+def run_coordinator(size, images, chunk, own_seconds, worker_seconds, threaded, fail=False):
+    paths = [f"img{i:03d}.jpg" for i in range(images)]
+    recorded = []
+    workers = FakeWorkers(size, worker_seconds)
+    runner = SleepingRunner(own_seconds, fail=fail)
+    coordinator = Coordinator(workers, runner, RankStats(0, "cpu"), chunked(paths, chunk),
+                              lambda outcome: recorded.extend(json.loads(line) for line in outcome.results),
+                              threaded=threaded)
+    stats = coordinator.run()
+    per_rank = {rank: sum(1 for r in recorded if r["rank"] == rank) for rank in range(size)}
+    return paths, recorded, per_rank, stats, workers, runner
+
+
+# ---- chunk size ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("images, ranks, batch, expected", [
+    (3, 2, 16, 1),  # a tiny job: one image per chunk, so rank 1 gets work
+    (13, 3, 2, 2),  # enough work: the batch size
+    (100, 4, 16, 7),  # ceil(100 / 16): about CHUNKS_PER_RANK chunks per rank
+    (4096, 4, 32, 32),  # a big job: full batches
+    (1, 8, 16, 1),
+    (5, 1, 16, 2),
+])
+def test_chunk_size_is_the_batch_size_unless_the_job_is_too_small_to_spread(images, ranks, batch, expected):
+    assert chunk_size(images, ranks, batch) == expected
+
+
+@pytest.mark.parametrize("images, ranks", [(3, 2), (7, 3), (2, 3), (50, 4), (1000, 8)])
+def test_small_jobs_give_every_rank_a_chunk_when_there_are_enough_images(images, ranks):
+    chunks = len(chunked(list(range(images)), chunk_size(images, ranks, 16)))
+    assert chunks >= min(images, ranks)
+
+
+# ---- Worker over a fake link -------------------------------------------------------------------------------------
+class ScriptedLink:
+    """Hands out the given chunks then Nones (one per request, like rank 0), records reports."""
+
+    def __init__(self, chunks):
+        self.chunks = deque(chunks)
+        self.reports = []
+        self.closed = False
+        self.receives = 0
+
+    def chunk_waiting(self):
+        return self.receives < TOKENS + len(self.reports)
+
+    def receive(self):
+        assert self.chunk_waiting(), "the worker waited for a chunk nobody had sent"
+        self.receives += 1
+        return self.chunks.popleft() if self.chunks else None
+
+    def report(self, report):
+        self.reports.append(report)
+
+    def close(self):
+        self.closed = True
+
+
+def test_worker_classifies_every_chunk_once_and_ends_when_its_tokens_are_retired():
+    chunks = [[f"{c}-{i}" for i in range(2)] for c in range(7)]
+    link = ScriptedLink(chunks)
+    runner = SleepingRunner(0.0)
+    worker = Worker(link, runner, RankStats(1, "cpu"))
+    worker.run()
+    assert link.closed and worker.finished and link.receives == len(chunks) + TOKENS
+    images = [json.loads(line)["image"] for report in link.reports for line in report["results"]]
+    assert images == sum(chunks, [])
+    assert link.reports[-1]["stats"]["images"] == 14
+
+
+# ---- Coordinator -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threaded", [True, False])
+@pytest.mark.parametrize("size, images, chunk", [(1, 7, 2), (1, 0, 2), (2, 3, 1), (3, 13, 2), (4, 2, 1), (4, 40, 3)])
+def test_every_image_is_recorded_exactly_once(size, images, chunk, threaded):
+    paths, recorded, _, stats, workers, _ = run_coordinator(size, images, chunk, 0.001, 0.001, threaded)
+    assert sorted(r["image"] for r in recorded) == paths
+    assert workers.closed and set(workers.nones.values()) <= {TOKENS}
+    assert stats[0]["rank"] == 0
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_first_deal_gives_every_rank_a_chunk(threaded):
+    """4 chunks, 4 ranks: one each, even though rank 0 could hold TOKENS chunks."""
+    _, _, per_rank, _, _, _ = run_coordinator(4, 4, 1, 0.05, 0.05, threaded)
+    assert per_rank == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def test_workers_are_answered_while_rank_0_classifies_its_own_slow_chunks():
+    """Rank 0 takes 1 s per chunk, the workers 10 ms: the workers get everything but rank 0's first deal."""
+    started = time.monotonic()
+    _, recorded, per_rank, _, _, runner = run_coordinator(3, 60, 2, 1.0, 0.01, threaded=True)
+    assert per_rank[0] == TOKENS * 2  # its first deal only
+    assert abs(per_rank[1] - per_rank[2]) <= 4 and per_rank[1] + per_rank[2] == 60 - TOKENS * 2
+    assert runner.thread_names == {"vggserve-batch-rank0"}  # the own chunks ran beside the coordinator
+    assert time.monotonic() - started < TOKENS * 1.0 + 1.5
+
+
+def test_without_a_helper_thread_workers_still_get_chunks_between_rank_0s_steps():
+    _, _, per_rank, _, _, runner = run_coordinator(3, 30, 2, 0.2, 0.01, threaded=False)
+    assert runner.thread_names == {threading.main_thread().name}
+    assert per_rank[1] > 0 and per_rank[2] > 0 and sum(per_rank.values()) == 30
+
+
+def test_rank_0s_failure_on_the_helper_thread_is_raised_by_run():
+    with pytest.raises(RuntimeError, match="injected failure on rank 0"):
+        run_coordinator(3, 20, 2, 0.01, 0.01, threaded=True, fail=True)
