@@ -2,6 +2,7 @@
 
 13 images (10 readable, 3 not), so neither 2 nor 3 ranks divide the work evenly. Expected predictions come from
 the single-process engine (open_image -> preprocess -> VGG16.probabilities -> top_k), computed in this process.
+The work-sharing tests run stand-in models that only sleep (mpi_scripts/batch_with_standin_models.py).
 Every subprocess is bounded by a timeout.
 """
 
@@ -18,6 +19,8 @@ import pytest
 from mpi_scripts.launch import mpiexec, subprocess_env
 from PIL import Image
 
+from vggserve.distributed.workqueue import TOKENS
+
 pytestmark = pytest.mark.mpi
 
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
@@ -32,8 +35,9 @@ def batch_command(ranks, weights, images, output, *extra):
             "--output", str(output), "--device", "cpu", "--no-progress", *extra]
 
 
-def run(command, cwd):
-    return subprocess.run(command, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+def run(command, cwd, **env):
+    return subprocess.run(command, cwd=cwd, env={**subprocess_env(), **env}, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
 
 
 def read_jsonl(path):
@@ -191,16 +195,18 @@ def test_rerun_after_kill_completes_every_image_exactly_once(images, expected, t
     assert_bad_images_listed(read_jsonl(errors_file), images)
 
 
-def test_exception_on_one_rank_aborts_the_whole_job_promptly_with_its_message(images, tiny_weights_path, tmp_path):
+@pytest.mark.parametrize("failing", [1, 0])  # rank 0's own chunks run on a helper thread beside the coordinator
+def test_exception_on_one_rank_aborts_the_whole_job_promptly_with_its_message(failing, images, tiny_weights_path,
+                                                                              tmp_path):
     output = tmp_path / "results.jsonl"
-    command = [*mpiexec(3), sys.executable, str(SCRIPTS / "batch_with_failing_rank.py"), "1",
+    command = [*mpiexec(3), sys.executable, str(SCRIPTS / "batch_with_failing_rank.py"), str(failing),
                "--weights", str(tiny_weights_path), "--input", str(images), "--output", str(output),
                "--device", "cpu", "--batch-size", "2", "--no-progress"]
     started = time.monotonic()
     done = run(command, tmp_path)
     assert time.monotonic() - started < 60
     assert done.returncode != 0
-    assert "rank 1 (cpu): RuntimeError: injected failure on rank 1 (aborting all ranks)" in done.stderr
+    assert f"rank {failing} (cpu): RuntimeError: injected failure on rank {failing} (aborting all ranks)" in done.stderr
     read_jsonl(output)  # whatever was written is whole lines
 
 
@@ -214,3 +220,62 @@ def test_setup_failure_ends_every_rank_with_one_clear_line(extra, code, message,
     assert done.returncode == code, done.stderr
     lines = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and lines[0].startswith("vggserve: error: ") and message in lines[0], done.stderr
+
+
+# ---- work sharing ------------------------------------------------------------------------------------------------
+MANY = 60
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("many_images")
+    for i in range(MANY):
+        Image.new("RGB", (40 + i, 30 + i), (4 * i, 0, 255 - 4 * i)).save(folder / f"i{i:02d}.png")
+    return folder
+
+
+def run_standins(ranks, slow, fast, images, weights, tmp_path, *extra, **env):
+    """The batch job with rank 0's model sleeping `slow` s per batch and the others' `fast` s; returns
+    (images per rank, summary); asserts one result line per image."""
+    output, summary = tmp_path / "results.jsonl", tmp_path / "summary.json"
+    command = [*mpiexec(ranks), sys.executable, str(SCRIPTS / "batch_with_standin_models.py"), str(slow), str(fast),
+               "--weights", str(weights), "--input", str(images), "--output", str(output), "--no-progress",
+               "--summary", str(summary), *extra]
+    done = run(command, tmp_path, **env)
+    assert done.returncode == 0, done.stderr
+    results = sorted(record["image"] for record in read_jsonl(output))
+    assert results == sorted(str(path) for path in images.iterdir()), "every image exactly once"
+    report = json.loads(summary.read_text())
+    return [entry["images"] for entry in report["ranks"]], report
+
+
+@pytest.mark.parametrize("thread_level", ["multiple", "funneled"])
+def test_a_slow_rank_0_keeps_answering_while_it_classifies(thread_level, many_images, tiny_weights_path, tmp_path):
+    """Rank 0 takes 1 s per chunk of 2, the others 10 ms: while rank 0 classifies its first deal, the two workers
+    must get the other chunks, evenly. (Answering only between its own chunks gave rank 0 a chunk per second and
+    let the workers wait: 12 images on rank 0 instead of 6.)"""
+    counts, report = run_standins(3, 1.0, 0.01, many_images, tiny_weights_path, tmp_path, "--batch-size", "2",
+                                  MPI4PY_RC_THREAD_LEVEL=thread_level)
+    assert counts[0] <= (TOKENS + 1) * 2, counts  # its first deal, or one chunk more on a very busy machine
+    assert min(counts[1:]) >= 20 and abs(counts[1] - counts[2]) <= 10, counts
+
+
+def test_at_thread_level_single_rank_0_answers_between_its_own_steps(many_images, tiny_weights_path, tmp_path):
+    counts, _ = run_standins(3, 0.2, 0.01, many_images, tiny_weights_path, tmp_path, "--batch-size", "2",
+                             MPI4PY_RC_THREAD_LEVEL="single")
+    assert min(counts) > 0, counts
+
+
+def test_three_images_over_two_ranks_give_rank_1_work(images, expected, tiny_weights_path, tmp_path):
+    """The default batch size (16) would make one chunk of the three images; the job cuts it smaller."""
+    folder = tmp_path / "three"
+    folder.mkdir()
+    names = ["img01.png", "img03.png", "img06.jpg"]
+    for name in names:
+        (folder / name).write_bytes((images / name).read_bytes())
+    output, summary = tmp_path / "results.jsonl", tmp_path / "summary.json"
+    done = run(batch_command(2, tiny_weights_path, folder, output, "--summary", str(summary)), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert_same_predictions(read_jsonl(output), {str(folder / n): expected[str(images / n)] for n in names})
+    counts = [entry["images"] for entry in json.loads(summary.read_text())["ranks"]]
+    assert counts[1] >= 1 and sum(counts) == 3, counts
