@@ -2,7 +2,8 @@
 
 Modules:
     job         run_batch(BatchOptions): the mpirun batch job (docs/batch.md)
-    workqueue   dynamic chunk sharing: rank 0 hands out chunks of paths, ranks ask for more
+    workqueue   dynamic chunk sharing: chunk sizes, the worker loop every rank runs, the MPI messages
+    coordinator rank 0: deals chunks and answers reports on the main thread while its own chunks run on another
     pipeline    one rank's decode-ahead classification of chunks
     store       results.jsonl / <stem>.errors.jsonl: kill-safe appends, resume, torn-line repair
     inputs      --input as a directory, a list file or one image
