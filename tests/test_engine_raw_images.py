@@ -91,3 +91,35 @@ def test_a_worker_falls_back_to_front_end_crops_when_the_check_fails(model, monk
     worker.pixels = False  # one process: no front ends, nothing to decide
     monkeypatch.undo()
     assert not worker._device_resizes(model)
+
+
+def test_the_batch_pipeline_resizes_on_the_device_with_the_cpu_paths_results(model, tmp_path):
+    from vggserve.distributed.pipeline import ChunkRunner
+
+    paths = []
+    for i, img in enumerate(pictures(4)):
+        paths.append(str(tmp_path / f"{i}.png"))
+        img.save(paths[-1])
+    (tmp_path / "broken.jpg").write_bytes(b"not an image")
+    paths.insert(2, str(tmp_path / "broken.jpg"))
+    runner = ChunkRunner(model, top_k=5, decode_threads=2)
+    try:
+        assert runner.on_device
+        runner.submit(paths)
+        on_device = runner.run_next()
+        runner.on_device = False  # the float32 path: decoded, resized and normalised on the host
+        runner.submit(paths)
+        on_host = runner.run_next()
+    finally:
+        runner.close()
+    assert len(on_device.results) == len(SIZES) and len(on_device.errors) == 1
+    assert on_device.results == on_host.results and on_device.errors == on_host.errors
+
+
+def test_more_device_inputs_than_a_batch_go_in_batches(model):
+    from vggserve.distributed.pipeline import probabilities_of
+
+    images = pictures(5) * 2  # 18 images, max_batch_size 10
+    want = model.probabilities_from_pixels(np.stack([np.ascontiguousarray(center_crop(img)) for img in images]))
+    got = probabilities_of(model, [raw_rgb(img) for img in images])
+    np.testing.assert_array_equal(got, want)

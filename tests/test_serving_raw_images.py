@@ -37,7 +37,9 @@ def test_an_image_that_keeps_its_size_is_cropped_in_the_front_end():
 
 
 def test_a_large_image_is_resized_in_the_front_end(monkeypatch):
-    monkeypatch.setattr(imaging, "RAW_LIMIT_BYTES", 500 * 375 * 3 - 1)
+    from vggserve import preprocess
+
+    monkeypatch.setattr(preprocess, "RAW_LIMIT_BYTES", 500 * 375 * 3 - 1)
     data = jpeg(500, 375)
     crop, _ = decode_for_engine(data, "torchvision", 10**8)
     np.testing.assert_array_equal(crop, center_crop(Image.open(io.BytesIO(data))))

@@ -127,6 +127,25 @@ def raw_rgb(img: Image.Image) -> RawImage:
     return RawImage(np.asarray(limit_aspect_ratio(to_rgb(img)), dtype=np.uint8))
 
 
+#: Decoded images above this size (about 1180 x 1180 RGB) are cropped on the CPU even for a model that resizes on
+#: its device: moving them would cost more than their resize saves.
+RAW_LIMIT_BYTES = 4 << 20
+
+
+def device_input(img: Image.Image):
+    """What a model that resizes on its device (`VGG16.submit`) should get for a PIL image: a RawImage when
+    Resize(256) changes it and its decoded pixels fit RAW_LIMIT_BYTES, else the uint8 centre crop made here."""
+    raw = raw_rgb(img)
+    if raw.needs_resize and raw.pixels.nbytes <= RAW_LIMIT_BYTES:
+        return raw
+    return raw.center_crop()
+
+
+def uses_device_resize(model) -> bool:
+    """Whether `model` resizes on its device with the installed Pillow's results (checked on the device)."""
+    return bool(getattr(model, "resizes_on_device", False)) and model.resize_matches_pillow()
+
+
 def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:
     """(width, height) after torchvision's Resize(shorter): long side int(shorter * long / short)."""
     if width <= height:

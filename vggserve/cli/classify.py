@@ -20,14 +20,16 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..distributed.pipeline import classify_decoded, decode
     from ..errors import ImageError, VggserveError
+    from ..preprocess import uses_device_resize
 
     if args.top_k > 1000:
         raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")
     model = load_model(args.weights, args.device, args.batch_size)
+    on_device = uses_device_resize(model)  # the device resizes and crops, bit for bit as on the CPU
     failures = 0
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start:start + args.batch_size]
-        decoded = (decode(path, model.preprocessing, catch=ImageError) for path in paths)
+        decoded = (decode(path, model.preprocessing, catch=ImageError, on_device=on_device) for path in paths)
         classified, failed = classify_decoded(model, paths, decoded, args.top_k)
         failures += len(failed)
         for _path, (reason, _kind) in failed:  # an ImageError's message names the file

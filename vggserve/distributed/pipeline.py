@@ -66,19 +66,35 @@ class RankStats:
         }
 
 
-def decode(path: str, mode: str, catch: type[BaseException] | tuple = Exception):
-    """(pixels float32 (3, 224, 224), None) for a readable image, else (None, (reason, exception type)).
+def decode(path: str, mode: str, catch: type[BaseException] | tuple = Exception, on_device: bool = False):
+    """(pixels, None) for a readable image, else (None, (reason, exception type)). pixels: the float32 (3, 224,
+    224) model input; with on_device (a model that resizes on its device), `preprocess.device_input`: a RawImage
+    or a uint8 crop.
 
     `catch`: the failures recorded that way; any other exception propagates. The batch job records an unreadable
     image of any kind (never fatal); `vggserve classify` only `ImageError`s.
     """
-    from ..preprocess import load_and_preprocess
+    from ..images import open_image
+    from ..preprocess import check_mode, device_input, load_and_preprocess
 
     try:
+        if on_device:
+            check_mode(mode)
+            return device_input(open_image(path)), None
         return np.asarray(load_and_preprocess(path, mode), dtype=np.float32), None
     except catch as exc:
         reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
         return None, (reason or str(exc) or type(exc).__name__, type(exc).__name__)
+
+
+def probabilities_of(model, inputs: list) -> np.ndarray:
+    """(N, 1000) probabilities of decoded images: float32 model inputs in one call, or device inputs (RawImages
+    and uint8 crops) through `submit`, max_batch_size at a time with two batches in flight."""
+    if isinstance(inputs[0], np.ndarray) and inputs[0].dtype == np.float32:
+        return model.probabilities(np.stack(inputs))
+    step = model.max_batch_size
+    pending = [model.submit(inputs[i:i + step], "probabilities") for i in range(0, len(inputs), step)]
+    return np.concatenate([p.result() for p in pending])
 
 
 def classify_decoded(model, paths: list[str], decoded, k: int):
@@ -93,7 +109,7 @@ def classify_decoded(model, paths: list[str], decoded, k: int):
             failed.append((path, problem))
     if not pixels:
         return [], failed
-    predictions = top_k_predictions(model.probabilities(np.stack(pixels)), k)
+    predictions = top_k_predictions(probabilities_of(model, pixels), k)
     return list(zip(good_paths, predictions, strict=True)), failed
 
 
@@ -101,8 +117,11 @@ class ChunkRunner:
     """Decode-ahead classification of chunks on one model (which only this runner's thread may call)."""
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2):
+        from ..preprocess import uses_device_resize
+
         self.model = model
         self.top_k = top_k
+        self.on_device = uses_device_resize(model)  # decode to RawImages: the device resizes and crops
         self._pool = ThreadPoolExecutor(max_workers=max(1, decode_threads), thread_name_prefix="decode")
         self._queue: deque[tuple[list[str], list[Future]]] = deque()
 
@@ -113,7 +132,8 @@ class ChunkRunner:
 
     def submit(self, paths: list[str]) -> None:
         mode = self.model.preprocessing
-        self._queue.append((list(paths), [self._pool.submit(decode, path, mode) for path in paths]))
+        self._queue.append((list(paths), [self._pool.submit(decode, path, mode, on_device=self.on_device)
+                                          for path in paths]))
 
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""

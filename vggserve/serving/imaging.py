@@ -58,27 +58,22 @@ def decode_and_crop(data: bytes, mode: str, max_pixels: int,
     return pixels, time.perf_counter() - started
 
 
-RAW_LIMIT_BYTES = 4 << 20  # larger decoded images (over ~1180 x 1180) are resized here: cheaper than shipping them
-
-
 def decode_for_engine(data: bytes, mode: str, max_pixels: int,
                       formats=ALLOWED_FORMATS) -> tuple[object, float]:
     """In an HTTP front end whose engine resizes on the device: (preprocess.RawImage, seconds), the decoded RGB
     image whose Resize(256) + CenterCrop(224) the engine's device does (the same pixels as `center_crop`, at a
     fraction of the CPU); (uint8 crop, seconds) as `decode_and_crop` for images that keep their size or whose
-    decoded pixels exceed RAW_LIMIT_BYTES. The same errors as `decode_and_crop`."""
-    from ..preprocess import check_mode, raw_rgb
+    decoded pixels exceed preprocess.RAW_LIMIT_BYTES. The same errors as `decode_and_crop`."""
+    from ..preprocess import check_mode, device_input
 
     started = time.perf_counter()
     check_mode(mode)
     image = _open(data, max_pixels, formats)
     try:
-        raw = raw_rgb(image)
+        pixels = device_input(image)
     finally:
         image.close()
-    if not raw.needs_resize or raw.pixels.nbytes > RAW_LIMIT_BYTES:
-        return raw.center_crop(), time.perf_counter() - started
-    return raw, time.perf_counter() - started
+    return pixels, time.perf_counter() - started
 
 
 def normalize(pixels: np.ndarray, mode: str) -> tuple[np.ndarray, float]:
