@@ -67,6 +67,6 @@ PY
             cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
   scaling) timeout 500 python3 benchmarks/batch_scaling.py --weights $W --images ${SCALING_IMAGES:-1024} --ranks 1,2,4 \
-             --batch-size 32 --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+             --batch-size 32 --decode-threads ${DECODE_THREADS:-8} --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
   esac
 done
