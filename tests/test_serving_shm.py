@@ -91,3 +91,16 @@ def test_without_room_in_the_arena_pixels_go_inline():
         client.queue.arena = Arena(ALIGN)  # too small for a crop
         item = send(client, crop((1, 2, 3)))
         assert item.shared is None and isinstance(item.future.result(timeout=30), Outcome)
+
+
+def test_no_room_in_dev_shm_means_no_arena_and_pixels_inline(monkeypatch):
+    import errno
+    import os
+
+    from vggserve.serving import shm
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    assert shm.make_arena() is None  # logged; the front end then sends pixels inline

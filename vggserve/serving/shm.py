@@ -42,6 +42,11 @@ class Arena:
 
     def __init__(self, nbytes: int = ARENA_BYTES):
         self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
+        try:  # reserve the pages now: a full /dev/shm then fails here (ENOSPC), not later with SIGBUS on a write
+            os.posix_fallocate(self.memory._fd, 0, nbytes)
+        except OSError:
+            self.close()
+            raise
         self.size = nbytes
         self._lock = threading.Lock()
         self._blocks: dict[int, list] = {}  # start -> [end, freed], in allocation order
