@@ -43,7 +43,8 @@ class Arena:
     def __init__(self, nbytes: int = ARENA_BYTES):
         self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
         try:  # reserve the pages now: a full /dev/shm then fails here (ENOSPC), not later with SIGBUS on a write
-            os.posix_fallocate(self.memory._fd, 0, nbytes)
+            if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
+                os.posix_fallocate(self.memory._fd, 0, nbytes)
         except OSError:
             self.close()
             raise
