@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from test_http_frontends import crop, engine_and_client, send
+from test_http_process import wait_until
 from vggserve.preprocess import RawImage, center_crop
 from vggserve.serving.batcher import Outcome
 from vggserve.serving.fakes import SlowModel
@@ -71,7 +72,7 @@ def test_the_link_carries_crops_and_raw_images_through_shared_memory_and_frees_e
     photo = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
     images = [crop((40 * i, 200 - 30 * i, 90)) for i in range(3)] + [RawImage(photo)]
     with engine_and_client(settings, models, seconds=0.05) as (service, client):
-        assert client.queue.arena is not None
+        wait_until(lambda: client.queue.arena is not None, 10, "the engine to map the arena")
         items = [send(client, image) for image in images]
         answers = [item.future.result(timeout=30) for item in items]
         assert all(item.shared is not None for item in items)
@@ -87,10 +88,28 @@ def test_the_link_carries_crops_and_raw_images_through_shared_memory_and_frees_e
 def test_without_room_in_the_arena_pixels_go_inline():
     settings = Settings(http_workers=2, max_queue=8, max_files=1, max_batch_size=2, max_wait_ms=0, warmup=False)
     with engine_and_client(settings, [], seconds=0.05) as (service, client):
-        client.queue.arena.close()
-        client.queue.arena = Arena(ALIGN)  # too small for a crop
+        wait_until(lambda: client.queue.arena is not None, 10, "the engine to map the arena")
+        small = Arena(ALIGN)  # too small for a crop
+        client.queue.arena = small
+        try:
+            item = send(client, crop((1, 2, 3)))
+            assert item.shared is None and isinstance(item.future.result(timeout=30), Outcome)
+        finally:
+            small.close()
+
+
+def test_an_arena_the_engine_cannot_map_is_not_used(monkeypatch):
+    from vggserve.serving import engine_host
+
+    def refuse(name):
+        raise PermissionError(13, "Permission denied", name)
+
+    monkeypatch.setattr(engine_host, "Mapped", refuse)
+    settings = Settings(http_workers=2, max_queue=8, max_files=1, max_batch_size=2, max_wait_ms=0, warmup=False)
+    with engine_and_client(settings, [], seconds=0.05) as (service, client):
         item = send(client, crop((1, 2, 3)))
-        assert item.shared is None and isinstance(item.future.result(timeout=30), Outcome)
+        assert isinstance(item.future.result(timeout=30), Outcome)  # the link lives on, pixels inline
+        assert item.shared is None and client.queue.arena is None
 
 
 def test_no_room_in_dev_shm_means_no_arena_and_pixels_inline(monkeypatch):

@@ -57,7 +57,11 @@ class FrontEndPeer:
         elif kind == "hello":
             self.index, self.pid = message[1], message[2]
             if len(message) > 3 and message[3]:
-                self.arena = Mapped(message[3])
+                try:
+                    self.arena = Mapped(message[3])
+                except OSError as exc:  # the front end then sends its pixels inline
+                    log.warning("front end %s: cannot map its pixel arena (%s)", self.index, exc)
+                self.link.send(("arena", self.arena is not None))
             log.info("front end %s (pid %s) connected%s", self.index, self.pid,
                      ", pixels through shared memory" if self.arena else "")
         else:

@@ -13,6 +13,8 @@ messages (several at a time when they queue up); a message is a tuple whose firs
         ("withdraw", image_id, error)              drop it if it still waits (DeadlineExceeded or ClientGone)
         ("call", call_id, "metadata")              ask for the engine's /metadata
     engine -> front end
+        ("arena", mapped)                          answer to a hello naming an arena: whether the engine mapped it
+                                                   (the front end uses it only then)
         ("state", state)                           readiness, liveness, model info: on connect and on every change
         ("result", image_id, outcome)              an Outcome (probabilities, queue/inference time, batch, device)
         ("error", image_id, api_error)             429, 503, 504, 499 or 500 for that image
@@ -203,6 +205,7 @@ class EngineClient:
         self.link: Link | None = None
         self.queue = RemoteQueue(capacity, metrics, self._send)
         self.share_pixels = True  # pixels through a shared-memory arena (shm.py) when one can be made
+        self._arena: Arena | None = None
         self._stopping = False
 
     def _send(self, message: tuple) -> None:
@@ -212,10 +215,10 @@ class EngineClient:
     def connect(self, wait_state_s: float = 5.0) -> None:
         """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
-        self.queue.arena = make_arena() if self.share_pixels else None
+        self._arena = make_arena() if self.share_pixels else None  # used once the engine says it mapped it
         self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
-        self.link.send(("hello", self.index, os.getpid(), self.queue.arena and self.queue.arena.name))
+        self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
         self._first_state.wait(wait_state_s)
 
     def close(self) -> None:
@@ -223,8 +226,8 @@ class EngineClient:
         self.queue.close(shutting_down())
         if self.link is not None:
             self.link.close()
-        if self.queue.arena is not None:
-            self.queue.arena.close()  # unlinked now; the engine's mapping lasts until it lets go
+        if self._arena is not None:
+            self._arena.close()  # unlinked now; the engine's mapping lasts until it lets go
 
     async def call(self, what: str, timeout_s: float = 5.0):
         """The engine's answer to a call ("metadata"); ApiError 503 if it does not come in time."""
@@ -248,6 +251,9 @@ class EngineClient:
         elif kind == "state":
             self.state = message[1]
             self._first_state.set()
+        elif kind == "arena":
+            if message[1] and self._arena is not None:
+                self.queue.arena = self._arena
         elif kind == "reply":
             future = self._calls.get(message[1])
             if future is not None and not future.done():
