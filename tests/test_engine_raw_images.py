@@ -123,3 +123,38 @@ def test_more_device_inputs_than_a_batch_go_in_batches(model):
     want = model.probabilities_from_pixels(np.stack([np.ascontiguousarray(center_crop(img)) for img in images]))
     got = probabilities_of(model, [raw_rgb(img) for img in images])
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_batch_pipeline_keeps_the_next_chunk_on_the_device_and_answers_in_order(model, tmp_path):
+    from vggserve.distributed.pipeline import ChunkRunner
+
+    images = pictures(6)
+    paths = []
+    for i, img in enumerate(images):
+        paths.append(str(tmp_path / f"{i}.png"))
+        img.save(paths[-1])
+    (tmp_path / "broken.jpg").write_bytes(b"not an image")
+    chunks = [paths[:4], [str(tmp_path / "broken.jpg")], paths[4:], paths[1:3]]
+    runner = ChunkRunner(model, top_k=3, decode_threads=2)
+    submits = []
+    real_submit = model.submit
+    model.submit = lambda *a, **k: submits.append(len(a[0])) or real_submit(*a, **k)
+    try:
+        for chunk in chunks:
+            runner.submit(chunk)
+        outcomes = [runner.run_next() for _ in chunks]
+        assert runner._ahead is None and runner.pending == 0
+    finally:
+        del model.submit
+        runner.close()
+    assert submits == [4, 5, 2]  # the broken-only chunk puts nothing on the device
+    runner_host = ChunkRunner(model, top_k=3)
+    runner_host.on_device = False
+    try:
+        for chunk in chunks:
+            runner_host.submit(chunk)
+        want = [runner_host.run_next() for _ in chunks]
+    finally:
+        runner_host.close()
+    assert [o.results for o in outcomes] == [w.results for w in want]
+    assert [o.errors for o in outcomes] == [w.errors for w in want] and len(outcomes[1].errors) == 1

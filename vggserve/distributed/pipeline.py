@@ -97,9 +97,8 @@ def probabilities_of(model, inputs: list) -> np.ndarray:
     return np.concatenate([p.result() for p in pending])
 
 
-def classify_decoded(model, paths: list[str], decoded, k: int):
-    """([(path, top-k predictions)], [(path, (reason, exception type))]): `decoded` is `decode`'s answer for each
-    of `paths`, in order (any iterable; taken one at a time). The readable images go to the model in one batch."""
+def split_decoded(paths: list[str], decoded) -> tuple[list[str], list, list]:
+    """(readable paths, their pixels, [(path, (reason, exception type))]) from `decode`'s answer for each path."""
     good_paths, pixels, failed = [], [], []
     for path, (array, problem) in zip(paths, decoded, strict=True):
         if problem is None:
@@ -107,6 +106,13 @@ def classify_decoded(model, paths: list[str], decoded, k: int):
             pixels.append(array)
         else:
             failed.append((path, problem))
+    return good_paths, pixels, failed
+
+
+def classify_decoded(model, paths: list[str], decoded, k: int):
+    """([(path, top-k predictions)], [(path, (reason, exception type))]): `decoded` is `decode`'s answer for each
+    of `paths`, in order (any iterable; taken one at a time). The readable images go to the model in one batch."""
+    good_paths, pixels, failed = split_decoded(paths, decoded)
     if not pixels:
         return [], failed
     predictions = top_k_predictions(probabilities_of(model, pixels), k)
@@ -114,7 +120,12 @@ def classify_decoded(model, paths: list[str], decoded, k: int):
 
 
 class ChunkRunner:
-    """Decode-ahead classification of chunks on one model (which only this runner's thread may call)."""
+    """Decode-ahead classification of chunks on one model (which only this runner's thread may call).
+
+    With a model that resizes on its device, two chunks are on the device at once: `run_next` puts the next
+    submitted chunk on the device (once its decoding is done) before it reads the current chunk's results, so the
+    device computes one while the host formats the other.
+    """
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2):
         from ..preprocess import uses_device_resize
@@ -124,6 +135,7 @@ class ChunkRunner:
         self.on_device = uses_device_resize(model)  # decode to RawImages: the device resizes and crops
         self._pool = ThreadPoolExecutor(max_workers=max(1, decode_threads), thread_name_prefix="decode")
         self._queue: deque[tuple[list[str], list[Future]]] = deque()
+        self._ahead: tuple | None = None  # (queue entry, _start's answer) of the chunk put on the device early
 
     @property
     def pending(self) -> int:
@@ -137,10 +149,30 @@ class ChunkRunner:
 
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
-        paths, futures = self._queue.popleft()
-        classified, failed = classify_decoded(self.model, paths, (future.result() for future in futures), self.top_k)
+        entry = self._queue.popleft()
+        paths, futures = entry
+        if not self.on_device:
+            classified, failed = classify_decoded(self.model, paths, (f.result() for f in futures), self.top_k)
+        else:
+            ahead, self._ahead = self._ahead, None
+            good_paths, failed, pending = ahead[1] if ahead is not None and ahead[0] is entry else self._start(entry)
+            if self._queue:  # the next chunk goes on the device before this one's results are read
+                self._ahead = (self._queue[0], self._start(self._queue[0]))
+            predictions = top_k_predictions(pending.result(), self.top_k) if pending is not None else []
+            classified = list(zip(good_paths, predictions, strict=True))
         return ChunkOutcome([result_line(path, preds) for path, preds in classified],
                             [error_line(path, *problem) for path, problem in failed])
+
+    def _start(self, entry) -> tuple[list[str], list, object]:
+        """Wait for a chunk's decoding and start its readable images on the device: (their paths, the failures,
+        the model's Pending, or None when nothing is readable)."""
+        paths, futures = entry
+        good_paths, pixels, failed = split_decoded(paths, (f.result() for f in futures))
+        if not pixels:
+            return good_paths, failed, None
+        if len(pixels) > self.model.max_batch_size:  # not from the batch job, whose chunks fit a batch
+            return good_paths, failed, _Done(probabilities_of(self.model, pixels))
+        return good_paths, failed, self.model.submit(pixels, "probabilities")
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
         """run_next, recorded in `stats`."""
@@ -151,3 +183,13 @@ class ChunkRunner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Done:
+    """Rows computed already, with a Pending's `result()`."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+
+    def result(self) -> np.ndarray:
+        return self.rows
