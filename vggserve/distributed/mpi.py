@@ -27,6 +27,7 @@ LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_
 
 _FIRST_SLEEP = 0.0002
 _LONGEST_SLEEP = 0.005  # the latency a sleeping wait adds at most
+ABORT_GRACE_S = 0.5  # between the error line and MPI_Abort (abort_all)
 
 
 def world():
@@ -130,4 +131,7 @@ def abort_all(comm, who: str, exc: BaseException, program: str = "vggserve") -> 
         traceback.print_exception(exc, file=sys.stderr)
     print(f"{program}: error: {who}: {describe(exc)} (aborting all ranks)", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    # the launcher forwards a rank's output through its own pipes, and an abort kills every rank at once: without
+    # a moment's grace the error line can be lost on the way (seen about 1 run in 15 with MPICH's hydra)
+    time.sleep(ABORT_GRACE_S)
     comm.Abort(1)
