@@ -211,3 +211,11 @@ def test_pack_layout_and_large_offsets(cl_env):
     assert list(d[:, 4]) == [0, t.scratch_rows * C, 2 * t.scratch_rows * C]
     assert pixels == 2 * t.scratch_rows * C + tall.scratch_rows * tall.scratch_cols
     assert table.size == 3 * rs.DESC + t.block.size + tall.block.size
+
+
+def test_place_images_packs_back_to_back_in_the_given_order():
+    images = [(3, np.zeros((375, 500, 3), np.uint8)), (0, np.zeros((97, 231, 3), np.uint8))]
+    placed, total = rs.place_images(images)
+    assert placed == [(0, 500, 375, 3), (375 * 500 * 3, 231, 97, 0)]
+    assert total == (375 * 500 + 97 * 231) * 3
+    assert rs.place_images([]) == ([], 0)

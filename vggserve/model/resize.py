@@ -268,6 +268,16 @@ def resize_crop_numpy(pixels: np.ndarray, shorter: int = RESIZE_SHORTER, crop: i
     return np.ascontiguousarray(crop_pixels(pixels, crop))
 
 
+def place_images(images) -> tuple[list, int]:
+    """[(output index, uint8 (h, w, 3) pixels)] packed back to back from byte 0 -> ([(byte offset, w, h, output
+    index)], the images' total bytes): the `images` argument of `DeviceResize.enqueue` and the raw buffer's size."""
+    placed, offset = [], 0
+    for index, pixels in images:
+        placed.append((offset, pixels.shape[1], pixels.shape[0], index))
+        offset += pixels.nbytes
+    return placed, offset
+
+
 class DeviceResize:
     """resize.cl: Resize(256) + CenterCrop(224) of a batch of raw RGB images, one launch per pass.
 

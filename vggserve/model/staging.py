@@ -13,6 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
+from .resize import place_images
 
 MF = cl.mem_flags
 S = INPUT_SIZE
@@ -59,10 +60,7 @@ class Slot:
         for i, crop in crops.items():
             np.copyto(self.host_pixels[i], crop)
         events = [cl.enqueue_copy(copy_queue, self.pixels, self.host_pixels[:n], is_blocking=False)] if crops else []
-        placed, offset = [], 0
-        for i, pixels in raws:
-            placed.append((offset, pixels.shape[1], pixels.shape[0], i))
-            offset += pixels.nbytes
+        placed, offset = place_images(raws)
         if raws:
             host, dev = self.raw.ensure(offset)  # dev is self.raw.device
             for (start, _, _, _), (_, pixels) in zip(placed, raws):

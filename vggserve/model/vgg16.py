@@ -28,7 +28,7 @@ from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
 from .layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm, gemm_defines,
                      gemv_span)
 from ..preprocess import RawImage
-from .resize import DeviceResize
+from .resize import DeviceResize, place_images
 from .staging import Pending, Slot
 from . import winograd
 
@@ -306,10 +306,7 @@ class VGG16:
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in ((500, 375), (300, 1000), (231, 97))]
         raw = np.concatenate([im.reshape(-1) for im in images])
-        placed, offset = [], 0
-        for i, im in enumerate(images):
-            placed.append((offset, im.shape[1], im.shape[0], i))
-            offset += im.nbytes
+        placed, _ = place_images(enumerate(images))
         host_out = np.empty((len(images), INPUT_SIZE, INPUT_SIZE, 3), dtype=np.uint8)
         with self._lock:
             src = cl.Buffer(self.context, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=raw)
