@@ -166,8 +166,8 @@ class VGG16:
                     tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], max_batch=self.max_batch_size,
                     max_h=size, max_w=size, workspace=workspace, device_relayout=on_device)
             else:
-                layer = GemmLayer(self.context, self._gemm_program(p, 3, 1), p, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"],
-                                  device_relayout=on_device)
+                layer = GemmLayer(self.context, self._gemm_program(p, 3, 1), p, tensors[f"{c.name}.weight"],
+                                  tensors[f"{c.name}.bias"], device_relayout=on_device)
             self.convs.append((c, layer))
             size //= 2 if c.pool_after else 1
         self.fcs = []
@@ -231,9 +231,10 @@ class VGG16:
 
         x: normalised float32 (n, 3, 224, 224), or uint8 (n, 224, 224, 3) RGB crops, normalised on the device as
         the model's preprocessing mode says, or a list of n images, each a uint8 (224, 224, 3) crop or a
-        `preprocess.RawImage`, whose Resize(256) + CenterCrop(224) the device does, bit for bit as `center_crop`. want: "logits" or "probabilities". Two batches can be in flight; a
-        third submit waits for the first one's result (kept in its Pending). pinned=False uploads straight from x
-        (x must then stay unchanged until the result is in): quicker for a lone batch that nothing overlaps.
+        `preprocess.RawImage`, whose Resize(256) + CenterCrop(224) the device does, bit for bit as `center_crop`.
+        want: "logits" or "probabilities". Two batches can be in flight; a third submit waits for the first one's
+        result (kept in its Pending). pinned=False uploads straight from x (x must then stay unchanged until the
+        result is in): quicker for a lone batch that nothing overlaps.
         """
         if want not in ("logits", "probabilities"):
             raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")

@@ -99,8 +99,8 @@ def _run(path: str, own_loader: bool, want_context: bool) -> None:
 
 def start(spec: str | None = "auto") -> bool:
     """Begin OpenCL discovery in the background (once per process); with a spec that selects the first GPU
-    (auto, gpu, gpu:0, all), also make that GPU's context, unless this is one of several MPI ranks. False if it did not start (turned off, already
-    started, or no OpenCL loader)."""
+    (auto, gpu, gpu:0, all), also make that GPU's context, unless this is one of several MPI ranks. False if it
+    did not start (turned off, already started, or no OpenCL loader)."""
     global _thread
     if os.environ.get("VGGSERVE_EARLY_DISCOVERY", "1").lower() in ("0", "false", "no"):
         return False
