@@ -46,16 +46,13 @@ def decode_and_crop(data: bytes, mode: str, max_pixels: int,
                     formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
     """In a worker process: (contiguous uint8 (224, 224, 3) centre crop, seconds spent). The same ImageErrors
     and ApiErrors as `prepare_image` (they pickle back to the main process unchanged)."""
-    from ..preprocess import center_crop, check_mode
+    return _decode(data, mode, max_pixels, formats, _uint8_crop)
 
-    started = time.perf_counter()
-    check_mode(mode)
-    image = _open(data, max_pixels, formats)
-    try:
-        pixels = np.ascontiguousarray(center_crop(image), dtype=np.uint8)
-    finally:
-        image.close()
-    return pixels, time.perf_counter() - started
+
+def _uint8_crop(image) -> np.ndarray:
+    from ..preprocess import center_crop
+
+    return np.ascontiguousarray(center_crop(image), dtype=np.uint8)
 
 
 def decode_for_engine(data: bytes, mode: str, max_pixels: int,
@@ -64,13 +61,21 @@ def decode_for_engine(data: bytes, mode: str, max_pixels: int,
     image whose Resize(256) + CenterCrop(224) the engine's device does (the same pixels as `center_crop`, at a
     fraction of the CPU); (uint8 crop, seconds) as `decode_and_crop` for images that keep their size or whose
     decoded pixels exceed preprocess.RAW_LIMIT_BYTES. The same errors as `decode_and_crop`."""
-    from ..preprocess import check_mode, device_input
+    from ..preprocess import device_input
+
+    return _decode(data, mode, max_pixels, formats, device_input)
+
+
+def _decode(data: bytes, mode: str, max_pixels: int, formats, convert) -> tuple[object, float]:
+    """(convert(decoded image), seconds spent) for the uint8 paths, after checking `mode` (which they do not use
+    themselves: the normalisation happens later, elsewhere)."""
+    from ..preprocess import check_mode
 
     started = time.perf_counter()
     check_mode(mode)
     image = _open(data, max_pixels, formats)
     try:
-        pixels = device_input(image)
+        pixels = convert(image)
     finally:
         image.close()
     return pixels, time.perf_counter() - started
