@@ -92,8 +92,16 @@ def probabilities_of(model, inputs: list) -> np.ndarray:
     and uint8 crops) through `submit`, max_batch_size at a time with two batches in flight."""
     if isinstance(inputs[0], np.ndarray) and inputs[0].dtype == np.float32:
         return model.probabilities(np.stack(inputs))
+    return _rows(_submit_in_batches(model, inputs))
+
+
+def _submit_in_batches(model, inputs: list) -> list:
+    """The model's Pendings for device inputs, max_batch_size at a time (none for no inputs)."""
     step = model.max_batch_size
-    pending = [model.submit(inputs[i:i + step], "probabilities") for i in range(0, len(inputs), step)]
+    return [model.submit(inputs[i:i + step], "probabilities") for i in range(0, len(inputs), step)]
+
+
+def _rows(pending: list) -> np.ndarray:
     return np.concatenate([p.result() for p in pending])
 
 
@@ -135,7 +143,7 @@ class ChunkRunner:
         self.on_device = uses_device_resize(model)  # decode to RawImages: the device resizes and crops
         self._pool = ThreadPoolExecutor(max_workers=max(1, decode_threads), thread_name_prefix="decode")
         self._queue: deque[tuple[list[str], list[Future]]] = deque()
-        self._ahead: tuple | None = None  # (queue entry, _start's answer) of the chunk put on the device early
+        self._ahead: tuple | None = None  # _start's answer for _queue[0], put on the device early by run_next
 
     @property
     def pending(self) -> int:
@@ -150,29 +158,25 @@ class ChunkRunner:
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         entry = self._queue.popleft()
-        paths, futures = entry
         if not self.on_device:
+            paths, futures = entry
             classified, failed = classify_decoded(self.model, paths, (f.result() for f in futures), self.top_k)
         else:
-            ahead, self._ahead = self._ahead, None
-            good_paths, failed, pending = ahead[1] if ahead is not None and ahead[0] is entry else self._start(entry)
+            started, self._ahead = self._ahead or self._start(entry), None
+            good_paths, failed, pending = started
             if self._queue:  # the next chunk goes on the device before this one's results are read
-                self._ahead = (self._queue[0], self._start(self._queue[0]))
-            predictions = top_k_predictions(pending.result(), self.top_k) if pending is not None else []
+                self._ahead = self._start(self._queue[0])
+            predictions = top_k_predictions(_rows(pending), self.top_k) if pending else []
             classified = list(zip(good_paths, predictions, strict=True))
         return ChunkOutcome([result_line(path, preds) for path, preds in classified],
                             [error_line(path, *problem) for path, problem in failed])
 
-    def _start(self, entry) -> tuple[list[str], list, object]:
+    def _start(self, entry) -> tuple[list[str], list, list]:
         """Wait for a chunk's decoding and start its readable images on the device: (their paths, the failures,
-        the model's Pending, or None when nothing is readable)."""
+        the model's Pendings: one per max_batch_size images, none when nothing is readable)."""
         paths, futures = entry
         good_paths, pixels, failed = split_decoded(paths, (f.result() for f in futures))
-        if not pixels:
-            return good_paths, failed, None
-        if len(pixels) > self.model.max_batch_size:  # not from the batch job, whose chunks fit a batch
-            return good_paths, failed, _Done(probabilities_of(self.model, pixels))
-        return good_paths, failed, self.model.submit(pixels, "probabilities")
+        return good_paths, failed, _submit_in_batches(self.model, pixels)
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
         """run_next, recorded in `stats`."""
@@ -184,12 +188,3 @@ class ChunkRunner:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-
-class _Done:
-    """Rows computed already, with a Pending's `result()`."""
-
-    def __init__(self, rows: np.ndarray):
-        self.rows = rows
-
-    def result(self) -> np.ndarray:
-        return self.rows
