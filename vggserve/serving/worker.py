@@ -172,17 +172,12 @@ class DeviceWorker:
         else:
             model.logits(np.zeros((self.max_batch_size, *INPUT_SHAPE), dtype=np.float32))
 
-    @staticmethod
-    def _cropped(inputs: list) -> list:
-        """The batch with any RawImage cropped here, on the CPU (for a model that does not resize itself)."""
-        return [x.center_crop() if isinstance(x, RawImage) else x for x in inputs]
-
     def _probabilities(self, model, inputs: list[np.ndarray]) -> np.ndarray:
         """(N, 1000) probabilities for a batch of float32 model inputs and/or uint8 crops."""
-        inputs = self._cropped(inputs)
-        if all(x.dtype == np.uint8 for x in inputs) and hasattr(model, "probabilities_from_pixels"):
-            return model.probabilities_from_pixels(np.stack(inputs))
-        return model.probabilities(np.stack([self._as_input(x) for x in inputs]))
+        batch = self._stacked(inputs, pixels=hasattr(model, "probabilities_from_pixels"))
+        if batch.dtype == np.uint8:
+            return model.probabilities_from_pixels(batch)
+        return model.probabilities(batch)
 
     def _stack(self, inputs: list[np.ndarray]) -> np.ndarray:
         """What `submit` takes for a batch: a list when it holds RawImages (crops and raw images, resized on the
@@ -191,8 +186,13 @@ class DeviceWorker:
         if raw and self.info.get("resizes_on_device"):
             self.metrics.device_resized.inc(raw)
             return list(inputs)
-        inputs = self._cropped(inputs)
-        if all(x.dtype == np.uint8 for x in inputs):
+        return self._stacked(inputs)
+
+    def _stacked(self, inputs: list, pixels: bool = True) -> np.ndarray:
+        """The batch as one array, any RawImage cropped here on the CPU first: the uint8 crops stacked when all are
+        crops and `pixels` (the model takes them), else float32 model inputs (crops normalised here)."""
+        inputs = [x.center_crop() if isinstance(x, RawImage) else x for x in inputs]
+        if pixels and all(x.dtype == np.uint8 for x in inputs):
             return np.stack(inputs)
         return np.stack([self._as_input(x) for x in inputs])
 
