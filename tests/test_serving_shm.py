@@ -61,6 +61,17 @@ def test_the_engine_sees_the_pixels_the_front_end_wrote(arena):
     mapped.close()
 
 
+def test_a_stored_image_comes_back_as_the_same_kind(arena):
+    pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    mapped = Mapped(arena.name)
+    raw, crop = mapped.image(arena.put_image(RawImage(pixels))), mapped.image(arena.put_image(pixels))
+    assert isinstance(raw, RawImage) and not isinstance(crop, RawImage)
+    np.testing.assert_array_equal(raw.pixels, pixels)
+    np.testing.assert_array_equal(crop, pixels)
+    del raw, crop
+    mapped.close()
+
+
 def test_the_link_carries_crops_and_raw_images_through_shared_memory_and_frees_every_block():
     from PIL import Image
 

@@ -11,7 +11,6 @@ from multiprocessing.connection import Listener
 
 from .batcher import ClientGone, Item
 from .engine_link import Link
-from ..preprocess import RawImage
 from .errors import ApiError
 from .shm import Mapped, Shared
 from .service import Service
@@ -69,8 +68,7 @@ class FrontEndPeer:
 
     def _submit(self, image_id: int, pixels, seconds_left: float) -> None:
         if isinstance(pixels, Shared):  # a view of the front end's block: read before the image is answered
-            view = self.arena.view(pixels)
-            pixels = RawImage(view) if pixels.raw else view
+            pixels = self.arena.image(pixels)
         queue = self.service.queue
         try:
             queue.admit(1)

@@ -38,7 +38,6 @@ from typing import Callable
 
 import numpy as np
 
-from ..preprocess import RawImage
 from .batcher import Admission
 from .errors import ApiError, shutting_down, unavailable
 from .metrics import Metrics
@@ -154,8 +153,7 @@ class RemoteQueue(Admission):
             item = RemoteItem(next(self._ids), deadline)
             self._pending[item.id] = item
         if self.arena is not None:
-            raw = isinstance(pixels, RawImage)
-            item.shared = self.arena.put(pixels.pixels if raw else pixels, raw)
+            item.shared = self.arena.put_image(pixels)
         self._send(("submit", item.id, item.shared or pixels, deadline - time.monotonic()))
         return item
 

@@ -22,6 +22,8 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from ..preprocess import RawImage
+
 log = logging.getLogger("vggserve.serving")
 
 ARENA_BYTES = 32 << 20  # per front end: ~57 decoded 500x375 photos in flight
@@ -80,6 +82,11 @@ class Arena:
         np.copyto(np.ndarray(pixels.shape, np.uint8, self.memory.buf, start), pixels)
         return Shared(start, pixels.shape, raw)
 
+    def put_image(self, image) -> Shared | None:
+        """`put` for a queued image: a uint8 crop, or a RawImage (its pixels, marked raw); `Mapped.image` undoes it."""
+        raw = isinstance(image, RawImage)
+        return self.put(image.pixels if raw else image, raw)
+
     def free(self, shared: Shared) -> None:
         """The engine has answered for that image: its block (and any freed ones behind the oldest) return."""
         with self._lock:
@@ -114,6 +121,11 @@ class Mapped:
 
     def view(self, shared: Shared) -> np.ndarray:
         return np.ndarray(shared.shape, np.uint8, self.memory, shared.offset)
+
+    def image(self, shared: Shared):
+        """The image `Arena.put_image` stored: a view of the crop, or a RawImage over a view of its pixels."""
+        view = self.view(shared)
+        return RawImage(view) if shared.raw else view
 
     def close(self) -> None:
         try:
