@@ -46,8 +46,9 @@ def peek_device(argv: list[str]) -> tuple[str | None, str | None]:
 
 
 def main(argv=None) -> int:
-    command, device = peek_device(sys.argv[1:] if argv is None else list(argv))
-    if command in MODEL_COMMANDS and "-h" not in (argv or sys.argv) and "--help" not in (argv or sys.argv):
+    words = sys.argv[1:] if argv is None else list(argv)
+    command, device = peek_device(words)
+    if command in MODEL_COMMANDS and not {"-h", "--help"} & set(words):
         from .. import start_device_discovery
 
         start_device_discovery(device)
