@@ -202,7 +202,6 @@ class EngineClient:
         self._call_ids = itertools.count()
         self.link: Link | None = None
         self.queue = RemoteQueue(capacity, metrics, self._send)
-        self.share_pixels = True  # pixels through a shared-memory arena (shm.py) when one can be made
         self._arena: Arena | None = None
         self._stopping = False
 
@@ -213,7 +212,7 @@ class EngineClient:
     def connect(self, wait_state_s: float = 5.0) -> None:
         """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
-        self._arena = make_arena() if self.share_pixels else None  # used once the engine says it mapped it
+        self._arena = make_arena()  # pixels through shared memory (shm.py) once the engine says it mapped it
         self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
         self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
