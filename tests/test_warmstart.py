@@ -116,7 +116,9 @@ def test_the_cli_peeks_the_command_and_device(argv, expected):
 
 
 def test_several_ranks_are_seen_from_the_launchers_environment(monkeypatch):
-    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+    from vggserve.distributed.mpi import SIZE_VARIABLES
+
+    for key in SIZE_VARIABLES:
         monkeypatch.delenv(key, raising=False)
     assert not warmstart.several_ranks()
     monkeypatch.setenv("PMI_SIZE", "1")

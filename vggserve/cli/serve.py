@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 
-MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
+from ..distributed.mpi import several_ranks
+
 
 
 def register(subparsers) -> None:
@@ -90,20 +91,12 @@ def _settings(args, **overrides):
     return Settings(**values)
 
 
-def _under_mpi() -> bool:
-    """True when a launcher started several ranks (checked from its variables before MPI is initialised)."""
-    for name in MPI_SIZE_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 1:
-            return True
-    return False
-
 
 def _run(args) -> int:
     from ..weights import find_weights
 
     args.weights = find_weights(args.weights)  # fails now, with how to get weights, not in a worker later
-    if _under_mpi():
+    if several_ranks():
         return _run_mpi(args)
     from ..serving.server import run_server
 

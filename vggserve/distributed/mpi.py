@@ -2,6 +2,7 @@
 
 - `world()`: MPI.COMM_WORLD (a one-rank world when the program was not started by mpirun/mpiexec).
 - `node_layout(comm)`: (local_rank, local_size), this rank's index among the ranks of its node.
+- `several_ranks()`: whether a launcher started several ranks, from its environment alone.
 - `wait(request)`, `wait_for_message(...)`, `barrier(comm)`, `sleep_until(done)`: waits that sleep between
   polls. MPI's blocking calls spin a core while they wait; ranks that share cores (several ranks per node,
   oversubscribed CI machines, decode threads) would lose that core to a rank that is only waiting.
@@ -25,9 +26,22 @@ from ..errors import VggserveError, describe
 # launcher variables holding the node-local rank: Open MPI, MPICH (Hydra), Slurm's srun
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 
+# launcher variables holding the number of ranks: MPICH (Hydra), Open MPI, PMIx, Intel MPI, Slurm
+SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
+
 _FIRST_SLEEP = 0.0002
 _LONGEST_SLEEP = 0.005  # the latency a sleeping wait adds at most
 ABORT_GRACE_S = 0.5  # between the error line and MPI_Abort (abort_all)
+
+
+def several_ranks() -> bool:
+    """Whether a launcher started this process as one of several ranks, read from its variables (before MPI
+    is initialised, and without it)."""
+    for name in SIZE_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 1:
+            return True
+    return False
 
 
 def world():

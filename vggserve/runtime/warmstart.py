@@ -25,6 +25,8 @@ import os
 import threading
 import time
 
+from ..distributed.mpi import several_ranks
+
 CL_DEVICE_TYPE_GPU = 1 << 2
 CL_DEVICE_TYPE_ALL = 0xFFFFFFFF
 CONTEXT_SPECS = ("auto", "gpu", "gpu:0", "all")  # specs whose device is the first GPU when there is one
@@ -47,13 +49,6 @@ def loader_library() -> tuple[str | None, bool]:
             os.environ.setdefault("PYOPENCL_HOME", os.path.abspath(folder))
             return found[0], True
     return ctypes.util.find_library("OpenCL"), False
-
-
-def several_ranks() -> bool:
-    """Whether an MPI launcher started this process as one of several ranks (each binds its own GPU, so an early
-    context on the first one would be wrong for all ranks but one)."""
-    sizes = (os.environ.get(k, "") for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"))
-    return any(size.isdigit() and int(size) > 1 for size in sizes)
 
 
 def _discover(path: str, own_loader: bool, want_context: bool) -> None:
@@ -110,6 +105,7 @@ def start(spec: str | None = "auto") -> bool:
         path, own_loader = loader_library()
         if not path:
             return False
+        # several MPI ranks each bind their own GPU: an early context on the first one would suit one rank only
         want_context = (spec or "auto").strip().lower() in CONTEXT_SPECS and not several_ranks()
         _thread = threading.Thread(target=_run, args=(path, own_loader, want_context), name="vggserve-discovery",
                                    daemon=True)
