@@ -61,13 +61,13 @@ class DeviceRelayout:
         self._stage = None  # (buffer, pinned array), made on first use
         self._copies = [None, None]  # the last upload from each half
         self._pool = None  # copying threads (numpy lets go of the GIL while it copies), made on first use
+        self._threads = max(1, min(self.COPY_THREADS, os.cpu_count() or 1))
 
     def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:] = src, split over the copying threads."""
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._threads = max(1, min(self.COPY_THREADS, os.cpu_count() or 1))
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="vggserve-upload")
         step = -(-src.size // self._threads)
         list(self._pool.map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]), range(0, src.size, step)))
