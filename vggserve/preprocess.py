@@ -9,6 +9,8 @@ minus the per-channel ImageNet mean (103.939, 116.779, 123.68), no std scaling.
 
 from __future__ import annotations
 
+import logging
+
 from typing import Iterable
 
 import numpy as np
@@ -142,8 +144,17 @@ def device_input(img: Image.Image):
 
 
 def uses_device_resize(model) -> bool:
-    """Whether `model` resizes on its device with the installed Pillow's results (checked on the device)."""
-    return bool(getattr(model, "resizes_on_device", False)) and model.resize_matches_pillow()
+    """Whether `model` resizes on its device with the installed Pillow's results (checked on the device once per
+    call; a mismatch is logged, and the caller then crops on the CPU)."""
+    if not getattr(model, "resizes_on_device", False):
+        return False
+    check = getattr(model, "resize_matches_pillow", None)
+    if check is not None and not check():
+        logging.getLogger("vggserve").warning(
+            "the device resize of %s does not match this Pillow's; images are resized on the CPU instead",
+            getattr(model, "device_name", "the model"))
+        return False
+    return True
 
 
 def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:

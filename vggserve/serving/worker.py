@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import VggserveError
-from ..preprocess import RawImage
+from ..preprocess import RawImage, uses_device_resize
 from .batcher import BatchQueue, Item, Outcome
 from .errors import ApiError
 from .metrics import Metrics
@@ -120,16 +120,9 @@ class DeviceWorker:
                     log.exception("closing the model on %s failed", self.device)
 
     def _device_resizes(self, model) -> bool:
-        """Whether front ends should send this model decoded images: it resizes on its device, --resize-on device,
-        images come from front ends, and the device's crops equal the installed Pillow's (checked once here)."""
-        if not (self.pixels and self.device_resize and getattr(model, "resizes_on_device", False)):
-            return False
-        check = getattr(model, "resize_matches_pillow", None)
-        if check is not None and not check():
-            log.warning("device %s: the device resize does not match this Pillow's; images are resized on the "
-                        "CPU in the front ends instead", self.device)
-            return False
-        return True
+        """Whether front ends should send this model decoded images: images come from front ends, --resize-on
+        device, and the model resizes on its device with this Pillow's results (preprocess.uses_device_resize)."""
+        return self.pixels and self.device_resize and uses_device_resize(model)
 
     def _run_batch(self, model, batch: list[Item]) -> None:
         started = self._taken(batch)
