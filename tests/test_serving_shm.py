@@ -1,4 +1,4 @@
-"""Pixels from the front ends through shared memory (vggserve/serving/shm.py): the arena's FIFO blocks, the
+"""Pixels from the front ends through shared memory (vggserve/ipc/shm.py): the arena's FIFO blocks, the
 engine's views, and the link using them, with every block freed once the engine has answered."""
 
 import time
@@ -12,7 +12,7 @@ from vggserve.preprocess import RawImage, center_crop
 from vggserve.serving.batcher import Outcome
 from vggserve.serving.fakes import SlowModel
 from vggserve.serving.settings import Settings
-from vggserve.serving.shm import ALIGN, Arena, Mapped, Shared
+from vggserve.ipc.shm import ALIGN, Arena, Mapped, Shared
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_no_room_in_dev_shm_means_no_arena_and_pixels_inline(monkeypatch):
     import errno
     import os
 
-    from vggserve.serving import shm
+    from vggserve.ipc import shm
 
     def full(fd, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -12,7 +12,7 @@ from multiprocessing.connection import Listener
 from .batcher import ClientGone, Item
 from .engine_link import Link
 from .errors import ApiError
-from .shm import Mapped, Shared
+from ..ipc.shm import Mapped, Shared
 from .service import Service
 
 log = logging.getLogger("vggserve.serving")

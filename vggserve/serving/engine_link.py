@@ -41,7 +41,7 @@ import numpy as np
 from .batcher import Admission
 from .errors import ApiError, shutting_down, unavailable
 from .metrics import Metrics
-from .shm import Arena, Shared, make_arena
+from ..ipc.shm import Arena, Shared, make_arena
 
 log = logging.getLogger("vggserve.serving")
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..preprocess import RawImage
 
-log = logging.getLogger("vggserve.serving")
+log = logging.getLogger("vggserve.ipc")
 
 ARENA_BYTES = 32 << 20  # per front end: ~57 decoded 500x375 photos in flight
 ALIGN = 64
