@@ -79,6 +79,18 @@ def test_format_is_detected_from_content_not_extension(tmp_path, tiny_tensors):
     assert load_weights(path).format == "safetensors"
 
 
+def test_safetensors_whose_header_length_starts_with_a_pickle_byte_is_safetensors(tmp_path, tiny_tensors):
+    # a header of 128 + 256 k bytes makes the file's first byte 0x80, a pickle's PROTO opcode
+    for pad in range(0, 260, 8):
+        path = tmp_path / "w.safetensors"
+        save_safetensors(tiny_tensors, path, {"note": "x" * pad})
+        if path.read_bytes()[0] == 0x80:
+            break
+    else:
+        pytest.fail("no metadata length gave a header length of 128 mod 256")
+    assert load_weights(path).format == "safetensors"
+
+
 def test_save_safetensors_is_atomic_and_keeps_metadata(tmp_path, tiny_tensors):
     path = tmp_path / "sub" / "out.safetensors"
     save_safetensors(tiny_tensors, path, {"preprocessing": "caffe", "seed": 3})

@@ -31,14 +31,16 @@ def detect_format(path: Path) -> str:
         return _zip_kind(path)
     if head.startswith(HDF5_SIGNATURE):
         return "keras-h5"
-    if head.startswith(TORCH_LEGACY_PREFIX) or (head[:1] == b"\x80" and _starts_with_torch_magic(path)):
+    if head.startswith(TORCH_LEGACY_PREFIX):
         return "pth-legacy"
-    if head[:1] == b"\x80":
-        raise WeightsError(f"{path}: a Python pickle but not a torch checkpoint (no torch magic number)")
-    if len(head) >= 9 and head[8:9] == b"{":
+    if len(head) >= 9 and head[8:9] == b"{":  # before the pickle test: a header length of 128 + 256 k starts with 0x80
         (header_len,) = struct.unpack("<Q", head[:8])
         if header_len > 1:
             return "safetensors"
+    if head[:1] == b"\x80" and _starts_with_torch_magic(path):
+        return "pth-legacy"
+    if head[:1] == b"\x80":
+        raise WeightsError(f"{path}: a Python pickle but not a torch checkpoint (no torch magic number)")
     if _hdf5_user_block(path):
         return "keras-h5"
     raise WeightsError(
