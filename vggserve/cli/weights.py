@@ -1,6 +1,7 @@
-"""`vggserve weights init|fetch|convert|info|where`: make, download, convert and inspect VGG16 weights."""
+"""`vggserve weights init|fetch|convert|prune|info|where`: make, download, convert, prune and inspect VGG16 weights."""
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -31,7 +32,19 @@ def register(subparsers) -> None:
     p.add_argument("output", type=Path, help="safetensors file to write")
     p.set_defaults(func=_convert)
 
-    p = sub.add_parser("info", help="format, key scheme, parameter count, width, SHA256, preprocessing")
+    p = sub.add_parser("prune", help="magnitude-prune the weights and write safetensors with provenance")
+    p.add_argument("input", type=Path, help="any supported weights file")
+    p.add_argument("output", type=Path, help="safetensors file to write")
+    p.add_argument("--sparsity", type=_fraction, default=None,
+                   help="fraction of each layer's weights to zero, e.g. 0.9 (2:4: 0.5, implied)")
+    p.add_argument("--pattern", choices=("unstructured", "2:4"), default="unstructured",
+                   help="unstructured (default): the smallest weights anywhere; 2:4: 2 of every 4 along the input")
+    p.add_argument("--layers", choices=("conv", "fc", "all"), default="all", help="which layers to prune (default all)")
+    p.add_argument("--scope", choices=("layer", "global"), default="layer",
+                   help="layer (default): the same fraction in every layer; global: one threshold over all of them")
+    p.set_defaults(func=_prune)
+
+    p = sub.add_parser("info", help="format, key scheme, parameter count, width, SHA256, preprocessing, sparsity")
     p.add_argument("path", type=Path)
     p.set_defaults(func=_info)
 
@@ -46,6 +59,16 @@ def _width(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"width must be in (0, 1], got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"sparsity must be between 0 and 1, got {value}")
     return value
 
 
@@ -99,7 +122,55 @@ def _info(args) -> int:
     ]
     for name, value in rows:
         print(f"{name + ':':15}{value}")
+    _print_sparsity(w)
     return 0
+
+
+def _prune(args) -> int:
+    from ..weights.loading import load_weights
+    from ..weights.prune import check_options, prune, provenance
+    from ..weights.safetensors_io import save_safetensors
+
+    try:
+        target = check_options(args.sparsity, args.pattern, args.scope)
+    except ValueError as exc:
+        print(f"vggserve: error: {exc}", file=sys.stderr)
+        return 2
+    w = load_weights(args.input)
+    result = prune(w.tensors, target, args.pattern, args.layers, args.scope)
+    metadata = provenance(args.input.name, w.sha256, w.metadata, target, args.pattern, args.layers, args.scope,
+                          result.layer_sparsity, w.preprocessing, w.width)
+    path = save_safetensors(result.tensors, args.output, metadata)
+    print(f"{args.input} -> {path}: {args.pattern} pruning, {target:g} per {args.scope}, layers: {args.layers}")
+    _print_layers(result.layer_sparsity, result.tensors)
+    return 0
+
+
+def _print_sparsity(w) -> None:
+    from ..weights.prune import layer_sparsities
+
+    sparsity = layer_sparsities(w.tensors)
+    weights = sum(w.tensors[f"{name}.weight"].size for name in sparsity)
+    zeros = sum(round(s * w.tensors[f"{name}.weight"].size) for name, s in sparsity.items())
+    print(f"{'sparsity:':15}{zeros / weights:.4f} of the weights are zero ({zeros:,} of {weights:,})")
+    if "prune_pattern" in w.metadata:
+        m = w.metadata
+        print(f"{'pruned:':15}{m['prune_pattern']}, {m.get('prune_sparsity', '?')} per {m.get('prune_scope', '?')}, "
+              f"layers {m.get('prune_layers', '?')}, from {m.get('source_file', '?')} "
+              f"(sha256 {m.get('source_sha256', '?')})")
+    _print_layers(sparsity, w.tensors)
+
+
+def _print_layers(sparsity: dict, tensors: dict) -> None:
+    import numpy as np
+
+    from ..weights.prune import is_2_4
+
+    print(f"{'layer':15}{'shape':>22} {'non-zeros':>12} {'sparsity':>9} {'2:4':>4}")
+    for name, s in sparsity.items():
+        t = tensors[f"{name}.weight"]
+        shape = "x".join(map(str, t.shape))
+        print(f"{name:15}{shape:>22} {np.count_nonzero(t):>12,} {s:9.4f} {'yes' if is_2_4(t) else 'no':>4}")
 
 
 _PREPROCESSING_NOTE = {
