@@ -4,6 +4,10 @@ Sources live in the top-level `kernels/` folder (shipped inside the wheel as `vg
 source + `#define` lines; its binary is cached under the user cache dir, keyed by device name, driver version,
 platform version and the full source text, so a second start does not compile. `VGGSERVE_NO_PROGRAM_CACHE=1`
 turns the cache off.
+
+A generated program (weights compiled into the code, conv_sparse_codegen.cl) is a template file that includes a
+piece the host writes (`Generated`); its binary is keyed by the template and a digest of what the piece is made
+from (the weights' hash), so a cached binary is found without writing the piece again.
 """
 
 import hashlib
@@ -11,7 +15,9 @@ import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pyopencl as cl
 from platformdirs import user_cache_dir
@@ -31,10 +37,27 @@ def kernels_dir() -> Path:
 INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.MULTILINE)
 
 
-def kernel_source(name: str, defines: dict) -> str:
-    """The `#define`s, then the file with each `#include "x"` of kernels/ replaced by that file's text (so the
-    program cache key covers included files, and no compiler include path is needed)."""
-    body = INCLUDE.sub(lambda m: (kernels_dir() / m.group(1)).read_text(), (kernels_dir() / name).read_text())
+@dataclass(frozen=True)
+class Generated:
+    """A piece of source the host writes, included by a template as `#include "<name>"`.
+
+    key: a digest of everything the text depends on (e.g. the weights' sha256 and the grouping); make(): the text,
+    called only when no cached binary has this key."""
+
+    name: str
+    key: str
+    make: Callable[[], str]
+
+
+def kernel_source(name: str, defines: dict, generated: dict[str, str] | None = None) -> str:
+    """The `#define`s, then the file with each `#include "x"` replaced by `generated[x]` if given, else by the text
+    of kernels/x (so the program cache key covers included files, and no compiler include path is needed)."""
+    pieces = generated or {}
+
+    def included(m):
+        return pieces[m.group(1)] if m.group(1) in pieces else (kernels_dir() / m.group(1)).read_text()
+
+    body = INCLUDE.sub(included, (kernels_dir() / name).read_text())
     head = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(defines.items()))
     return head + body
 
@@ -63,16 +86,24 @@ class ProgramCache:
         self.seconds = 0.0
         self._built: dict = {}  # (name, defines) -> program, so layers sharing parameters share one program
 
-    def build(self, name: str, defines: dict):
-        memo = (name, tuple(sorted(defines.items())))
+    def build(self, name: str, defines: dict, generated: Generated | None = None):
+        """The program of kernels/`name` with `defines`, and with `generated` included where the template says."""
+        memo = (name, tuple(sorted(defines.items())), generated and (generated.name, generated.key))
         if memo in self._built:
             return self._built[memo]
         t0 = time.perf_counter()
-        source = kernel_source(name, defines)
-        key = cache_key(self.device, source, self.options)
+        if generated is None:
+            source = kernel_source(name, defines)
+            key = cache_key(self.device, source, self.options)
+        else:  # keyed by the template and the piece's digest; the piece itself is written only on a miss
+            source = None
+            template = kernel_source(name, defines, {generated.name: f"/* {generated.name}: {generated.key} */"})
+            key = cache_key(self.device, template, self.options)
         path = self.folder / f"{key}.bin"
         program = self._from_binary(path) if self.enabled else None
         if program is None:
+            if source is None:
+                source = kernel_source(name, defines, {generated.name: generated.make()})
             program = self._compile(name, source)
             self.compiles += 1
             if self.enabled:

@@ -1,0 +1,191 @@
+"""Sparse 3x3 convolutions (padding 1) + bias + ReLU over pruned weights: the host side of kernels/pad.cl,
+conv_sparse_codegen.cl and conv_sparse_compressed.cl (docs/sparse.md).
+
+Both layers have GemmLayer's call shape: built once from (M, Cin, 3, 3) weights and bias, `enqueue(queue, src, dst,
+n, h, w)` returns (first event, last event) of its two launches (pad, convolution), `flops(n, h, w)` counts the
+DENSE convolution (so GFLOP/s figures compare with the dense layers'; the useful work is `density` of that).
+The zero-padded input copy lives in a `PadWorkspace`, sized once at construction for max_batch images of
+max_h x max_w (shareable by the layers of one in-order queue, like winograd.WinogradWorkspace); nothing is
+allocated per call.
+"""
+
+import time
+
+import numpy as np
+import pyopencl as cl
+
+from ..model.layers import Launch, round_up, upload
+from ..runtime.programs import Generated
+from .sparse_formats import codegen_cases, groups, tap_masks, weights_digest
+
+MF = cl.mem_flags
+CODEGEN = "sparse_codegen"
+COMPRESSED = "sparse_compressed"
+GATE = 2**31 - 1  # conv_sparse_codegen.cl's `gate`: every G(i) block runs
+
+# tunables (kernels/conv_sparse.clh, conv_sparse_compressed.cl, pad.cl) per device kind. CPUs: one 16-float vector
+# of pixels per work-item (PoCL runs a work-item's code as scalar code: the vector width has to come from inside
+# it), small work-groups; GPUs: one pixel per work-item, 64 work-items along the pixels sharing the weights.
+DEFAULTS = {
+    ("cpu", CODEGEN): {"SP_PX": 16, "SP_OCG": 16, "SP_WG": 1, "PAD_WG": 16},
+    ("gpu", CODEGEN): {"SP_PX": 1, "SP_OCG": 16, "SP_WG": 64, "PAD_WG": 64},
+    ("cpu", COMPRESSED): {"SP_PX": 16, "SP_OCG": 8, "SP_WG": 1, "SP_MEM": 0, "SP_CHUNK": 1024, "SP_SKIP_ZERO": 1,
+                          "PAD_WG": 16},
+    ("gpu", COMPRESSED): {"SP_PX": 1, "SP_OCG": 8, "SP_WG": 64, "SP_MEM": 1, "SP_CHUNK": 1024, "SP_SKIP_ZERO": 1,
+                          "PAD_WG": 64},
+}
+TUNABLES = {CODEGEN: ("SP_PX", "SP_OCG", "SP_WG"),
+            COMPRESSED: ("SP_PX", "SP_OCG", "SP_WG", "SP_MEM", "SP_CHUNK", "SP_SKIP_ZERO")}
+
+
+def default_params(kind: str, algo: str) -> dict:
+    """The tunables of `algo` (CODEGEN or COMPRESSED) for a device kind ("cpu"; anything else: "gpu")."""
+    return {"ALGO": algo, **DEFAULTS["cpu" if kind == "cpu" else "gpu", algo]}
+
+
+def check_params(p: dict) -> None:
+    """The rules the kernels rely on; ValueError naming the broken one."""
+    if p["SP_PX"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"sparse conv params {p}: SP_PX must be 1, 2, 4, 8 or 16")
+    if p["SP_OCG"] < 1 or p["SP_WG"] < 1:
+        raise ValueError(f"sparse conv params {p}: SP_OCG and SP_WG must be positive")
+    if p.get("ALGO") == COMPRESSED and (p["SP_OCG"] > 16 or p["SP_MEM"] not in (0, 1, 2)):
+        raise ValueError(f"sparse conv params {p}: the compressed kernel takes SP_OCG <= 16 and SP_MEM 0, 1 or 2")
+
+
+def defines(p: dict, relu: int = 1) -> dict:
+    return {**{k: v for k, v in p.items() if k in TUNABLES[p["ALGO"]]}, "RELU": relu}
+
+
+def padded_width(w: int, px: int) -> int:
+    """PW: the padded row length, room for ceil(w / px) strips of px pixels plus a 1-pixel border each side."""
+    return round_up(w, px) + 2
+
+
+def density(weight: np.ndarray) -> float:
+    return np.count_nonzero(weight) / max(weight.size, 1)
+
+
+class PadWorkspace:
+    """pad.cl's output: the zero-padded input of the sparse convolutions that run one after another on one queue.
+
+    `reserve` (called by each layer's constructor) grows the buffer to the largest request; layers read `.buf` at
+    enqueue time, so it is only (re)allocated while layers are being built, never per call."""
+
+    def __init__(self, ctx, cache, wg: int):
+        self.ctx, self.wg = ctx, wg
+        self.kernel = Launch(cl.Kernel(cache.build("pad.cl", {"PAD_WG": wg}), "pad_nchw"))
+        self.floats, self.buf = 0, None
+
+    def reserve(self, floats: int) -> None:
+        if floats > self.floats:
+            self.floats = floats
+            self.buf = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * floats)
+
+    def enqueue(self, queue, src, n: int, c: int, h: int, w: int, pw: int):
+        rows = n * c * (h + 2)
+        if rows * pw > self.floats:
+            raise ValueError(f"{n} images of {c} x {h} x {w} need {rows * pw} padded floats; the workspace holds "
+                             f"{self.floats} (raise max_batch/max_h/max_w)")
+        return self.kernel(queue, (round_up(pw, self.wg), rows), (self.wg, 1), src, self.buf, h, w, h + 2, pw)
+
+
+class SparseConv:
+    """What both sparse convolutions share: parameters, bias, the pad pass and the launch geometry."""
+
+    def __init__(self, ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, max_batch: int = 1,
+                 max_h: int = 224, max_w: int = 224, workspace: PadWorkspace | None = None, relu: int = 1):
+        check_params(params)
+        if weight.ndim != 4 or weight.shape[2:] != (3, 3):
+            raise ValueError(f"a sparse 3x3 convolution needs (M, C, 3, 3) weights, got {weight.shape}")
+        self.p = dict(params)
+        self.m, self.cin = weight.shape[:2]
+        self.nnz = int(np.count_nonzero(weight))
+        self.density = density(weight)
+        self.px, self.ocg, self.wg = params["SP_PX"], params["SP_OCG"], params["SP_WG"]
+        self.groups = groups(self.m, self.ocg)
+        self.bias = upload(ctx, bias)
+        self.ws = workspace if workspace is not None else PadWorkspace(ctx, cache, params.get("PAD_WG", 64))
+        self.ws.reserve(max_batch * self.cin * (max_h + 2) * padded_width(max_w, self.px))
+        self.relu = relu
+        self.build_s = 0.0  # this layer's program: seconds to build (or load from the cache)
+        self.binary_bytes = 0
+
+    def _program(self, cache, name: str, generated: Generated | None = None):
+        t0 = time.perf_counter()
+        program = cache.build(name, defines(self.p, self.relu), generated)
+        self.build_s = time.perf_counter() - t0
+        self.binary_bytes = sum(len(b) for b in program.get_info(cl.program_info.BINARIES))
+        return program
+
+    def enqueue(self, queue, src, dst, n: int, h: int, w: int):
+        """Two launches (pad, convolution); returns (first event, last event)."""
+        pw = padded_width(w, self.px)
+        first = self.ws.enqueue(queue, src, n, self.cin, h, w, pw)
+        nstrips = n * h * (pw - 2) // self.px
+        grid = (round_up(nstrips, self.wg), self.groups)
+        last = self._launch(queue, grid, (self.wg, 1), dst, h, w, pw, nstrips)
+        return first, last
+
+    def _launch(self, queue, grid, local, dst, h, w, pw, nstrips):
+        raise NotImplementedError
+
+    def flops(self, n: int, h: int = 1, w: int = 1, ks: int = 3) -> float:
+        """The DENSE convolution's flops (the work done is `density` of it)."""
+        return 2.0 * n * h * w * self.m * self.cin * ks * ks
+
+
+class SparseConvCodegen(SparseConv):
+    """conv_sparse_codegen.cl: the layer's non-zero weights compiled into its program as constants.
+
+    The program is cached by (device, driver, template, weights' sha256 and grouping): a second load of the same
+    weights finds the binary without generating the source. `build_s` and `binary_bytes` say what it cost."""
+
+    def __init__(self, ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, **kw):
+        super().__init__(ctx, cache, params, weight, bias, **kw)
+        w = np.ascontiguousarray(weight, dtype=np.float32)
+        piece = Generated("conv_sparse_weights.gen", weights_digest(w, "conv3x3", self.ocg),
+                          lambda: codegen_cases(w, self.ocg))
+        self.kernel = Launch(cl.Kernel(self._program(cache, "conv_sparse_codegen.cl", piece), "conv_sparse_codegen"))
+
+    def _launch(self, queue, grid, local, dst, h, w, pw, nstrips):
+        return self.kernel(queue, grid, local, self.ws.buf, self.bias, dst, self.cin, h, w, self.m, pw, nstrips,
+                           GATE)
+
+
+class SparseConvCompressed(SparseConv):
+    """conv_sparse_compressed.cl: the non-zeros in the tap-mask format (sparse_formats.tap_masks), read from global,
+    local or constant memory (SP_MEM), skipping input taps whose values are all zero (SP_SKIP_ZERO)."""
+
+    def __init__(self, ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, **kw):
+        super().__init__(ctx, cache, params, weight, bias, **kw)
+        fmt = tap_masks(weight, self.ocg, params["SP_CHUNK"] if params["SP_MEM"] == 1 else None)
+        if params["SP_MEM"] == 2:
+            limit = min(d.max_constant_buffer_size for d in ctx.devices)
+            if fmt.words.nbytes > limit:
+                raise ValueError(f"the layer's {fmt.words.nbytes} bytes of weights do not fit the device's "
+                                 f"{limit}-byte constant buffer (SP_MEM 2); use SP_MEM 0 or 1")
+        self.format_bytes = fmt.words.nbytes + fmt.cptr.nbytes + fmt.gchunk.nbytes
+        self.words = upload_raw(ctx, fmt.words)
+        self.cptr, self.gchunk = upload_raw(ctx, fmt.cptr), upload_raw(ctx, fmt.gchunk)
+        self.kernel = Launch(cl.Kernel(self._program(cache, "conv_sparse_compressed.cl"), "conv_sparse_compressed"))
+
+    def _launch(self, queue, grid, local, dst, h, w, pw, nstrips):
+        return self.kernel(queue, grid, local, self.ws.buf, self.words, self.cptr, self.gchunk, self.bias, dst,
+                           self.cin, h, w, self.m, pw, nstrips)
+
+
+def upload_raw(ctx, array: np.ndarray):
+    """A read-only device copy of `array` in its own dtype (at least 4 bytes, so empty formats still upload)."""
+    a = np.ascontiguousarray(array)
+    if a.nbytes == 0:
+        a = np.zeros(4 // a.itemsize or 1, a.dtype)
+    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=a)
+
+
+LAYERS = {CODEGEN: SparseConvCodegen, COMPRESSED: SparseConvCompressed}
+
+
+def sparse_conv(ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, **kw) -> SparseConv:
+    """The sparse convolution params["ALGO"] names, built."""
+    return LAYERS[params["ALGO"]](ctx, cache, params, weight, bias, **kw)

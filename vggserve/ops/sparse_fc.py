@@ -1,0 +1,80 @@
+"""Sparse fully connected layers: the host side of kernels/fc_sparse.cl (docs/sparse.md).
+
+`SparseFc` holds one pruned (M, K) layer in CSR (sparse_formats.csr) and runs it at any batch size up to
+`max_batch`: fc_spmv for n <= SPMV_NB (one pass over the non-zeros, whatever n), else fc_transpose + fc_spmm.
+`enqueue(queue, src, dst, n)` returns an event or (first, last) events, as GemvLayer does.
+"""
+
+import numpy as np
+import pyopencl as cl
+
+from ..model.layers import Launch, round_up, upload
+from .sparse_conv import upload_raw
+from .sparse_formats import csr
+
+MF = cl.mem_flags
+ALGO = "sparse_csr"
+
+# CPUs: a work-item walks a whole row (SPMV_LK 1), 8 rows per work-group; fc_spmm keeps 16 images in one vector.
+# GPUs: 32 lanes (a warp) share a row's non-zeros; fc_spmm runs 64 images of one row per work-group.
+DEFAULTS = {
+    "cpu": {"SPMV_LM": 8, "SPMV_LK": 1, "SPMV_NB": 4, "SPMM_NV": 16, "SPMM_WG": 1, "TR_WG": 16},
+    "gpu": {"SPMV_LM": 4, "SPMV_LK": 32, "SPMV_NB": 4, "SPMM_NV": 1, "SPMM_WG": 64, "TR_WG": 64},
+}
+TUNABLES = tuple(DEFAULTS["gpu"])
+
+
+def default_params(kind: str) -> dict:
+    return {"ALGO": ALGO, **DEFAULTS["cpu" if kind == "cpu" else "gpu"]}
+
+
+class SparseFc:
+    """fc_sparse.cl: y = act(x W^T + b) for a pruned (M, K) weight, reading only its non-zeros."""
+
+    def __init__(self, ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, relu: int = 1,
+                 max_batch: int = 1):
+        if params["SPMM_NV"] not in (1, 2, 4, 8, 16):
+            raise ValueError(f"sparse fc params {params}: SPMM_NV must be 1, 2, 4, 8 or 16")
+        self.p = dict(params)
+        self.m, self.k = weight.shape
+        w = csr(weight)
+        self.nnz = int(w.vals.size)
+        self.density = self.nnz / max(weight.size, 1)
+        self.format_bytes = w.nbytes
+        self.rowptr, self.cols, self.vals = (upload_raw(ctx, a) for a in (w.rowptr, w.cols, w.vals))
+        self.bias = upload(ctx, bias)
+        defs = {**{k: v for k, v in params.items() if k in TUNABLES}, "RELU": relu, "SP_COL16": int(w.col16)}
+        program = cache.build("fc_sparse.cl", defs)
+        self.spmv = Launch(cl.Kernel(program, "fc_spmv"))
+        self.spmm = Launch(cl.Kernel(program, "fc_spmm"))
+        self.transpose = Launch(cl.Kernel(program, "fc_transpose"))
+        self.max_batch = max_batch
+        self.xt = None  # K x NP transposed input of fc_spmm, only where batches beyond SPMV_NB can come
+        if max_batch > params["SPMV_NB"]:
+            self.xt = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.k * round_up(max_batch, params["SPMM_NV"]))
+
+    def enqueue(self, queue, src, dst, n: int):
+        """fc_spmv (one launch, its event) for n <= SPMV_NB, else fc_transpose + fc_spmm (first, last)."""
+        p = self.p
+        if n > self.max_batch:
+            raise ValueError(f"batch {n} is larger than this layer's max_batch {self.max_batch}")
+        if n <= p["SPMV_NB"]:
+            local = (p["SPMV_LK"], p["SPMV_LM"])
+            grid = (p["SPMV_LK"], round_up(self.m, p["SPMV_LM"]))
+            return self.spmv(queue, grid, local, src, self.rowptr, self.cols, self.vals, self.bias, dst, self.k,
+                             self.m, n)
+        nv, np_ = p["SPMM_NV"], round_up(n, p["SPMM_NV"])
+        first = self.transpose(queue, (round_up(self.k, p["TR_WG"]), n), (p["TR_WG"], 1), src, self.xt, self.k, n,
+                               np_)
+        grid = (round_up(np_ // nv, p["SPMM_WG"]), self.m)
+        last = self.spmm(queue, grid, (p["SPMM_WG"], 1), self.xt, self.rowptr, self.cols, self.vals, self.bias, dst,
+                         self.m, n, np_)
+        return first, last
+
+    def flops(self, n: int) -> float:
+        """The DENSE layer's flops (the work done is `density` of it)."""
+        return 2.0 * n * self.m * self.k
+
+    def weight_bytes_read(self) -> int:
+        """Bytes of weights one pass reads (dense: 4 * M * K)."""
+        return self.format_bytes
