@@ -1,0 +1,106 @@
+"""Whole networks on pruned weights (vggserve/model/pruned.py) against the float64 reference on the same weights, and
+the per-layer kernel choice (vggserve/ops/sparse_select.py)."""
+
+import numpy as np
+import pytest
+
+from vggserve.model.pruned import PrunedVGG16
+from vggserve.model.reference import reference_logits
+from vggserve.ops import sparse_select as sel
+from vggserve.ops.sparse_select import CODEGEN, COMPRESSED, CSR, DENSE, choose, sparse_table, speedup_at
+from vggserve.weights.prune import prune
+
+from conftest import TEST_DEVICE
+
+TOL = 1e-4  # the issue's FP32 bound on logits
+
+
+def max_rel_err(out, ref):
+    return float(np.abs(out - ref).max() / np.abs(ref).max())
+
+
+def top5(scores):
+    return np.argsort(-scores, axis=1, kind="stable")[:, :5]
+
+
+def run_pruned(tensors, batches, monkeypatch, **table):
+    """Logits of PrunedVGG16 on `tensors` for each batch size, with the untuned table's entries replaced by `table`."""
+    for kind in ("cpu", "gpu"):
+        monkeypatch.setitem(sel.DEFAULTS, kind, {**sel.DEFAULTS[kind], **table})
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((n, 3, 224, 224)).astype(np.float32) for n in batches]
+    with PrunedVGG16.load(tensors, device=TEST_DEVICE, max_batch_size=max(batches)) as model:
+        outs = [model.logits(x) for x in xs]
+        choices = dict(model.kernel_choices)
+    return xs, outs, choices
+
+
+@pytest.fixture(scope="module")
+def pruned90(tiny_tensors):
+    return prune(tiny_tensors, 0.9).tensors
+
+
+def test_pruned_network_on_generated_kernels_matches_float64(tiny_tensors, monkeypatch):
+    # 98%: 4.6 k non-zeros in the convolutions, whose programs PoCL builds in ~30 s (90%: 23 k, over 2 minutes)
+    pruned = prune(tiny_tensors, 0.98).tensors
+    xs, outs, choices = run_pruned(pruned, [1, 5], monkeypatch)
+    assert {c.algo for name, c in choices.items() if name.startswith("features")} == {CODEGEN}
+    assert {c.algo for name, c in choices.items() if name.startswith("classifier")} == {CSR}
+    for x, out in zip(xs, outs):  # batch 1: fc_spmv; batch 5: fc_spmm
+        ref = reference_logits(pruned, x)
+        assert max_rel_err(out, ref) < TOL
+        np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_pruned_network_on_compressed_kernels_matches_float64(pruned90, monkeypatch):
+    xs, outs, choices = run_pruned(pruned90, [2], monkeypatch, codegen_max_nnz=0)
+    assert {c.algo for name, c in choices.items() if name.startswith("features")} == {COMPRESSED}
+    ref = reference_logits(pruned90, xs[0])
+    assert max_rel_err(outs[0], ref) < TOL
+    np.testing.assert_array_equal(top5(outs[0]), top5(ref))
+
+
+def test_only_the_pruned_layers_get_sparse_kernels(tiny_tensors, monkeypatch):
+    tensors = prune(tiny_tensors, 0.95, layers="fc").tensors
+    xs, outs, choices = run_pruned(tensors, [1], monkeypatch)
+    assert [c.algo for c in choices.values()] == [DENSE] * 13 + [CSR] * 3
+    assert "sparsity 0.000" in choices["features.0"].reason and "sparsity 0.950" in choices["classifier.0"].reason
+    assert max_rel_err(outs[0], reference_logits(tensors, xs[0])) < TOL
+
+
+def test_unpruned_weights_stay_dense(tiny_tensors, monkeypatch):
+    _, _, choices = run_pruned(tiny_tensors, [1], monkeypatch)
+    assert {c.algo for c in choices.values()} == {DENSE}
+
+
+# ---- the choice alone (no device) -----------------------------------------------------------------------------
+
+def table(**tuned):
+    return sparse_table({"sparse": tuned} if tuned else {}, "gpu")
+
+
+def test_default_crossovers_decide_without_measurements():
+    t = table()
+    assert choose(t, "conv", "512x512x14", 64, 0.5, 10).algo == DENSE
+    assert choose(t, "conv", "512x512x14", 64, 0.85, 10).algo == CODEGEN
+    assert choose(t, "conv", "512x512x14", 64, 0.85, 10**7).algo == DENSE  # codegen too big to build, compressed
+    assert choose(t, "conv", "512x512x14", 64, 0.97, 10**7).algo == COMPRESSED  # past its own crossover
+    assert choose(t, "fc", "25088x4096x1", 1, 0.9, 10**7).algo == CSR
+    assert choose(t, "fc", "25088x4096x1", 1, 0.3, 10**7).algo == DENSE
+
+
+def test_tuned_curves_override_the_defaults_and_pick_the_fastest():
+    curves = {"1": {"256x256x56": {CODEGEN: [[0.5, 0.6], [0.9, 1.4], [0.99, 4.0]],
+                                   COMPRESSED: [[0.5, 0.3], [0.9, 1.1], [0.99, 5.0]]}}}
+    t = table(curves=curves)
+    assert choose(t, "conv", "256x256x56", 1, 0.7, 10).algo == DENSE  # codegen at 1.0x, compressed 0.7x
+    c = choose(t, "conv", "256x256x56", 1, 0.9, 10)
+    assert c.algo == CODEGEN and "1.40x tuned" in c.reason and "1.10x tuned" in c.reason
+    assert choose(t, "conv", "256x256x56", 2, 0.99, 10).algo == COMPRESSED  # batch 2 uses batch 1's curves
+    assert choose(t, "conv", "512x512x14", 1, 0.85, 10).algo == CODEGEN  # no curve: default crossover 0.8
+
+
+def test_speedup_interpolates_and_clamps():
+    curve = [[0.9, 2.0], [0.5, 1.0]]
+    assert speedup_at(curve, 0.7) == pytest.approx(1.5)
+    assert speedup_at(curve, 0.1) == 1.0 and speedup_at(curve, 0.99) == 2.0

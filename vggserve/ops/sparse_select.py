@@ -1,0 +1,90 @@
+"""Which kernel a layer gets, from its measured sparsity and the tuned speed-up curves (docs/sparse.md).
+
+    choose(table, "conv", "512x512x14", batch=1, sparsity=0.9, nnz=235930) -> Choice(algo, reason)
+
+The table comes from `sparse_table(params, kind)`: the device kind's defaults (`DEFAULTS`), overridden by the
+"sparse" entry of the tuned parameters (`vggserve tune --sparse` writes it: per batch and layer shape, each sparse
+kernel's speed-up over the engine's dense kernel at the sparsities it measured). A sparse kernel is chosen only
+where its speed-up at the layer's sparsity is above 1, the fastest of them; else the dense kernel. With no
+measured curve for the shape, a kernel counts as winning from its default crossover sparsity on.
+The generated kernel is considered only where the layer's non-zeros are at most "codegen_max_nnz": its build
+time grows with them (PoCL: ~5 ms a non-zero; docs/sparse.md).
+"""
+
+import math
+from dataclasses import dataclass
+
+DENSE = "dense"
+CODEGEN = "sparse_codegen"
+COMPRESSED = "sparse_compressed"
+CSR = "sparse_csr"
+CONV_ALGOS = (CODEGEN, COMPRESSED)
+FC_ALGOS = (CSR,)
+
+# Untuned defaults. CPU (PoCL, measured here, benchmarks/sparse_vs_dense.py, docs/sparse.md): the generated kernel
+# beats the tuned dense layers from ~0.5 sparsity on, the compressed one from ~0.8, CSR FC layers at batch 1 from
+# ~0.5; codegen is limited to 20 k non-zeros (a ~2 minute first build). GPU: placeholders until measured with
+# `vggserve tune --sparse` (the GPU run's figures then replace them per shape).
+DEFAULTS = {
+    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.5}, "codegen_max_nnz": 20_000},
+    "gpu": {"crossover": {CODEGEN: 0.8, COMPRESSED: 0.95, CSR: 0.7}, "codegen_max_nnz": 300_000},
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    algo: str  # DENSE or one of CONV_ALGOS / FC_ALGOS
+    sparsity: float
+    reason: str
+
+
+def sparse_table(params: dict, kind: str) -> dict:
+    """The device kind's defaults updated with the tuned "sparse" entry of `params` (if any)."""
+    base = DEFAULTS["cpu" if kind == "cpu" else "gpu"]
+    tuned = params.get("sparse", {})
+    return {"crossover": {**base["crossover"], **tuned.get("crossover", {})},
+            "codegen_max_nnz": tuned.get("codegen_max_nnz", base["codegen_max_nnz"]),
+            "curves": tuned.get("curves", {})}
+
+
+def speedup_at(curve: list, sparsity: float) -> float:
+    """Linear interpolation of [(sparsity, speed-up), ...] at `sparsity` (clamped to the measured range)."""
+    points = sorted((float(s), float(x)) for s, x in curve)
+    if sparsity <= points[0][0]:
+        return points[0][1]
+    for (s0, x0), (s1, x1) in zip(points, points[1:]):
+        if sparsity <= s1:
+            return x0 + (x1 - x0) * (sparsity - s0) / (s1 - s0) if s1 > s0 else x1
+    return points[-1][1]
+
+
+def _curves_for(table: dict, shape: str, batch: int) -> dict:
+    """{algo: curve} measured for this shape at the batch nearest (in ratio) to `batch`, or {}."""
+    by_batch = {b: c[shape] for b, c in table["curves"].items() if shape in c}
+    if not by_batch:
+        return {}
+    nearest = min(by_batch, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))
+    return by_batch[nearest]
+
+
+def choose(table: dict, layer: str, shape: str, batch: int, sparsity: float, nnz: int) -> Choice:
+    """The kernel for one layer ("conv" or "fc") of shape key `shape` ("CINxCOUTxSIZE"), run at `batch`."""
+    algos = CONV_ALGOS if layer == "conv" else FC_ALGOS
+    curves = _curves_for(table, shape, batch)
+    best, best_x, why = DENSE, 1.0, []
+    for algo in algos:
+        if algo == CODEGEN and nnz > table["codegen_max_nnz"]:
+            why.append(f"{algo}: {nnz:,} non-zeros > {table['codegen_max_nnz']:,} (build time)")
+            continue
+        if algo in curves:
+            x = speedup_at(curves[algo], sparsity)
+            why.append(f"{algo}: {x:.2f}x tuned")
+        else:
+            cross = table["crossover"][algo]
+            wins = sparsity >= cross
+            x = 1.0 + 1e-6 + (sparsity - cross) if wins else 0.0  # the earlier a kernel starts to win, the better
+            why.append(f"{algo}: {'wins' if wins else 'loses'} (default crossover {cross})")
+        if x > best_x:
+            best, best_x = algo, x
+    reason = f"sparsity {sparsity:.3f}; " + "; ".join(why)
+    return Choice(best, sparsity, reason)
