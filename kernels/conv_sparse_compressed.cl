@@ -20,6 +20,7 @@
  *   1  local memory: the work-group copies each chunk in, then reads it from there;
  *   2  constant memory (the host picks it only when the whole stream fits the device's constant buffer).
  * Zero activations (SP_SKIP_ZERO = 1): a tap whose SP_PX input values are all zero (ReLU outputs) skips its FMAs.
+ * A zero weight adds v * 0 = +0 to its sum where SP_BRANCHLESS = 1, which leaves every sum unchanged.
  * Work decomposition, accumulators, summation order and store: conv_sparse.clh; input: pad.cl's padded copy.
  */
 
@@ -33,6 +34,10 @@
 #endif
 #ifndef SP_SKIP_ZERO
 #define SP_SKIP_ZERO 1  /* 1: skip the FMAs of a tap whose input values are all zero */
+#endif
+#ifndef SP_BRANCHLESS
+#define SP_BRANCHLESS 0 /* 1: an FMA for every channel of the group (weight 0 where its mask bit is clear) instead of a
+                           branch per channel: CPUs mispredict the random mask bits; GPUs branch uniformly */
 #endif
 
 #if SP_MEM == 2
@@ -75,7 +80,14 @@ void conv_sparse_compressed(__global const float *restrict xp,    /* padded NCHW
             }
 #endif
             for (int j = 0; j < SP_OCG; ++j) {
+#if SP_BRANCHLESS
+                const uint bit = (head >> j) & 1u;
+                const float w = as_float(wp[i - 1 + bit]);  /* bit clear: a word already read, not past the chunk */
+                acc[j] = fma(v, (vec)(bit ? w : 0.0f), acc[j]);
+                i += bit;
+#else
                 if (head & (1u << j)) acc[j] = fma(v, (vec)(as_float(wp[i++])), acc[j]);
+#endif
             }
         }
     }

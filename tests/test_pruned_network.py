@@ -104,3 +104,42 @@ def test_speedup_interpolates_and_clamps():
     curve = [[0.9, 2.0], [0.5, 1.0]]
     assert speedup_at(curve, 0.7) == pytest.approx(1.5)
     assert speedup_at(curve, 0.1) == 1.0 and speedup_at(curve, 0.99) == 2.0
+
+
+# ---- the measurement that tunes the choice ----------------------------------------------------------------------
+
+def test_measured_curves_are_stored_and_then_used(tiny_tensors, tmp_path, monkeypatch):
+    from vggserve.model.vgg16 import VGG16
+    from vggserve.ops import sparse_tune
+    from vggserve.runtime.params import params_for
+
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=2, profile=True) as model:
+        runs = sparse_tune.measure(model, tiny_tensors, 2, sparsities=(0.5, 0.99), iterations=1,
+                                   codegen_max_nnz=400, shapes=["64x64x14", "512x1000x1"], progress=lambda _: None)
+        label, kind = model.device_info.label, model.device_info.kind
+    assert [r.shape for r in runs] == ["64x64x14", "512x1000x1"]
+    conv, fc = runs
+    assert conv.layers == ["features.24", "features.26", "features.28"] and conv.dense_ms > 0
+    assert {(p.sparsity, p.algo) for p in conv.points} == {(s, a) for s in (0.5, 0.99) for a in (CODEGEN, COMPRESSED)}
+    skipped = next(p for p in conv.points if p.algo == CODEGEN and p.sparsity == 0.5)
+    assert skipped.ms is None and "non-zeros > 400" in skipped.note  # 18 k non-zeros: too big a build
+    built = next(p for p in conv.points if p.algo == CODEGEN and p.sparsity == 0.99)
+    assert built.ms > 0 and built.build_s > 0 and built.binary_bytes > 0 and built.nnz == 369
+    for p in conv.points + fc.points:
+        assert p.ms is None or (p.err < TOL and p.speedup == pytest.approx(conv.dense_ms / p.ms if p in conv.points
+                                                                           else fc.dense_ms / p.ms))
+    assert {p.algo for p in fc.points} == {CSR}
+    curves = sparse_tune.curves(runs)
+    assert set(curves["64x64x14"]) == {CODEGEN, COMPRESSED} and len(curves["64x64x14"][CODEGEN]) == 1
+    sparse_tune.store(label, curves, 2)
+    stored = sparse_table(params_for(kind, label), kind)["curves"]
+    assert stored == {"2": curves}
+
+
+def test_crossover_is_where_the_kernel_wins_from_on():
+    from vggserve.ops.sparse_tune import crossover
+
+    assert crossover([[0.5, 0.4], [0.9, 1.2], [0.99, 3.0]]) == 0.9
+    assert crossover([[0.5, 1.1], [0.8, 0.9], [0.99, 3.0]]) == 0.99  # a dip: it wins for good only from 0.99
+    assert crossover([[0.5, 0.4], [0.99, 0.9]]) is None

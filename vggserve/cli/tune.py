@@ -11,6 +11,9 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per candidate (median; default 3)")
     p.add_argument("--winograd", action="store_true",
                    help="also time Winograd F(2x2,3x3) and F(4x4,3x3) candidates on the 3x3 layers (docs/winograd.md)")
+    p.add_argument("--sparse", action="store_true",
+                   help="instead: time the sparse kernels against the dense layers at sparsities 0..0.99 per layer "
+                        "shape and store where each wins (the engine's choice for pruned weights, docs/sparse.md)")
     p.add_argument("--dry-run", action="store_true", help="report, but do not store the winners")
     p.add_argument("--json", action="store_true", help="print winners and every trial as JSON")
     add_device_args(p, batch_default=16)
@@ -23,6 +26,8 @@ def run(args) -> int:
     from ..runtime.params import tuned_file
 
     info = devs.resolve(args.device)
+    if args.sparse:
+        return _sparse(args, info)
     note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.candidates} candidates per shape")
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
                                   progress=note, winograd_too=args.winograd)
@@ -32,4 +37,31 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"device": info.label, "batch_size": args.batch_size, "winners": winners,
                           "trials": [t.__dict__ for t in trials]}))
+    return 0
+
+
+def _sparse(args, info) -> int:
+    """Speed-up curves of the sparse kernels over the engine's dense layers, stored for the kernel choice."""
+    from ..model.vgg16 import VGG16
+    from ..ops import sparse_tune
+    from ..ops.sparse_select import sparse_table
+    from ..runtime.params import params_for, tuned_file
+    from ..weights.init import init_weights
+
+    tensors = init_weights(seed=0)
+    limit = sparse_table(params_for(info.kind, info.label), info.kind)["codegen_max_nnz"]
+    note(f"vggserve: timing sparse kernels on {info.label} at batch {args.batch_size} (codegen up to {limit:,} "
+         "non-zeros)")
+    with VGG16(tensors, device=info.spec, max_batch_size=args.batch_size, profile=True) as model:
+        runs = sparse_tune.measure(model, tensors, args.batch_size, iterations=args.repeats, codegen_max_nnz=limit,
+                                   check=False, progress=note)
+    curves = sparse_tune.curves(runs)
+    for shape, per_algo in curves.items():
+        note(f"{shape:>14s} wins from: " + ", ".join(f"{algo} {sparse_tune.crossover(c)}"
+                                                     for algo, c in per_algo.items()))
+    if not args.dry_run:
+        sparse_tune.store(info.label, curves, args.batch_size)
+        note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
+    if args.json:
+        print(json.dumps({"device": info.label, "batch_size": args.batch_size, "curves": curves}))
     return 0
