@@ -1,5 +1,5 @@
 """`VGG16.submit` with a list of images: uint8 crops and `preprocess.RawImage`s, the raw ones resized and cropped on the
-device (model/resize.py). The probabilities must be exactly those of the CPU's `center_crop` of the same images."""
+device (ops/resize.py). The probabilities must be exactly those of the CPU's `center_crop` of the same images."""
 
 import numpy as np
 import pytest
@@ -66,7 +66,7 @@ def test_raw_image_checks_its_shape_and_pickles():
 
 
 def test_the_device_resize_is_checked_against_the_installed_pillow(model, monkeypatch):
-    from vggserve.model import resize
+    from vggserve.ops import resize
 
     assert model.resize_matches_pillow()
     # as if Pillow's pass order had changed: 300 x 1000 shrinks its height enough for the order to matter

@@ -101,7 +101,7 @@ def aspect_box(width: int, height: int, max_ratio: int = MAX_ASPECT_RATIO) -> tu
 
 class RawImage:
     """An RGB image (uint8 (h, w, 3), already within MAX_ASPECT_RATIO) whose Resize(256) + CenterCrop(224) is left
-    to the engine: `VGG16.submit` does it on the device, bit for bit as `center_crop` (model/resize.py)."""
+    to the engine: `VGG16.submit` does it on the device, bit for bit as `center_crop` (ops/resize.py)."""
 
     __slots__ = ("pixels",)
 

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..runtime import devices as devs
-    from ..runtime import tuning
+    from .. import tuning
     from ..runtime.params import tuned_file
 
     info = devs.resolve(args.device)
