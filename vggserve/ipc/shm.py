@@ -43,13 +43,7 @@ class Arena:
     """The front end's side: a shared-memory segment and a FIFO block allocator over it (thread-safe)."""
 
     def __init__(self, nbytes: int = ARENA_BYTES):
-        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
-        try:  # reserve the pages now: a full /dev/shm then fails here (ENOSPC), not later with SIGBUS on a write
-            if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
-                os.posix_fallocate(self.memory._fd, 0, nbytes)
-        except OSError:
-            self.close()
-            raise
+        self.memory = create_segment(nbytes)
         self.size = nbytes
         self._lock = threading.Lock()
         self._blocks: dict[int, list] = {}  # start -> [end, freed], in allocation order
@@ -103,6 +97,20 @@ class Arena:
     def close(self) -> None:
         self.memory.close()
         self.memory.unlink()
+
+
+def create_segment(nbytes: int) -> shared_memory.SharedMemory:
+    """A new POSIX shared-memory segment of `nbytes`, its pages reserved now: a full /dev/shm then fails here
+    (OSError, ENOSPC), not later with SIGBUS on a write. The creator closes and unlinks it."""
+    memory = shared_memory.SharedMemory(create=True, size=nbytes)
+    try:
+        if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
+            os.posix_fallocate(memory._fd, 0, nbytes)
+    except OSError:
+        memory.close()
+        memory.unlink()
+        raise
+    return memory
 
 
 class Mapped:
