@@ -22,6 +22,7 @@ processes die before they are ready (a broken installation) raises DecodePoolErr
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import socket
@@ -38,6 +39,7 @@ import numpy as np
 from ..errors import VggserveError
 from ..ipc.ring import Block, Ring
 from ..preprocess import RAW_LIMIT_BYTES, RawImage
+from . import worker
 from .stages import StageClock
 from .worker import DecodeJob, WorkerStart
 
@@ -101,7 +103,7 @@ class DecodePool:
     def __init__(self, procs: int, job: DecodeJob, timeout_s: float = DEFAULT_TIMEOUT_S, in_flight: int = 64):
         if procs < 1:
             raise ValueError(f"a decode pool needs at least one process, got {procs}")
-        self.job = job
+        self.job = job if job.task else dataclasses.replace(job, task=worker.DEFAULT_TASK)
         self.timeout_s = float(timeout_s)
         self.clock = StageClock()  # the processes' stages, and the link (this side's thread)
         self.restarts = 0  # processes replaced after dying or hanging

@@ -31,18 +31,23 @@ from .decode import model_input, problem_of
 from .stages import StageClock
 
 
+#: What a decode process runs for each source unless its DecodeJob names another task ("module:function", called
+#: as task(source, job, allocate, clock)). Read by the pool when it starts; tests point it at stand-ins that crash
+#: or hang.
+DEFAULT_TASK = "vggserve.decoding.worker:decode_task"
+
+
 @dataclass(frozen=True)
 class DecodeJob:
     """What every decode process of a pool does with a source: `model_input(source, mode, on_device, decode,
-    max_pixels=..., formats=...)`, through `task` ("module:function", called as task(source, job, allocate,
-    clock); tests put in stand-ins that crash or hang)."""
+    max_pixels=..., formats=...)`, through `task` (None: DEFAULT_TASK)."""
 
     mode: str
     on_device: bool
     decode: str = "exact"
     max_pixels: int | None = None  # None: open_image's default
     formats: tuple | None = None  # None: open_image's default
-    task: str = "vggserve.decoding.worker:decode_task"
+    task: str | None = None
 
 
 @dataclass(frozen=True)

@@ -70,16 +70,19 @@ class Ring:
             raise ValueError(f"a ring needs at least one region, got {regions}")
         self.regions = regions
         self.region_bytes = _aligned(max(LINE, region_bytes))
-        self.memory = create_segment(regions * (LINE + self.region_bytes))
-        self._released = np.ndarray((regions,), np.int64, self.memory.buf, 0, (LINE,))
+        segment = create_segment(regions * (LINE + self.region_bytes))
+        self.name = segment.name
+        # views are made on a mapping of our own, never closed: it is unmapped when the last view is gone (numpy
+        # holds no buffer export, so closing a mapping would not wait for the views); the segment object keeps
+        # only the name, to unlink it
+        self.mapping = Mapped(self.name).memory
+        segment.close()
+        self._segment = segment
+        self._released = np.ndarray((regions,), np.int64, self.mapping, 0, (LINE,))
         self._released[:] = 0
         self._live: list[deque] = [deque() for _ in range(regions)]  # [block, freed], in allocation order
         self._reported = [0] * regions  # end of the last block reported per region
         self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.memory.name
 
     def _data_offset(self, region: int) -> int:
         return self.regions * LINE + region * self.region_bytes
@@ -96,7 +99,7 @@ class Ring:
             self._live[block.region].append([block, False])
             self._reported[block.region] = block.end
         offset = self._data_offset(block.region) + block.start % self.region_bytes
-        return np.ndarray(shape, dtype, self.memory.buf, offset)
+        return np.ndarray(shape, dtype, self.mapping, offset)
 
     def free(self, block: Block) -> None:
         """The consumer is done with the block's pixels; the writer may reuse them once the older ones are free."""
@@ -119,12 +122,9 @@ class Ring:
     def close(self) -> None:
         """Unlink the segment; the mapping goes when no view of it is left."""
         self._released = None
+        self.mapping = None
         try:
-            self.memory.close()
-        except BufferError:  # a view is still referenced somewhere: the mapping goes with the process
-            pass
-        try:
-            self.memory.unlink()
+            self._segment.unlink()
         except FileNotFoundError:
             pass
 
@@ -160,4 +160,4 @@ class RegionWriter:
 
     def close(self) -> None:
         self._released = None
-        self.mapped.close()
+        self.mapped.close()  # unmapped once no view is left

@@ -136,10 +136,9 @@ class Mapped:
         return RawImage(view) if shared.raw else view
 
     def close(self) -> None:
-        try:
-            self.memory.close()
-        except BufferError:  # a view is still referenced somewhere: the mapping goes with the process
-            log.debug("shared pixels still referenced at close")
+        """Let go of the mapping: it is unmapped when the last view of it is gone. (Closing the mmap here would unmap
+        it under views still referenced: numpy holds no buffer export on it, so mmap.close() would not refuse.)"""
+        self.memory = None
 
 
 def make_arena(nbytes: int = ARENA_BYTES) -> Arena | None:
