@@ -34,16 +34,11 @@ FORMATS = ("JPEG", "MPO")
 MODES = ("RGB", "L")
 _adopted: bool | None = None  # the probe's verdict, once per process
 
-# Pillow's Image.transpose for each EXIF orientation (as ImageOps.exif_transpose applies it), on (h, w, 3) arrays
-_UPRIGHT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    2: lambda a: a[:, ::-1],  # FLIP_LEFT_RIGHT
-    3: lambda a: a[::-1, ::-1],  # ROTATE_180
-    4: lambda a: a[::-1],  # FLIP_TOP_BOTTOM
-    5: lambda a: a.transpose(1, 0, 2),  # TRANSPOSE
-    6: lambda a: a.transpose(1, 0, 2)[:, ::-1],  # ROTATE_270 (clockwise quarter turn)
-    7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),  # TRANSVERSE
-    8: lambda a: a.transpose(1, 0, 2)[::-1],  # ROTATE_90 (anticlockwise quarter turn)
-}
+# the Image.transpose that ImageOps.exif_transpose applies for each EXIF orientation (Pillow's C transposition is
+# twice as fast as numpy's strided copy on a 12 MP photo)
+_UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+            5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+            8: Image.Transpose.ROTATE_90}
 
 
 def adopted() -> bool:
@@ -63,10 +58,11 @@ def applies(image: Image.Image) -> bool:
 
 
 def decode(data: bytes, image: Image.Image, shorter_side: int | None = None,
-           into: Callable[[tuple], np.ndarray | None] | None = None) -> np.ndarray | None:
-    """Upright uint8 RGB pixels (h, w, 3) of the JPEG `data`, whose header Pillow opened as `image`, scaled down in
-    the DCT as `images.dct_scale(..., shorter_side)` says (None: full size). None when the path does not apply or
-    simplejpeg refuses the data: the caller then decodes with Pillow.
+           into: Callable[[tuple], np.ndarray | None] | None = None) -> np.ndarray | Image.Image | None:
+    """Upright RGB pixels of the JPEG `data`, whose header Pillow opened as `image`, scaled down in the DCT as
+    `images.dct_scale(..., shorter_side)` says (None: full size): a uint8 (h, w, 3) array, or for a file stored
+    turned (EXIF orientation) an RGB PIL image turned upright. None when the path does not apply or simplejpeg
+    refuses the data: the caller then decodes with Pillow.
 
     `into(shape)`: where to decode an upright image to (a writable uint8 array of that shape), or None for a new
     array; it is asked only when the file is stored upright (no EXIF turn), with the final shape.
@@ -82,7 +78,7 @@ def decode(data: bytes, image: Image.Image, shorter_side: int | None = None,
     if pixels is None:
         return None
     turn = _UPRIGHT.get(orientation)
-    return pixels if turn is None else np.ascontiguousarray(turn(pixels))
+    return pixels if turn is None else Image.fromarray(pixels, "RGB").transpose(turn)
 
 
 def _decode_scaled(data: bytes, scale: int, shape: tuple, out: np.ndarray | None) -> np.ndarray | None:
