@@ -188,3 +188,30 @@ def test_a_new_writer_continues_after_the_blocks_its_predecessor_reported():
     finally:
         second.close()
         ring.close()
+
+
+@pytest.mark.parametrize("cpus, allowed, local_ranks, want", [
+    (16, 16, 1, 15),  # one rank on a 16-core machine: all cores but its own
+    (16, 16, 4, 3),  # four ranks share them
+    (16, 4, 4, 3),  # the launcher bound the rank to 4 cores: those
+    (16, 1, 4, 1),  # bound to one core: still one process
+    (2, 2, 1, 1),
+    (2, 2, 2, 1),
+])
+def test_decode_processes_by_default_are_the_ranks_share_of_the_cores_less_one(monkeypatch, cpus, allowed,
+                                                                           local_ranks, want):
+    from vggserve.decoding import pool
+
+    monkeypatch.setattr(pool.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(range(allowed)))
+    assert pool.default_procs(local_ranks) == want
+
+
+@pytest.mark.parametrize("value, message", [("-1", "expected a positive integer"), ("many", "expected a positive")])
+def test_batch_refuses_a_bad_number_of_decode_processes(value, message):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "vggserve", "batch", "--input", "x", "--output", "y.jsonl",
+                           "--decode-procs", value], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"argument --decode-procs: {message}" in done.stderr

@@ -58,15 +58,11 @@ def _top_k(text: str) -> int:
 
 
 def _decode_procs(text: str) -> int | str:
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or a number of processes, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected auto or a number >= 0, got {value}")
-    return value
+    """`auto`, 0 (threads) or a positive number of processes."""
+    word = text.strip().lower()
+    if word in ("auto", "0"):
+        return "auto" if word == "auto" else 0
+    return positive_int(text)
 
 
 def _seconds(text: str) -> float:
