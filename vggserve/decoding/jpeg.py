@@ -2,7 +2,7 @@
 
 Pillow's wheels decode JPEGs with libjpeg-turbo too, but through its incremental decoder and its own image memory;
 `simplejpeg` decodes the whole file in one call, straight into an array we give it (a block of shared memory, for
-the decode processes), at about 1.3 to 2 times Pillow's rate (BENCHMARKS.md, `benchmarks/decoders.py`). Both run
+the decode processes), at about 1.2 to 1.9 times Pillow's rate (BENCHMARKS.md, `benchmarks/decoders.py`). Both run
 libjpeg-turbo's default (accurate) IDCT and smooth chroma upsampling, so they give the same pixels; `adopted()`
 checks that on probe images once per process (every subsampling, progressive, gray, each DCT scale), and a
 mismatch (another libjpeg-turbo with another rounding) leaves every JPEG to Pillow, with a log line.
