@@ -11,6 +11,9 @@
 #             $HTTP_WORKERS (default "default 1") and $RESIZE_ON (default "device")
 #   loadtest  vggserve loadtest (closed and open loop) against vggserve serve on the GPU
 #   scaling   benchmarks/batch_scaling.py with 1, 2, 4 ranks (needs a machine with 4 GPUs)
+#   host      benchmarks/host_vs_engine.py at batch 32: the batch job (one rank, $HOST_IMAGES JPEGs) and the service
+#             (500x375; the photo mix exact and fast) against the engine's streamed rate, for each of $PRECISIONS
+#             (default fp32), and benchmarks/decoders.py (decoders and decode modes on this host's CPU)
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-tests tune compare bench winograd serve loadtest}
@@ -67,6 +70,11 @@ PY
             cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
   scaling) timeout 500 python3 benchmarks/batch_scaling.py --weights $W --images ${SCALING_IMAGES:-1024} --ranks 1,2,4 \
-             --batch-size 32 --decode-threads ${DECODE_THREADS:-8} --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+             --batch-size 32 --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+  host) for p in ${PRECISIONS:-fp32}; do timeout 580 python3 benchmarks/host_vs_engine.py --weights $W --device gpu \
+          --batch-size 32 --precision $p --images ${HOST_IMAGES:-8192} --duration 20 --warmup 4 --engine-seconds 6 \
+          --workdir /tmp/host --json "$OUT/host-$p.json" 2>&1 | grep -v Warning | tail -9 | tee -a "$LOG"; done
+        timeout 300 python3 benchmarks/decoders.py --workdir /tmp/decoders --json "$OUT/decoders.json" 2>&1 \
+          | tail -40 | tee -a "$LOG" ;;
   esac
 done

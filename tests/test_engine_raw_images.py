@@ -103,15 +103,16 @@ def test_the_batch_pipeline_resizes_on_the_device_with_the_cpu_paths_results(mod
     (tmp_path / "broken.jpg").write_bytes(b"not an image")
     paths.insert(2, str(tmp_path / "broken.jpg"))
     runner = ChunkRunner(model, top_k=5, decode_threads=2)
+    host_runner = ChunkRunner(model, top_k=5, on_device=False)  # float32: decoded, resized, normalised on the host
     try:
         assert runner.on_device
         runner.submit(paths)
         on_device = runner.run_next()
-        runner.on_device = False  # the float32 path: decoded, resized and normalised on the host
-        runner.submit(paths)
-        on_host = runner.run_next()
+        host_runner.submit(paths)
+        on_host = host_runner.run_next()
     finally:
         runner.close()
+        host_runner.close()
     assert len(on_device.results) == len(SIZES) and len(on_device.errors) == 1
     assert on_device.results == on_host.results and on_device.errors == on_host.errors
 
@@ -148,8 +149,7 @@ def test_the_batch_pipeline_keeps_the_next_chunk_on_the_device_and_answers_in_or
         del model.submit
         runner.close()
     assert submits == [4, 5, 2]  # the broken-only chunk puts nothing on the device
-    runner_host = ChunkRunner(model, top_k=3)
-    runner_host.on_device = False
+    runner_host = ChunkRunner(model, top_k=3, on_device=False)
     try:
         for chunk in chunks:
             runner_host.submit(chunk)

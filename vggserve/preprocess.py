@@ -31,17 +31,26 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(
 
 
 def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
-    """A PIL image in any mode -> C-contiguous float32 array (3, 224, 224) for VGG16 in `mode`."""
+    """A PIL image in any mode (or uint8 RGB pixels (h, w, 3)) -> C-contiguous float32 array (3, 224, 224) for VGG16
+    in `mode`."""
     check_mode(mode)
     return normalize_pixels(center_crop(img), mode)
 
 
-def center_crop(img: Image.Image) -> np.ndarray:
+def center_crop(img: Image.Image | np.ndarray) -> np.ndarray:
     """The geometry of `preprocess` alone: RGB, aspect bound, Resize(256), CenterCrop(224) -> uint8 (224, 224, 3).
 
+    `img`: a PIL image, or uint8 RGB pixels (h, w, 3) as `vggserve.decoding` decodes them.
     A view into the resized image's pixels (not necessarily contiguous); `np.ascontiguousarray` it to ship it.
     """
-    return crop_pixels(resize_shorter(limit_aspect_ratio(to_rgb(img)), RESIZE_SHORTER), CROP_SIZE)
+    return crop_pixels(resize_shorter(limit_aspect_ratio(as_image(img)), RESIZE_SHORTER), CROP_SIZE)
+
+
+def as_image(img: Image.Image | np.ndarray) -> Image.Image:
+    """An RGB PIL image of `img`: converted by `to_rgb`, or made from uint8 RGB pixels (h, w, 3) (a copy)."""
+    if isinstance(img, np.ndarray):
+        return Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8), "RGB")
+    return to_rgb(img)
 
 
 def normalize_pixels(pixels: np.ndarray, mode: str = "torchvision") -> np.ndarray:
@@ -124,8 +133,12 @@ class RawImage:
         return np.ascontiguousarray(center_crop(Image.fromarray(self.pixels, "RGB")))
 
 
-def raw_rgb(img: Image.Image) -> RawImage:
-    """The RGB, aspect-limited image that `center_crop` would resize, as a RawImage for the engine."""
+def raw_rgb(img: Image.Image | np.ndarray) -> RawImage:
+    """The RGB, aspect-limited image that `center_crop` would resize, as a RawImage for the engine; uint8 RGB pixels
+    (h, w, 3) within the aspect bound become a RawImage over the same memory."""
+    if isinstance(img, np.ndarray):
+        box = aspect_box(img.shape[1], img.shape[0])
+        return RawImage(img if box is None else img[box[1]:box[3], box[0]:box[2]])
     return RawImage(np.asarray(limit_aspect_ratio(to_rgb(img)), dtype=np.uint8))
 
 
@@ -134,13 +147,18 @@ def raw_rgb(img: Image.Image) -> RawImage:
 RAW_LIMIT_BYTES = 4 << 20
 
 
-def device_input(img: Image.Image):
-    """What a model that resizes on its device (`VGG16.submit`) should get for a PIL image: a RawImage when
-    Resize(256) changes it and its decoded pixels fit RAW_LIMIT_BYTES, else the uint8 centre crop made here."""
+def device_input(img: Image.Image | np.ndarray):
+    """What a model that resizes on its device (`VGG16.submit`) should get for a PIL image (or uint8 RGB pixels): a
+    RawImage when Resize(256) changes it and its decoded pixels fit RAW_LIMIT_BYTES, else the uint8 centre crop made
+    here."""
     raw = raw_rgb(img)
-    if raw.needs_resize and raw.pixels.nbytes <= RAW_LIMIT_BYTES:
-        return raw
-    return raw.center_crop()
+    height, width = raw.pixels.shape[:2]
+    return raw if goes_raw(width, height) else raw.center_crop()
+
+
+def goes_raw(width: int, height: int) -> bool:
+    """Whether `device_input` sends an RGB image of this size (within the aspect bound) as it is, a RawImage."""
+    return resized_size(width, height) != (width, height) and width * height * 3 <= RAW_LIMIT_BYTES
 
 
 def uses_device_resize(model) -> bool:

@@ -34,6 +34,7 @@ class BoundModel:
     model: object
     device: str
     ranks: list[dict]
+    local_size: int = 1  # ranks on this rank's machine (they share its cores)
 
 
 def load_model(weights, device: str, max_batch_size: int):
@@ -64,7 +65,7 @@ def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm
         raise RankSetupError(_failure_message(failed, len(reports)), failed[0]["problem"][1])
     for report in reports:
         del report["problem"]
-    return BoundModel(model, bound, reports)
+    return BoundModel(model, bound, reports, local_size)
 
 
 def _failure_message(failed: list[dict], size: int) -> str:

@@ -43,13 +43,7 @@ class Arena:
     """The front end's side: a shared-memory segment and a FIFO block allocator over it (thread-safe)."""
 
     def __init__(self, nbytes: int = ARENA_BYTES):
-        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
-        try:  # reserve the pages now: a full /dev/shm then fails here (ENOSPC), not later with SIGBUS on a write
-            if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
-                os.posix_fallocate(self.memory._fd, 0, nbytes)
-        except OSError:
-            self.close()
-            raise
+        self.memory = create_segment(nbytes)
         self.size = nbytes
         self._lock = threading.Lock()
         self._blocks: dict[int, list] = {}  # start -> [end, freed], in allocation order
@@ -105,6 +99,20 @@ class Arena:
         self.memory.unlink()
 
 
+def create_segment(nbytes: int) -> shared_memory.SharedMemory:
+    """A new POSIX shared-memory segment of `nbytes`, its pages reserved now: a full /dev/shm then fails here
+    (OSError, ENOSPC), not later with SIGBUS on a write. The creator closes and unlinks it."""
+    memory = shared_memory.SharedMemory(create=True, size=nbytes)
+    try:
+        if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
+            os.posix_fallocate(memory._fd, 0, nbytes)
+    except OSError:
+        memory.close()
+        memory.unlink()
+        raise
+    return memory
+
+
 class Mapped:
     """The engine's side: a front end's arena mapped by name; `view` gives an image's pixels. Mapped with mmap
     rather than SharedMemory, which would register the segment with a resource tracker (a process of its own) as
@@ -128,10 +136,9 @@ class Mapped:
         return RawImage(view) if shared.raw else view
 
     def close(self) -> None:
-        try:
-            self.memory.close()
-        except BufferError:  # a view is still referenced somewhere: the mapping goes with the process
-            log.debug("shared pixels still referenced at close")
+        """Let go of the mapping: it is unmapped when the last view of it is gone. (Closing the mmap here would unmap
+        it under views still referenced: numpy holds no buffer export on it, so mmap.close() would not refuse.)"""
+        self.memory = None
 
 
 def make_arena(nbytes: int = ARENA_BYTES) -> Arena | None:

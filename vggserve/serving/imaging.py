@@ -14,12 +14,13 @@ from .errors import ApiError
 log = logging.getLogger("vggserve.serving")
 
 
-def _open(data: bytes, max_pixels: int, formats):
-    """`open_image` with the service's limits; any decoder failure other than an ImageError is a 400."""
-    from ..images import open_image
+def _open(data: bytes, max_pixels: int, formats, decode: str = "exact"):
+    """The upload's upright RGB pixels (`decoding.decode_pixels` in `decode` mode, with the service's limits): a PIL
+    image or a uint8 array; any decoder failure other than an ImageError is a 400."""
+    from ..decoding import decode_pixels
 
     try:
-        return open_image(data, max_pixels=max_pixels, formats=formats)
+        return decode_pixels(data, decode, max_pixels=max_pixels, formats=formats)
     except ImageError:
         raise
     except Exception as exc:  # noqa: BLE001 - untrusted bytes: any decoder failure is the input's, not a 500
@@ -29,24 +30,25 @@ def _open(data: bytes, max_pixels: int, formats):
 
 
 def prepare_image(data: bytes, mode: str, max_pixels: int,
-                  formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
+                  formats=ALLOWED_FORMATS, decode: str = "exact") -> tuple[np.ndarray, float]:
     """(float32 (3, 224, 224) model input, seconds spent). ImageError for images we refuse (4xx)."""
+    from ..decoding.decode import close_pixels
     from ..preprocess import preprocess
 
     started = time.perf_counter()
-    image = _open(data, max_pixels, formats)
+    image = _open(data, max_pixels, formats, decode)
     try:
         tensor = np.ascontiguousarray(preprocess(image, mode), dtype=np.float32)
     finally:
-        image.close()
+        close_pixels(image)
     return tensor, time.perf_counter() - started
 
 
 def decode_and_crop(data: bytes, mode: str, max_pixels: int,
-                    formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
+                    formats=ALLOWED_FORMATS, decode: str = "exact") -> tuple[np.ndarray, float]:
     """In a worker process: (contiguous uint8 (224, 224, 3) centre crop, seconds spent). The same ImageErrors
     and ApiErrors as `prepare_image` (they pickle back to the main process unchanged)."""
-    return _decode(data, mode, max_pixels, formats, _uint8_crop)
+    return _decode(data, mode, max_pixels, formats, _uint8_crop, decode)
 
 
 def _uint8_crop(image) -> np.ndarray:
@@ -56,28 +58,29 @@ def _uint8_crop(image) -> np.ndarray:
 
 
 def decode_for_engine(data: bytes, mode: str, max_pixels: int,
-                      formats=ALLOWED_FORMATS) -> tuple[object, float]:
+                      formats=ALLOWED_FORMATS, decode: str = "exact") -> tuple[object, float]:
     """In an HTTP front end whose engine resizes on the device: (preprocess.RawImage, seconds), the decoded RGB
     image whose Resize(256) + CenterCrop(224) the engine's device does (the same pixels as `center_crop`, at a
     fraction of the CPU); (uint8 crop, seconds) as `decode_and_crop` for images that keep their size or whose
     decoded pixels exceed preprocess.RAW_LIMIT_BYTES. The same errors as `decode_and_crop`."""
     from ..preprocess import device_input
 
-    return _decode(data, mode, max_pixels, formats, device_input)
+    return _decode(data, mode, max_pixels, formats, device_input, decode)
 
 
-def _decode(data: bytes, mode: str, max_pixels: int, formats, convert) -> tuple[object, float]:
+def _decode(data: bytes, mode: str, max_pixels: int, formats, convert, decode: str) -> tuple[object, float]:
     """(convert(decoded image), seconds spent) for the uint8 paths, after checking `mode` (which they do not use
     themselves: the normalisation happens later, elsewhere)."""
+    from ..decoding.decode import close_pixels
     from ..preprocess import check_mode
 
     started = time.perf_counter()
     check_mode(mode)
-    image = _open(data, max_pixels, formats)
+    image = _open(data, max_pixels, formats, decode)
     try:
         pixels = convert(image)
     finally:
-        image.close()
+        close_pixels(image)
     return pixels, time.perf_counter() - started
 
 

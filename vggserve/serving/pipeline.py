@@ -4,6 +4,7 @@ the device, dropping images whose deadline passes (504) or whose client goes awa
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from fastapi import Request
 
@@ -44,12 +45,14 @@ async def _prepare(service: Service, upload: Upload) -> tuple:
     in an HTTP front-end process, (uint8 centre crop or preprocess.RawImage, seconds): the engine process
     normalises it (and resizes a RawImage on its device)."""
     loop = asyncio.get_running_loop()
-    mode = service.preprocessing
+    mode, decode = service.preprocessing, service.settings.decode
     if service.sends_pixels:  # the engine resizes on its device when it can (RawImages), else it gets crops
         task = decode_for_engine if service.model_info().get("resizes_on_device") else decode_and_crop
-        return await loop.run_in_executor(service.pool, task, upload.data, mode, service.settings.max_pixels)
+        return await loop.run_in_executor(service.pool, partial(task, decode=decode), upload.data, mode,
+                                          service.settings.max_pixels)
     if service.procs is None:
-        return await loop.run_in_executor(service.pool, prepare_image, upload.data, mode, service.settings.max_pixels)
+        return await loop.run_in_executor(service.pool, partial(prepare_image, decode=decode), upload.data, mode,
+                                          service.settings.max_pixels)
     return await service.procs.run(upload.data, mode, service.settings.max_pixels, then=normalize)
 
 

@@ -4,6 +4,7 @@ Started and stopped by the app's lifespan; the routes ask it whether it is ready
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Callable
 
 from .. import __version__
@@ -76,7 +77,8 @@ class Service:
         self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
         self.procs, self._procs_started = None, None
         if self.settings.preprocess_procs:
-            self.procs = ProcessPool(self.settings.preprocess_procs, task=self.preprocess_task)
+            self.procs = ProcessPool(self.settings.preprocess_procs,
+                                     task=partial(self.preprocess_task, decode=self.settings.decode))
             self.procs.start()
             self._procs_started = self.pool.submit(self.procs.warm_up)  # readiness waits for it
         if self.settings.weights:

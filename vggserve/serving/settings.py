@@ -120,6 +120,8 @@ class Settings:
     # where uploads are resized and centre-cropped with front ends: "device" (the engine's kernels, bit for bit as
     # the CPU, when the model can) or "cpu" (in the front ends)
     resize_on: str = "device"
+    # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding)
+    decode: str = "exact"
 
     def __post_init__(self):
         for f in fields(self):
@@ -131,6 +133,8 @@ class Settings:
                                 "pass e.g. --device gpu:0,gpu:1")
         if self.resize_on not in ("device", "cpu"):
             raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
+        if self.decode not in ("exact", "fast"):
+            raise SettingsError(f"--decode must be exact or fast, got {self.decode!r}")
         if not isinstance(self.host, str) or not self.host.strip():
             raise SettingsError(f"--host must be an address to bind, got {self.host!r}; pass e.g. --host 127.0.0.1")
         if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
