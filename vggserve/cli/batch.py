@@ -8,7 +8,7 @@ mpi4py is imported only when the command runs, so other subcommands never start 
 
 import argparse
 
-from .common import add_decode_arg, positive_int
+from .common import add_decode_arg, add_precision_arg, positive_int
 
 
 def register(subparsers) -> None:
@@ -44,6 +44,7 @@ def register(subparsers) -> None:
                         help="longest decode of one image; a decode process that takes longer is killed and "
                              "replaced, and the image is recorded as an error (default 60)")
     add_decode_arg(parser)
+    add_precision_arg(parser)
     parser.add_argument("--summary", default=None, metavar="FILE.json",
                         help="also write the final summary (per-rank throughput) as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -90,6 +91,7 @@ def _run(args) -> int:
         decode_procs=args.decode_procs,
         decode_timeout_s=args.decode_timeout,
         decode=args.decode,
+        precision=args.precision,
         progress=not args.no_progress,
         summary_path=args.summary,
     )

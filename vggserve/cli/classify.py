@@ -26,7 +26,7 @@ def run(args) -> int:
 
     if args.top_k > 1000:
         raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")
-    model = load_model(args.weights, args.device, args.batch_size)
+    model = load_model(args.weights, args.device, args.batch_size, precision=args.precision)
     on_device = uses_device_resize(model)  # the device resizes and crops, bit for bit as on the CPU
     failures = 0
     for start in range(0, len(args.images), args.batch_size):

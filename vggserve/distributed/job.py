@@ -46,6 +46,7 @@ class BatchOptions:
     decode_procs: int | str = "auto"  # decode processes per rank; "auto": decoding.pool.default_procs
     decode_timeout_s: float = 60.0  # a decode process taking longer on one image is replaced (the image: an error)
     decode: str = "exact"  # or "fast" (vggserve.decoding.decode)
+    precision: str = "fp32"  # the engine's precision (ops/precision.py)
     progress: bool = True  # tqdm bar on rank 0
     summary_path: str | None = None  # also write the summary dict as JSON here
 
@@ -88,7 +89,8 @@ def run_batch(options: BatchOptions, comm=None) -> int:
                   f"or its errors file")
         return 0
     try:
-        bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm)
+        bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm,
+                                precision=options.precision)
     except RankSetupError as exc:
         if rank != 0:
             return exc.exit_code
