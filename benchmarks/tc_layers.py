@@ -207,6 +207,8 @@ def main(argv=None):
     ap.add_argument("--precisions", default="0,1", help="TF32 flags to time: 0 = FP16, 1 = TF32")
     ap.add_argument("--emulate", type=int, default=0)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--skip-check", action="store_true", help="no correctness pass first (e.g. under a profiler)")
+    ap.add_argument("--shapes", default=None, help="comma list of CINxCOUTxSIZE (default: every VGG16 conv shape)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -218,8 +220,9 @@ def main(argv=None):
     print(f"device: {info.label}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    if check(ctx, q, args.emulate, args.out):
+    if not args.skip_check and check(ctx, q, args.emulate, args.out):
         return 1
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")] if args.shapes else SHAPES
     names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     rows = []
     batches = [int(b) for b in args.batches.split(",")] if args.batches else [args.batch]
@@ -227,7 +230,7 @@ def main(argv=None):
         convs = {nm: Conv(ctx, q, CONFIGS[nm], tf32, emulate=args.emulate) for nm in names}
         for batch in batches:
             total_best = total_torch = 0.0
-            for cin, cout, size in SHAPES:
+            for cin, cout, size in shapes:
                 flops = 2.0 * batch * size * size * cin * cout * 9
                 res = {nm: time_ours(ctx, q, c, batch, cin, cout, size, args.reps) for nm, c in convs.items()}
                 tt = None if args.no_torch else time_torch(batch, cin, cout, size, tf32, args.reps)
