@@ -14,7 +14,7 @@ import signal
 import sys
 
 from ..distributed.mpi import several_ranks
-from .common import add_decode_arg
+from .common import add_decode_arg, add_precision_arg
 
 
 
@@ -61,6 +61,7 @@ def register(subparsers) -> None:
                         "for bit as on the CPU, at a fraction of the front ends' CPU; `cpu`: in the front ends "
                         "(default device)")
     add_decode_arg(p)
+    add_precision_arg(p)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
     p.add_argument("--api-key", default=None,
@@ -84,7 +85,7 @@ def _settings(args, **overrides):
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup, resize_on=args.resize_on, decode=args.decode)
+        warmup=not args.no_warmup, resize_on=args.resize_on, decode=args.decode, precision=args.precision)
     values.update(overrides)
     if args.http_workers is not None:
         values["http_workers"] = parse_http_workers(args.http_workers)
@@ -132,4 +133,5 @@ def _run_mpi(args) -> int:
         return run_server(front, model_factory=lambda _device: model, log_level=args.log_level,
                           access_log=args.access_log)
 
-    return run_sharded(serve, str(args.weights), device=device, max_batch_size=settings.max_batch_size, comm=comm)
+    return run_sharded(serve, str(args.weights), device=device, max_batch_size=settings.max_batch_size, comm=comm,
+                       precision=settings.precision)

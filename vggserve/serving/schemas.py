@@ -67,6 +67,7 @@ class Metadata(BaseModel):
     version: str
     weights: WeightsInfo
     preprocessing: str | None = Field(description="`torchvision` or `caffe` input normalisation.")
+    precision: str = Field("fp32", description="The engine's precision: `fp32`, `tf32` or `fp16`.")
     input: dict = Field(description="Model input shape and dtype.")
     labels: int = Field(description="Number of classes.")
     devices: list[DeviceInfo]

@@ -31,7 +31,8 @@ def default_model_factory(settings: Settings) -> ModelFactory:
     def load(device: str):
         from ..model.vgg16 import VGG16
 
-        return VGG16.load(settings.weights, device=device, max_batch_size=settings.max_batch_size)
+        return VGG16.load(settings.weights, device=device, max_batch_size=settings.max_batch_size,
+                          precision=settings.precision)
 
     return load
 
@@ -199,6 +200,7 @@ class Service:
             "weights": {"path": str(weights.get("path") or self.settings.weights or "") or None,
                         "format": weights.get("format"), "sha256": sha256 if isinstance(sha256, str) else None},
             "preprocessing": info.get("preprocessing"),
+            "precision": info.get("precision") or self.settings.precision,
             "input": {"shape": [3, INPUT_SIZE, INPUT_SIZE], "dtype": "float32"},
             "labels": NUM_CLASSES,
             "devices": [w.describe() for w in self.workers],

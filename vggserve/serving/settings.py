@@ -122,6 +122,8 @@ class Settings:
     resize_on: str = "device"
     # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding)
     decode: str = "exact"
+    # the engine's precision: fp32, tf32 or fp16 (vggserve/ops/precision.py)
+    precision: str = "fp32"
 
     def __post_init__(self):
         for f in fields(self):
@@ -135,6 +137,8 @@ class Settings:
             raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
         if self.decode not in ("exact", "fast"):
             raise SettingsError(f"--decode must be exact or fast, got {self.decode!r}")
+        if self.precision not in ("fp32", "tf32", "fp16"):
+            raise SettingsError(f"--precision must be fp32, tf32 or fp16, got {self.precision!r}")
         if not isinstance(self.host, str) or not self.host.strip():
             raise SettingsError(f"--host must be an address to bind, got {self.host!r}; pass e.g. --host 127.0.0.1")
         if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):

@@ -85,6 +85,7 @@ class DeviceWorker:
             model = self.model_factory(self.device)
             self.info = {"device_name": str(getattr(model, "device_name", self.device)),
                          "preprocessing": getattr(model, "preprocessing", "torchvision"),
+                         "precision": str(getattr(model, "precision", "fp32")),
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
                          "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
                          # front ends may then send RawImages, resized and cropped on the device
