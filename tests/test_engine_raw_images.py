@@ -81,7 +81,7 @@ def test_the_device_resize_is_checked_against_the_installed_pillow(model, monkey
 
 
 def test_a_worker_falls_back_to_front_end_crops_when_the_check_fails(model, monkeypatch):
-    from vggserve.serving.worker import DeviceWorker
+    from vggserve.serving.scheduling.worker import DeviceWorker
 
     worker = object.__new__(DeviceWorker)
     worker.device, worker.pixels, worker.device_resize = "test", True, True

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from vggserve.serving import Settings, create_app
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 
 ERROR_KEYS = {"error"}
 

@@ -31,18 +31,18 @@ from test_http_process import (HTTP, IMAGE, MEDIA, check_a_gone_client_is_withdr
                                check_deadline_in_the_queue_is_504_and_not_computed,
                                check_full_queue_answers_429_at_once, check_sigterm_lets_the_requests_in_flight_finish,
                                classify, concurrently, live, metric, samples, wait_until)
-from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, Outcome
-from vggserve.serving.engine_host import EngineHost
-from vggserve.serving.engine_link import EngineClient
-from vggserve.serving.fakes import SlowModel
-from vggserve.serving.frontend import HEADER
-from vggserve.serving.frontends import FrontEnds, bind
-from vggserve.serving.imaging import decode_and_crop, prepare_image
+from vggserve.serving.scheduling.batcher import BatchQueue, ClientGone, DeadlineExceeded, Outcome
+from vggserve.serving.processes.engine_host import EngineHost
+from vggserve.serving.processes.engine_link import EngineClient
+from vggserve.testing.models import SlowModel
+from vggserve.serving.processes.frontend import HEADER
+from vggserve.serving.processes.frontends import FrontEnds, bind
+from vggserve.serving.scheduling.imaging import decode_and_crop, prepare_image
 from vggserve.serving.metrics import Metrics
-from vggserve.serving.process import ServerProcess, python_env
+from vggserve.testing.servers import ServerProcess, python_env
 from vggserve.serving.service import Service
 from vggserve.serving.settings import Settings, SettingsError, auto_http_workers, parse_http_workers
-from vggserve.serving.worker import DeviceWorker
+from vggserve.serving.scheduling.worker import DeviceWorker
 
 
 def crop(color) -> np.ndarray:
@@ -343,7 +343,7 @@ def test_sigterm_drains_and_leaves_no_process_behind(frontends_server):
 
 SLOW_SERVER = """
 import os, sys, time
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 from vggserve.serving.server import run_server
 from vggserve.serving.settings import Settings
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from image_corpus import build_corpus
 
-from vggserve.serving.process import ServerProcess
+from vggserve.testing.servers import ServerProcess
 
 pytestmark = pytest.mark.mpi
 

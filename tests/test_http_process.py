@@ -17,12 +17,12 @@ from conftest import TEST_DEVICE
 from image_corpus import build_corpus
 from prometheus_client.parser import text_string_to_metric_families
 
-from vggserve.serving.process import ServerProcess, python_env
+from vggserve.testing.servers import ServerProcess, python_env
 from test_http_api import PNG
 
 SLOW_SERVER = """
 import sys
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 from vggserve.serving.server import run_server
 from vggserve.serving.settings import Settings
 settings = Settings(port=PORT, max_batch_size=2, max_wait_ms=50, max_queue=4, max_files=4, drain_timeout_s=10)

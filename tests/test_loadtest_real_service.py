@@ -9,7 +9,7 @@ from PIL import Image
 
 from vggserve.loadtest import LoadTestConfig, run_loadtest
 from vggserve.loadtest.metrics import Snapshot
-from vggserve.serving.process import ServerProcess
+from vggserve.testing.servers import ServerProcess
 
 PCT_KEYS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, QueueFull
+from vggserve.serving.scheduling.batcher import BatchQueue, ClientGone, DeadlineExceeded, QueueFull
 from vggserve.serving.metrics import Metrics
 
 X = np.zeros((3, 224, 224), dtype=np.float32)

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from vggserve.serving.batcher import BatchQueue, Outcome
-from vggserve.serving.errors import shutting_down
-from vggserve.serving.fakes import PipelinedModel, SlowModel
+from vggserve.serving.scheduling.batcher import BatchQueue, Outcome
+from vggserve.serving.protocols.errors import shutting_down
+from vggserve.testing.models import PipelinedModel, SlowModel
 from vggserve.serving.metrics import Metrics
-from vggserve.serving.worker import DeviceWorker
+from vggserve.serving.scheduling.worker import DeviceWorker
 
 from conftest import TEST_DEVICE
 

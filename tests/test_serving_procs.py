@@ -25,11 +25,11 @@ from vggserve.images import ImageDecodeError, ImageTooLarge, UnsupportedImageFor
 from vggserve.predictions import softmax
 from vggserve.preprocess import center_crop, normalize_pixels, preprocess
 from vggserve.serving import Settings, SettingsError, create_app
-from vggserve.serving.errors import ApiError
-from vggserve.serving.fakes import CRASH_MARKER, crash_on_marker
-from vggserve.serving.imaging import normalize, prepare_image
-from vggserve.serving.procpool import ProcessPool
-from vggserve.serving.process import ServerProcess
+from vggserve.serving.protocols.errors import ApiError
+from vggserve.testing.models import CRASH_MARKER, crash_on_marker
+from vggserve.serving.scheduling.imaging import normalize, prepare_image
+from vggserve.serving.scheduling.procpool import ProcessPool
+from vggserve.testing.servers import ServerProcess
 from vggserve.serving.settings import default_preprocess_procs
 from vggserve.weights.spec import NUM_CLASSES
 from test_http_api import PNG, assert_error, wait_ready

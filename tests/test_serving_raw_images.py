@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 
 from vggserve.preprocess import RawImage, center_crop
-from vggserve.serving import imaging
-from vggserve.serving.imaging import decode_for_engine
+from vggserve.serving.scheduling import imaging
+from vggserve.serving.scheduling.imaging import decode_for_engine
 
 
 def jpeg(width, height, mode="RGB") -> bytes:
@@ -46,7 +46,7 @@ def test_a_large_image_is_resized_in_the_front_end(monkeypatch):
 
 
 def test_bad_bytes_are_the_same_400_as_for_crops():
-    from vggserve.serving.errors import ApiError
+    from vggserve.serving.protocols.errors import ApiError
 
     with pytest.raises(Exception) as raw_error:
         decode_for_engine(b"not an image at all", "torchvision", 10**8)
@@ -57,7 +57,7 @@ def test_bad_bytes_are_the_same_400_as_for_crops():
 
 
 def test_the_worker_hands_a_batch_with_raw_images_to_submit_as_a_list():
-    from vggserve.serving.worker import DeviceWorker
+    from vggserve.serving.scheduling.worker import DeviceWorker
 
     from vggserve.serving.metrics import Metrics
 
@@ -81,7 +81,7 @@ def test_resize_on_is_checked_and_reaches_the_workers():
 
     with pytest.raises(SettingsError, match="--resize-on"):
         Settings(resize_on="gpu")
-    from vggserve.serving.fakes import PipelinedModel
+    from vggserve.testing.models import PipelinedModel
 
     for where, expected in (("device", True), ("cpu", False)):
         service = Service(Settings(http_workers=2, resize_on=where, warmup=False),

@@ -9,8 +9,8 @@ import pytest
 from test_http_frontends import crop, engine_and_client, send
 from test_http_process import wait_until
 from vggserve.preprocess import RawImage, center_crop
-from vggserve.serving.batcher import Outcome
-from vggserve.serving.fakes import SlowModel
+from vggserve.serving.scheduling.batcher import Outcome
+from vggserve.testing.models import SlowModel
 from vggserve.serving.settings import Settings
 from vggserve.ipc.shm import ALIGN, Arena, Mapped, Shared
 
@@ -110,7 +110,7 @@ def test_without_room_in_the_arena_pixels_go_inline():
 
 
 def test_an_arena_the_engine_cannot_map_is_not_used(monkeypatch):
-    from vggserve.serving import engine_host
+    from vggserve.serving.processes import engine_host
 
     def refuse(name):
         raise PermissionError(13, "Permission denied", name)

@@ -13,14 +13,14 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from .. import __version__
-from .auth import OPEN_PATHS, ApiKeyMiddleware
-from .drain import DrainMiddleware
-from .errors import install_error_handlers
-from .limits import BodySizeLimitMiddleware
+from .web.auth import OPEN_PATHS, ApiKeyMiddleware
+from .web.drain import DrainMiddleware
+from .protocols.errors import install_error_handlers
+from .web.limits import BodySizeLimitMiddleware
 from .metrics import RequestMetricsMiddleware
-from .routes_classify import router as classify_router
-from .routes_health import router as health_router
-from .routes_info import router as info_router
+from .protocols.classify import router as classify_router
+from .protocols.health import router as health_router
+from .protocols.info import router as info_router
 from .service import ModelFactory, Service
 from .settings import Settings
 

@@ -3,29 +3,13 @@
 import logging
 import sys
 
-import uvicorn
-
 from .app import create_app
-from .drain import DrainingServer
+from .hosting import NO_WORKERS_EXIT, configure_logging, uvicorn_config
+from .web.drain import DrainingServer
 from .service import ModelFactory
 from .settings import Settings
 
-# after the drain, how long uvicorn waits for idle connections to close before it stops
-CLOSE_CONNECTIONS_S = 5
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-NO_WORKERS_EXIT = 3  # every device worker died (as DeviceError): a supervisor should restart the service
-
-
-def uvicorn_config(app, log_level: str, access_log: bool, **where) -> uvicorn.Config:
-    """uvicorn's configuration for our app; `where` is host and port (or nothing, to serve given sockets)."""
-    return uvicorn.Config(app, log_level=log_level, access_log=access_log,
-                          timeout_graceful_shutdown=CLOSE_CONNECTIONS_S, lifespan="on", server_header=False, **where)
-
-
-def configure_logging(log_level: str) -> None:
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
 
 def build_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
                  access_log: bool = False) -> DrainingServer:
@@ -47,7 +31,7 @@ def run_server(settings: Settings, model_factory: ModelFactory | None = None, lo
             "listening on %s without an API key: anyone who can reach it can use it (set VGGSERVE_API_KEY, or "
             "bind 127.0.0.1 behind nginx)", settings.host)
     if settings.http_workers > 1:
-        from .frontends import run_with_frontends
+        from .processes.frontends import run_with_frontends
 
         return run_with_frontends(settings, model_factory, log_level, access_log)
     server = build_server(settings, model_factory, log_level, access_log)

@@ -8,14 +8,14 @@ from typing import Callable
 
 from .. import __version__
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
-from .batcher import BatchQueue
-from .drain import Drain
-from .errors import shutting_down, unavailable
+from .scheduling.batcher import BatchQueue
+from .web.drain import Drain
+from .protocols.errors import shutting_down, unavailable
 from .metrics import Metrics
-from .imaging import decode_and_crop
-from .procpool import ProcessPool
+from .scheduling.imaging import decode_and_crop
+from .scheduling.procpool import ProcessPool
 from .settings import Settings, SettingsError
-from .worker import DeviceWorker
+from .scheduling.worker import DeviceWorker
 
 log = logging.getLogger("vggserve.serving")
 

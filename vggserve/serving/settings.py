@@ -109,13 +109,13 @@ class Settings:
     max_pixels: int = 40_000_000  # larger images (width x height from the header) get 413
     max_files: int = 16  # files per POST /classify/batch
     preprocess_threads: int = field(default_factory=default_preprocess_threads)
-    # worker processes decoding images (0: decode in the threads above); see vggserve.serving.procpool
+    # worker processes decoding images (0: decode in the threads above); see vggserve.serving.scheduling.procpool
     preprocess_procs: int = field(default_factory=default_preprocess_procs)
     drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight requests may take before exit
     api_key: str | None = None  # when set, every endpoint but /health/* needs `Authorization: Bearer <key>`
     warmup: bool = True  # each device worker runs one batch before the service reports ready
     mpi: bool = False  # set by `mpirun -n N vggserve serve`: batches are sharded over all ranks
-    # HTTP front-end processes; above 1 this process only batches and computes (vggserve.serving.frontends)
+    # HTTP front-end processes; above 1 this process only batches and computes (vggserve.serving.processes.frontends)
     http_workers: int = 1
     # where uploads are resized and centre-cropped with front ends: "device" (the engine's kernels, bit for bit as
     # the CPU, when the model can) or "cpu" (in the front ends)

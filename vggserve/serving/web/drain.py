@@ -9,8 +9,8 @@ import time
 
 import uvicorn
 
-from .errors import error_response
-from .metrics import Metrics
+from ..protocols.errors import error_response
+from ..metrics import Metrics
 
 log = logging.getLogger("vggserve.serving")
 

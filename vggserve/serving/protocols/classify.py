@@ -6,11 +6,11 @@ import uuid
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from ..predictions import top_k as top_k_of
+from ...predictions import top_k as top_k_of
 from .errors import error_responses
-from .pipeline import Result, deadline_for, run_images
+from ..scheduling.pipeline import Result, deadline_for, run_images
 from .schemas import BatchResponse, ClassifyResponse
-from .settings import MAX_TIMEOUT_MS, MAX_TOP_K
+from ..settings import MAX_TIMEOUT_MS, MAX_TOP_K
 from .uploads import BATCH_FIELD, SINGLE_FIELD, read_batch, read_single
 
 router = APIRouter(tags=["classify"])

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ApiError
-from .metrics import Metrics
+from ..protocols.errors import ApiError
+from ..metrics import Metrics
 
 
 class QueueFull(ApiError):

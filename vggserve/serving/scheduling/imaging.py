@@ -7,16 +7,16 @@ import time
 
 import numpy as np
 
-from ..errors import ImageError
-from ..images import ALLOWED_FORMATS
-from .errors import ApiError
+from ...errors import ImageError
+from ...images import ALLOWED_FORMATS
+from ..protocols.errors import ApiError
 
 log = logging.getLogger("vggserve.serving")
 
 
 def _open(data: bytes, max_pixels: int, formats):
     """`open_image` with the service's limits; any decoder failure other than an ImageError is a 400."""
-    from ..images import open_image
+    from ...images import open_image
 
     try:
         return open_image(data, max_pixels=max_pixels, formats=formats)
@@ -31,7 +31,7 @@ def _open(data: bytes, max_pixels: int, formats):
 def prepare_image(data: bytes, mode: str, max_pixels: int,
                   formats=ALLOWED_FORMATS) -> tuple[np.ndarray, float]:
     """(float32 (3, 224, 224) model input, seconds spent). ImageError for images we refuse (4xx)."""
-    from ..preprocess import preprocess
+    from ...preprocess import preprocess
 
     started = time.perf_counter()
     image = _open(data, max_pixels, formats)
@@ -50,7 +50,7 @@ def decode_and_crop(data: bytes, mode: str, max_pixels: int,
 
 
 def _uint8_crop(image) -> np.ndarray:
-    from ..preprocess import center_crop
+    from ...preprocess import center_crop
 
     return np.ascontiguousarray(center_crop(image), dtype=np.uint8)
 
@@ -61,7 +61,7 @@ def decode_for_engine(data: bytes, mode: str, max_pixels: int,
     image whose Resize(256) + CenterCrop(224) the engine's device does (the same pixels as `center_crop`, at a
     fraction of the CPU); (uint8 crop, seconds) as `decode_and_crop` for images that keep their size or whose
     decoded pixels exceed preprocess.RAW_LIMIT_BYTES. The same errors as `decode_and_crop`."""
-    from ..preprocess import device_input
+    from ...preprocess import device_input
 
     return _decode(data, mode, max_pixels, formats, device_input)
 
@@ -69,7 +69,7 @@ def decode_for_engine(data: bytes, mode: str, max_pixels: int,
 def _decode(data: bytes, mode: str, max_pixels: int, formats, convert) -> tuple[object, float]:
     """(convert(decoded image), seconds spent) for the uint8 paths, after checking `mode` (which they do not use
     themselves: the normalisation happens later, elsewhere)."""
-    from ..preprocess import check_mode
+    from ...preprocess import check_mode
 
     started = time.perf_counter()
     check_mode(mode)
@@ -83,7 +83,7 @@ def _decode(data: bytes, mode: str, max_pixels: int, formats, convert) -> tuple[
 
 def normalize(pixels: np.ndarray, mode: str) -> tuple[np.ndarray, float]:
     """In the main process: (float32 (3, 224, 224) model input, seconds spent) from `decode_and_crop`'s pixels."""
-    from ..preprocess import normalize_pixels
+    from ...preprocess import normalize_pixels
 
     started = time.perf_counter()
     tensor = np.ascontiguousarray(normalize_pixels(pixels, mode), dtype=np.float32)

@@ -1,9 +1,9 @@
 """An HTTP front-end process (`vggserve serve --http-workers N`, N > 1): the same FastAPI app under uvicorn, on the
 listening socket the engine process bound and handed down, but with no device workers of its own. It parses
 requests, enforces the limits, decodes and centre-crops images in its threads, and sends the uint8 crops to the
-engine process, which batches them with the other front ends' images (vggserve.serving.engine_link).
+engine process, which batches them with the other front ends' images (vggserve.serving.processes.engine_link).
 
-Started by the engine process (vggserve.serving.frontends) as `python -m vggserve.serving.frontend`, with a
+Started by the engine process (vggserve.serving.processes.frontends) as `python -m vggserve.serving.processes.frontend`, with a
 pickled FrontendSpec on its standard input.
 """
 
@@ -15,11 +15,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .drain import DrainingServer
+from ..app import create_app
+from ..hosting import configure_logging, uvicorn_config
+from ..web.drain import DrainingServer
 from .engine_link import EngineClient
-from .errors import ApiError, unavailable
-from .service import Service
-from .settings import Settings
+from ..protocols.errors import ApiError, unavailable
+from ..service import Service
+from ..settings import Settings
 
 log = logging.getLogger("vggserve.serving")
 
@@ -112,9 +114,6 @@ class FrontendHeaderMiddleware:
 
 def serve(spec: FrontendSpec) -> int:
     """Serve on the inherited socket until drained (0) or the engine goes away (1)."""
-    from .app import create_app
-    from .server import configure_logging, uvicorn_config
-
     configure_logging(spec.log_level)
     sock = socket.socket(fileno=spec.fd)
     service = FrontendService(spec.settings, spec.address, spec.authkey, spec.index)

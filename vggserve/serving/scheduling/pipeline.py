@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from ..errors import ImageError
+from ...errors import ImageError
 from .batcher import ClientGone, DeadlineExceeded, Item, Outcome
-from .errors import ApiError, image_error_parts
+from ..protocols.errors import ApiError, image_error_parts
 from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
-from .service import Service
-from .uploads import Upload
+from ..service import Service
+from ..protocols.uploads import Upload
 
 
 @dataclass(frozen=True)

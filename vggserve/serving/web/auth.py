@@ -2,7 +2,7 @@
 
 import hmac
 
-from .errors import error_response
+from ..protocols.errors import error_response
 
 OPEN_PATHS = frozenset({"/health/live", "/health/ready"})
 

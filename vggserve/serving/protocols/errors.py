@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..errors import ImageError
+from ...errors import ImageError
 
 log = logging.getLogger("vggserve.serving")
 

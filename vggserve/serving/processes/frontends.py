@@ -1,7 +1,7 @@
 """`vggserve serve --http-workers N` (N > 1): this process becomes the engine process. It binds the listening socket,
 loads the models with the usual device workers and BatchQueue, and starts N HTTP front-end processes
-(vggserve.serving.frontend) that share the socket, decode images past this process's GIL and send their crops
-here over Unix-socket links (vggserve.serving.engine_host), so every device batch can mix all front ends' images.
+(vggserve.serving.processes.frontend) that share the socket, decode images past this process's GIL and send their crops
+here over Unix-socket links (vggserve.serving.processes.engine_host), so every device batch can mix all front ends' images.
 
 A front end that dies is restarted; RESTART_LIMIT deaths within RESTART_WINDOW_S stop the server (exit status
 FRONTENDS_FAILED_EXIT). SIGTERM or the first SIGINT drains: the front ends are told to drain (readiness 503, new
@@ -30,23 +30,22 @@ from typing import Callable
 from .engine_host import EngineHost
 from .engine_link import AUTHKEY_BYTES
 from .frontend import FrontendSpec
-from .metrics import forget_process, multiprocess_metrics
-from .server import CLOSE_CONNECTIONS_S, NO_WORKERS_EXIT
-from .service import ModelFactory, Service
-from .settings import Settings
+from ..metrics import forget_process, multiprocess_metrics
+from ..hosting import CLOSE_CONNECTIONS_S, FRONTENDS_FAILED_EXIT, NO_WORKERS_EXIT
+from ..service import ModelFactory, Service
+from ..settings import Settings
 
 log = logging.getLogger("vggserve.serving")
 
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
-FRONTENDS_FAILED_EXIT = 4
 BACKLOG = 2048
 SUPERVISE_EVERY_S = 0.1
 STOP_GRACE_S = 5.0  # beyond --drain-timeout and uvicorn's connection closing, before front ends are killed
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 # the child's command: this checkout or installation of vggserve, whatever the working directory
 CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
-              "from vggserve.serving.frontend import main; sys.exit(main())")
+              "from vggserve.serving.processes.frontend import main; sys.exit(main())")
 
 
 class FrontEnds:

@@ -1,7 +1,7 @@
 """The engine process's side of the front-end links (`--http-workers N`): it accepts each front end's connection,
 queues the crops it sends in the service's BatchQueue (the device workers batch them with everyone else's),
 answers every image, withdraws images on request, and pushes the service's readiness to every front end on
-connect and whenever it changes. The messages are listed in vggserve.serving.engine_link."""
+connect and whenever it changes. The messages are listed in vggserve.serving.processes.engine_link."""
 
 import logging
 import threading
@@ -9,11 +9,11 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import Listener
 
-from .batcher import ClientGone, Item
+from ..scheduling.batcher import ClientGone, Item
 from .engine_link import Link
-from .errors import ApiError
-from ..ipc.shm import Mapped, Shared
-from .service import Service
+from ..protocols.errors import ApiError
+from ...ipc.shm import Mapped, Shared
+from ..service import Service
 
 log = logging.getLogger("vggserve.serving")
 

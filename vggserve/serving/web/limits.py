@@ -1,7 +1,7 @@
 """Request body size limit, enforced twice before the whole body is read: from Content-Length when the request
 arrives, and again while the body streams in (chunked uploads, or a Content-Length that lies)."""
 
-from .errors import ApiError, error_response
+from ..protocols.errors import ApiError, error_response
 
 
 class BodyTooLarge(ApiError):

@@ -16,11 +16,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import VggserveError
-from ..preprocess import RawImage, uses_device_resize
+from ...errors import VggserveError
+from ...preprocess import RawImage, uses_device_resize
 from .batcher import BatchQueue, Item, Outcome
-from .errors import ApiError
-from .metrics import Metrics
+from ..protocols.errors import ApiError
+from ..metrics import Metrics
 
 log = logging.getLogger("vggserve.serving")
 
@@ -192,6 +192,6 @@ class DeviceWorker:
     def _as_input(self, x: np.ndarray) -> np.ndarray:
         if x.dtype != np.uint8:
             return x
-        from ..preprocess import normalize_pixels
+        from ...preprocess import normalize_pixels
 
         return normalize_pixels(x, self.info.get("preprocessing", "torchvision"))

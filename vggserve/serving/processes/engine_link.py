@@ -38,10 +38,10 @@ from typing import Callable
 
 import numpy as np
 
-from .batcher import Admission
-from .errors import ApiError, shutting_down, unavailable
-from .metrics import Metrics
-from ..ipc.shm import Arena, Shared, make_arena
+from ..scheduling.batcher import Admission
+from ..protocols.errors import ApiError, shutting_down, unavailable
+from ..metrics import Metrics
+from ...ipc.shm import Arena, Shared, make_arena
 
 log = logging.getLogger("vggserve.serving")
 

@@ -18,15 +18,15 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from ..images import ALLOWED_FORMATS
-from .errors import ApiError, shutting_down
+from ...images import ALLOWED_FORMATS
+from ..protocols.errors import ApiError, shutting_down
 from .imaging import decode_and_crop
 
 log = logging.getLogger("vggserve.serving")
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # imported once by the fork server, so each worker starts with them loaded
-PRELOAD = ["vggserve.serving.imaging"]
+PRELOAD = ["vggserve.serving.scheduling.imaging"]
 WARMUP_TASK_S = 0.2  # each warm-up task keeps its worker busy this long, so every worker gets started
 
 
