@@ -67,31 +67,32 @@ class RankStats:
 
 
 def decode(path: str, mode: str, catch: type[BaseException] | tuple = Exception, on_device: bool = False):
-    """(pixels, None) for a readable image, else (None, (reason, exception type)). pixels: the float32 (3, 224,
-    224) model input; with on_device (a model that resizes on its device), `preprocess.device_input`: a RawImage
-    or a uint8 crop.
+    """(pixels, None) for a readable image, else (None, (reason, exception type)). pixels: a `ModelInput`, the
+    float32 (3, 224, 224) tensor; with on_device (a model that resizes on its device), `modelinput.device_input`:
+    an image or a crop.
 
     `catch`: the failures recorded that way; any other exception propagates. The batch job records an unreadable
     image of any kind (never fatal); `vggserve classify` only `ImageError`s.
     """
     from ..images import open_image
-    from ..preprocess import check_mode, device_input, load_and_preprocess
+    from ..modelinput import ModelInput, device_input
+    from ..preprocess import check_mode, load_and_preprocess
 
     try:
         if on_device:
             check_mode(mode)
             return device_input(open_image(path)), None
-        return np.asarray(load_and_preprocess(path, mode), dtype=np.float32), None
+        return ModelInput.tensor(load_and_preprocess(path, mode)), None
     except catch as exc:
         reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
         return None, (reason or str(exc) or type(exc).__name__, type(exc).__name__)
 
 
 def probabilities_of(model, inputs: list) -> np.ndarray:
-    """(N, 1000) probabilities of decoded images: float32 model inputs in one call, or device inputs (RawImages
-    and uint8 crops) through `submit`, max_batch_size at a time with two batches in flight."""
-    if isinstance(inputs[0], np.ndarray) and inputs[0].dtype == np.float32:
-        return model.probabilities(np.stack(inputs))
+    """(N, 1000) probabilities of decoded `ModelInput`s: tensors in one call, or device inputs (images and crops)
+    through `submit`, max_batch_size at a time with two batches in flight."""
+    if inputs[0].form == "tensor":
+        return model.probabilities(np.stack([x.array for x in inputs]))
     return _rows(_submit_in_batches(model, inputs))
 
 
@@ -136,11 +137,11 @@ class ChunkRunner:
     """
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2):
-        from ..preprocess import uses_device_resize
+        from ..modelinput import uses_device_resize
 
         self.model = model
         self.top_k = top_k
-        self.on_device = uses_device_resize(model)  # decode to RawImages: the device resizes and crops
+        self.on_device = uses_device_resize(model)  # decode to image inputs: the device resizes and crops
         self._pool = ThreadPoolExecutor(max_workers=max(1, decode_threads), thread_name_prefix="decode")
         self._queue: deque[tuple[list[str], list[Future]]] = deque()
         self._ahead: tuple | None = None  # _start's answer for _queue[0], put on the device early by run_next

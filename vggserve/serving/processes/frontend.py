@@ -12,14 +12,13 @@ import os
 import pickle
 import socket
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..app import create_app
 from ..hosting import configure_logging, uvicorn_config
 from ..web.drain import DrainingServer
-from .engine_link import EngineClient
-from ..protocols.errors import ApiError, unavailable
+from .remote import RemoteBackend
+from ..metrics import Metrics
 from ..service import Service
 from ..settings import Settings
 
@@ -41,58 +40,6 @@ class FrontendSpec:
     access_log: bool = False
 
 
-class FrontendService(Service):
-    """The service of a front-end process: readiness, admission and results come from the engine process."""
-
-    sends_pixels = True
-
-    def __init__(self, settings: Settings, address: str, authkey: bytes, index: int):
-        super().__init__(settings, multiprocess=True)
-        self.index = index
-        self.engine = EngineClient(address, authkey, settings.frontend_queue_share, self.metrics, index)
-        self.queue = self.engine.queue
-
-    def start(self) -> None:
-        """Start the decoding threads and connect to the engine."""
-        self.stopping = False
-        self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
-        self.engine.connect()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.stopping = True
-        self.engine.close()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-    def serving_readiness(self) -> tuple[bool, str, str]:
-        state = self.engine.state
-        if state is None:
-            return False, "not_ready", "waiting for the engine process"
-        return tuple(state["ready"])
-
-    def liveness(self) -> tuple[bool, str]:
-        state = self.engine.state
-        return (True, "serving") if state is None else tuple(state["live"])
-
-    def admit(self) -> None:
-        state = self.engine.state
-        if state is None:
-            raise unavailable("not_ready", "the engine process has not answered yet; retry in a moment")
-        refusal = state["refusal"]
-        if refusal is not None:
-            raise ApiError(refusal.status, refusal.code, refusal.message, refusal.headers)
-
-    def model_info(self) -> dict:
-        state = self.engine.state
-        return (state or {}).get("info") or {}
-
-    async def describe(self) -> dict:
-        """The engine's metadata, and which front end answered."""
-        metadata = await self.engine.call("metadata")
-        metadata["frontend"] = {"index": self.index, "pid": os.getpid()}
-        return metadata
-
-
 class FrontendHeaderMiddleware:
     """Pure ASGI middleware: names the answering process on every response (for debugging load spreading)."""
 
@@ -112,15 +59,22 @@ class FrontendHeaderMiddleware:
         await self.app(scope, receive, send_named)
 
 
+def frontend_service(settings: Settings, address: str, authkey: bytes, index: int) -> Service:
+    """The service of a front-end process: readiness, admission and results come from the engine process."""
+    metrics = Metrics(multiprocess=True)
+    return Service(settings, multiprocess=True, backend=RemoteBackend(settings, metrics, address, authkey, index),
+                   metrics=metrics)
+
+
 def serve(spec: FrontendSpec) -> int:
     """Serve on the inherited socket until drained (0) or the engine goes away (1)."""
     configure_logging(spec.log_level)
     sock = socket.socket(fileno=spec.fd)
-    service = FrontendService(spec.settings, spec.address, spec.authkey, spec.index)
+    service = frontend_service(spec.settings, spec.address, spec.authkey, spec.index)
     app = create_app(spec.settings, service=service)
     app.add_middleware(FrontendHeaderMiddleware, value=str(os.getpid()))
     server = DrainingServer(uvicorn_config(app, spec.log_level, spec.access_log), service.drain)
-    service.engine.on_lost = server.fail
+    service.backend.engine.on_lost = server.fail
     server.run(sockets=[sock])
     if server.failure:
         log.error("front end %d stops: %s", spec.index, server.failure)

@@ -12,6 +12,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from ...errors import ImageError
+from ..scheduling.errors import (ClientGone, DeadlineExceeded, InferenceFailed, InternalError, PreprocessFailed,
+                                 QueueFull, SchedulingError, Unavailable)
 
 log = logging.getLogger("vggserve.serving")
 
@@ -53,13 +55,26 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def unavailable(code: str, message: str) -> ApiError:
-    """A 503 the client may retry after a second: not ready, draining, shutting down, no device worker."""
-    return ApiError(503, code, message, {"Retry-After": "1"})
+# the HTTP status of each of the scheduler's errors (the same in both protocols)
+SCHEDULING_STATUS = {QueueFull: 429, DeadlineExceeded: 504, ClientGone: 499, Unavailable: 503, InferenceFailed: 500,
+                     PreprocessFailed: 500, InternalError: 500}
 
 
-def shutting_down(message: str = "the server is shutting down") -> ApiError:
-    return unavailable("shutting_down", message)
+def scheduling_status(exc: SchedulingError) -> int:
+    return next((s for cls, s in SCHEDULING_STATUS.items() if isinstance(exc, cls)), 500)
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    """The HTTP error for an image's failure: a scheduler error, an ImageError, or an ApiError as it is; anything
+    else is raised again (a bug, answered 500 by the generic handler)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, SchedulingError):
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        return ApiError(scheduling_status(exc), exc.code, exc.message, headers)
+    if isinstance(exc, ImageError):
+        return ApiError(*image_error_parts(exc))
+    raise exc
 
 
 def error_body(code: str, message: str) -> dict:
@@ -89,8 +104,8 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, exc.headers)
 
 
-async def _image_error(request: Request, exc: ImageError) -> JSONResponse:
-    return error_response(*image_error_parts(exc))
+async def _image_or_scheduling_error(request: Request, exc: Exception) -> JSONResponse:
+    return await _api_error(request, as_api_error(exc))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -120,7 +135,8 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error FastAPI and our code raise to the one JSON shape."""
     app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(ImageError, _image_error)
+    app.add_exception_handler(ImageError, _image_or_scheduling_error)
+    app.add_exception_handler(SchedulingError, _image_or_scheduling_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_disconnect)

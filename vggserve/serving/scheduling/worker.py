@@ -1,13 +1,15 @@
 """A device worker: one thread that owns one model (models are not thread-safe), loads it, runs a warm-up batch,
 then computes batches from the shared queue until the queue closes.
 
-Queued images are float32 (3, 224, 224) model inputs, or uint8 (224, 224, 3) centre crops sent by HTTP front-end
-processes; a batch of crops goes to the model's `probabilities_from_pixels` when it has one (the preprocessing
-arithmetic then runs on the device), else each crop is normalised here exactly as `preprocess` would.
+Queued images are `ModelInput`s of any form: tensors (decoded in this process, or a v2 request's FP32 input),
+crops and images sent by HTTP front-end processes. `prepare` turns a batch into the one argument the model takes
+(`modelinput.prepare_batch`): images for a model that resizes on its device, crops for one that normalises on its
+device, else float32 tensors. A batch computes logits when one of its images asks for them (the probabilities are
+then their softmax, on the CPU), else probabilities (on the device).
 
-A model with the engine's `submit` runs with two batches in flight (`inflight.InflightRunner`): the next batch is
-taken and uploaded while the device computes the current one. Other models (the stand-ins in `fakes`) run one
-batch at a time here."""
+A model with the engine's `submit` runs with two batches in flight (`inflight.InflightRunner`, through the public
+methods below): the next batch is taken and uploaded while the device computes the current one. Other models (the
+stand-ins in `vggserve.testing.models`, the MPI ShardedModel) run one batch at a time here."""
 
 import logging
 import threading
@@ -17,21 +19,15 @@ from typing import Callable
 import numpy as np
 
 from ...errors import VggserveError
-from ...preprocess import RawImage, uses_device_resize
-from .batcher import BatchQueue, Item, Outcome
-from ..protocols.errors import ApiError
+from ...modelinput import CROP_SHAPE, TENSOR_SHAPE, prepare_batch, uses_device_resize
+from ...predictions import softmax
 from ..metrics import Metrics
+from .batcher import BatchQueue, Item, Outcome
+from .errors import InferenceFailed
 
 log = logging.getLogger("vggserve.serving")
 
-INPUT_SHAPE = (3, 224, 224)
-PIXELS_SHAPE = (224, 224, 3)
 LIVE_STATES = ("loading", "warming", "ready")
-
-
-class InferenceFailed(ApiError):
-    def __init__(self, device: str, exc: BaseException):
-        super().__init__(500, "inference_failed", f"inference failed on device {device}: {exc}")
 
 
 class DeviceWorker:
@@ -49,10 +45,11 @@ class DeviceWorker:
         self.warmup = warmup
         self.on_change = on_change
         self.pixels = pixels  # images arrive as uint8 crops: warm up the path they will take
-        self.device_resize = device_resize  # tell the front ends to send RawImages if the model resizes them
+        self.device_resize = device_resize  # tell the front ends to send images if the model resizes them
         self.state = "starting"
         self.error: str | None = None
-        self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size once loaded
+        self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size, precision once loaded
+        self._model_takes_pixels = False
         self.batches = 0
         self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{device}", daemon=True)
 
@@ -78,6 +75,10 @@ class DeviceWorker:
         self.state, self.error = state, error
         self.on_change()
 
+    def mark_failed(self, exc: BaseException) -> None:
+        """A device that failed once is not trusted again: the worker is failed (before any request hears of it)."""
+        self._set("failed", f"{type(exc).__name__}: {exc}")
+
     def _run(self) -> None:
         model = None
         try:
@@ -87,8 +88,10 @@ class DeviceWorker:
                          "preprocessing": getattr(model, "preprocessing", "torchvision"),
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
                          "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
-                         # front ends may then send RawImages, resized and cropped on the device
-                         "resizes_on_device": self._device_resizes(model)}
+                         # front ends may then send images, resized and cropped on the device
+                         "resizes_on_device": self.device_resizes(model),
+                         "precision": str(getattr(model, "precision", "fp32"))}
+            self._model_takes_pixels = hasattr(model, "submit") or hasattr(model, "probabilities_from_pixels")
             if self.warmup:
                 self._set("warming")
                 started = time.perf_counter()
@@ -101,10 +104,10 @@ class DeviceWorker:
                 InflightRunner(self, model).run()  # returns once the queue is closed and every batch is answered
             else:
                 while (batch := self.queue.take_batch(self.max_batch_size, self.max_wait_s)) is not None:
-                    self._run_batch(model, batch)
+                    self.run_batch(model, batch)
             self._set("stopped")
         except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
-            if self.state == "failed":  # already reported by _run_batch or the in-flight runner
+            if self.state == "failed":  # already reported by run_batch or the in-flight runner
                 log.error("device worker %s stopped after a failed batch: %s", self.device, self.error, exc_info=exc)
                 return
             if isinstance(exc, VggserveError):  # a known cause with its own message: no traceback
@@ -119,25 +122,29 @@ class DeviceWorker:
                 except Exception:  # noqa: BLE001
                     log.exception("closing the model on %s failed", self.device)
 
-    def _device_resizes(self, model) -> bool:
+    def device_resizes(self, model) -> bool:
         """Whether front ends should send this model decoded images: images come from front ends, --resize-on
-        device, and the model resizes on its device with this Pillow's results (preprocess.uses_device_resize)."""
+        device, and the model resizes on its device with this Pillow's results (modelinput.uses_device_resize)."""
         return self.pixels and self.device_resize and uses_device_resize(model)
 
-    def _run_batch(self, model, batch: list[Item]) -> None:
-        started = self._taken(batch)
+    # one batch, through the steps the in-flight runner uses too ------------------------------------------------
+    def run_batch(self, model, batch: list[Item]) -> None:
+        """Compute one batch here, in this thread, and answer it."""
+        started = self.note_taken(batch)
+        want = self.wants(batch)
         try:
             t0 = time.perf_counter()
-            probs = np.asarray(self._probabilities(model, [item.tensor for item in batch]), dtype=np.float32)
+            argument = self.prepare(batch)
+            call = want if argument.dtype != np.uint8 else f"{want}_from_pixels"
+            rows = np.asarray(getattr(model, call)(argument), dtype=np.float32)
             seconds = time.perf_counter() - t0
         except BaseException as exc:
-            # a device that failed once is not trusted again: the worker dies, and says so before anyone hears
-            self._set("failed", f"{type(exc).__name__}: {exc}")
-            self._fail_items(batch, exc)
+            self.mark_failed(exc)
+            self.fail_items(batch, exc)
             raise
-        self._resolve(batch, probs, started, seconds)
+        self.resolve(batch, rows, want, started, seconds)
 
-    def _taken(self, batch: list[Item]) -> float:
+    def note_taken(self, batch: list[Item]) -> float:
         """Record a batch just taken from the queue; returns when it was taken (time.monotonic())."""
         started = time.monotonic()
         for item in batch:
@@ -145,15 +152,31 @@ class DeviceWorker:
         self.metrics.batch_size.observe(len(batch))
         return started
 
-    def _resolve(self, batch: list[Item], probs: np.ndarray, started: float, seconds: float) -> None:
-        """Answer a computed batch: row i of probs is batch[i]'s."""
+    @staticmethod
+    def wants(batch: list[Item]) -> str:
+        """What the batch computes: "logits" when one of its images asks for them, else "probabilities"."""
+        return "logits" if any(item.want_logits for item in batch) else "probabilities"
+
+    def prepare(self, batch: list[Item]):
+        """The model's argument for the batch (`modelinput.prepare_batch`), counting the images the device resizes."""
+        argument = prepare_batch([item.input for item in batch], self.info.get("preprocessing", "torchvision"),
+                                 resizes=bool(self.info.get("resizes_on_device")),
+                                 takes_pixels=self._model_takes_pixels)
+        if isinstance(argument, list):
+            self.metrics.device_resized.inc(sum(x.needs_resize for x in argument))
+        return argument
+
+    def resolve(self, batch: list[Item], rows: np.ndarray, want: str, started: float, seconds: float) -> None:
+        """Answer a computed batch: row i of `rows` (what `want` asked the model for) is batch[i]'s."""
         self.metrics.inference_seconds.observe(seconds)
         self.batches += 1
-        for item, row in zip(batch, probs):
-            item.future.set_result(Outcome(row, started - item.enqueued, seconds, len(batch), self.device))
+        probs = softmax(rows) if want == "logits" else rows
+        for item, prob, row in zip(batch, probs, rows):
+            logits = row if item.want_logits else None
+            item.future.set_result(Outcome(prob, started - item.enqueued, seconds, len(batch), self.device, logits))
 
-    def _fail_items(self, batch: list[Item], exc: BaseException) -> None:
-        """Answer every still-unanswered item of the batch with 500 inference_failed."""
+    def fail_items(self, batch: list[Item], exc: BaseException) -> None:
+        """Answer every still-unanswered item of the batch with InferenceFailed."""
         error = InferenceFailed(self.device, exc)
         for item in batch:
             if not item.future.done():
@@ -161,37 +184,6 @@ class DeviceWorker:
 
     def _warm_up(self, model) -> None:
         if self.pixels and hasattr(model, "probabilities_from_pixels"):
-            model.probabilities_from_pixels(np.zeros((self.max_batch_size, *PIXELS_SHAPE), dtype=np.uint8))
+            model.probabilities_from_pixels(np.zeros((self.max_batch_size, *CROP_SHAPE), dtype=np.uint8))
         else:
-            model.logits(np.zeros((self.max_batch_size, *INPUT_SHAPE), dtype=np.float32))
-
-    def _probabilities(self, model, inputs: list[np.ndarray]) -> np.ndarray:
-        """(N, 1000) probabilities for a batch of float32 model inputs and/or uint8 crops."""
-        batch = self._stacked(inputs, pixels=hasattr(model, "probabilities_from_pixels"))
-        if batch.dtype == np.uint8:
-            return model.probabilities_from_pixels(batch)
-        return model.probabilities(batch)
-
-    def _stack(self, inputs: list[np.ndarray]) -> np.ndarray:
-        """What `submit` takes for a batch: a list when it holds RawImages (crops and raw images, resized on the
-        device), the uint8 crops stacked when all are crops, else float32 inputs."""
-        raw = sum(isinstance(x, RawImage) for x in inputs)
-        if raw and self.info.get("resizes_on_device"):
-            self.metrics.device_resized.inc(raw)
-            return list(inputs)
-        return self._stacked(inputs)
-
-    def _stacked(self, inputs: list, pixels: bool = True) -> np.ndarray:
-        """The batch as one array, any RawImage cropped here on the CPU first: the uint8 crops stacked when all are
-        crops and `pixels` (the model takes them), else float32 model inputs (crops normalised here)."""
-        inputs = [x.center_crop() if isinstance(x, RawImage) else x for x in inputs]
-        if pixels and all(x.dtype == np.uint8 for x in inputs):
-            return np.stack(inputs)
-        return np.stack([self._as_input(x) for x in inputs])
-
-    def _as_input(self, x: np.ndarray) -> np.ndarray:
-        if x.dtype != np.uint8:
-            return x
-        from ...preprocess import normalize_pixels
-
-        return normalize_pixels(x, self.info.get("preprocessing", "torchvision"))
+            model.logits(np.zeros((self.max_batch_size, *TENSOR_SHAPE), dtype=np.float32))
