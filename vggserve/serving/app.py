@@ -21,13 +21,15 @@ from .metrics import RequestMetricsMiddleware
 from .protocols.classify import router as classify_router
 from .protocols.health import router as health_router
 from .protocols.info import router as info_router
+from .protocols.v2 import router as v2_router
 from .service import ModelFactory, Service
 from .settings import Settings
 
 DESCRIPTION = """VGG16 ImageNet classification on our own OpenCL kernels, with dynamic batching across devices.
 
-Every error has the body `{"error": {"code": "...", "message": "..."}}`. Send `X-Request-Timeout-Ms` to set a
-request's deadline. When the server has an API key, every endpoint but `/health/*` needs
+Every error has the body `{"error": {"code": "...", "message": "..."}}`, except under `/v2` (the Open Inference
+Protocol, KServe v2), where it is `{"error": "..."}`. Send `X-Request-Timeout-Ms` to set a request's deadline.
+When the server has an API key, every endpoint but `/health/*` and `/v2/health/*` needs
 `Authorization: Bearer <key>`."""
 
 
@@ -51,6 +53,7 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
     app.include_router(classify_router)
     app.include_router(health_router)
     app.include_router(info_router)
+    app.include_router(v2_router)
     # add_middleware puts each one outside the previous: requests meet metrics, drain, auth, then the body limit
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key:

@@ -1,5 +1,6 @@
-"""One JSON error shape for every failure, `{"error": {"code": ..., "message": ...}}`, and the handlers that make
-FastAPI's own errors (validation, 404, 405, ...) use it too."""
+"""The error shape of each protocol for every failure, and the handlers that make FastAPI's own errors (validation,
+404, 405, ...) and the middlewares' refusals use it too: `{"error": {"code": ..., "message": ...}}` on vggserve's own
+endpoints, v2's `{"error": "..."}` under /v2 (the Open Inference Protocol's shape, which its clients read)."""
 
 import logging
 
@@ -77,12 +78,23 @@ def as_api_error(exc: BaseException) -> ApiError:
     raise exc
 
 
-def error_body(code: str, message: str) -> dict:
+V2_PREFIX = "/v2"
+
+
+def is_v2(path: str) -> bool:
+    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+
+
+def error_body(code: str, message: str, path: str = "") -> dict:
+    """The error body for a request to `path`: v2's shape under /v2, else ours."""
+    if is_v2(path):
+        return {"error": message}
     return {"error": {"code": code, "message": message}}
 
 
-def error_response(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+def error_response(status: int, code: str, message: str, headers: dict | None = None,
+                   path: str = "") -> JSONResponse:
+    return JSONResponse(error_body(code, message, path), status_code=status, headers=headers)
 
 
 def image_error_parts(exc: ImageError) -> tuple[int, str, str]:
@@ -101,7 +113,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return error_response(exc.status, exc.code, exc.message, exc.headers)
+    return error_response(exc.status, exc.code, exc.message, exc.headers, request.url.path)
 
 
 async def _image_or_scheduling_error(request: Request, exc: Exception) -> JSONResponse:
@@ -109,7 +121,8 @@ async def _image_or_scheduling_error(request: Request, exc: Exception) -> JSONRe
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(422, "invalid_request", _validation_message(exc))
+    status = 400 if is_v2(request.url.path) else 422  # v2: every malformed request is a 400
+    return error_response(status, "invalid_request", _validation_message(exc), path=request.url.path)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -119,7 +132,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         message = f"no endpoint at {request.url.path}; see /docs for the API"
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}; see /docs for the API"
-    return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+    return error_response(exc.status_code, code, message, getattr(exc, "headers", None), request.url.path)
 
 
 async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
@@ -129,7 +142,8 @@ async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Respons
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal_error", "an unexpected error occurred on the server; it was logged")
+    return error_response(500, "internal_error", "an unexpected error occurred on the server; it was logged",
+                          path=request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -63,8 +63,10 @@ async def _prepared(service, source) -> tuple[ModelInput, float]:
 
 async def run_inputs(service, sources: list, started: float, deadline: float,
                      client_gone: Callable[[], Awaitable[None]] | None = None,
-                     want_logits: bool = False) -> list[Result]:
-    """Classify every source (see the module's docstring); one Result each, in order."""
+                     want_logits: bool = False, all_or_nothing: bool = False) -> list[Result]:
+    """Classify every source (see the module's docstring); one Result each, in order. With `all_or_nothing`, one
+    source that fails to decode keeps the others off the devices (their Results then have neither an outcome nor
+    an error): for protocols that answer a batch as a whole."""
     queue = service.backend.queue
     results: list[Result | None] = [Result(None, 0.0, s) if isinstance(s, BaseException) else None for s in sources]
     positions = [i for i, r in enumerate(results) if r is None]
@@ -73,6 +75,10 @@ async def run_inputs(service, sources: list, started: float, deadline: float,
     waiting: list[tuple[int, Item, float]] = []
     try:
         prepared = await asyncio.gather(*(_prepared(service, sources[i]) for i in positions), return_exceptions=True)
+        if all_or_nothing and any(isinstance(p, BaseException) for p in prepared):
+            for i, p in zip(positions, prepared):
+                results[i] = Result(None, 0.0, p) if isinstance(p, BaseException) else Result(None, p[1])
+            return results
         now = time.monotonic()
         for i, outcome in zip(positions, prepared):
             if isinstance(outcome, BaseException):
