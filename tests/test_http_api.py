@@ -79,6 +79,18 @@ def test_classify_raw_body_matches_multipart(client):
     assert len(raw["predictions"]) == 5  # default top_k
 
 
+def test_octet_stream_uploads_are_sniffed_like_any_image(client):
+    """Many clients send application/octet-stream for any file: the bytes decide (issue 12, item 9)."""
+    typed = client.post("/classify", content=PNG, headers={"content-type": "image/png"}).json()
+    untyped = client.post("/classify", content=PNG, headers={"content-type": "application/octet-stream"})
+    assert untyped.status_code == 200, untyped.text
+    assert untyped.json()["predictions"] == typed["predictions"]
+    refused = client.post("/classify", content=b"%PDF-1.4 not an image", headers={"content-type":
+                                                                                   "application/octet-stream"})
+    assert refused.status_code in (400, 415) and refused.json()["error"]["code"] in ("invalid_image",
+                                                                                     "unsupported_image_format")
+
+
 @pytest.mark.parametrize("query", ["top_k=0", "top_k=101", "top_k=abc"])
 def test_top_k_out_of_bounds_is_422_in_our_shape(client, query):
     r = client.post(f"/classify?{query}", content=PNG, headers={"content-type": "image/png"})

@@ -17,11 +17,12 @@ router = APIRouter(tags=["classify"])
 
 _BINARY = {"type": "string", "format": "binary"}
 SINGLE_BODY = {"requestBody": {"required": True, "description": (
-    f"The image, either as the multipart field `{SINGLE_FIELD}` or as the raw body with an image/* Content-Type. "
+    f"The image, either as the multipart field `{SINGLE_FIELD}` or as the raw body with an image/* Content-Type "
+    "or application/octet-stream (the format is sniffed from the bytes). "
     "JPEG, PNG, WebP, GIF (first frame), BMP and TIFF are accepted."), "content": {
     "multipart/form-data": {"schema": {"type": "object", "required": [SINGLE_FIELD],
                                        "properties": {SINGLE_FIELD: _BINARY}}},
-    "image/*": {"schema": _BINARY}}}}
+    "image/*": {"schema": _BINARY}, "application/octet-stream": {"schema": _BINARY}}}}
 BATCH_BODY = {"requestBody": {"required": True, "description": (
     f"One or more images, each in a multipart field named `{BATCH_FIELD}`."), "content": {
     "multipart/form-data": {"schema": {"type": "object", "required": [BATCH_FIELD], "properties": {
