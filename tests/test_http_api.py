@@ -88,7 +88,7 @@ def test_octet_stream_uploads_are_sniffed_like_any_image(client):
     refused = client.post("/classify", content=b"%PDF-1.4 not an image", headers={"content-type":
                                                                                    "application/octet-stream"})
     assert refused.status_code in (400, 415) and refused.json()["error"]["code"] in ("invalid_image",
-                                                                                     "unsupported_image_format")
+                                                                                     "unsupported_media_type")
 
 
 @pytest.mark.parametrize("query", ["top_k=0", "top_k=101", "top_k=abc"])
