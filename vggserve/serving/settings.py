@@ -65,14 +65,21 @@ def parse_http_workers(text: str | int | None) -> int:
 
 
 def parse_devices(text: str | None) -> tuple[str, ...]:
-    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU."""
+    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU, and
+    refused (DeviceError) where there is none: serving on the CPU instead is asked for by name, --device cpu."""
     parts = tuple(p.strip() for p in (text or "auto").split(","))
     if any(not p for p in parts):
         raise SettingsError(f"--device {text!r} has an empty entry; give specs separated by commas, e.g. gpu:0,gpu:1")
     if "all" in (p.lower() for p in parts):
-        from ..runtime.devices import expand
+        from ..errors import DeviceError
+        from ..runtime.devices import usable_gpus
 
-        return tuple(s for p in parts for s in expand(p))
+        gpus = usable_gpus()
+        if not gpus:
+            raise DeviceError("--device all means one worker per GPU, and no OpenCL GPU is usable here; pass "
+                              "--device cpu to serve on the CPU (or check the GPU driver with `vggserve devices`)")
+        return tuple(s for p in parts for s in ([f"gpu:{i}" for i in range(len(gpus))] if p.lower() == "all"
+                                                 else [p]))
     return parts
 
 
