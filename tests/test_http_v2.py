@@ -6,7 +6,6 @@ ends (the FP32 tensors then cross the shared-memory arena); the mpirun layout is
 import base64
 import io
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx

@@ -11,7 +11,6 @@ See docs/serving.md for the API, every setting and the deploy files.
 import dataclasses
 import os
 import signal
-import sys
 
 from ..distributed.mpi import several_ranks
 
@@ -102,9 +101,8 @@ def _run(args) -> int:
 
     settings = _settings(args)
     fronts = f" and {settings.http_workers} HTTP front-end processes" if settings.http_workers > 1 else ""
-    print(f"vggserve: serving on http://{settings.host}:{settings.port} with {len(settings.devices)} device "
-          f"worker(s) ({', '.join(settings.devices)}){fronts}", file=sys.stderr)
-    return run_server(settings, log_level=args.log_level, access_log=args.access_log)
+    banner = f"with {len(settings.devices)} device worker(s) ({', '.join(settings.devices)}){fronts}"
+    return run_server(settings, log_level=args.log_level, access_log=args.access_log, banner=banner)
 
 
 def _run_mpi(args) -> int:
@@ -125,9 +123,8 @@ def _run_mpi(args) -> int:
     def serve(model) -> int:
         front = dataclasses.replace(settings, max_batch_size=int(model.max_batch_size),
                                     max_queue=max(settings.max_queue, int(model.max_batch_size)))
-        print(f"vggserve: serving on http://{front.host}:{front.port} with batches of up to "
-              f"{front.max_batch_size} sharded over {model.device_name}", file=sys.stderr)
+        banner = f"with batches of up to {front.max_batch_size} sharded over {model.device_name}"
         return run_server(front, model_factory=lambda _device: model, log_level=args.log_level,
-                          access_log=args.access_log)
+                          access_log=args.access_log, banner=banner)
 
     return run_sharded(serve, str(args.weights), device=device, max_batch_size=settings.max_batch_size, comm=comm)

@@ -38,6 +38,7 @@ class Service:
         self._users = 0  # lifespans currently using the service
         self.on_all_workers_dead: Callable[[str], None] | None = None  # set by run_server: exit, so it restarts
         self.on_state_change: Callable[[], None] | None = None  # set by the engine host: tell the front ends
+        self._on_ready: list[Callable[[], None]] = []  # called once, the first time the service is ready
         if not multiprocess:  # computed at scrape time; in multiprocess mode state_changed sets them
             self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
             self.metrics.queue_length.set_function(lambda: len(self.backend.queue))
@@ -56,9 +57,18 @@ class Service:
         if not self._users:
             self.backend.stop(timeout_s)
 
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once, the first time the service is ready (at once if it is)."""
+        self._on_ready.append(callback)
+        self.state_changed()
+
     def state_changed(self) -> None:
         """Readiness may have changed (a worker, the drain): update the gauges that are not computed at scrape
         time and tell whoever listens."""
+        if self._on_ready and self.readiness()[0]:
+            callbacks, self._on_ready = self._on_ready, []
+            for callback in callbacks:
+                callback()
         if self.metrics.multiprocess:
             self.metrics.ready.set(1.0 if self.readiness()[0] else 0.0)
             self.metrics.workers_ready.set(sum(d["state"] == "ready" for d in self.backend.devices()))
