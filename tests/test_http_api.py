@@ -307,10 +307,16 @@ def test_openapi_documents_every_endpoint_parameter_and_error(client):
     assert set(paths) >= {"/classify", "/classify/batch", "/health/live", "/health/ready", "/metadata", "/metrics"}
     classify = paths["/classify"]["post"]
     assert {p["name"] for p in classify["parameters"]} == {"top_k", "x-request-timeout-ms"}
-    assert set(classify["requestBody"]["content"]) == {"multipart/form-data", "image/*"}
+    assert set(classify["requestBody"]["content"]) == {"multipart/form-data", "image/*", "application/octet-stream"}
     for status in ("400", "413", "415", "422", "429", "503", "504"):
         assert classify["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorBody")
     assert client.get("/docs").status_code == 200
+    v2 = {p for p in paths if p.startswith("/v2")}
+    assert {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{model}", "/v2/models/{model}/infer",
+            "/v2/models/{model}/versions/{version}/infer", "/v2/models/{model}/config"} <= v2
+    infer = paths["/v2/models/{model}/infer"]["post"]
+    for status in ("400", "404", "429", "503", "504"):
+        assert infer["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith("V2Error")
 
 
 def test_draining_refuses_new_requests_and_flips_readiness(client):

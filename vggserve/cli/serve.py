@@ -63,6 +63,9 @@ def register(subparsers) -> None:
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on every endpoint but /health/* (default: "
                         "$VGGSERVE_API_KEY; none if unset). Prefer the variable: arguments show in `ps`")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN (e.g. https://app.example.com, or *) call the API; repeat for "
+                        "several (default: none, CORS off)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch before reporting ready")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
@@ -81,7 +84,7 @@ def _settings(args, **overrides):
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup, resize_on=args.resize_on)
+        warmup=not args.no_warmup, resize_on=args.resize_on, cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
         values["http_workers"] = parse_http_workers(args.http_workers)

@@ -57,5 +57,8 @@ def uvicorn_config(app, log_level: str, access_log: bool, **where) -> uvicorn.Co
 
 
 def configure_logging(log_level: str) -> None:
+    """Log lines carry the id of the request they were written for (X-Request-ID), "-" outside requests."""
+    from .web import request_id  # noqa: F401 - installs the record factory that sets %(request_id)s
+
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s")

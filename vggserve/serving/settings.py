@@ -127,6 +127,8 @@ class Settings:
     # where uploads are resized and centre-cropped with front ends: "device" (the engine's kernels, bit for bit as
     # the CPU, when the model can) or "cpu" (in the front ends)
     resize_on: str = "device"
+    # browser origins allowed to call the API (CORS); none by default: browsers on other origins are refused
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self):
         for f in fields(self):
@@ -136,6 +138,11 @@ class Settings:
                                                                                 for d in self.devices):
             raise SettingsError(f"devices must be a non-empty tuple of device specs, got {self.devices!r}; "
                                 "pass e.g. --device gpu:0,gpu:1")
+        if not isinstance(self.cors_origins, tuple) or not all(
+                isinstance(o, str) and o and (o == "*" or o.startswith(("http://", "https://"))) and o.strip() == o
+                for o in self.cors_origins):
+            raise SettingsError(f"--cors-origin takes an origin such as https://app.example.com (or *), got "
+                                f"{self.cors_origins!r}")
         if self.resize_on not in ("device", "cpu"):
             raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
         if not isinstance(self.host, str) or not self.host.strip():
@@ -187,5 +194,6 @@ class Settings:
         """The settings as a dict safe to show (the API key only as set/unset)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["devices"] = list(self.devices)
+        out["cors_origins"] = list(self.cors_origins)
         out["api_key"] = "set" if self.api_key else None
         return out

@@ -1,13 +1,13 @@
 """POST /classify (one image) and POST /classify/batch (several, one result or error each)."""
 
 import time
-import uuid
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
 from ...predictions import top_k as top_k_of
 from ..scheduling.pipeline import Result, deadline_for, run_inputs
+from ..web.request_id import request_id
 from .errors import as_api_error, error_responses
 from .schemas import BatchResponse, ClassifyResponse
 from ..settings import MAX_TIMEOUT_MS, MAX_TOP_K
@@ -79,10 +79,9 @@ async def classify(request: Request, top_k: int = TopK, x_request_timeout_ms: in
     (result,) = await _classify(request, service, [upload], started, deadline)
     if result.error is not None:
         raise as_api_error(result.error)
-    request_id = uuid.uuid4().hex
-    body = {"request_id": request_id, "model": service.card.name, "predictions": _predictions(result, top_k),
-            "timing_ms": _timing(result, started)}
-    return JSONResponse(body, headers={"X-Request-ID": request_id})
+    body = {"request_id": request_id(request.scope), "model": service.card.name,
+            "predictions": _predictions(result, top_k), "timing_ms": _timing(result, started)}
+    return JSONResponse(body)
 
 
 @router.post("/classify/batch", response_model=BatchResponse, openapi_extra=BATCH_BODY,
@@ -97,7 +96,6 @@ async def classify_batch(request: Request, top_k: int = TopK, x_request_timeout_
     deadline = deadline_for(service, started, x_request_timeout_ms)
     uploads = await read_batch(request, service.settings.max_files)
     results = await _classify(request, service, uploads, started, deadline)
-    request_id = uuid.uuid4().hex
     entries = []
     for upload, result in zip(uploads, results):
         entry = {"filename": getattr(upload, "filename", None)}
@@ -108,5 +106,5 @@ async def classify_batch(request: Request, top_k: int = TopK, x_request_timeout_
             entry["predictions"] = _predictions(result, top_k)
             entry["timing_ms"] = _timing(result, started)
         entries.append(entry)
-    body = {"request_id": request_id, "model": service.card.name, "results": entries}
-    return JSONResponse(body, headers={"X-Request-ID": request_id})
+    body = {"request_id": request_id(request.scope), "model": service.card.name, "results": entries}
+    return JSONResponse(body)

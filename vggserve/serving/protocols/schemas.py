@@ -19,7 +19,8 @@ class Timing(BaseModel):
 
 
 class ClassifyResponse(BaseModel):
-    request_id: str = Field(description="Unique id of this request, also in the `X-Request-ID` header.")
+    request_id: str = Field(description="The request's `X-Request-ID` as the client sent it, or a generated one; "
+                            "also in the `X-Request-ID` header of every answer.")
     model: str = Field(description="Model name, `vgg16`.")
     predictions: list[Prediction] = Field(description="The `top_k` most probable classes, highest first.")
     timing_ms: Timing
