@@ -179,10 +179,18 @@ def test_broken_json_wrong_binary_size_and_unknown_model_or_version(engine_serve
     assert httpx.get(url + "/v2/models/vgg16/versions/3", timeout=10).status_code == 404
 
 
-def test_v2_requests_are_counted_in_the_metrics(engine_server):
+def test_v2_requests_and_the_devices_opencl_figures_are_in_the_metrics(engine_server):
     client_for(engine_server).infer("vgg16", [image_input(IMAGES[:1])])
     text = httpx.get(engine_server.url + "/metrics", timeout=10).text
     assert 'vggserve_requests_total{endpoint="/v2/models/vgg16/infer",status="200"}' in text
+    # the per-device figures OpenCL gives, in every layout (the engine process's, with front ends)
+    figures = {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vggserve_device_") and f'device="{TEST_DEVICE}"' in line}
+    assert figures["vggserve_device_engine_bytes"] > 1e6, figures
+    assert figures["vggserve_device_global_memory_bytes"] >= figures["vggserve_device_engine_bytes"]
+    assert figures["vggserve_device_compute_units"] >= 1
+    device = httpx.get(engine_server.url + "/metadata", timeout=10).json()["devices"][0]
+    assert device["memory"]["engine_bytes"] == figures["vggserve_device_engine_bytes"]
 
 
 SLOW_SERVER = """

@@ -84,6 +84,14 @@ class Metrics:
                                  registry=r)
         self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r,
                            multiprocess_mode="livemax")
+        # what OpenCL tells about each device worker's device, set once its model is loaded
+        self.device_memory = Gauge("vggserve_device_global_memory_bytes", "Global memory of the worker's OpenCL "
+                                   "device.", ["device"], registry=r, multiprocess_mode="livemax")
+        self.device_engine_bytes = Gauge("vggserve_device_engine_bytes", "Bytes of OpenCL buffers the engine holds on "
+                                         "the worker's device (weights, activations, staging).", ["device"],
+                                         registry=r, multiprocess_mode="livemax")
+        self.device_compute_units = Gauge("vggserve_device_compute_units", "Compute units of the worker's OpenCL "
+                                          "device.", ["device"], registry=r, multiprocess_mode="livemax")
         self.workers_ready = Gauge("vggserve_workers_ready", "Device workers that are ready.", registry=r,
                                    multiprocess_mode="livesum")
 

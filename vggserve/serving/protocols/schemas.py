@@ -56,6 +56,9 @@ class DeviceInfo(BaseModel):
     error: str | None
     batches: int = Field(description="Batches computed so far.")
     name: str | None = Field(description="OpenCL device name once loaded.")
+    memory: dict | None = Field(None, description="What OpenCL tells about the device once loaded: "
+                                "`global_memory_bytes`, `compute_units`, and `engine_bytes`, the OpenCL buffers the "
+                                "engine holds there.")
 
 
 class FrontendInfo(BaseModel):

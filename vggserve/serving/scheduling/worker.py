@@ -23,6 +23,7 @@ from ...modelinput import CROP_SHAPE, TENSOR_SHAPE, prepare_batch, uses_device_r
 from ...predictions import softmax
 from ..metrics import Metrics
 from .batcher import BatchQueue, Item, Outcome
+from .devicestats import device_figures
 from .errors import InferenceFailed
 
 log = logging.getLogger("vggserve.serving")
@@ -69,7 +70,7 @@ class DeviceWorker:
 
     def describe(self) -> dict:
         return {"spec": self.device, "state": self.state, "error": self.error, "batches": self.batches,
-                "name": self.info.get("device_name")}
+                "name": self.info.get("device_name"), "memory": self.info.get("device_memory")}
 
     def _set(self, state: str, error: str | None = None) -> None:
         self.state, self.error = state, error
@@ -84,6 +85,7 @@ class DeviceWorker:
         try:
             self._set("loading")
             model = self.model_factory(self.device)
+            figures = device_figures(model)  # now: before any check runs buffers of its own on the device
             self.info = {"device_name": str(getattr(model, "device_name", self.device)),
                          "preprocessing": getattr(model, "preprocessing", "torchvision"),
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
@@ -91,6 +93,7 @@ class DeviceWorker:
                          # front ends may then send images, resized and cropped on the device
                          "resizes_on_device": self.device_resizes(model),
                          "precision": str(getattr(model, "precision", "fp32"))}
+            self._note_device(figures)
             self._model_takes_pixels = hasattr(model, "submit") or hasattr(model, "probabilities_from_pixels")
             if self.warmup:
                 self._set("warming")
@@ -121,6 +124,15 @@ class DeviceWorker:
                     model.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing the model on %s failed", self.device)
+
+    def _note_device(self, figures: dict | None) -> None:
+        """The device's OpenCL figures on /metrics, and in `info` (for /metadata)."""
+        if figures is None:
+            return
+        self.info["device_memory"] = figures
+        self.metrics.device_memory.labels(device=self.device).set(figures["global_memory_bytes"])
+        self.metrics.device_engine_bytes.labels(device=self.device).set(figures["engine_bytes"])
+        self.metrics.device_compute_units.labels(device=self.device).set(figures["compute_units"])
 
     def device_resizes(self, model) -> bool:
         """Whether front ends should send this model decoded images: images come from front ends, --resize-on
