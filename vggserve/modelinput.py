@@ -90,7 +90,8 @@ class ModelInput:
         return resized_size(width, height) != (width, height)
 
     def cropped(self) -> "ModelInput":
-        """An image's centre crop computed here, on the CPU (`preprocess.center_crop`); crops and tensors as they are."""
+        """An image's centre crop computed here, on the CPU (`preprocess.center_crop`); crops and tensors as they
+        are."""
         if self.form != IMAGE:
             return self
         return ModelInput(CROP, center_crop(Image.fromarray(self.array, "RGB")))

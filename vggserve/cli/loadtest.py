@@ -41,7 +41,8 @@ def register(subparsers) -> None:
                    help="open loop: a request sent later than this after its due time is counted late (default 10)")
     p.add_argument("--protocol", choices=("classify", "v2"), default="classify",
                    help="classify: POST /classify (default); v2: the Open Inference Protocol's "
-                        "/v2/models/vgg16/infer, the image as binary tensor data, top 5 by the classification extension")
+                        "/v2/models/vgg16/infer, the image as binary tensor data, top 5 by the classification "
+                        "extension")
     p.add_argument("--multipart", action="store_true", help="post as multipart field 'file' instead of a raw body")
     p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
     p.add_argument("--wait-ready", type=float, default=0.0,

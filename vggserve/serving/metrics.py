@@ -69,7 +69,8 @@ class Metrics:
         self.inference_seconds = Histogram("vggserve_inference_seconds", "Device time per batch.",
                                            buckets=LATENCY_BUCKETS, registry=r)
         self.request_seconds = Histogram("vggserve_request_seconds", "Total time per /classify, /classify/batch "
-                                         "and v2 infer request as the server sees it.", buckets=LATENCY_BUCKETS, registry=r)
+                                         "and v2 infer request as the server sees it.", buckets=LATENCY_BUCKETS,
+                                         registry=r)
         self.batch_size = Histogram("vggserve_batch_size", "Images per device batch.", buckets=BATCH_BUCKETS,
                                     registry=r)
         self.queue_length = Gauge("vggserve_queue_length", "Images waiting for a device.", registry=r,

@@ -3,8 +3,8 @@ listening socket the engine process bound and handed down, but with no device wo
 requests, enforces the limits, decodes and centre-crops images in its threads, and sends the uint8 crops to the
 engine process, which batches them with the other front ends' images (vggserve.serving.processes.engine_link).
 
-Started by the engine process (vggserve.serving.processes.frontends) as `python -m vggserve.serving.processes.frontend`, with a
-pickled FrontendSpec on its standard input.
+Started by the engine process (vggserve.serving.processes.frontends) as
+`python -m vggserve.serving.processes.frontend`, with a pickled FrontendSpec on its standard input.
 """
 
 import logging

@@ -1,7 +1,8 @@
 """`vggserve serve --http-workers N` (N > 1): this process becomes the engine process. It binds the listening socket,
 loads the models with the usual device workers and BatchQueue, and starts N HTTP front-end processes
 (vggserve.serving.processes.frontend) that share the socket, decode images past this process's GIL and send their crops
-here over Unix-socket links (vggserve.serving.processes.engine_host), so every device batch can mix all front ends' images.
+here over Unix-socket links (vggserve.serving.processes.engine_host), so every device batch can mix all front
+ends' images.
 
 A front end that dies is restarted; RESTART_LIMIT deaths within RESTART_WINDOW_S stop the server (exit status
 FRONTENDS_FAILED_EXIT). SIGTERM or the first SIGINT drains: the front ends are told to drain (readiness 503, new

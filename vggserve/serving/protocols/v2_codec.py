@@ -59,7 +59,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     try:
         n = int(header_length)
     except ValueError:
-        raise V2RequestError(f"{HEADER_LENGTH} must be the JSON part's length in bytes, got {header_length!r}") from None
+        raise V2RequestError(f"{HEADER_LENGTH} must be the JSON part's length in bytes, got "
+                             f"{header_length!r}") from None
     if not 0 <= n <= len(body):
         raise V2RequestError(f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes")
     return body[:n], body[n:]

@@ -3,8 +3,9 @@
 Admission is counted in images: `admit(n)` reserves room before an image is decoded, so a full queue refuses
 (QueueFull) at once and decoding work is bounded too; `submit` turns reserved room into waiting items. A worker's
 `take_batch` waits at most `max_wait` after the oldest waiting image arrived for a batch to fill, drops images
-whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images. Handlers `withdraw`
-images whose deadline passed or whose client went away while they still wait, so those are never computed either.
+whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images. Handlers
+`withdraw` images whose deadline passed or whose client went away while they still wait, so those are never
+computed either.
 """
 
 import threading

@@ -1,8 +1,8 @@
 """Decoding in worker processes (`--preprocess-procs N`): Pillow decode, resize and crop hold the GIL for most of
 their time, so threads of one process cannot keep a fast device busy. Each worker process takes an upload's bytes
-and the limits and sends back the uint8 224x224x3 centre crop (a `ModelInput`) (150 KB, a quarter of the float32 input); the main
-process normalises it with exactly `preprocess`'s arithmetic, in the executor's own result thread (a done callback:
-no extra hop through a thread pool, nothing on the event loop).
+and the limits and sends back the uint8 224x224x3 centre crop (a `ModelInput`, 150 KB, a quarter of the float32
+input); the main process normalises it with exactly `preprocess`'s arithmetic, in the executor's own result thread
+(a done callback: no extra hop through a thread pool, nothing on the event loop).
 
 Workers are started by a fork server (or spawned), never forked from this process: it has threads and may have an
 OpenCL context. A worker that dies (BrokenProcessPool) fails the images it had in flight with a 500
