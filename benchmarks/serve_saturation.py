@@ -376,7 +376,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"serve_saturation: {exc}; --client httpx sends to https", file=sys.stderr)
             return 2
-    from vggserve.serving.process import ServerProcess
+    from vggserve.testing.servers import ServerProcess
     from vggserve.serving.settings import parse_devices, parse_http_workers
     from vggserve.weights import find_weights
 

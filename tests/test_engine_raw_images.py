@@ -1,11 +1,14 @@
-"""`VGG16.submit` with a list of images: uint8 crops and `preprocess.RawImage`s, the raw ones resized and cropped on the
+"""`VGG16.submit` with a list of images: uint8 crops and `ModelInput` images, the raw ones resized and cropped on the
 device (ops/resize.py). The probabilities must be exactly those of the CPU's `center_crop` of the same images."""
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from vggserve.preprocess import RawImage, center_crop, raw_rgb
+from vggserve.modelinput import ModelInput, raw_rgb
+from vggserve.preprocess import center_crop
+
+RawImage = ModelInput.image
 
 SIZES = [(500, 375), (375, 500), (224, 224), (256, 300), (300, 256), (1024, 768), (231, 97), (257, 257), (40, 30)]
 
@@ -81,16 +84,16 @@ def test_the_device_resize_is_checked_against_the_installed_pillow(model, monkey
 
 
 def test_a_worker_falls_back_to_front_end_crops_when_the_check_fails(model, monkeypatch):
-    from vggserve.serving.worker import DeviceWorker
+    from vggserve.serving.scheduling.worker import DeviceWorker
 
     worker = object.__new__(DeviceWorker)
     worker.device, worker.pixels, worker.device_resize = "test", True, True
-    assert worker._device_resizes(model)
+    assert worker.device_resizes(model)
     monkeypatch.setattr(type(model), "resize_matches_pillow", lambda self: False)
-    assert not worker._device_resizes(model)
+    assert not worker.device_resizes(model)
     worker.pixels = False  # one process: no front ends, nothing to decide
     monkeypatch.undo()
-    assert not worker._device_resizes(model)
+    assert not worker.device_resizes(model)
 
 
 def test_the_batch_pipeline_resizes_on_the_device_with_the_cpu_paths_results(model, tmp_path):

@@ -9,8 +9,6 @@ minus the per-channel ImageNet mean (103.939, 116.779, 123.68), no std scaling.
 
 from __future__ import annotations
 
-import logging
-
 from typing import Iterable
 
 import numpy as np
@@ -106,73 +104,6 @@ def aspect_box(width: int, height: int, max_ratio: int = MAX_ASPECT_RATIO) -> tu
         return left, 0, left + keep, height
     top = (height - keep) // 2
     return 0, top, width, top + keep
-
-
-class RawImage:
-    """An RGB image (uint8 (h, w, 3), already within MAX_ASPECT_RATIO) whose Resize(256) + CenterCrop(224) is left
-    to the engine: `VGG16.submit` does it on the device, bit for bit as `center_crop` (ops/resize.py)."""
-
-    __slots__ = ("pixels",)
-
-    def __init__(self, pixels: np.ndarray):
-        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
-        if pixels.ndim != 3 or pixels.shape[2] != 3 or min(pixels.shape[:2]) < 1:
-            raise ValueError(f"a RawImage is uint8 RGB of shape (h, w, 3), got {pixels.shape}")
-        self.pixels = pixels
-
-    def __reduce__(self):  # pickles as its array (sent between processes)
-        return RawImage, (self.pixels,)
-
-    @property
-    def needs_resize(self) -> bool:
-        height, width = self.pixels.shape[:2]
-        return resized_size(width, height) != (width, height)
-
-    def center_crop(self) -> np.ndarray:
-        """The crop computed here, on the CPU: `center_crop` of the image."""
-        return np.ascontiguousarray(center_crop(Image.fromarray(self.pixels, "RGB")))
-
-
-def raw_rgb(img: Image.Image | np.ndarray) -> RawImage:
-    """The RGB, aspect-limited image that `center_crop` would resize, as a RawImage for the engine; uint8 RGB pixels
-    (h, w, 3) within the aspect bound become a RawImage over the same memory."""
-    if isinstance(img, np.ndarray):
-        box = aspect_box(img.shape[1], img.shape[0])
-        return RawImage(img if box is None else img[box[1]:box[3], box[0]:box[2]])
-    return RawImage(np.asarray(limit_aspect_ratio(to_rgb(img)), dtype=np.uint8))
-
-
-#: Decoded images above this size (about 1180 x 1180 RGB) are cropped on the CPU even for a model that resizes on
-#: its device: moving them would cost more than their resize saves.
-RAW_LIMIT_BYTES = 4 << 20
-
-
-def device_input(img: Image.Image | np.ndarray):
-    """What a model that resizes on its device (`VGG16.submit`) should get for a PIL image (or uint8 RGB pixels): a
-    RawImage when Resize(256) changes it and its decoded pixels fit RAW_LIMIT_BYTES, else the uint8 centre crop made
-    here."""
-    raw = raw_rgb(img)
-    height, width = raw.pixels.shape[:2]
-    return raw if goes_raw(width, height) else raw.center_crop()
-
-
-def goes_raw(width: int, height: int) -> bool:
-    """Whether `device_input` sends an RGB image of this size (within the aspect bound) as it is, a RawImage."""
-    return resized_size(width, height) != (width, height) and width * height * 3 <= RAW_LIMIT_BYTES
-
-
-def uses_device_resize(model) -> bool:
-    """Whether `model` resizes on its device with the installed Pillow's results (checked on the device once per
-    call; a mismatch is logged, and the caller then crops on the CPU)."""
-    if not getattr(model, "resizes_on_device", False):
-        return False
-    check = getattr(model, "resize_matches_pillow", None)
-    if check is not None and not check():
-        logging.getLogger("vggserve").warning(
-            "the device resize of %s does not match this Pillow's; images are resized on the CPU instead",
-            getattr(model, "device_name", "the model"))
-        return False
-    return True
 
 
 def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:

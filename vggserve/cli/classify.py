@@ -22,7 +22,7 @@ def run(args) -> int:
     from ..decoding import decode_input
     from ..distributed.pipeline import classify_decoded
     from ..errors import ImageError, VggserveError
-    from ..preprocess import uses_device_resize
+    from ..modelinput import uses_device_resize
 
     if args.top_k > 1000:
         raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")

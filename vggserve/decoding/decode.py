@@ -2,7 +2,7 @@
 threads or decode processes) and the service's front ends.
 
     pixels = decode_pixels("photo.jpg", decode="fast")         # upright RGB: a PIL image or a uint8 (h, w, 3) array
-    x = model_input("photo.jpg", "torchvision", on_device=True) # RawImage or uint8 crop; float32 (3, 224, 224) if not
+    x = model_input("photo.jpg", "torchvision", on_device=True) # ModelInput: an image or a crop; a tensor if not
     x, problem = decode_input(path, mode, on_device=True)      # problem: (reason, exception type) instead of raising
 
 Decode modes (`--decode`):
@@ -22,7 +22,8 @@ from typing import Callable
 import numpy as np
 
 from ..images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, Source, decode_opened, open_checked, read_source
-from ..preprocess import RESIZE_SHORTER, aspect_box, check_mode, device_input, goes_raw, preprocess
+from ..modelinput import ModelInput, device_input, goes_raw
+from ..preprocess import RESIZE_SHORTER, aspect_box, check_mode, preprocess
 from . import jpeg
 from .stages import NO_CLOCK
 
@@ -61,10 +62,10 @@ def decode_pixels(source: Source, decode: str = "exact", *, max_pixels: int = DE
 
 def model_input(source: Source, mode: str, on_device: bool, decode: str = "exact", *, allocate: Allocate | None = None,
                 clock=NO_CLOCK, **limits):
-    """What the model takes for `source`: with `on_device` (a model that resizes on its device) a RawImage or a
-    uint8 (224, 224, 3) crop (`preprocess.device_input`), else the float32 (3, 224, 224) input in `mode`.
+    """What the model takes for `source`, a `ModelInput`: with `on_device` (a model that resizes on its device) an
+    image or a uint8 (224, 224, 3) crop (`modelinput.device_input`), else the float32 (3, 224, 224) tensor in `mode`.
 
-    `allocate(shape, dtype)`: where a RawImage may be decoded straight into (the decode processes' shared memory);
+    `allocate(shape, dtype)`: where an image input may be decoded straight into (the decode processes' shared memory);
     the caller sees from the result's memory whether it was. `limits`: max_pixels, formats."""
     check_mode(mode)
     into = None
@@ -76,7 +77,7 @@ def model_input(source: Source, mode: str, on_device: bool, decode: str = "exact
     pixels = decode_pixels(source, decode, into=into, clock=clock, **limits)
     with clock("decode"):
         try:
-            return device_input(pixels) if on_device else preprocess(pixels, mode)
+            return device_input(pixels) if on_device else ModelInput.tensor(preprocess(pixels, mode))
         finally:
             close_pixels(pixels)
 

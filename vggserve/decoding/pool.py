@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import VggserveError
 from ..ipc.ring import Block, Ring
-from ..preprocess import RAW_LIMIT_BYTES, RawImage
+from ..modelinput import RAW_LIMIT_BYTES, ModelInput
 from . import worker
 from .stages import StageClock
 from .worker import DecodeJob, WorkerStart
@@ -49,7 +49,7 @@ DEPTH = 3  # sources sent to one process ahead of its answers
 DEFAULT_TIMEOUT_S = 60.0  # longest decode of one image before its process is killed
 START_TIMEOUT_S = 120.0  # longest start of a process (imports on a loaded machine)
 START_FAILURES = 3  # processes in a row dying before they are ready: the pool is broken
-TYPICAL_BYTES = 600_000  # a 500x375 RawImage (562 KB) or a float32 input (602 KB)
+TYPICAL_BYTES = 600_000  # a 500x375 image input (562 KB) or a float32 input (602 KB)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
               "from vggserve.decoding.worker import main; main()")
@@ -73,7 +73,7 @@ def default_procs(local_ranks: int = 1) -> int:
 
 def region_bytes(procs: int, in_flight: int) -> int:
     """Shared memory per process: room for 1.5 x its share of `in_flight` typical images, and for two of the
-    largest RawImages."""
+    largest image inputs."""
     return max(2 * RAW_LIMIT_BYTES, -(-3 * in_flight // (2 * procs)) * TYPICAL_BYTES)
 
 
@@ -244,13 +244,13 @@ class DecodePool:
             return None, answer[2]
         if kind == "inline":
             self.inline += 1
-            _, _, pixels, raw, _ = answer
+            _, _, pixels, form, _ = answer
         else:
-            _, _, block, shape, dtype, raw, _ = answer
+            _, _, block, shape, dtype, form, _ = answer
             pixels = self.ring.take(block, shape, np.dtype(dtype))
             with self._lock:
                 self._blocks[future] = block
-        return (RawImage(pixels) if raw else pixels), None
+        return ModelInput(form, pixels), None
 
     def _check_times(self) -> None:
         now = time.monotonic()

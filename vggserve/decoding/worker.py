@@ -5,11 +5,11 @@ Started by the pool as a fresh interpreter (`python -c ...` with the socket's de
 context, MPI state or threads inherited), it receives a `WorkerStart`, says ("ready", pid), then answers each
 (seq, source) in order with one of
 
-    ("shared", seq, Block, shape, dtype, raw, stage seconds)  the model input lies in the pool's shared memory
-    ("inline", seq, array, raw, stage seconds)                no room there: the array itself (pickled)
+    ("shared", seq, Block, shape, dtype, form, stage seconds)  the model input lies in the pool's shared memory
+    ("inline", seq, array, form, stage seconds)               no room there: the array itself (pickled)
     ("error", seq, (reason, type name), stage seconds)        the image could not be decoded
 
-`raw`: the array is a `preprocess.RawImage`'s pixels (else a crop or a float32 input). It ends when the pool sends
+`form`: the `modelinput.ModelInput` form of the array (image, crop or tensor). It ends when the pool sends
 None or closes the socket, and dies with the process that started it (Linux: PR_SET_PDEATHSIG). SIGINT is
 ignored: a Ctrl+C in the terminal reaches the whole process group, and the pool stops its processes itself.
 """
@@ -26,7 +26,6 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from ..ipc.ring import RegionSpec, RegionWriter
-from ..preprocess import RawImage
 from .decode import model_input, problem_of
 from .stages import StageClock
 
@@ -93,10 +92,9 @@ class Decoder:
             for block, _ in taken:
                 self.writer.undo(block)
             return ("error", seq, problem_of(exc), clock.seconds)
-        raw = isinstance(result, RawImage)
-        pixels = result.pixels if raw else np.asarray(result)
+        form, pixels = result.form, result.array
         if taken and _same_memory(pixels, taken[0][1]):
-            return ("shared", seq, taken[0][0], pixels.shape, pixels.dtype.str, raw, clock.seconds)
+            return ("shared", seq, taken[0][0], pixels.shape, pixels.dtype.str, form, clock.seconds)
         for block, _ in taken:  # decoded elsewhere after all (another library, a turned image)
             self.writer.undo(block)
         with clock("copy"):
@@ -104,8 +102,8 @@ class Decoder:
             if got is not None:
                 np.copyto(got[1], pixels)
         if got is None:
-            return ("inline", seq, pixels, raw, clock.seconds)
-        return ("shared", seq, got[0], pixels.shape, pixels.dtype.str, raw, clock.seconds)
+            return ("inline", seq, pixels, form, clock.seconds)
+        return ("shared", seq, got[0], pixels.shape, pixels.dtype.str, form, clock.seconds)
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:

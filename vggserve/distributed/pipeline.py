@@ -93,10 +93,10 @@ class RankStats:
 
 
 def probabilities_of(model, inputs: list) -> np.ndarray:
-    """(N, 1000) probabilities of decoded images: float32 model inputs in one call, or device inputs (RawImages
-    and uint8 crops) through `submit`, max_batch_size at a time with two batches in flight."""
-    if isinstance(inputs[0], np.ndarray) and inputs[0].dtype == np.float32:
-        return model.probabilities(np.stack(inputs))
+    """(N, 1000) probabilities of decoded `ModelInput`s: tensors in one call, or device inputs (images and crops)
+    through `submit`, max_batch_size at a time with two batches in flight."""
+    if inputs[0].form == "tensor":
+        return model.probabilities(np.stack([x.array for x in inputs]))
     return _rows(_submit_in_batches(model, inputs))
 
 
@@ -146,7 +146,7 @@ class ChunkRunner:
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2, *, decode_procs: int = 0,
                  decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None):
-        from ..preprocess import uses_device_resize
+        from ..modelinput import uses_device_resize
 
         self.model = model
         self.top_k = top_k

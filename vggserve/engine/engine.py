@@ -24,7 +24,7 @@ from ..ops.pixels import KERNEL_FILE as PIXELS_FILE, PixelInput
 from ..ops.resize import DeviceResize, place_images
 from ..ops.softmax import KERNEL_FILE as SOFTMAX_FILE, Softmax
 from ..predictions import top_k as top_k_predictions
-from ..preprocess import RawImage
+from ..modelinput import check_array as check_input, split_images
 from ..runtime import caps as device_caps, devices as devs, warmstart
 from ..runtime.params import params_for
 from ..runtime.programs import ProgramCache
@@ -55,21 +55,8 @@ class Step:
     how: str = ""
 
 
-def check_input(x: np.ndarray) -> np.ndarray:
-    """uint8 (N, 224, 224, 3) crops as they are, anything else as contiguous float32 (N, 3, 224, 224)."""
-    x = np.asarray(x)
-    if x.dtype == np.uint8:
-        if x.ndim != 4 or x.shape[1:] != (INPUT_SIZE, INPUT_SIZE, 3):
-            raise ValueError(f"expected uint8 pixels of shape (N, {INPUT_SIZE}, {INPUT_SIZE}, 3), got {x.shape}")
-        return np.ascontiguousarray(x)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 4 or x.shape[1:] != (3, INPUT_SIZE, INPUT_SIZE):
-        raise ValueError(f"expected input of shape (N, 3, {INPUT_SIZE}, {INPUT_SIZE}), got {x.shape}")
-    return x
-
-
 class Engine:
-    resizes_on_device = True  # submit takes preprocess.RawImage images and resizes them itself (ops/resize.py)
+    resizes_on_device = True  # submit takes image ModelInputs and resizes them itself (ops/resize.py)
 
     def __init__(self, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
                  preprocessing: str = "torchvision", program_dir=None, precision: str = precisions.DEFAULT):
@@ -135,7 +122,8 @@ class Engine:
 
         x: normalised float32 (n, 3, 224, 224), or uint8 (n, 224, 224, 3) RGB crops, normalised on the device as
         the model's preprocessing mode says, or a list of n images, each a uint8 (224, 224, 3) crop or a
-        `preprocess.RawImage`, whose Resize(256) + CenterCrop(224) the device does, bit for bit as `center_crop`.
+        `modelinput.ModelInput` (an image, whose Resize(256) + CenterCrop(224) the device does, bit for bit as
+        `center_crop`, or a crop).
         want: "logits" or "probabilities". Two batches can be in flight; a third submit waits for the first one's
         result (kept in its Pending). pinned=False uploads straight from x (x must then stay unchanged until the
         result is in): quicker for a lone batch that nothing overlaps.
@@ -144,7 +132,7 @@ class Engine:
             raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")
         as_images = isinstance(x, (list, tuple))
         if as_images:
-            crops, raws = self._sort_images(x)
+            crops, raws = split_images(x)
             n = len(x)
         else:
             x = check_input(x)
@@ -181,24 +169,6 @@ class Engine:
             self.queue.flush()
             slot.pending = Pending(slot, n, read)
             return slot.pending
-
-    def _sort_images(self, images) -> tuple[dict, list]:
-        """A batch given as a list of uint8 (224, 224, 3) crops and `preprocess.RawImage`s -> ({index: crop},
-        [(index, raw pixels)]): raw images that need a resize go to the device resize, the others are cropped
-        here (a crop of an image that keeps its size is a slice)."""
-        crops, raws = {}, []
-        for i, image in enumerate(images):
-            if isinstance(image, RawImage):
-                if image.needs_resize:
-                    raws.append((i, image.pixels))
-                    continue
-                image = image.center_crop()
-            crop = np.asarray(image)
-            if crop.dtype != np.uint8 or crop.shape != (INPUT_SIZE, INPUT_SIZE, 3):
-                raise ValueError(f"image {i} of the batch: expected a uint8 ({INPUT_SIZE}, {INPUT_SIZE}, 3) crop or a "
-                                 f"RawImage, got {crop.dtype} {crop.shape}")
-            crops[i] = crop
-        return crops, raws
 
     def resize_matches_pillow(self) -> bool:
         """Whether this device's resize gives the installed Pillow's crops, bit for bit, on probe images of both

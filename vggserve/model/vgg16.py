@@ -15,7 +15,7 @@ tensor-core kernels on NHWC storage (TF32, FP16). Weights are re-laid out for th
 import time
 from functools import partial
 
-from ..engine.engine import Engine, Step, StartupTimes, check_input  # noqa: F401 - re-exported
+from ..engine.engine import Engine, Step, StartupTimes  # noqa: F401 - re-exported
 from ..ops import nhwc, registry
 from ..ops.launch import round_up
 from ..ops.pool import KERNEL_FILE as POOL_FILE, MaxPool

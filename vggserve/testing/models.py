@@ -164,7 +164,7 @@ CRASH_MARKER = b"vggserve: crash this worker"
 def crash_on_marker(data: bytes, mode: str, max_pixels: int, formats, decode: str = "exact"):
     """`imaging.decode_and_crop`, except that the worker process dies at once (as a crashing decoder would) when
     the upload starts with CRASH_MARKER."""
-    from .imaging import decode_and_crop
+    from ..serving.scheduling.imaging import decode_and_crop
 
     if bytes(data[:len(CRASH_MARKER)]) == CRASH_MARKER:
         os._exit(70)

@@ -19,7 +19,8 @@ class Timing(BaseModel):
 
 
 class ClassifyResponse(BaseModel):
-    request_id: str = Field(description="Unique id of this request, also in the `X-Request-ID` header.")
+    request_id: str = Field(description="The request's `X-Request-ID` as the client sent it, or a generated one; "
+                            "also in the `X-Request-ID` header of every answer.")
     model: str = Field(description="Model name, `vgg16`.")
     predictions: list[Prediction] = Field(description="The `top_k` most probable classes, highest first.")
     timing_ms: Timing
@@ -55,6 +56,9 @@ class DeviceInfo(BaseModel):
     error: str | None
     batches: int = Field(description="Batches computed so far.")
     name: str | None = Field(description="OpenCL device name once loaded.")
+    memory: dict | None = Field(None, description="What OpenCL tells about the device once loaded: "
+                                "`global_memory_bytes`, `compute_units`, and `engine_bytes`, the OpenCL buffers the "
+                                "engine holds there.")
 
 
 class FrontendInfo(BaseModel):

@@ -1,8 +1,8 @@
 """Decoding in worker processes (`--preprocess-procs N`): Pillow decode, resize and crop hold the GIL for most of
 their time, so threads of one process cannot keep a fast device busy. Each worker process takes an upload's bytes
-and the limits and sends back the uint8 224x224x3 centre crop (150 KB, a quarter of the float32 input); the main
-process normalises it with exactly `preprocess`'s arithmetic, in the executor's own result thread (a done callback:
-no extra hop through a thread pool, nothing on the event loop).
+and the limits and sends back the uint8 224x224x3 centre crop (a `ModelInput`, 150 KB, a quarter of the float32
+input); the main process normalises it with exactly `preprocess`'s arithmetic, in the executor's own result thread
+(a done callback: no extra hop through a thread pool, nothing on the event loop).
 
 Workers are started by a fork server (or spawned), never forked from this process: it has threads and may have an
 OpenCL context. A worker that dies (BrokenProcessPool) fails the images it had in flight with a 500
@@ -18,15 +18,15 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from ..images import ALLOWED_FORMATS
-from .errors import ApiError, shutting_down
+from ...images import ALLOWED_FORMATS
+from .errors import PreprocessFailed, shutting_down
 from .imaging import decode_and_crop
 
 log = logging.getLogger("vggserve.serving")
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # imported once by the fork server, so each worker starts with them loaded
-PRELOAD = ["vggserve.serving.imaging"]
+PRELOAD = ["vggserve.serving.scheduling.imaging"]
 WARMUP_TASK_S = 0.2  # each warm-up task keeps its worker busy this long, so every worker gets started
 
 
@@ -113,8 +113,8 @@ class ProcessPool:
                 worker.kill()
 
     async def run(self, data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, then=None):
-        """`task(data, mode, max_pixels, formats)` in a worker: its result, or the exception it raised (ImageError,
-        ApiError: same class, status and message as in a thread). A dead worker: ApiError 500 `preprocess_failed`.
+        """`task(data, mode, max_pixels, formats)` in a worker: its result, or the exception it raised (an ImageError:
+        same class and message as in a thread). A dead worker: PreprocessFailed.
         With `then(pixels, mode) -> (value, seconds)`, the task's (pixels, seconds) become (value, total seconds),
         `then` running in this process as soon as the worker's answer arrives."""
         for _attempt in range(2):
@@ -132,10 +132,10 @@ class ProcessPool:
                 return await asyncio.wrap_future(future if then is None else _chained(future, then, mode))
             except BrokenProcessPool as exc:
                 self._replace(executor, exc)
-                raise ApiError(500, "preprocess_failed", "the worker process decoding this image died (a crash in "
+                raise PreprocessFailed("the worker process decoding this image died (a crash in "
                                "the decoder, or it was killed); the pool of preprocessing processes was restarted, "
                                "retry the request") from exc
-        raise ApiError(500, "preprocess_failed", "the preprocessing worker processes cannot be started; see the "
+        raise PreprocessFailed("the preprocessing worker processes cannot be started; see the "
                        "server log")
 
     def close(self) -> None:

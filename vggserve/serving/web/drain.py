@@ -9,13 +9,13 @@ import time
 
 import uvicorn
 
-from .errors import error_response
-from .metrics import Metrics
+from ..protocols.errors import error_response
+from ..metrics import Metrics
 
 log = logging.getLogger("vggserve.serving")
 
 # still answered while draining, so load balancers and monitoring can watch the drain
-ALWAYS_OPEN = frozenset({"/health/live", "/health/ready", "/metrics"})
+ALWAYS_OPEN = frozenset({"/health/live", "/health/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 
 
 class Drain:
@@ -59,7 +59,8 @@ class DrainMiddleware:
         if self.drain.draining and scope.get("path") not in ALWAYS_OPEN:
             self.drain.metrics.rejected.labels(reason="draining").inc()
             return await error_response(503, "draining", "the server is shutting down and takes no new requests; "
-                                        "retry on another instance", {"Connection": "close", "Retry-After": "1"})(
+                                        "retry on another instance", {"Connection": "close", "Retry-After": "1"},
+                                        scope.get("path", ""))(
                 scope, receive, send)
         self.drain.in_flight += 1
         try:

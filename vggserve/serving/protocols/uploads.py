@@ -1,4 +1,6 @@
-"""Reading images out of a request: a multipart file field, or the raw body with an image/* content type."""
+"""Reading images out of a request: a multipart file field, or the raw body with an image/* content type or
+application/octet-stream (what many clients send for any file). The bytes decide the format either way: the
+decoder sniffs them, whatever the content type claims."""
 
 from dataclasses import dataclass
 
@@ -11,6 +13,7 @@ from .errors import ApiError
 SINGLE_FIELD = "file"
 BATCH_FIELD = "files"
 MAX_FORM_FIELDS = 16
+RAW_BINARY = "application/octet-stream"
 
 
 @dataclass(frozen=True)
@@ -63,13 +66,13 @@ async def read_single(request: Request) -> Upload:
             return await _read_file(value, SINGLE_FIELD)
         finally:
             await form.close()
-    if media.startswith("image/"):
+    if media.startswith("image/") or media == RAW_BINARY:
         data = await request.body()
         if not data:
             raise _empty(None)
         return Upload(None, data)
     raise _unsupported(media, f"send the image as the multipart/form-data field {SINGLE_FIELD!r} or as the raw "
-                       "body with an image/* Content-Type such as image/jpeg")
+                       "body with an image/* Content-Type such as image/jpeg (or application/octet-stream)")
 
 
 async def read_batch(request: Request, max_files: int) -> list[Upload | ApiError]:

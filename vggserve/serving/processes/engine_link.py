@@ -7,9 +7,10 @@ messages (several at a time when they queue up); a message is a tuple whose firs
     front end -> engine
         ("hello", index, pid, arena)               who is connecting, and the name of its shared-memory arena
                                                    (None: pixels come inline)
-        ("submit", image_id, pixels, seconds_left) a uint8 (224, 224, 3) centre crop or a preprocess.RawImage, or
-                                                   where either lies in the arena (shm.Shared), and its remaining
-                                                   deadline
+        ("submit", image_id, input, seconds_left, want_logits)
+                                                   a ModelInput (crop, image or tensor), or where its array lies
+                                                   in the arena (shm.Shared), its remaining deadline, and whether
+                                                   its answer needs the logits
         ("withdraw", image_id, error)              drop it if it still waits (DeadlineExceeded or ClientGone)
         ("call", call_id, "metadata")              ask for the engine's /metadata
     engine -> front end
@@ -17,7 +18,7 @@ messages (several at a time when they queue up); a message is a tuple whose firs
                                                    (the front end uses it only then)
         ("state", state)                           readiness, liveness, model info: on connect and on every change
         ("result", image_id, outcome)              an Outcome (probabilities, queue/inference time, batch, device)
-        ("error", image_id, api_error)             429, 503, 504, 499 or 500 for that image
+        ("error", image_id, error)                 a scheduling.errors.SchedulingError for that image
         ("reply", call_id, value)
 
 Every submitted image gets exactly one "result" or "error", withdrawn or not.
@@ -36,12 +37,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from typing import Callable
 
-import numpy as np
-
-from .batcher import Admission
-from .errors import ApiError, shutting_down, unavailable
-from .metrics import Metrics
-from ..ipc.shm import Arena, Shared, make_arena
+from ...modelinput import ModelInput
+from ..scheduling.batcher import Admission
+from ..scheduling.errors import SchedulingError, Unavailable, shutting_down
+from ..metrics import Metrics
+from ...ipc.shm import Arena, Shared, make_arena
 
 log = logging.getLogger("vggserve.serving")
 
@@ -120,7 +120,7 @@ class Link:
 
 @dataclass(eq=False)
 class RemoteItem:
-    """One image sent to the engine; its future gets an Outcome or an ApiError from the engine."""
+    """One image sent to the engine; its future gets an Outcome or a SchedulingError from the engine."""
 
     id: int
     deadline: float
@@ -144,7 +144,7 @@ class RemoteQueue(Admission):
     def __len__(self) -> int:
         return len(self._pending)
 
-    def submit(self, pixels: np.ndarray, deadline: float) -> RemoteItem:
+    def submit(self, image: ModelInput, deadline: float, want_logits: bool = False) -> RemoteItem:
         """Send one admitted image to the engine."""
         with self._lock:
             if self._closed is not None:
@@ -153,17 +153,17 @@ class RemoteQueue(Admission):
             item = RemoteItem(next(self._ids), deadline)
             self._pending[item.id] = item
         if self.arena is not None:
-            item.shared = self.arena.put_image(pixels)
-        self._send(("submit", item.id, item.shared or pixels, deadline - time.monotonic()))
+            item.shared = self.arena.put_image(image)
+        self._send(("submit", item.id, item.shared or image, deadline - time.monotonic(), want_logits))
         return item
 
-    def withdraw(self, item: RemoteItem, error: ApiError) -> bool:
+    def withdraw(self, item: RemoteItem, error: SchedulingError) -> bool:
         """Ask the engine to drop the image if it still waits; its answer (this error, or its result if a device
         has it already) arrives as for any image. False: not known yet."""
         self._send(("withdraw", item.id, error))
         return False
 
-    def resolve(self, image_id: int, outcome=None, error: ApiError | None = None) -> None:
+    def resolve(self, image_id: int, outcome=None, error: SchedulingError | None = None) -> None:
         """The engine's answer for one image."""
         with self._lock:
             item = self._pending.pop(image_id, None)
@@ -177,7 +177,7 @@ class RemoteQueue(Admission):
         else:
             item.future.set_result(outcome)
 
-    def close(self, error: ApiError) -> None:
+    def close(self, error: SchedulingError) -> None:
         """Refuse further images with `error` and fail those still waiting for the engine with it."""
         with self._lock:
             self._closed = error
@@ -212,7 +212,7 @@ class EngineClient:
     def connect(self, wait_state_s: float = 5.0) -> None:
         """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
-        self._arena = make_arena()  # pixels through shared memory (shm.py) once the engine says it mapped it
+        self._arena = make_arena()  # inputs through shared memory (shm.py) once the engine says it mapped it
         self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
         self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
@@ -227,7 +227,7 @@ class EngineClient:
             self._arena.close()  # unlinked now; the engine's mapping lasts until it lets go
 
     async def call(self, what: str, timeout_s: float = 5.0):
-        """The engine's answer to a call ("metadata"); ApiError 503 if it does not come in time."""
+        """The engine's answer to a call ("metadata"); Unavailable if it does not come in time."""
         call_id = next(self._call_ids)
         future: Future = Future()
         self._calls[call_id] = future
@@ -235,7 +235,7 @@ class EngineClient:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except asyncio.TimeoutError:
-            raise unavailable("unavailable", f"the engine process did not answer within {timeout_s:.0f} s") from None
+            raise Unavailable("unavailable", f"the engine process did not answer within {timeout_s:.0f} s") from None
         finally:
             self._calls.pop(call_id, None)
 

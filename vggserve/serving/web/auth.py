@@ -2,9 +2,9 @@
 
 import hmac
 
-from .errors import error_response
+from ..protocols.errors import error_response
 
-OPEN_PATHS = frozenset({"/health/live", "/health/ready"})
+OPEN_PATHS = frozenset({"/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"})
 
 
 class ApiKeyMiddleware:
@@ -24,5 +24,6 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope.get("path") in OPEN_PATHS or self._authorised(scope):
             return await self.app(scope, receive, send)
         await error_response(401, "unauthorized", "this server needs an API key: send the header "
-                             "`Authorization: Bearer <key>`", {"WWW-Authenticate": 'Bearer realm="vggserve"'})(
+                             "`Authorization: Bearer <key>`", {"WWW-Authenticate": 'Bearer realm="vggserve"'},
+                             scope.get("path", ""))(
             scope, receive, send)

@@ -1,10 +1,11 @@
 """The bounded queue between the HTTP handlers and the device workers, and the batches workers take from it.
 
-Admission is counted in images: `admit(n)` reserves room before an image is decoded, so a full queue answers 429
-at once and decoding work is bounded too; `submit` turns reserved room into waiting items. A worker's
+Admission is counted in images: `admit(n)` reserves room before an image is decoded, so a full queue refuses
+(QueueFull) at once and decoding work is bounded too; `submit` turns reserved room into waiting items. A worker's
 `take_batch` waits at most `max_wait` after the oldest waiting image arrived for a batch to fill, drops images
-whose deadline has passed (504, never computed), and hands back up to `max_size` images. Handlers `withdraw`
-images whose deadline passed or whose client went away while they still wait, so those are never computed either.
+whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images. Handlers
+`withdraw` images whose deadline passed or whose client went away while they still wait, so those are never
+computed either.
 """
 
 import threading
@@ -15,34 +16,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ApiError
-from .metrics import Metrics
-
-
-class QueueFull(ApiError):
-    def __init__(self, capacity: int, retry_after_s: int = 1):
-        super().__init__(429, "queue_full", f"the server's queue is full ({capacity} images waiting or being "
-                         f"decoded); retry after {retry_after_s} s", {"Retry-After": str(retry_after_s)})
-
-
-class DeadlineExceeded(ApiError):
-    def __init__(self, waited_s: float):
-        super().__init__(504, "deadline_exceeded", f"the request's deadline passed while it waited "
-                         f"{waited_s * 1000:.0f} ms for a device; it was not computed (raise X-Request-Timeout-Ms, "
-                         "or retry when the server is less busy)")
-
-
-class ClientGone(ApiError):
-    def __init__(self):
-        super().__init__(499, "client_closed_request", "the client closed the connection; the image was not computed")
+from ...modelinput import ModelInput
+from ..metrics import Metrics
+from .errors import ClientGone, DeadlineExceeded, QueueFull, SchedulingError
 
 
 @dataclass(eq=False)
 class Item:
-    """One image waiting for a device; its future gets an Outcome or an ApiError."""
+    """One image waiting for a device; its future gets an Outcome or a SchedulingError."""
 
-    tensor: np.ndarray
+    input: ModelInput
     deadline: float  # time.monotonic() after which it is dropped
+    want_logits: bool = False  # its Outcome carries the logits too (the batch then computes logits)
     enqueued: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
 
@@ -59,10 +44,11 @@ class Outcome:
     inference_s: float  # device time of its whole batch
     batch_size: int
     device: str
+    logits: np.ndarray | None = None  # (1000,) float32, when the item asked for them
 
 
 class Admission:
-    """Room counted in images, shared by the queues: `admit(n)` reserves all or none (QueueFull, 429, when it is
+    """Room counted in images, shared by the queues: `admit(n)` reserves all or none (QueueFull when it is
     taken; the close reason once closed), `release(n)` gives room back. `guard`: the subclass's lock."""
 
     def __init__(self, capacity: int, metrics: Metrics, guard):
@@ -70,14 +56,14 @@ class Admission:
         self.metrics = metrics
         self._guard = guard
         self._admitted = 0  # images reserved, waiting or (front ends) on their way
-        self._closed: ApiError | None = None
+        self._closed: SchedulingError | None = None
 
     @property
     def admitted(self) -> int:
         return self._admitted
 
     def admit(self, n: int) -> None:
-        """Reserve room for n images, all or none; QueueFull (429) if there is not enough."""
+        """Reserve room for n images, all or none; QueueFull if there is not enough."""
         with self._guard:
             if self._closed is not None:
                 raise self._closed
@@ -103,9 +89,9 @@ class BatchQueue(Admission):
     def __len__(self) -> int:
         return len(self._items)
 
-    def submit(self, tensor: np.ndarray, deadline: float) -> Item:
+    def submit(self, image: ModelInput, deadline: float, want_logits: bool = False) -> Item:
         """Queue one admitted image for the next batch."""
-        item = Item(tensor, deadline)
+        item = Item(image, deadline, want_logits)
         with self._cond:
             if self._closed is not None:
                 self._admitted -= 1
@@ -115,7 +101,7 @@ class BatchQueue(Admission):
             self._cond.notify_all()
         return item
 
-    def withdraw(self, item: Item, error: ApiError) -> bool:
+    def withdraw(self, item: Item, error: SchedulingError) -> bool:
         """Take a still-waiting image out of the queue and fail it with `error`; False if a worker has it."""
         with self._cond:
             try:
@@ -164,7 +150,7 @@ class BatchQueue(Admission):
         if self.metrics.multiprocess:
             self.metrics.queue_length.set(len(self._items))
 
-    def close(self, error: ApiError) -> None:
+    def close(self, error: SchedulingError) -> None:
         """Refuse further images with `error`, fail the waiting ones with it, and wake every worker."""
         with self._cond:
             self._closed = error

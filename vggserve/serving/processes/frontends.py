@@ -1,7 +1,8 @@
 """`vggserve serve --http-workers N` (N > 1): this process becomes the engine process. It binds the listening socket,
 loads the models with the usual device workers and BatchQueue, and starts N HTTP front-end processes
-(vggserve.serving.frontend) that share the socket, decode images past this process's GIL and send their crops
-here over Unix-socket links (vggserve.serving.engine_host), so every device batch can mix all front ends' images.
+(vggserve.serving.processes.frontend) that share the socket, decode images past this process's GIL and send their crops
+here over Unix-socket links (vggserve.serving.processes.engine_host), so every device batch can mix all front
+ends' images.
 
 A front end that dies is restarted; RESTART_LIMIT deaths within RESTART_WINDOW_S stop the server (exit status
 FRONTENDS_FAILED_EXIT). SIGTERM or the first SIGINT drains: the front ends are told to drain (readiness 503, new
@@ -30,23 +31,22 @@ from typing import Callable
 from .engine_host import EngineHost
 from .engine_link import AUTHKEY_BYTES
 from .frontend import FrontendSpec
-from .metrics import forget_process, multiprocess_metrics
-from .server import CLOSE_CONNECTIONS_S, NO_WORKERS_EXIT
-from .service import ModelFactory, Service
-from .settings import Settings
+from ..metrics import forget_process, multiprocess_metrics
+from ..hosting import (CANNOT_LISTEN_EXIT, CLOSE_CONNECTIONS_S, FRONTENDS_FAILED_EXIT, NO_WORKERS_EXIT, CannotListen,
+                       announce_when_ready, listening_socket)
+from ..service import ModelFactory, Service
+from ..settings import Settings
 
 log = logging.getLogger("vggserve.serving")
 
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
-FRONTENDS_FAILED_EXIT = 4
-BACKLOG = 2048
 SUPERVISE_EVERY_S = 0.1
 STOP_GRACE_S = 5.0  # beyond --drain-timeout and uvicorn's connection closing, before front ends are killed
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 # the child's command: this checkout or installation of vggserve, whatever the working directory
 CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
-              "from vggserve.serving.frontend import main; sys.exit(main())")
+              "from vggserve.serving.processes.frontend import main; sys.exit(main())")
 
 
 class FrontEnds:
@@ -138,21 +138,6 @@ def _handling_signals(stop: Stop):
             signal.signal(sig, handler)
 
 
-def _listener(settings: Settings, port: int, reuse_port: bool) -> socket.socket:
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((settings.host, port))
-        sock.listen(BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def bind(settings: Settings, count: int) -> list[socket.socket]:
     """The listening TCP sockets of `count` front ends, all on settings.port (0: the system picks one).
 
@@ -161,12 +146,12 @@ def bind(settings: Settings, count: int) -> list[socket.socket]:
     first idle process take most connections: on an H100 host, 8 front ends then answered from 2083 to 5532
     images each, and the busiest one set the pace. Elsewhere every front end shares one socket."""
     if not hasattr(socket, "SO_REUSEPORT"):
-        return [_listener(settings, settings.port, False)] * count
-    first = _listener(settings, settings.port, True)
+        return [listening_socket(settings.host, settings.port, False)] * count
+    first = listening_socket(settings.host, settings.port, True)
     socks = [first]
     try:
         for _ in range(count - 1):
-            socks.append(_listener(settings, first.getsockname()[1], True))
+            socks.append(listening_socket(settings.host, first.getsockname()[1], True))
     except OSError:
         for sock in socks:
             sock.close()
@@ -193,24 +178,25 @@ def launcher(spec_for: Callable[[int], FrontendSpec]) -> Callable[[int], subproc
 
 
 def run_with_frontends(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
-                       access_log: bool = False) -> int:
+                       access_log: bool = False, banner: str = "") -> int:
     """Serve with settings.http_workers front-end processes until SIGTERM/SIGINT; the exit status."""
     workdir = tempfile.mkdtemp(prefix="vggserve-engine-")
     try:
         os.mkdir(os.path.join(workdir, "metrics"))
         with multiprocess_metrics(os.path.join(workdir, "metrics")):
-            return _serve(settings, model_factory, log_level, access_log, workdir)
+            return _serve(settings, model_factory, log_level, access_log, workdir, banner)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, workdir: str) -> int:
+def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, workdir: str, banner: str) -> int:
     try:
         socks = bind(settings, settings.http_workers)
-    except OSError as exc:
-        log.error("cannot listen on %s:%s: %s", settings.host, settings.port, exc)
-        return 1
+    except CannotListen as exc:
+        print(f"vggserve: error: {exc.strerror}", file=sys.stderr)
+        return CANNOT_LISTEN_EXIT
     service = Service(settings, model_factory, multiprocess=True)
+    announce_when_ready(service, socks[0], settings.host, banner)
     host = EngineHost(service, os.path.join(workdir, "engine.sock"), os.urandom(AUTHKEY_BYTES))
     stop = Stop()
     service.on_all_workers_dead = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")

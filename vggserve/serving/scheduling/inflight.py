@@ -7,7 +7,7 @@ batch's results are in (or it failed), keeps at most DEPTH batches in flight: wh
 the next is already taken, stacked and uploaded, and the previous one's answers go out.
 
 A failure (from `submit` or from `result()`) fails its batch and every batch still in flight or taken after it
-with 500 inference_failed, marks the worker failed, and stops the feeder; `run` then raises it. When the queue
+with InferenceFailed, marks the worker failed, and stops the feeder; `run` then raises it. When the queue
 closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
 """
 
@@ -27,7 +27,7 @@ class InflightRunner:
         # submit takes at most the model's max_batch_size images (the serial path's calls would split a batch)
         self.max_size = min(worker.max_batch_size, int(worker.info.get("max_batch_size", worker.max_batch_size)))
         self._slots = threading.Semaphore(DEPTH)
-        self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, taken, submitted) or None: end
+        self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
         self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.device}",
@@ -55,21 +55,21 @@ class InflightRunner:
             if batch is None:  # closed: the completer finishes what is in flight
                 return
             try:
-                taken = worker._taken(batch)
+                taken = worker.note_taken(batch)
                 if self.failure is None:
-                    submitted = time.perf_counter()
-                    pending = self.model.submit(worker._stack([item.tensor for item in batch]), "probabilities")
-                    self._handoff.put((batch, pending, taken, submitted))
+                    submitted, want = time.perf_counter(), worker.wants(batch)
+                    pending = self.model.submit(worker.prepare(batch), want)
+                    self._handoff.put((batch, pending, want, taken, submitted))
                     continue
             except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
                 self._fail(exc)
-            worker._fail_items(batch, self.failure)  # taken after (or failed at) the failure: never computed
+            worker.fail_items(batch, self.failure)  # taken after (or failed at) the failure: never computed
             return
 
     def _complete(self) -> None:
         worker = self.worker
         while (entry := self._handoff.get()) is not None:
-            batch, pending, taken, submitted = entry
+            batch, pending, want, taken, submitted = entry
             probs, seconds = None, 0.0
             try:
                 if self.failure is None:
@@ -81,11 +81,11 @@ class InflightRunner:
                 self._slots.release()
             try:
                 if self.failure is None:
-                    worker._resolve(batch, probs, taken, seconds)
+                    worker.resolve(batch, probs, want, taken, seconds)
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             if self.failure is not None:
-                worker._fail_items(batch, self.failure)  # those not answered yet
+                worker.fail_items(batch, self.failure)  # those not answered yet
 
     def _fail(self, exc: BaseException) -> None:
         """Record the first failure and mark the worker failed before any of its requests hears of it."""
@@ -93,4 +93,4 @@ class InflightRunner:
             if self.failure is not None:
                 return
             self.failure = exc
-        self.worker._set("failed", f"{type(exc).__name__}: {exc}")
+        self.worker.mark_failed(exc)

@@ -1,7 +1,7 @@
 """The engine process's side of the front-end links (`--http-workers N`): it accepts each front end's connection,
-queues the crops it sends in the service's BatchQueue (the device workers batch them with everyone else's),
+queues the model inputs it sends in the service's BatchQueue (the device workers batch them with everyone else's),
 answers every image, withdraws images on request, and pushes the service's readiness to every front end on
-connect and whenever it changes. The messages are listed in vggserve.serving.engine_link."""
+connect and whenever it changes. The messages are listed in vggserve.serving.processes.engine_link."""
 
 import logging
 import threading
@@ -9,11 +9,11 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import Listener
 
-from .batcher import ClientGone, Item
+from ..scheduling.batcher import Item
+from ..scheduling.errors import ClientGone, InternalError, SchedulingError
 from .engine_link import Link
-from .errors import ApiError
-from ..ipc.shm import Mapped, Shared
-from .service import Service
+from ...ipc.shm import Mapped, Shared
+from ..service import Service
 
 log = logging.getLogger("vggserve.serving")
 
@@ -23,7 +23,7 @@ def engine_state(service: Service) -> dict:
     try:
         service.ensure_accepting()
         refusal = None
-    except ApiError as exc:
+    except SchedulingError as exc:
         refusal = exc
     return {"ready": service.readiness(), "refusal": refusal, "live": service.liveness(),
             "info": service.model_info()}
@@ -50,7 +50,7 @@ class FrontEndPeer:
             with self._lock:
                 item = self._items.get(message[1])
             if item is not None:
-                self.service.queue.withdraw(item, message[2])
+                self.service.backend.queue.withdraw(item, message[2])
         elif kind == "call":
             self.link.send(("reply", message[1], self._call(message[2])))
         elif kind == "hello":
@@ -66,14 +66,14 @@ class FrontEndPeer:
         else:
             log.warning("unknown message %r from front end %s", kind, self.index)
 
-    def _submit(self, image_id: int, pixels, seconds_left: float) -> None:
-        if isinstance(pixels, Shared):  # a view of the front end's block: read before the image is answered
-            pixels = self.arena.image(pixels)
-        queue = self.service.queue
+    def _submit(self, image_id: int, image, seconds_left: float, want_logits: bool = False) -> None:
+        if isinstance(image, Shared):  # a view of the front end's block: read before the image is answered
+            image = self.arena.image(image)
+        queue = self.service.backend.queue
         try:
             queue.admit(1)
-            item = queue.submit(pixels, time.monotonic() + seconds_left)
-        except ApiError as exc:
+            item = queue.submit(image, time.monotonic() + seconds_left, want_logits)
+        except SchedulingError as exc:
             self.link.send(("error", image_id, exc))
             return
         with self._lock:
@@ -87,8 +87,8 @@ class FrontEndPeer:
         if error is None:
             self.link.send(("result", image_id, future.result()))
         else:
-            if not isinstance(error, ApiError):
-                error = ApiError(500, "internal_error", f"{type(error).__name__}: {error}")
+            if not isinstance(error, SchedulingError):
+                error = InternalError(f"{type(error).__name__}: {error}")
             self.link.send(("error", image_id, error))
 
     def _call(self, what: str):
@@ -101,7 +101,7 @@ class FrontEndPeer:
         with self._lock:
             left = list(self._items.values())
         for item in left:
-            self.service.queue.withdraw(item, ClientGone())
+            self.service.backend.queue.withdraw(item, ClientGone())
         if self.arena is not None:
             self.arena.close()
         self.host.forget(self)

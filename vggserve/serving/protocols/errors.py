@@ -1,5 +1,6 @@
-"""One JSON error shape for every failure, `{"error": {"code": ..., "message": ...}}`, and the handlers that make
-FastAPI's own errors (validation, 404, 405, ...) use it too."""
+"""The error shape of each protocol for every failure, and the handlers that make FastAPI's own errors (validation,
+404, 405, ...) and the middlewares' refusals use it too: `{"error": {"code": ..., "message": ...}}` on vggserve's own
+endpoints, v2's `{"error": "..."}` under /v2 (the Open Inference Protocol's shape, which its clients read)."""
 
 import logging
 
@@ -11,7 +12,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..errors import ImageError
+from ...errors import ImageError
+from ..scheduling.errors import (ClientGone, DeadlineExceeded, InferenceFailed, InternalError, PreprocessFailed,
+                                 QueueFull, SchedulingError, Unavailable)
 
 log = logging.getLogger("vggserve.serving")
 
@@ -53,21 +56,45 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def unavailable(code: str, message: str) -> ApiError:
-    """A 503 the client may retry after a second: not ready, draining, shutting down, no device worker."""
-    return ApiError(503, code, message, {"Retry-After": "1"})
+# the HTTP status of each of the scheduler's errors (the same in both protocols)
+SCHEDULING_STATUS = {QueueFull: 429, DeadlineExceeded: 504, ClientGone: 499, Unavailable: 503, InferenceFailed: 500,
+                     PreprocessFailed: 500, InternalError: 500}
 
 
-def shutting_down(message: str = "the server is shutting down") -> ApiError:
-    return unavailable("shutting_down", message)
+def scheduling_status(exc: SchedulingError) -> int:
+    return next((s for cls, s in SCHEDULING_STATUS.items() if isinstance(exc, cls)), 500)
 
 
-def error_body(code: str, message: str) -> dict:
+def as_api_error(exc: BaseException) -> ApiError:
+    """The HTTP error for an image's failure: a scheduler error, an ImageError, or an ApiError as it is; anything
+    else is raised again (a bug, answered 500 by the generic handler)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, SchedulingError):
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        return ApiError(scheduling_status(exc), exc.code, exc.message, headers)
+    if isinstance(exc, ImageError):
+        return ApiError(*image_error_parts(exc))
+    raise exc
+
+
+V2_PREFIX = "/v2"
+
+
+def is_v2(path: str) -> bool:
+    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+
+
+def error_body(code: str, message: str, path: str = "") -> dict:
+    """The error body for a request to `path`: v2's shape under /v2, else ours."""
+    if is_v2(path):
+        return {"error": message}
     return {"error": {"code": code, "message": message}}
 
 
-def error_response(status: int, code: str, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+def error_response(status: int, code: str, message: str, headers: dict | None = None,
+                   path: str = "") -> JSONResponse:
+    return JSONResponse(error_body(code, message, path), status_code=status, headers=headers)
 
 
 def image_error_parts(exc: ImageError) -> tuple[int, str, str]:
@@ -86,15 +113,16 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return error_response(exc.status, exc.code, exc.message, exc.headers)
+    return error_response(exc.status, exc.code, exc.message, exc.headers, request.url.path)
 
 
-async def _image_error(request: Request, exc: ImageError) -> JSONResponse:
-    return error_response(*image_error_parts(exc))
+async def _image_or_scheduling_error(request: Request, exc: Exception) -> JSONResponse:
+    return await _api_error(request, as_api_error(exc))
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(422, "invalid_request", _validation_message(exc))
+    status = 400 if is_v2(request.url.path) else 422  # v2: every malformed request is a 400
+    return error_response(status, "invalid_request", _validation_message(exc), path=request.url.path)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -104,7 +132,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         message = f"no endpoint at {request.url.path}; see /docs for the API"
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}; see /docs for the API"
-    return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+    return error_response(exc.status_code, code, message, getattr(exc, "headers", None), request.url.path)
 
 
 async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
@@ -114,13 +142,15 @@ async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Respons
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal_error", "an unexpected error occurred on the server; it was logged")
+    return error_response(500, "internal_error", "an unexpected error occurred on the server; it was logged",
+                          path=request.url.path)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error FastAPI and our code raise to the one JSON shape."""
     app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(ImageError, _image_error)
+    app.add_exception_handler(ImageError, _image_or_scheduling_error)
+    app.add_exception_handler(SchedulingError, _image_or_scheduling_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_disconnect)

@@ -1,7 +1,7 @@
 """Request body size limit, enforced twice before the whole body is read: from Content-Length when the request
 arrives, and again while the body streams in (chunked uploads, or a Content-Length that lies)."""
 
-from .errors import ApiError, error_response
+from ..protocols.errors import ApiError, error_response
 
 
 class BodyTooLarge(ApiError):
@@ -12,9 +12,10 @@ class BodyTooLarge(ApiError):
                          "(send a smaller image, or raise the server's --max-body-bytes)")
 
 
-def _refusal(exc: ApiError):
+def _refusal(exc: ApiError, scope):
     """The answer to a request refused before its body was read in full: the connection is not reused."""
-    return error_response(exc.status, exc.code, exc.message, {**exc.headers, "Connection": "close"})
+    return error_response(exc.status, exc.code, exc.message, {**exc.headers, "Connection": "close"},
+                          scope.get("path", ""))
 
 
 def _content_length(scope) -> str | None:
@@ -37,10 +38,10 @@ class BodySizeLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None:
             if not declared.strip().isdigit():
-                return await _refusal(ApiError(400, "bad_request", f"Content-Length {declared!r} is not a number"))(
-                    scope, receive, send)
+                return await _refusal(ApiError(400, "bad_request", f"Content-Length {declared!r} is not a number"),
+                                      scope)(scope, receive, send)
             if int(declared) > self.max_bytes:
-                return await _refusal(BodyTooLarge(self.max_bytes, int(declared)))(scope, receive, send)
+                return await _refusal(BodyTooLarge(self.max_bytes, int(declared)), scope)(scope, receive, send)
 
         received = 0
         started = False
@@ -65,4 +66,4 @@ class BodySizeLimitMiddleware:
         except BodyTooLarge as exc:  # normally answered by the app's handler; this covers code outside it
             if started:
                 raise
-            await _refusal(exc)(scope, receive, send)
+            await _refusal(exc, scope)(scope, receive, send)
