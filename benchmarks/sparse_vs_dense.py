@@ -11,7 +11,7 @@ compressed conv kernel (conv_sparse_compressed.cl) and the CSR FC kernels (fc_sp
 profiling events (pad + conv launches for the sparse convolutions), speed-up over dense, max relative error
 against float64 on the first image. When torch is importable, its dense conv/linear at the same shape (cuDNN on a
 GPU, FP32 with TF32 off) is timed too. Then the whole network at --network-sparsity (all 16 layers pruned) against
-the dense engine at each of --network-batches: images/s and the kernel each layer got (PrunedVGG16, no flags).
+the dense engine at each of --network-batches: images/s and the kernel each layer got (the engine's choice, no flags).
 Writes a table, --json, and --png (speed-up against sparsity per layer: where sparse starts to win). --store puts
 the speed-up curves in the tuned-parameter file, so the engine's kernel choice uses them.
 """
@@ -122,8 +122,8 @@ def plot(runs, path, title):
 
 
 def network(args, tensors, info, batches):
-    """Dense engine vs PrunedVGG16 (every layer pruned to --network-sparsity): images/s and the kernels chosen."""
-    from vggserve.model.pruned import PrunedVGG16
+    """The engine on dense weights vs on weights with every layer pruned to --network-sparsity: images/s and the
+    kernel each layer got (the engine's own choice from the measured sparsity)."""
     from vggserve.model.vgg16 import VGG16
     from vggserve.weights.prune import prune
 
@@ -132,9 +132,9 @@ def network(args, tensors, info, batches):
     for n in batches:
         x = np.random.default_rng(1).standard_normal((n, 3, 224, 224)).astype(np.float32)
         row = {"batch": n, "sparsity": args.network_sparsity}
-        for label, cls, weights in (("dense", VGG16, tensors), ("sparse", PrunedVGG16, pruned)):
+        for label, weights in (("dense", tensors), ("sparse", pruned)):
             t0 = time.perf_counter()
-            with cls.load(weights, device=info.spec, max_batch_size=n) as model:
+            with VGG16.load(weights, device=info.spec, max_batch_size=n) as model:
                 load_s = time.perf_counter() - t0
                 model.logits(x)
                 times = []
@@ -145,13 +145,14 @@ def network(args, tensors, info, batches):
                 row[f"{label}_images_per_s"] = n / float(np.median(times))
                 row[f"{label}_load_s"] = load_s
                 if label == "sparse":
-                    row["kernels"] = [(name, c.algo, c.reason) for name, c in model.kernel_choices]
+                    row["kernels"] = [(k["name"], k["kernel"]) for k in model.kernel_plan()
+                                      if not k["name"].startswith("pool")]
         row["speedup"] = row["sparse_images_per_s"] / row["dense_images_per_s"]
         print(f"network batch {n} at {args.network_sparsity:.2f}: dense {row['dense_images_per_s']:.2f} img/s, "
               f"sparse {row['sparse_images_per_s']:.2f} img/s, x{row['speedup']:.2f} (load dense "
               f"{row['dense_load_s']:.1f} s, sparse {row['sparse_load_s']:.1f} s)", flush=True)
-        for name, algo, reason in row["kernels"]:
-            print(f"   {name:14s} {algo:18s} {reason}")
+        for name, how in row["kernels"]:
+            print(f"   {name:14s} {how}")
         out.append(row)
     return out
 
@@ -177,8 +178,8 @@ def main():
     ap.add_argument("--store", action="store_true", help="store the speed-up curves for the engine's kernel choice")
     args = ap.parse_args()
 
+    from vggserve import sparse_tuning
     from vggserve.model.vgg16 import VGG16
-    from vggserve.ops import sparse_tune
     from vggserve.runtime import devices as devs
     from vggserve.weights.init import init_weights
 
@@ -188,7 +189,7 @@ def main():
     tensors = init_weights(seed=0, width=args.width)
     print(f"{info.label}: batch {args.batch}, width {args.width}, sparsities {sparsities}", flush=True)
     with VGG16(tensors, device=info.spec, max_batch_size=args.batch, profile=True) as model:
-        runs = sparse_tune.measure(model, tensors, args.batch, sparsities, algos, args.iterations,
+        runs = sparse_tuning.measure(model, tensors, args.batch, sparsities, algos, args.iterations,
                                    args.codegen_max_nnz, not args.no_check,
                                    [s.strip() for s in args.shapes.split(",") if s.strip()] or None,
                                    torch_timer(args.device, args.iterations), print, json.loads(args.params))
@@ -196,7 +197,7 @@ def main():
     best = {}
     for r in runs:
         for algo in algos:
-            cross = sparse_tune.crossover([[p.sparsity, p.speedup] for p in r.points
+            cross = sparse_tuning.crossover([[p.sparsity, p.speedup] for p in r.points
                                            if p.algo == algo and p.speedup is not None] or [[1.0, 0.0]])
             if any(p.algo == algo for p in r.points):
                 best.setdefault(r.shape, {})[algo] = cross
@@ -204,14 +205,14 @@ def main():
     for shape, c in best.items():
         print(f"  {shape:>14s} " + "  ".join(f"{SHORT[a]} {v}" for a, v in c.items()))
     if args.store:  # before the network runs, so that their kernel choice uses the curves just measured
-        sparse_tune.store(info.label, sparse_tune.curves(runs), args.batch)
+        sparse_tuning.store(info.label, sparse_tuning.curves(runs), args.batch)
         print(f"curves stored for {info.label} at batch {args.batch}")
     nets = network(args, tensors, info, [int(b) for b in args.network_batches.split(",") if b.strip()])
     if args.png:
         plot(runs, args.png, f"{info.label}, batch {args.batch}: sparse kernels vs our dense layers")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": info.label, "batch": args.batch, "width": args.width,
-                                               "date": time.strftime("%Y-%m-%d"), "layers": sparse_tune.as_json(runs),
+                                               "date": time.strftime("%Y-%m-%d"), "layers": sparse_tuning.as_json(runs),
                                                "crossover": best, "network": nets}, indent=1))
 
 

@@ -1,10 +1,10 @@
-"""Whole networks on pruned weights (vggserve/model/pruned.py) against the float64 reference on the same weights, and
-the per-layer kernel choice (vggserve/ops/sparse_select.py)."""
+"""Whole networks on pruned weights against the float64 reference on the same weights, the engine's per-layer kernel
+choice from the measured sparsity (vggserve/ops/sparse_select.py), and the sparse tuner (vggserve/sparse_tuning.py)."""
 
 import numpy as np
 import pytest
 
-from vggserve.model.pruned import PrunedVGG16
+from vggserve.model.vgg16 import VGG16
 from vggserve.model.reference import reference_logits
 from vggserve.ops import sparse_select as sel
 from vggserve.ops.sparse_select import CODEGEN, COMPRESSED, CSR, DENSE, choose, sparse_table, speedup_at
@@ -24,15 +24,20 @@ def top5(scores):
 
 
 def run_pruned(tensors, batches, monkeypatch, **table):
-    """Logits of PrunedVGG16 on `tensors` for each batch size, with the untuned table's entries replaced by `table`."""
+    """Logits of the engine on `tensors` for each batch size, with the untuned table's entries replaced by `table`,
+    and {layer name: the kernel it got, and why}."""
     for kind in ("cpu", "gpu"):
         monkeypatch.setitem(sel.DEFAULTS, kind, {**sel.DEFAULTS[kind], **table})
     rng = np.random.default_rng(5)
     xs = [rng.standard_normal((n, 3, 224, 224)).astype(np.float32) for n in batches]
-    with PrunedVGG16.load(tensors, device=TEST_DEVICE, max_batch_size=max(batches)) as model:
+    with VGG16.load(tensors, device=TEST_DEVICE, max_batch_size=max(batches)) as model:
         outs = [model.logits(x) for x in xs]
-        choices = dict(model.kernel_choices)
+        choices = {k["name"]: k["kernel"] for k in model.kernel_plan() if not k["name"].startswith("pool")}
     return xs, outs, choices
+
+
+def algos(choices, prefix=""):
+    return {how.split()[0] for name, how in choices.items() if name.startswith(prefix)}
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +49,7 @@ def test_pruned_network_on_generated_kernels_matches_float64(tiny_tensors, monke
     # 98%: 4.6 k non-zeros in the convolutions, whose programs PoCL builds in ~30 s (90%: 23 k, over 2 minutes)
     pruned = prune(tiny_tensors, 0.98).tensors
     xs, outs, choices = run_pruned(pruned, [1, 5], monkeypatch)
-    assert {c.algo for name, c in choices.items() if name.startswith("features")} == {CODEGEN}
-    assert {c.algo for name, c in choices.items() if name.startswith("classifier")} == {CSR}
+    assert algos(choices, "features") == {CODEGEN} and algos(choices, "classifier") == {CSR}
     for x, out in zip(xs, outs):  # batch 1: fc_spmv; batch 5: fc_spmm
         ref = reference_logits(pruned, x)
         assert max_rel_err(out, ref) < TOL
@@ -54,7 +58,7 @@ def test_pruned_network_on_generated_kernels_matches_float64(tiny_tensors, monke
 
 def test_pruned_network_on_compressed_kernels_matches_float64(pruned90, monkeypatch):
     xs, outs, choices = run_pruned(pruned90, [2], monkeypatch, codegen_max_nnz=0)
-    assert {c.algo for name, c in choices.items() if name.startswith("features")} == {COMPRESSED}
+    assert algos(choices, "features") == {COMPRESSED}
     ref = reference_logits(pruned90, xs[0])
     assert max_rel_err(outs[0], ref) < TOL
     np.testing.assert_array_equal(top5(outs[0]), top5(ref))
@@ -63,14 +67,15 @@ def test_pruned_network_on_compressed_kernels_matches_float64(pruned90, monkeypa
 def test_only_the_pruned_layers_get_sparse_kernels(tiny_tensors, monkeypatch):
     tensors = prune(tiny_tensors, 0.95, layers="fc").tensors
     xs, outs, choices = run_pruned(tensors, [1], monkeypatch)
-    assert [c.algo for c in choices.values()] == [DENSE] * 13 + [CSR] * 3
-    assert "sparsity 0.000" in choices["features.0"].reason and "sparsity 0.950" in choices["classifier.0"].reason
+    assert not algos(choices, "features") & {CODEGEN, COMPRESSED} and algos(choices, "classifier") == {CSR}
+    assert "sparsity" not in choices["features.0"] and "sparsity 0.950" in choices["classifier.0"]
     assert max_rel_err(outs[0], reference_logits(tensors, xs[0])) < TOL
 
 
 def test_unpruned_weights_stay_dense(tiny_tensors, monkeypatch):
     _, _, choices = run_pruned(tiny_tensors, [1], monkeypatch)
-    assert {c.algo for c in choices.values()} == {DENSE}
+    assert not algos(choices) & {CODEGEN, COMPRESSED, CSR}
+    assert not any("sparsity" in how for how in choices.values())
 
 
 # ---- the choice alone (no device) -----------------------------------------------------------------------------
@@ -81,10 +86,10 @@ def table(**tuned):
 
 def test_default_crossovers_decide_without_measurements():
     t = table()
-    assert choose(t, "conv", "512x512x14", 64, 0.5, 10).algo == DENSE
-    assert choose(t, "conv", "512x512x14", 64, 0.85, 10).algo == CODEGEN
-    assert choose(t, "conv", "512x512x14", 64, 0.85, 10**7).algo == DENSE  # codegen too big to build, compressed
-    assert choose(t, "conv", "512x512x14", 64, 0.97, 10**7).algo == COMPRESSED  # past its own crossover
+    assert choose(t, "conv3x3", "512x512x14", 64, 0.5, 10).algo == DENSE
+    assert choose(t, "conv3x3", "512x512x14", 64, 0.85, 10).algo == CODEGEN
+    assert choose(t, "conv3x3", "512x512x14", 64, 0.85, 10**7).algo == DENSE  # codegen too big to build, compressed
+    assert choose(t, "conv3x3", "512x512x14", 64, 0.97, 10**7).algo == COMPRESSED  # past its own crossover
     assert choose(t, "fc", "25088x4096x1", 1, 0.9, 10**7).algo == CSR
     assert choose(t, "fc", "25088x4096x1", 1, 0.3, 10**7).algo == DENSE
 
@@ -93,11 +98,11 @@ def test_tuned_curves_override_the_defaults_and_pick_the_fastest():
     curves = {"1": {"256x256x56": {CODEGEN: [[0.5, 0.6], [0.9, 1.4], [0.99, 4.0]],
                                    COMPRESSED: [[0.5, 0.3], [0.9, 1.1], [0.99, 5.0]]}}}
     t = table(curves=curves)
-    assert choose(t, "conv", "256x256x56", 1, 0.7, 10).algo == DENSE  # codegen at 1.0x, compressed 0.7x
-    c = choose(t, "conv", "256x256x56", 1, 0.9, 10)
+    assert choose(t, "conv3x3", "256x256x56", 1, 0.7, 10).algo == DENSE  # codegen at 1.0x, compressed 0.7x
+    c = choose(t, "conv3x3", "256x256x56", 1, 0.9, 10)
     assert c.algo == CODEGEN and "1.40x tuned" in c.reason and "1.10x tuned" in c.reason
-    assert choose(t, "conv", "256x256x56", 2, 0.99, 10).algo == COMPRESSED  # batch 2 uses batch 1's curves
-    assert choose(t, "conv", "512x512x14", 1, 0.85, 10).algo == CODEGEN  # no curve: default crossover 0.8
+    assert choose(t, "conv3x3", "256x256x56", 2, 0.99, 10).algo == COMPRESSED  # batch 2 uses batch 1's curves
+    assert choose(t, "conv3x3", "512x512x14", 1, 0.85, 10).algo == CODEGEN  # no curve: default crossover 0.8
 
 
 def test_speedup_interpolates_and_clamps():
@@ -109,13 +114,12 @@ def test_speedup_interpolates_and_clamps():
 # ---- the measurement that tunes the choice ----------------------------------------------------------------------
 
 def test_measured_curves_are_stored_and_then_used(tiny_tensors, tmp_path, monkeypatch):
-    from vggserve.model.vgg16 import VGG16
-    from vggserve.ops import sparse_tune
+    from vggserve import sparse_tuning
     from vggserve.runtime.params import params_for
 
     monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
     with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=2, profile=True) as model:
-        runs = sparse_tune.measure(model, tiny_tensors, 2, sparsities=(0.5, 0.99), iterations=1,
+        runs = sparse_tuning.measure(model, tiny_tensors, 2, sparsities=(0.5, 0.99), iterations=1,
                                    codegen_max_nnz=400, shapes=["64x64x14", "512x1000x1"], progress=lambda _: None)
         label, kind = model.device_info.label, model.device_info.kind
     assert [r.shape for r in runs] == ["64x64x14", "512x1000x1"]
@@ -130,15 +134,15 @@ def test_measured_curves_are_stored_and_then_used(tiny_tensors, tmp_path, monkey
         assert p.ms is None or (p.err < TOL and p.speedup == pytest.approx(conv.dense_ms / p.ms if p in conv.points
                                                                            else fc.dense_ms / p.ms))
     assert {p.algo for p in fc.points} == {CSR}
-    curves = sparse_tune.curves(runs)
+    curves = sparse_tuning.curves(runs)
     assert set(curves["64x64x14"]) == {CODEGEN, COMPRESSED} and len(curves["64x64x14"][CODEGEN]) == 1
-    sparse_tune.store(label, curves, 2)
+    sparse_tuning.store(label, curves, 2)
     stored = sparse_table(params_for(kind, label), kind)["curves"]
     assert stored == {"2": curves}
 
 
 def test_crossover_is_where_the_kernel_wins_from_on():
-    from vggserve.ops.sparse_tune import crossover
+    from vggserve.sparse_tuning import crossover
 
     assert crossover([[0.5, 0.4], [0.9, 1.2], [0.99, 3.0]]) == 0.9
     assert crossover([[0.5, 1.1], [0.8, 0.9], [0.99, 3.0]]) == 0.99  # a dip: it wins for good only from 0.99

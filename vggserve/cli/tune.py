@@ -22,28 +22,30 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..runtime import devices as devs
-    from ..runtime import tuning
+    from .. import tuning
     from ..runtime.params import tuned_file
 
     info = devs.resolve(args.device)
     if args.sparse:
         return _sparse(args, info)
-    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.candidates} candidates per shape")
+    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, {args.candidates} candidates "
+         f"per shape and algorithm")
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
-                                  progress=note, winograd_too=args.winograd)
+                                  progress=note, winograd_too=args.winograd, precision=args.precision)
     if not args.dry_run:
-        tuning.store(info.label, winners, args.batch_size)
+        tuning.store(info.label, winners, args.batch_size, args.precision)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
     if args.json:
-        print(json.dumps({"device": info.label, "batch_size": args.batch_size, "winners": winners,
+        print(json.dumps({"device": info.label, "batch_size": args.batch_size, "precision": args.precision,
+                          "winners": winners,
                           "trials": [t.__dict__ for t in trials]}))
     return 0
 
 
 def _sparse(args, info) -> int:
     """Speed-up curves of the sparse kernels over the engine's dense layers, stored for the kernel choice."""
+    from .. import sparse_tuning
     from ..model.vgg16 import VGG16
-    from ..ops import sparse_tune
     from ..ops.sparse_select import sparse_table
     from ..runtime.params import params_for, tuned_file
     from ..weights.init import init_weights
@@ -53,14 +55,14 @@ def _sparse(args, info) -> int:
     note(f"vggserve: timing sparse kernels on {info.label} at batch {args.batch_size} (codegen up to {limit:,} "
          "non-zeros)")
     with VGG16(tensors, device=info.spec, max_batch_size=args.batch_size, profile=True) as model:
-        runs = sparse_tune.measure(model, tensors, args.batch_size, iterations=args.repeats, codegen_max_nnz=limit,
+        runs = sparse_tuning.measure(model, tensors, args.batch_size, iterations=args.repeats, codegen_max_nnz=limit,
                                    check=False, progress=note)
-    curves = sparse_tune.curves(runs)
+    curves = sparse_tuning.curves(runs)
     for shape, per_algo in curves.items():
-        note(f"{shape:>14s} wins from: " + ", ".join(f"{algo} {sparse_tune.crossover(c)}"
+        note(f"{shape:>14s} wins from: " + ", ".join(f"{algo} {sparse_tuning.crossover(c)}"
                                                      for algo, c in per_algo.items()))
     if not args.dry_run:
-        sparse_tune.store(info.label, curves, args.batch_size)
+        sparse_tuning.store(info.label, curves, args.batch_size)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
     if args.json:
         print(json.dumps({"device": info.label, "batch_size": args.batch_size, "curves": curves}))

@@ -1,5 +1,7 @@
 """Sparse 3x3 convolutions (padding 1) + bias + ReLU over pruned weights: the host side of kernels/pad.cl,
-conv_sparse_codegen.cl and conv_sparse_compressed.cl (docs/sparse.md).
+conv_sparse_codegen.cl and conv_sparse_compressed.cl (docs/sparse.md), and their registry entries
+("sparse_codegen", "sparse_compressed": portable family, FP32, chosen by the engine from a layer's measured
+sparsity through ops/sparse_select.py, never from a dense tuned table).
 
 Both layers have GemmLayer's call shape: built once from (M, Cin, 3, 3) weights and bias, `enqueue(queue, src, dst,
 n, h, w)` returns (first event, last event) of its two launches (pad, convolution), `flops(n, h, w)` counts the
@@ -14,7 +16,8 @@ import time
 import numpy as np
 import pyopencl as cl
 
-from ..model.layers import Launch, round_up, upload
+from .launch import Launch, round_up, upload
+from .registry import Algorithm, register
 from ..runtime.programs import Generated
 from .sparse_formats import codegen_cases, groups, tap_masks, weights_digest
 
@@ -136,6 +139,11 @@ class SparseConv:
         """The DENSE convolution's flops (the work done is `density` of it)."""
         return 2.0 * n * h * w * self.m * self.cin * ks * ks
 
+    def describe(self) -> str:
+        p = self.p
+        return (f"{p['ALGO']} {self.nnz:,} non-zeros ({self.density:.1%}), {p['SP_OCG']} channels x {p['SP_PX']} "
+                f"pixels per work-item")
+
 
 class SparseConvCodegen(SparseConv):
     """conv_sparse_codegen.cl: the layer's non-zero weights compiled into its program as constants.
@@ -191,3 +199,50 @@ LAYERS = {CODEGEN: SparseConvCodegen, COMPRESSED: SparseConvCompressed}
 def sparse_conv(ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, **kw) -> SparseConv:
     """The sparse convolution params["ALGO"] names, built."""
     return LAYERS[params["ALGO"]](ctx, cache, params, weight, bias, **kw)
+
+
+CANDIDATES = {  # tunables the sparse tuner tries per device kind, over the default
+    ("cpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g} for px in (16, 8) for g in (16, 8, 24)],
+    ("gpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g, "SP_WG": wg} for px in (1, 2) for g in (16, 8, 32) for wg in (64, 128)],
+    ("cpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g} for px in (16, 8) for g in (1, 2, 4)],
+    ("gpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g, "SP_MEM": mem, "SP_BRANCHLESS": bl}
+                          for px in (1, 2) for g in (8, 4, 16) for mem in (1, 0) for bl in (0, 1)],
+}
+
+
+class SparseConvAlgorithm(Algorithm):
+    """A registry entry of the sparse convolutions: portable family, FP32 (their sums are FP32 and their input the
+    NCHW activation), 3x3 layers only. `sparse` = True: the engine takes them only where sparse_select says a
+    layer's sparsity makes them win; the dense tuner leaves them out (its random weights have no zeros)."""
+
+    family = "portable"
+    kinds = ("conv3x3",)
+    precisions = ("fp32",)
+    sparse = True
+
+    def __init__(self, name: str, kernel_file: str):
+        self.name, self.kernel_file, self.tunables = name, kernel_file, TUNABLES[name]
+
+    def default(self, caps, precision):
+        return default_params(caps.kind, self.name)
+
+    def candidates(self, caps, precision, layer):
+        base = self.default(caps, precision)
+        out = [base] + [{**base, **c} for c in CANDIDATES["cpu" if caps.kind == "cpu" else "gpu", self.name]]
+        return [p for i, p in enumerate(out) if p not in out[:i] and self.fits(p, caps, precision)]
+
+    def local_mem(self, params, precision):
+        return 4 * params["SP_CHUNK"] if params.get("SP_MEM") == 1 else 0
+
+    def work_group_size(self, params):
+        return params["SP_WG"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, first: bool = False):
+        p = {**self.default(env.caps, precision), **params, "ALGO": self.name}
+        workspace = env.workspace("pad", lambda: PadWorkspace(ctx, cache, p["PAD_WG"]))
+        return sparse_conv(ctx, cache, p, weight, bias, max_batch=env.max_batch, max_h=layer.size,
+                           max_w=layer.size, workspace=workspace, relu=int(layer.relu))
+
+
+CODEGEN_ALGORITHM = register(SparseConvAlgorithm(CODEGEN, "conv_sparse_codegen.cl"))
+COMPRESSED_ALGORITHM = register(SparseConvAlgorithm(COMPRESSED, "conv_sparse_compressed.cl"))

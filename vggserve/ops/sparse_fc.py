@@ -1,4 +1,5 @@
-"""Sparse fully connected layers: the host side of kernels/fc_sparse.cl (docs/sparse.md).
+"""Sparse fully connected layers: the host side of kernels/fc_sparse.cl (docs/sparse.md) and its registry entry
+("sparse_csr": portable family, FP32, chosen from a layer's measured sparsity through ops/sparse_select.py).
 
 `SparseFc` holds one pruned (M, K) layer in CSR (sparse_formats.csr) and runs it at any batch size up to
 `max_batch`: fc_spmv for n <= SPMV_NB (one pass over the non-zeros, whatever n), else fc_transpose + fc_spmm.
@@ -8,7 +9,8 @@
 import numpy as np
 import pyopencl as cl
 
-from ..model.layers import Launch, round_up, upload
+from .launch import Launch, round_up, upload
+from .registry import Algorithm, register
 from .sparse_conv import upload_raw
 from .sparse_formats import csr
 
@@ -53,7 +55,7 @@ class SparseFc:
         if max_batch > params["SPMV_NB"]:
             self.xt = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.k * round_up(max_batch, params["SPMM_NV"]))
 
-    def enqueue(self, queue, src, dst, n: int):
+    def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
         """fc_spmv (one launch, its event) for n <= SPMV_NB, else fc_transpose + fc_spmm (first, last)."""
         p = self.p
         if n > self.max_batch:
@@ -71,10 +73,54 @@ class SparseFc:
                          self.m, n, np_)
         return first, last
 
-    def flops(self, n: int) -> float:
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         """The DENSE layer's flops (the work done is `density` of it)."""
         return 2.0 * n * self.m * self.k
 
     def weight_bytes_read(self) -> int:
         """Bytes of weights one pass reads (dense: 4 * M * K)."""
         return self.format_bytes
+
+    def describe(self) -> str:
+        return (f"sparse_csr {self.nnz:,} non-zeros ({self.density:.1%}), {self.format_bytes / 1e6:.1f} MB read; "
+                f"fc_spmv up to batch {self.p['SPMV_NB']}, fc_spmm above")
+
+
+CANDIDATES = {
+    "cpu": [{"SPMV_LM": lm, "SPMM_NV": nv} for lm in (8, 4, 16) for nv in (16, 8)],
+    "gpu": [{"SPMV_LK": lk, "SPMV_LM": lm, "SPMM_WG": wg} for lk in (32, 16) for lm in (4, 8) for wg in (64, 32)],
+}
+
+
+class SparseCsr(Algorithm):
+    """The registry entry of fc_sparse.cl: fully connected layers, FP32, portable family; `sparse` as in
+    ops/sparse_conv.SparseConvAlgorithm."""
+
+    name = ALGO
+    family = "portable"
+    kinds = ("fc",)
+    precisions = ("fp32",)
+    tunables = TUNABLES
+    kernel_file = "fc_sparse.cl"
+    sparse = True
+
+    def default(self, caps, precision):
+        return default_params(caps.kind)
+
+    def candidates(self, caps, precision, layer):
+        base = self.default(caps, precision)
+        out = [base] + [{**base, **c} for c in CANDIDATES["cpu" if caps.kind == "cpu" else "gpu"]]
+        return [p for i, p in enumerate(out) if p not in out[:i] and self.fits(p, caps, precision)]
+
+    def local_mem(self, params, precision):
+        return 4 * params["SPMV_LM"] * params["SPMV_LK"] if params["SPMV_LK"] > 1 else 0
+
+    def work_group_size(self, params):
+        return max(params["SPMV_LM"] * params["SPMV_LK"], params["SPMM_WG"], params["TR_WG"])
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, **extra):
+        p = {**self.default(env.caps, precision), **params, "ALGO": self.name}
+        return SparseFc(ctx, cache, p, weight, bias, relu=int(layer.relu), max_batch=env.max_batch)
+
+
+ALGORITHM = register(SparseCsr())

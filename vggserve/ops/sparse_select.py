@@ -1,6 +1,7 @@
 """Which kernel a layer gets, from its measured sparsity and the tuned speed-up curves (docs/sparse.md).
 
-    choose(table, "conv", "512x512x14", batch=1, sparsity=0.9, nnz=235930) -> Choice(algo, reason)
+    choose(table, "conv3x3", "512x512x14", batch=1, sparsity=0.9, nnz=235930) -> Choice(algo, reason)
+    for_layer(tables, caps, precision, layer, weight, batch) -> Choice   (what the engine calls at load)
 
 The table comes from `sparse_table(params, kind)`: the device kind's defaults (`DEFAULTS`), overridden by the
 "sparse" entry of the tuned parameters (`vggserve tune --sparse` writes it: per batch and layer shape, each sparse
@@ -13,6 +14,8 @@ time grows with them (PoCL: ~5 ms a non-zero; docs/sparse.md).
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 DENSE = "dense"
 CODEGEN = "sparse_codegen"
@@ -44,7 +47,8 @@ def sparse_table(params: dict, kind: str) -> dict:
     tuned = params.get("sparse", {})
     return {"crossover": {**base["crossover"], **tuned.get("crossover", {})},
             "codegen_max_nnz": tuned.get("codegen_max_nnz", base["codegen_max_nnz"]),
-            "curves": tuned.get("curves", {})}
+            "curves": tuned.get("curves", {}),
+            "params": tuned.get("params", {})}  # {algo: tunables} over the entry's default
 
 
 def speedup_at(curve: list, sparsity: float) -> float:
@@ -67,9 +71,9 @@ def _curves_for(table: dict, shape: str, batch: int) -> dict:
     return by_batch[nearest]
 
 
-def choose(table: dict, layer: str, shape: str, batch: int, sparsity: float, nnz: int) -> Choice:
-    """The kernel for one layer ("conv" or "fc") of shape key `shape` ("CINxCOUTxSIZE"), run at `batch`."""
-    algos = CONV_ALGOS if layer == "conv" else FC_ALGOS
+def choose(table: dict, kind: str, shape: str, batch: int, sparsity: float, nnz: int) -> Choice:
+    """The kernel for one layer ("conv3x3" or "fc") of shape key `shape` ("CINxCOUTxSIZE"), run at `batch`."""
+    algos = CONV_ALGOS if kind == "conv3x3" else FC_ALGOS
     curves = _curves_for(table, shape, batch)
     best, best_x, why = DENSE, 1.0, []
     for algo in algos:
@@ -88,3 +92,20 @@ def choose(table: dict, layer: str, shape: str, batch: int, sparsity: float, nnz
             best, best_x = algo, x
     reason = f"sparsity {sparsity:.3f}; " + "; ".join(why)
     return Choice(best, sparsity, reason)
+
+
+def measured(weight: np.ndarray) -> tuple[float, int]:
+    """(fraction of the weights that are exactly zero, non-zero count)."""
+    nnz = int(np.count_nonzero(weight))
+    return 1.0 - nnz / max(weight.size, 1), nnz
+
+
+def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: int) -> Choice:
+    """The engine's choice for one layer (registry.LayerSpec) from its weights' measured sparsity. The sparse
+    kernels are FP32 and NCHW: any other precision, and unpruned weights, stay dense."""
+    if precision.name != "fp32":
+        return Choice(DENSE, 0.0, "")
+    sparsity, nnz = measured(weight)
+    if nnz == weight.size:
+        return Choice(DENSE, 0.0, "")
+    return choose(sparse_table(tables, caps.kind), layer.kind, layer.shape_key, batch, sparsity, nnz)

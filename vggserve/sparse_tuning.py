@@ -1,0 +1,205 @@
+"""The sparse half of the tuner: the sparse kernels against the engine's own dense layers, per layer shape and
+sparsity, to find where each sparse kernel wins (it sits above the engine, as tuning.py sits above the ops).
+
+`measure` takes a dense engine (VGG16 on unpruned weights, so every dense layer is exactly the one the engine runs:
+tuned GEMM, Winograd, GEMV or split-K) and, per layer shape and sparsity, builds the sparse registry entries on
+magnitude-pruned copies of the same weights, and times them all with OpenCL profiling events (first launch's start
+to last launch's end, median).
+`curves` turns the runs into the speed-up curves `sparse_select` reads, `store` writes them to the tuned-parameter
+file (so the engine uses them with no flag). benchmarks/sparse_vs_dense.py and `vggserve tune --sparse` use it.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyopencl as cl
+
+from .model.reference import conv3x3_relu
+from .ops import registry
+from .ops.registry import BuildEnv, LayerSpec
+from .ops.sparse_select import CODEGEN, COMPRESSED, CSR
+from .runtime.params import shape_key, tuned_file
+from .weights.prune import prune_unstructured
+from .weights.spec import INPUT_SIZE, vgg16_spec
+
+MF = cl.mem_flags
+SPARSITIES = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+@dataclass
+class Point:
+    sparsity: float
+    algo: str
+    ms: float | None  # None: not run (see note)
+    speedup: float | None = None  # dense ms / ms
+    err: float | None = None  # max |out - ref| / max |ref| against float64 (first image), if checked
+    nnz: int = 0
+    build_s: float | None = None  # codegen: program build + first launch, seconds
+    binary_bytes: int | None = None
+    weight_bytes: int | None = None  # bytes of the sparse weight format
+    note: str = ""
+
+
+@dataclass
+class LayerRun:
+    shape: str  # CINxCOUTxSIZE
+    layers: list  # torchvision names of the layers with this shape
+    kind: str  # "conv" or "fc"
+    cin: int
+    cout: int
+    size: int
+    batch: int
+    dense_ms: float
+    dense_algo: str
+    torch_ms: float | None = None
+    points: list = field(default_factory=list)
+
+
+def layer_shapes(width: float = 1.0) -> list[tuple[str, list, str, int, int, int]]:
+    """(shape key, layer names, "conv"/"fc", cin, cout, size) of every distinct VGG16 layer shape, network order."""
+    out, size = {}, INPUT_SIZE
+    for c in vgg16_spec(width).convs:
+        key = shape_key(c.cin, c.cout, size)
+        out.setdefault(key, (key, [], "conv", c.cin, c.cout, size))[1].append(c.name)
+        size //= 2 if c.pool_after else 1
+    for f in vgg16_spec(width).fcs:
+        key = shape_key(f.fin, f.fout, 1)
+        out.setdefault(key, (key, [], "fc", f.fin, f.fout, 1))[1].append(f.name)
+    return list(out.values())
+
+
+def timed(queue, enqueue, iterations: int) -> float:
+    """Median milliseconds of `enqueue()` (an event or (first, last) events) after one untimed call."""
+    enqueue()
+    queue.finish()
+    times = []
+    for _ in range(iterations):
+        ev = enqueue()
+        first, last = ev if isinstance(ev, tuple) else (ev, ev)
+        last.wait()
+        times.append((last.profile.end - first.profile.start) * 1e-6)
+    return float(np.median(times))
+
+
+def _dense_layer(model, name):
+    """The engine's op for layer `name`, and a call (queue, src, dst, n, size) of it."""
+    for spec, op in model.convs + model.fcs:
+        if spec.name == name:
+            return op, lambda q, s, d, n, size: op.enqueue(q, s, d, n, size, size)
+    raise KeyError(name)
+
+
+def _reference(kind, x, weight, bias, relu):
+    f64 = np.float64
+    if kind == "conv":
+        return conv3x3_relu(x[:1].astype(f64), weight.astype(f64), bias.astype(f64))
+    out = x[:1].astype(f64) @ weight.astype(f64).T + bias
+    return np.maximum(out, 0) if relu else out
+
+
+def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODEGEN, COMPRESSED, CSR),
+            iterations: int = 5, codegen_max_nnz: int | None = None, check: bool = True, shapes=None,
+            torch_time=None, progress=print, params: dict | None = None) -> list[LayerRun]:
+    """Dense vs sparse per layer shape (`shapes`: a subset of keys) and sparsity, at `batch` images.
+
+    model: a VGG16 built with profile=True and max_batch_size >= batch on `tensors`. codegen_max_nnz: skip the
+    generated kernel above this many non-zeros (its build time). torch_time(kind, cin, cout, size, batch): dense
+    milliseconds of another library at the same shape, or None. params: {algo: tunables} over the defaults."""
+    ctx, queue, cache = model.context, model.queue, model.program_cache
+    env = BuildEnv(caps=model.caps, max_batch=batch, tables=model.params)  # one pad workspace for every layer
+    params = params or {}
+    rng = np.random.default_rng(0)
+    runs = []
+    relu_of = {f.name: f.relu for f in model.spec.fcs}
+    for key, names, lkind, cin, cout, size in layer_shapes(model.spec.width):
+        if shapes and key not in shapes:
+            continue
+        weight, bias = tensors[f"{names[0]}.weight"], tensors[f"{names[0]}.bias"]
+        relu = relu_of.get(names[0], True)
+        layer = LayerSpec("conv3x3" if lkind == "conv" else "fc", cin, cout, size, relu=relu)
+        xshape = (batch, cin, size, size) if lkind == "conv" else (batch, cin)
+        x = np.maximum(rng.standard_normal(xshape, dtype=np.float32), 0)  # ReLU outputs, as every layer but the first gets
+        src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
+        dst = cl.Buffer(ctx, MF.READ_WRITE, 4 * batch * cout * size * size)
+        op, run = _dense_layer(model, names[0])
+        dense_ms = timed(queue, lambda: run(queue, src, dst, batch, size), iterations)
+        lr = LayerRun(key, names, lkind, cin, cout, size, batch, dense_ms, op.describe())
+        if torch_time is not None:
+            lr.torch_ms = torch_time(lkind, cin, cout, size, batch)
+        progress(f"{key:>14s} {','.join(names)}: dense {dense_ms:.3f} ms ({lr.dense_algo})"
+                 + (f", torch {lr.torch_ms:.3f} ms" if lr.torch_ms is not None else ""))
+        for s in sparsities:
+            w = prune_unstructured(weight, s)
+            ref = _reference(lkind, x, w, bias, relu) if check else None
+            for algo in registry.for_layer(model.caps, model.precision, layer, sparse=True):
+                if algo.name not in algos:
+                    continue
+                point = Point(s, algo.name, None, nnz=int(np.count_nonzero(w)))
+                if algo.name == CODEGEN and codegen_max_nnz is not None and point.nnz > codegen_max_nnz:
+                    point.note = f"skipped: {point.nnz} non-zeros > {codegen_max_nnz} (build time)"
+                    lr.points.append(point)
+                    continue
+                t0 = time.perf_counter()
+                sp = algo.make(ctx, cache, params.get(algo.name, {}), model.precision, layer, w, bias, env)
+                call = lambda: sp.enqueue(queue, src, dst, batch, size, size)  # noqa: E731
+                call()
+                queue.finish()
+                point.weight_bytes = getattr(sp, "format_bytes", None)
+                if algo.name == CODEGEN:
+                    point.build_s = round(time.perf_counter() - t0, 3)  # build (or cache) + first launch
+                    point.binary_bytes = sp.binary_bytes
+                point.ms = timed(queue, call, iterations)
+                point.speedup = dense_ms / point.ms if point.ms > 0 else None
+                if ref is not None:
+                    out = np.empty((batch, cout, size, size) if lkind == "conv" else (batch, cout), np.float32)
+                    cl.enqueue_copy(queue, out, dst)
+                    point.err = float(np.abs(out[:1] - ref).max() / max(np.abs(ref).max(), 1e-30))
+                lr.points.append(point)
+                progress(f"{'':>14s}   {s:5.2f} {algo.name:18s} {point.ms:9.3f} ms  x{point.speedup:6.2f}"
+                         + (f"  err {point.err:.1e}" if point.err is not None else "")
+                         + (f"  build {point.build_s:.1f} s, {point.binary_bytes / 1e6:.2f} MB"
+                            if algo.name == CODEGEN else ""))
+                sp = call = None  # the layer's buffers go before the next one is built
+        src.release()
+        dst.release()
+        runs.append(lr)
+    return runs
+
+
+def curves(runs: list[LayerRun]) -> dict:
+    """{shape: {algo: [[sparsity, speed-up], ...]}} of the points that ran (the curves sparse_select reads)."""
+    out: dict = {}
+    for r in runs:
+        for p in r.points:
+            if p.speedup is not None:
+                out.setdefault(r.shape, {}).setdefault(p.algo, []).append([p.sparsity, round(p.speedup, 4)])
+    return out
+
+
+def crossover(curve: list) -> float | None:
+    """The lowest measured sparsity from which on the kernel beats dense at every measured sparsity above, or None."""
+    points = sorted(curve)
+    for i, (s, _) in enumerate(points):
+        if all(x > 1.0 for _, x in points[i:]):
+            return s
+    return None
+
+
+def store(device_label: str, measured: dict, batch: int) -> None:
+    """Merge the curves measured at `batch` into the tuned-parameter file under this device's name."""
+    path = tuned_file()
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    entry = table.setdefault(device_label, {}).setdefault("sparse", {})
+    entry.setdefault("curves", {}).setdefault(str(batch), {}).update(measured)
+    table[device_label]["tuned_on"] = time.strftime("%Y-%m-%d")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+
+
+def as_json(runs: list[LayerRun]) -> list[dict]:
+    return [asdict(r) for r in runs]
