@@ -147,3 +147,42 @@ def test_crossover_is_where_the_kernel_wins_from_on():
     assert crossover([[0.5, 0.4], [0.9, 1.2], [0.99, 3.0]]) == 0.9
     assert crossover([[0.5, 1.1], [0.8, 0.9], [0.99, 3.0]]) == 0.99  # a dip: it wins for good only from 0.99
     assert crossover([[0.5, 0.4], [0.99, 0.9]]) is None
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+def test_bench_on_pruned_weights_says_which_kernel_each_layer_got_and_why(tiny_weights_path, tmp_path, capsys):
+    from vggserve.cli import main
+
+    pruned = tmp_path / "fc95.safetensors"
+    assert main(["weights", "prune", "--sparsity", "0.95", "--layers", "fc", str(tiny_weights_path), str(pruned)]) == 0
+    capsys.readouterr()
+    assert main(["bench", "--weights", str(pruned), "--device", TEST_DEVICE, "--iterations", "1"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("features.", "classifier."))}
+    assert len(rows) == 16
+    for name in ("classifier.0", "classifier.3", "classifier.6"):
+        assert f"{CSR} " in rows[name] and "sparsity 0.950" in rows[name] and "wins" in rows[name]
+    assert CSR not in rows["features.0"] and "sparsity" not in rows["features.0"]
+
+
+def test_tune_sparse_stores_curves_the_engine_then_uses(tiny_tensors, tmp_path, monkeypatch, capsys):
+    import json
+
+    from vggserve import sparse_tuning
+    from vggserve.cli import main
+    from vggserve.runtime import devices as devs
+    from vggserve.runtime.params import params_for
+    from vggserve.weights import init as init_module
+
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(init_module, "init_weights", lambda seed: tiny_tensors)  # the tiny net, not VGG16
+    measure = sparse_tuning.measure
+    monkeypatch.setattr(sparse_tuning, "measure", lambda *a, **k: measure(
+        *a, **{**k, "sparsities": (0.9, 0.99), "shapes": ["64x64x14", "512x512x1"]}))
+    assert main(["tune", "--sparse", "--device", TEST_DEVICE, "--batch-size", "1", "--repeats", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["curves"]) == {"64x64x14", "512x512x1"}
+    assert set(out["curves"]["64x64x14"]) == {CODEGEN, COMPRESSED} and set(out["curves"]["512x512x1"]) == {CSR}
+    info = devs.resolve(TEST_DEVICE)
+    assert params_for(info.kind, info.label)["sparse"]["curves"] == {"1": out["curves"]}
