@@ -17,6 +17,10 @@
 #   host      benchmarks/host_vs_engine.py at batch 32: the batch job (one rank, $HOST_IMAGES JPEGs) and the service
 #             (500x375; the photo mix exact and fast) against the engine's streamed rate, for each of $PRECISIONS
 #             (default fp32), and benchmarks/decoders.py (decoders and decode modes on this host's CPU)
+#   sparse    benchmarks/sparse_vs_dense.py at each of $SPARSE_BATCHES (default "64 1"): every layer shape at sparsities
+#             $SPARSITIES, dense vs the sparse kernels (and cuDNN), the generated kernel up to $CODEGEN_MAX_NNZ
+#             non-zeros (default 60000: raise it once the build times it prints allow), the whole network pruned to 90%;
+#             curves stored for the engine's kernel choice (copied to $OUT/tuned.json); JSON and PNG in $OUT
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-tests tune compare bench winograd serve loadtest}
@@ -35,7 +39,7 @@ for stage in $STAGES; do
   case $stage in
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
            tests/test_tensorcore.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
-           tests/test_warmstart.py -k "not device_specs" 2>&1 \
+           tests/test_warmstart.py tests/test_sparse_kernels.py tests/test_pruned_network.py -k "not device_specs" 2>&1 \
            | tail -3 | tee -a "$LOG" ;;
   tune) for p in ${TUNE_PRECISIONS:-fp32}; do for b in 64 1; do
           timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --precision $p --candidates ${CANDIDATES:-40} \
@@ -76,6 +80,11 @@ PY
             cp /tmp/lt-closed/throughput.png "$OUT/lt_closed_throughput.png" 2>/dev/null
             cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
+  sparse) for b in ${SPARSE_BATCHES:-64 1}; do timeout ${SPARSE_TIMEOUT:-280} python3 benchmarks/sparse_vs_dense.py \
+            --device gpu --batch $b --sparsities ${SPARSITIES:-0,0.5,0.7,0.8,0.9,0.95,0.99} \
+            --codegen-max-nnz ${CODEGEN_MAX_NNZ:-60000} --network-batches $b --store --json "$OUT/sparse$b.json" \
+            --png "$OUT/sparse$b.png" 2>&1 | grep -v Warning | tee -a "$LOG"; done
+          cp /tmp/vgcache/tuned.json "$OUT/tuned.json" ;;
   scaling) timeout 500 python3 benchmarks/batch_scaling.py --weights $W --images ${SCALING_IMAGES:-1024} --ranks 1,2,4 \
              --batch-size 32 --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
   host) for p in ${PRECISIONS:-fp32}; do timeout 580 python3 benchmarks/host_vs_engine.py --weights $W --device gpu \

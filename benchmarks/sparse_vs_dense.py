@@ -187,33 +187,38 @@ def main():
     sparsities = [float(s) for s in args.sparsities.split(",") if s.strip()]
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     tensors = init_weights(seed=0, width=args.width)
+    result = {"device": info.label, "batch": args.batch, "width": args.width, "date": time.strftime("%Y-%m-%d"),
+              "command": " ".join(sys.argv), "layers": [], "crossover": {}, "network": []}
+
+    def save(**parts):  # after every layer, so that a run cut short by a timeout keeps what it measured
+        result.update(parts)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+
     print(f"{info.label}: batch {args.batch}, width {args.width}, sparsities {sparsities}", flush=True)
     with VGG16(tensors, device=info.spec, max_batch_size=args.batch, profile=True) as model:
         runs = sparse_tuning.measure(model, tensors, args.batch, sparsities, algos, args.iterations,
-                                   args.codegen_max_nnz, not args.no_check,
-                                   [s.strip() for s in args.shapes.split(",") if s.strip()] or None,
-                                   torch_timer(args.device, args.iterations), print, json.loads(args.params))
+                                     args.codegen_max_nnz, not args.no_check,
+                                     [s.strip() for s in args.shapes.split(",") if s.strip()] or None,
+                                     torch_timer(args.device, args.iterations), print, json.loads(args.params),
+                                     on_layer=lambda r: save(layers=sparse_tuning.as_json(r)))
     print(table(runs, sparsities))
     best = {}
     for r in runs:
         for algo in algos:
-            cross = sparse_tuning.crossover([[p.sparsity, p.speedup] for p in r.points
-                                           if p.algo == algo and p.speedup is not None] or [[1.0, 0.0]])
+            points = [[p.sparsity, p.speedup] for p in r.points if p.algo == algo and p.speedup is not None]
             if any(p.algo == algo for p in r.points):
-                best.setdefault(r.shape, {})[algo] = cross
+                best.setdefault(r.shape, {})[algo] = sparse_tuning.crossover(points) if points else None
     print("sparsity from which each kernel wins (None: never, in the measured range):")
     for shape, c in best.items():
         print(f"  {shape:>14s} " + "  ".join(f"{SHORT[a]} {v}" for a, v in c.items()))
+    save(crossover=best)
+    if args.png:
+        plot(runs, args.png, f"{info.label}, batch {args.batch}: sparse kernels vs our dense layers")
     if args.store:  # before the network runs, so that their kernel choice uses the curves just measured
         sparse_tuning.store(info.label, sparse_tuning.curves(runs), args.batch)
         print(f"curves stored for {info.label} at batch {args.batch}")
-    nets = network(args, tensors, info, [int(b) for b in args.network_batches.split(",") if b.strip()])
-    if args.png:
-        plot(runs, args.png, f"{info.label}, batch {args.batch}: sparse kernels vs our dense layers")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": info.label, "batch": args.batch, "width": args.width,
-                                               "date": time.strftime("%Y-%m-%d"), "layers": sparse_tuning.as_json(runs),
-                                               "crossover": best, "network": nets}, indent=1))
+    save(network=network(args, tensors, info, [int(b) for b in args.network_batches.split(",") if b.strip()]))
 
 
 if __name__ == "__main__":

@@ -101,12 +101,13 @@ def _reference(kind, x, weight, bias, relu):
 
 def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODEGEN, COMPRESSED, CSR),
             iterations: int = 5, codegen_max_nnz: int | None = None, check: bool = True, shapes=None,
-            torch_time=None, progress=print, params: dict | None = None) -> list[LayerRun]:
+            torch_time=None, progress=print, params: dict | None = None, on_layer=None) -> list[LayerRun]:
     """Dense vs sparse per layer shape (`shapes`: a subset of keys) and sparsity, at `batch` images.
 
     model: a VGG16 built with profile=True and max_batch_size >= batch on `tensors`. codegen_max_nnz: skip the
     generated kernel above this many non-zeros (its build time). torch_time(kind, cin, cout, size, batch): dense
-    milliseconds of another library at the same shape, or None. params: {algo: tunables} over the defaults."""
+    milliseconds of another library at the same shape, or None. params: {algo: tunables} over the defaults.
+    on_layer(runs): called with the runs so far after each layer shape (to save partial results)."""
     ctx, queue, cache = model.context, model.queue, model.program_cache
     env = BuildEnv(caps=model.caps, max_batch=batch, tables=model.params)  # one pad workspace for every layer
     params = params or {}
@@ -165,6 +166,8 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
         src.release()
         dst.release()
         runs.append(lr)
+        if on_layer is not None:
+            on_layer(runs)
     return runs
 
 
