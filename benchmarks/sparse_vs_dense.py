@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_torch's timer
 
 ALGOS = ("sparse_codegen", "sparse_compressed", "sparse_csr")
 SHORT = {"sparse_codegen": "codegen", "sparse_compressed": "compressed", "sparse_csr": "csr"}
@@ -36,6 +37,7 @@ def torch_timer(device: str, iterations: int):
         import torch
     except ImportError:
         return None
+    from compare_torch import Timer  # CUDA events on a GPU, the host clock on the CPU
     dev = "cuda" if device.startswith("gpu") and torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -54,17 +56,9 @@ def torch_timer(device: str, iterations: int):
                 f()
             times = []
             for _ in range(iterations):
-                if dev == "cuda":
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
+                with Timer(torch, dev) as t:
                     f()
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e))
-                else:
-                    t = time.perf_counter()
-                    f()
-                    times.append((time.perf_counter() - t) * 1e3)
+                times.append(t.ms)
             return float(np.median(times))
 
     return run

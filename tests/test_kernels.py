@@ -17,6 +17,8 @@ from vggserve.runtime import devices as devs
 from vggserve.runtime.params import CPU_DEFAULT, GPU_DEFAULT
 from vggserve.runtime.programs import ProgramCache
 
+from clbuffers import poisoned, read, rel_err, to_device
+
 MF = cl.mem_flags
 # the design card's reference variant, the CPU default, and shapes that exercise every B-gather branch
 CONV_PARAMS = [
@@ -41,27 +43,6 @@ def cl_env(test_device):
     device = devs.cl_device(info)
     ctx = cl.Context([device])
     return ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device)
-
-
-def to_device(ctx, a):
-    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a, np.float32))
-
-
-def read(queue, buf, shape):
-    out = np.empty(shape, np.float32)
-    cl.enqueue_copy(queue, out, buf)
-    return out
-
-
-def poisoned(ctx, queue, n):
-    """An output buffer filled with NaN, so an element the kernel never writes fails the comparison."""
-    buf = cl.Buffer(ctx, MF.READ_WRITE, 4 * max(n, 1))
-    cl.enqueue_copy(queue, buf, np.full(max(n, 1), np.nan, np.float32))
-    return buf
-
-
-def rel_err(out, ref):
-    return np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
 
 
 @pytest.mark.parametrize("params", CONV_PARAMS, ids=lambda p: "{TM}x{TN}x{TK}_{WM}x{WN}".format(**p))

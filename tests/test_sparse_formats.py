@@ -14,24 +14,22 @@ def pruned(rng, shape, sparsity):
 
 
 def decode_tap_masks(fmt, m, c, ocg):
-    """The dense (M, C, 3, 3) weights a tap-mask stream describes, checking the chunk and group bookkeeping."""
+    """The dense (M, C, 3, 3) weights a tap-mask format describes, checking the chunk and group bookkeeping."""
     out = np.zeros((m, c * 9), np.float32)
-    words = fmt.words
     for g in range(groups(m, ocg)):
         last_k = -1
         for ch in range(fmt.gchunk[g], fmt.gchunk[g + 1]):
-            i, end = int(fmt.cptr[ch]), int(fmt.cptr[ch + 1])
-            while i < end:
-                head = int(words[i])
-                i += 1
+            vi, vend = int(fmt.vptr[ch]), int(fmt.vptr[ch + 1])
+            for head in fmt.heads[fmt.cptr[ch]:fmt.cptr[ch + 1]].tolist():
                 k = (head >> 20) * 9 + ((head >> 18) & 3) * 3 + ((head >> 16) & 3)
                 assert k > last_k and head & 0xFFFF  # taps in increasing k, each with a weight
                 last_k = k
                 for j in range(ocg):
                     if head >> j & 1:
-                        out[g * ocg + j, k] = words[i:i + 1].view(np.float32)[0]
-                        i += 1
-            assert i == end  # a chunk ends at a tap boundary
+                        out[g * ocg + j, k] = fmt.vals[vi]
+                        vi += 1
+            assert vi == vend  # a chunk's values are its headers' values
+    assert fmt.vals[-1] == 0 and fmt.vals.size == fmt.nnz + 1
     return out.reshape(m, c, 3, 3)
 
 
@@ -41,10 +39,10 @@ def decode_tap_masks(fmt, m, c, ocg):
 def test_tap_masks_decode_to_the_weights(rng, m, c, ocg, chunk, sparsity):
     w = pruned(rng, (m, c, 3, 3), sparsity)
     fmt = tap_masks(w, ocg, chunk)
-    assert fmt.nnz == np.count_nonzero(w) and fmt.words.size == fmt.nnz + fmt.taps
+    assert fmt.nnz == np.count_nonzero(w)
     np.testing.assert_array_equal(decode_tap_masks(fmt, m, c, ocg), w)
     if chunk:
-        assert (np.diff(fmt.cptr) <= chunk).all()
+        assert (np.diff(fmt.cptr) + np.diff(fmt.vptr) <= chunk).all()
     else:
         assert (np.diff(fmt.gchunk) <= 1).all()  # one chunk per group (none for an empty group)
 

@@ -16,6 +16,8 @@ from vggserve.runtime import devices as devs
 from vggserve.runtime.programs import Generated, ProgramCache
 from vggserve.weights.prune import prune_unstructured
 
+from clbuffers import poisoned, read, rel_err, to_device
+
 MF = cl.mem_flags
 TOL = 1e-4
 SPARSITIES = [0.0, 0.5, 0.9, 0.99, 1.0]
@@ -29,7 +31,7 @@ COMPRESSED = [
     sc.default_params("cpu", sc.COMPRESSED),
     sc.default_params("gpu", sc.COMPRESSED),   # local-memory chunks, 64 work-items
     {**sc.default_params("gpu", sc.COMPRESSED), "SP_PX": 4, "SP_OCG": 3, "SP_WG": 8, "SP_CHUNK": 20},  # many chunks
-    {**sc.default_params("cpu", sc.COMPRESSED), "SP_PX": 2, "SP_OCG": 16, "SP_MEM": 2, "SP_SKIP_ZERO": 0},
+    {**sc.default_params("cpu", sc.COMPRESSED), "SP_PX": 2, "SP_OCG": 16, "SP_MEM": 2, "SP_BRANCHLESS": 1},
 ]
 CODEGEN = [
     sc.default_params("cpu", sc.CODEGEN),
@@ -40,7 +42,7 @@ CODEGEN = [
 
 def pid(p):
     return "{ALGO}_px{SP_PX}_g{SP_OCG}_wg{SP_WG}".format(**p) + (
-        "_mem{SP_MEM}_ch{SP_CHUNK}_skip{SP_SKIP_ZERO}".format(**p) if p["ALGO"] == sc.COMPRESSED else "")
+        "_mem{SP_MEM}_ch{SP_CHUNK}_skip{SP_SKIP_ZERO}_bl{SP_BRANCHLESS}".format(**p) if p["ALGO"] == sc.COMPRESSED else "")
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +50,6 @@ def cl_env(test_device, tmp_path_factory):
     device = devs.cl_device(devs.resolve(test_device))
     ctx = cl.Context([device])
     return ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device, folder=tmp_path_factory.mktemp("programs"))
-
-
-def to_device(ctx, a):
-    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a, np.float32))
-
-
-def poisoned(ctx, queue, n):
-    buf = cl.Buffer(ctx, MF.READ_WRITE, 4 * max(n, 1))
-    cl.enqueue_copy(queue, buf, np.full(max(n, 1), np.nan, np.float32))
-    return buf
-
-
-def read(queue, buf, shape):
-    out = np.empty(shape, np.float32)
-    cl.enqueue_copy(queue, out, buf)
-    return out
-
-
-def rel_err(out, ref):
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 def conv_case(rng, shape, sparsity):
@@ -119,7 +101,7 @@ def test_codegen_conv_other_tunables_match_float64(cl_env, rng, params, shape):
     check_conv(cl_env, rng, params, shape, 0.9)
 
 
-@pytest.mark.parametrize("params", [COMPRESSED[0], COMPRESSED[2]], ids=pid)
+@pytest.mark.parametrize("params", [COMPRESSED[0], COMPRESSED[2], COMPRESSED[3]], ids=pid)
 def test_compressed_conv_skips_zero_inputs_without_changing_the_result(cl_env, rng, params):
     weight, bias, x = conv_case(rng, (2, 24, 10, 9, 20), 0.5)
     x[:, ::2] = 0  # whole channels of zeros

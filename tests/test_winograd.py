@@ -16,6 +16,7 @@ from vggserve.runtime import devices as devs
 from vggserve.runtime.programs import ProgramCache
 
 from conftest import TEST_DEVICE
+from clbuffers import poisoned, read, rel_err, to_device
 
 MF = cl.mem_flags
 SHAPES = [  # (batch, cin, cout, h, w): 1x1 images, odd sizes, channels off every tile, VGG's 14x14 block
@@ -56,10 +57,6 @@ def pid(p):
     return "F{m}_{TM}x{TN}x{TK}_{WM}x{WN}_x{XWG}".format(m=winograd.tile_size(p), **p)
 
 
-def rel_err(out, ref):
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
 def top5(scores):
     return np.argsort(-scores, axis=1, kind="stable")[:, :5]
 
@@ -69,23 +66,6 @@ def cl_env(test_device):
     device = devs.cl_device(devs.resolve(test_device))
     ctx = cl.Context([device])
     return ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device)
-
-
-def to_device(ctx, a):
-    return cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a, np.float32))
-
-
-def poisoned(ctx, queue, n):
-    """An output buffer filled with NaN, so an element the kernels never write fails the comparison."""
-    buf = cl.Buffer(ctx, MF.READ_WRITE, 4 * max(n, 1))
-    cl.enqueue_copy(queue, buf, np.full(max(n, 1), np.nan, np.float32))
-    return buf
-
-
-def read(queue, buf, shape):
-    out = np.empty(shape, np.float32)
-    cl.enqueue_copy(queue, out, buf)
-    return out
 
 
 def problem(rng, shape):

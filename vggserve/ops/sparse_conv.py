@@ -28,14 +28,16 @@ GATE = 2**31 - 1  # conv_sparse_codegen.cl's `gate`: every G(i) block runs
 
 # tunables (kernels/conv_sparse.clh, conv_sparse_compressed.cl, pad.cl) per device kind. CPUs: one 16-float vector
 # of pixels per work-item (PoCL runs a work-item's code as scalar code: the vector width has to come from inside
-# it), small work-groups; the compressed kernel one channel per group (a tap entry per non-zero: on 256x256x56 at
-# 90% / 99% sparsity 0.43x / 7.2x of dense against 0.32x / 1.7x with 8 channels, whose FMAs on zeros cost more than
-# the shared loads save). GPUs: one pixel per work-item, 64 work-items along the pixels sharing the weights.
+# it), small work-groups. The compressed kernel on CPUs: one channel per group (a tap entry per non-zero), no
+# zero-activation test: on 128x256x56 at 90% sparsity 7.8 ms against 30 ms with the test (a 16-pixel vector of
+# ReLU outputs is seldom all zero, and the test stalls every entry) and 33-51 ms with 4-8 channels per group, whose
+# FMAs on zeros cost more than the shared loads save (2.73x dense there, 10x at 99%; docs/sparse.md).
+# GPUs: one pixel per work-item, 64 work-items along the pixels sharing the weights.
 DEFAULTS = {
     ("cpu", CODEGEN): {"SP_PX": 16, "SP_OCG": 16, "SP_WG": 1, "PAD_WG": 16},
     ("gpu", CODEGEN): {"SP_PX": 1, "SP_OCG": 16, "SP_WG": 64, "PAD_WG": 64},
-    ("cpu", COMPRESSED): {"SP_PX": 16, "SP_OCG": 1, "SP_WG": 1, "SP_MEM": 0, "SP_CHUNK": 1024, "SP_SKIP_ZERO": 1,
-                          "SP_BRANCHLESS": 1, "PAD_WG": 16},
+    ("cpu", COMPRESSED): {"SP_PX": 16, "SP_OCG": 1, "SP_WG": 1, "SP_MEM": 0, "SP_CHUNK": 1024, "SP_SKIP_ZERO": 0,
+                          "SP_BRANCHLESS": 0, "PAD_WG": 16},
     ("gpu", COMPRESSED): {"SP_PX": 1, "SP_OCG": 8, "SP_WG": 64, "SP_MEM": 1, "SP_CHUNK": 1024, "SP_SKIP_ZERO": 1,
                           "SP_BRANCHLESS": 0, "PAD_WG": 64},
 }
@@ -172,17 +174,17 @@ class SparseConvCompressed(SparseConv):
         fmt = tap_masks(weight, self.ocg, params["SP_CHUNK"] if params["SP_MEM"] == 1 else None)
         if params["SP_MEM"] == 2:
             limit = min(d.max_constant_buffer_size for d in ctx.devices)
-            if fmt.words.nbytes > limit:
-                raise ValueError(f"the layer's {fmt.words.nbytes} bytes of weights do not fit the device's "
-                                 f"{limit}-byte constant buffer (SP_MEM 2); use SP_MEM 0 or 1")
-        self.format_bytes = fmt.words.nbytes + fmt.cptr.nbytes + fmt.gchunk.nbytes
-        self.words = upload_raw(ctx, fmt.words)
-        self.cptr, self.gchunk = upload_raw(ctx, fmt.cptr), upload_raw(ctx, fmt.gchunk)
+            if fmt.heads.nbytes + fmt.vals.nbytes > limit:
+                raise ValueError(f"the layer's {fmt.heads.nbytes + fmt.vals.nbytes} bytes of weights do not fit the "
+                                 f"device's {limit}-byte constant buffer (SP_MEM 2); use SP_MEM 0 or 1")
+        self.format_bytes = fmt.nbytes
+        self.heads, self.vals = upload_raw(ctx, fmt.heads), upload_raw(ctx, fmt.vals)
+        self.cptr, self.vptr, self.gchunk = (upload_raw(ctx, a) for a in (fmt.cptr, fmt.vptr, fmt.gchunk))
         self.kernel = Launch(cl.Kernel(self._program(cache, "conv_sparse_compressed.cl"), "conv_sparse_compressed"))
 
     def _launch(self, queue, grid, local, dst, h, w, pw, nstrips):
-        return self.kernel(queue, grid, local, self.ws.buf, self.words, self.cptr, self.gchunk, self.bias, dst,
-                           self.cin, h, w, self.m, pw, nstrips)
+        return self.kernel(queue, grid, local, self.ws.buf, self.heads, self.vals, self.cptr, self.vptr, self.gchunk,
+                           self.bias, dst, self.cin, h, w, self.m, pw, nstrips)
 
 
 def upload_raw(ctx, array: np.ndarray):
@@ -204,9 +206,10 @@ def sparse_conv(ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, 
 CANDIDATES = {  # tunables the sparse tuner tries per device kind, over the default
     ("cpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g} for px in (16, 8) for g in (16, 8, 24)],
     ("gpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g, "SP_WG": wg} for px in (1, 2) for g in (16, 8, 32) for wg in (64, 128)],
-    ("cpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g} for px in (16, 8) for g in (1, 2, 4)],
-    ("gpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g, "SP_MEM": mem, "SP_BRANCHLESS": bl}
-                          for px in (1, 2) for g in (8, 4, 16) for mem in (1, 0) for bl in (0, 1)],
+    ("cpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g, "SP_SKIP_ZERO": z, "SP_BRANCHLESS": int(g > 1)}
+                          for px in (16, 8) for g in (1, 2, 4) for z in (0, 1)],
+    ("gpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g, "SP_MEM": mem, "SP_SKIP_ZERO": z}
+                          for px in (1, 2) for g in (8, 4, 16) for mem in (1, 0) for z in (1, 0)],
 }
 
 
@@ -232,7 +235,7 @@ class SparseConvAlgorithm(Algorithm):
         return [p for i, p in enumerate(out) if p not in out[:i] and self.fits(p, caps, precision)]
 
     def local_mem(self, params, precision):
-        return 4 * params["SP_CHUNK"] if params.get("SP_MEM") == 1 else 0
+        return 4 * (params["SP_CHUNK"] + 1) if params.get("SP_MEM") == 1 else 0
 
     def work_group_size(self, params):
         return params["SP_WG"]

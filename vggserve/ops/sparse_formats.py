@@ -1,7 +1,7 @@
 """Pruned weights in the layouts the sparse kernels read (numpy only; kernels/conv_sparse_*.cl, fc_sparse.cl).
 
-  tap masks   conv_sparse_compressed.cl: per group of `ocg` output channels, a word stream of (tap header, the
-              group's non-zero weights at that tap), cut into chunks at tap boundaries;
+  tap masks   conv_sparse_compressed.cl: per group of `ocg` output channels, a header per tap with a weight (its
+              position and which channels) and the group's non-zeros in header order, cut into chunks of whole taps;
   CSR         fc_sparse.cl: row pointers, 16- or 32-bit column indices, values;
   codegen     conv_sparse_codegen.cl: the `case` blocks with the weights as float literals.
 Every layout lists a group's or row's non-zeros in increasing k (k = (ci * 3 + ky) * 3 + kx for a convolution),
@@ -32,16 +32,21 @@ def _group_taps(w2: np.ndarray, g: int, ocg: int) -> tuple[np.ndarray, np.ndarra
 
 @dataclass
 class TapMasks:
-    words: np.ndarray   # uint32 stream, all groups one after another
-    cptr: np.ndarray    # int32, chunk c = words[cptr[c]:cptr[c + 1]]
+    heads: np.ndarray   # uint32 tap headers, all groups one after another
+    vals: np.ndarray    # float32 non-zeros in header order, then one 0 (the kernels' branch-free read past the end)
+    cptr: np.ndarray    # int32, chunk c = heads[cptr[c]:cptr[c + 1]]
+    vptr: np.ndarray    # int32, chunk c's values = vals[vptr[c]:vptr[c + 1]]
     gchunk: np.ndarray  # int32, group g = chunks gchunk[g] .. gchunk[g + 1] - 1
     nnz: int
-    taps: int           # header words
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.heads, self.vals, self.cptr, self.vptr, self.gchunk))
 
 
 def tap_masks(weight: np.ndarray, ocg: int, chunk: int | None = None) -> TapMasks:
-    """(M, C, 3, 3) float32 weights -> the tap-mask streams of groups of `ocg` channels, cut into chunks of at most
-    `chunk` words (None: one chunk per group). See kernels/conv_sparse_compressed.cl for the word layout."""
+    """(M, C, 3, 3) float32 weights -> the tap masks of groups of `ocg` channels, cut into chunks of at most `chunk`
+    words, headers and values together (None: one chunk per group). See kernels/conv_sparse_compressed.cl."""
     m, c = weight.shape[:2]
     if not 1 <= ocg <= MAX_MASK_GROUP:
         raise ValueError(f"the tap-mask format takes groups of 1 to {MAX_MASK_GROUP} channels, got {ocg}")
@@ -50,34 +55,32 @@ def tap_masks(weight: np.ndarray, ocg: int, chunk: int | None = None) -> TapMask
     if c >= CI_LIMIT:
         raise ValueError(f"the tap-mask format takes fewer than {CI_LIMIT} input channels, got {c}")
     w2 = np.ascontiguousarray(weight, dtype=np.float32).reshape(m, -1)
-    streams, cptr, gchunk, nnz, taps = [], [0], [0], 0, 0
+    heads, vals, cptr, vptr, gchunk = [], [], [0], [0], [0]
     for g in range(groups(m, ocg)):
-        k, j, vals = _group_taps(w2, g, ocg)
+        k, j, v = _group_taps(w2, g, ocg)
         first = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, bool)
         tap_k = k[first]
         counts = np.diff(np.r_[np.flatnonzero(first), k.size])
         masks = np.zeros(tap_k.size, np.uint32)
         np.add.at(masks, np.cumsum(first) - 1, np.left_shift(np.uint32(1), j.astype(np.uint32)))
         ci, tap = np.divmod(tap_k, 9)
-        heads = (ci.astype(np.uint32) << 20) | ((tap // 3).astype(np.uint32) << 18) | (
-            (tap % 3).astype(np.uint32) << 16) | masks
-        # interleave: head, its counts[i] values, next head, ...
-        stream = np.empty(tap_k.size + k.size, np.uint32)
-        head_at = np.arange(tap_k.size) + np.r_[0, np.cumsum(counts)[:-1]]
-        is_head = np.zeros(stream.size, bool)
-        is_head[head_at] = True
-        stream[is_head] = heads
-        stream[~is_head] = vals.view(np.uint32)
-        streams.append(stream)
-        base, pos, ends = cptr[-1], 0, np.cumsum(1 + counts)  # ends: where each tap's entry ends
-        while pos < stream.size:  # greedy chunks of whole taps
-            pos = stream.size if chunk is None else int(ends[np.searchsorted(ends, pos + chunk, side="right") - 1])
-            cptr.append(base + pos)
+        heads.append((ci.astype(np.uint32) << 20) | ((tap // 3).astype(np.uint32) << 18)
+                     | ((tap % 3).astype(np.uint32) << 16) | masks)
+        vals.append(v)
+        h_base, v_base = cptr[-1], vptr[-1]
+        words = np.cumsum(1 + counts)  # words (headers and values) up to the end of each tap
+        values = np.cumsum(counts)
+        taps_done = 0
+        while taps_done < tap_k.size:  # greedy chunks of whole taps
+            done_words = words[taps_done - 1] if taps_done else 0
+            taps_done = tap_k.size if chunk is None else int(np.searchsorted(words, done_words + chunk, side="right"))
+            cptr.append(h_base + taps_done)
+            vptr.append(v_base + int(values[taps_done - 1]))
         gchunk.append(len(cptr) - 1)
-        nnz += k.size
-        taps += tap_k.size
-    words = np.concatenate(streams) if streams else np.zeros(0, np.uint32)
-    return TapMasks(words, np.array(cptr, np.int32), np.array(gchunk, np.int32), nnz, taps)
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
+    all_vals = np.r_[cat(vals, np.float32), np.float32(0)].astype(np.float32)
+    return TapMasks(cat(heads, np.uint32), all_vals, np.array(cptr, np.int32), np.array(vptr, np.int32),
+                    np.array(gchunk, np.int32), int(all_vals.size - 1))
 
 
 @dataclass
