@@ -186,3 +186,16 @@ def test_tune_sparse_stores_curves_the_engine_then_uses(tiny_tensors, tmp_path, 
     assert set(out["curves"]["64x64x14"]) == {CODEGEN, COMPRESSED} and set(out["curves"]["512x512x1"]) == {CSR}
     info = devs.resolve(TEST_DEVICE)
     assert params_for(info.kind, info.label)["sparse"]["curves"] == {"1": out["curves"]}
+
+
+def test_sparsity_is_counted_only_where_a_sample_shows_zeros(rng):
+    from vggserve.ops.sparse_select import measured
+    from vggserve.weights.prune import prune_unstructured
+
+    dense = rng.standard_normal((300, 1000)).astype(np.float32)
+    assert measured(dense) == (0.0, dense.size)
+    pruned = prune_unstructured(dense, 0.9)
+    assert measured(pruned) == (pytest.approx(0.9), 30000)
+    few = dense.copy()
+    few[0, 1:4] = 0  # 3 zeros in 300,000 between the sampled ones (every 4th): counted as unpruned
+    assert measured(few) == (0.0, few.size)

@@ -94,10 +94,19 @@ def choose(table: dict, kind: str, shape: str, batch: int, sparsity: float, nnz:
     return Choice(best, sparsity, reason)
 
 
+SAMPLE = 1 << 16  # weights looked at before counting them all
+
+
 def measured(weight: np.ndarray) -> tuple[float, int]:
-    """(fraction of the weights that are exactly zero, non-zero count)."""
-    nnz = int(np.count_nonzero(weight))
-    return 1.0 - nnz / max(weight.size, 1), nnz
+    """(fraction of the weights that are exactly zero, non-zero count). A layer none of whose SAMPLE evenly spaced
+    weights is zero counts as unpruned, (0.0, size), without reading the rest: counting all of VGG16's 138 M weights
+    would add ~0.1-0.2 s to every start, and a layer with so few zeros is dense anyway."""
+    flat = np.asarray(weight).reshape(-1)
+    sample = flat[::max(1, flat.size // SAMPLE)]
+    if np.count_nonzero(sample) == sample.size:
+        return 0.0, flat.size
+    nnz = int(np.count_nonzero(flat))
+    return 1.0 - nnz / max(flat.size, 1), nnz
 
 
 def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: int) -> Choice:
@@ -106,6 +115,6 @@ def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: i
     if precision.name != "fp32":
         return Choice(DENSE, 0.0, "")
     sparsity, nnz = measured(weight)
-    if nnz == weight.size:
+    if nnz == weight.size:  # unpruned
         return Choice(DENSE, 0.0, "")
     return choose(sparse_table(tables, caps.kind), layer.kind, layer.shape_key, batch, sparsity, nnz)
