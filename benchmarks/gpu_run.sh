@@ -80,7 +80,7 @@ PY
             cp /tmp/lt-closed/throughput.png "$OUT/lt_closed_throughput.png" 2>/dev/null
             cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
-  sparse) for b in ${SPARSE_BATCHES:-64 1}; do timeout ${SPARSE_TIMEOUT:-280} python3 benchmarks/sparse_vs_dense.py \
+  sparse) for b in ${SPARSE_BATCHES:-64 1}; do timeout ${SPARSE_TIMEOUT:-560} python3 benchmarks/sparse_vs_dense.py \
             --device gpu --batch $b --sparsities ${SPARSITIES:-0,0.5,0.7,0.8,0.9,0.95,0.99} \
             --codegen-max-nnz ${CODEGEN_MAX_NNZ:-60000} --network-batches $b --store --json "$OUT/sparse$b.json" \
             --png "$OUT/sparse$b.png" 2>&1 | grep -v Warning | tee -a "$LOG"; done
