@@ -105,10 +105,13 @@ def test_tuned_curves_override_the_defaults_and_pick_the_fastest():
     assert choose(t, "conv3x3", "512x512x14", 1, 0.85, 10).algo == CODEGEN  # no curve: default crossover 0.8
 
 
-def test_speedup_interpolates_and_clamps():
+def test_speedup_interpolates_and_is_unknown_below_the_measured_range():
     curve = [[0.9, 2.0], [0.5, 1.0]]
     assert speedup_at(curve, 0.7) == pytest.approx(1.5)
-    assert speedup_at(curve, 0.1) == 1.0 and speedup_at(curve, 0.99) == 2.0
+    assert speedup_at(curve, 0.1) is None and speedup_at(curve, 0.99) == 2.0
+    t = table(curves={"1": {"8x8x8": {CODEGEN: [[0.99, 5.0]]}}})  # codegen measured only from 0.99 on
+    c = choose(t, "conv3x3", "8x8x8", 1, 0.97, 10)
+    assert c.algo == COMPRESSED and "not measured this dense" in c.reason  # compressed: GPU default crossover 0.95
 
 
 # ---- the measurement that tunes the choice ----------------------------------------------------------------------

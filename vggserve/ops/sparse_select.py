@@ -51,11 +51,12 @@ def sparse_table(params: dict, kind: str) -> dict:
             "params": tuned.get("params", {})}  # {algo: tunables} over the entry's default
 
 
-def speedup_at(curve: list, sparsity: float) -> float:
-    """Linear interpolation of [(sparsity, speed-up), ...] at `sparsity` (clamped to the measured range)."""
+def speedup_at(curve: list, sparsity: float) -> float | None:
+    """Linear interpolation of [(sparsity, speed-up), ...] at `sparsity`; above the measured range the last point's
+    (speed-ups grow with sparsity), below it None: not measured there (e.g. codegen skipped as too big to build)."""
     points = sorted((float(s), float(x)) for s, x in curve)
-    if sparsity <= points[0][0]:
-        return points[0][1]
+    if sparsity < points[0][0]:
+        return None
     for (s0, x0), (s1, x1) in zip(points, points[1:]):
         if sparsity <= s1:
             return x0 + (x1 - x0) * (sparsity - s0) / (s1 - s0) if s1 > s0 else x1
@@ -82,7 +83,8 @@ def choose(table: dict, kind: str, shape: str, batch: int, sparsity: float, nnz:
             continue
         if algo in curves:
             x = speedup_at(curves[algo], sparsity)
-            why.append(f"{algo}: {x:.2f}x tuned")
+            why.append(f"{algo}: {x:.2f}x tuned" if x is not None else f"{algo}: not measured this dense")
+            x = x or 0.0
         else:
             cross = table["crossover"][algo]
             wins = sparsity >= cross
