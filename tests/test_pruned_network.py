@@ -109,6 +109,7 @@ def test_speedup_interpolates_and_is_unknown_below_the_measured_range():
     curve = [[0.9, 2.0], [0.5, 1.0]]
     assert speedup_at(curve, 0.7) == pytest.approx(1.5)
     assert speedup_at(curve, 0.1) is None and speedup_at(curve, 0.99) == 2.0
+    assert speedup_at(curve, 0.4999999) == 1.0  # a layer pruned to 0.5, as its zeros measure it
     t = table(curves={"1": {"8x8x8": {CODEGEN: [[0.99, 5.0]]}}})  # codegen measured only from 0.99 on
     c = choose(t, "conv3x3", "8x8x8", 1, 0.97, 10)
     assert c.algo == COMPRESSED and "not measured this dense" in c.reason  # compressed: GPU default crossover 0.95

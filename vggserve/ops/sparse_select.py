@@ -55,8 +55,9 @@ def speedup_at(curve: list, sparsity: float) -> float | None:
     """Linear interpolation of [(sparsity, speed-up), ...] at `sparsity`; above the measured range the last point's
     (speed-ups grow with sparsity), below it None: not measured there (e.g. codegen skipped as too big to build)."""
     points = sorted((float(s), float(x)) for s, x in curve)
-    if sparsity < points[0][0]:
+    if sparsity < points[0][0] - 1e-3:  # (a layer pruned to 0.9 measures 0.8999...)
         return None
+    sparsity = max(sparsity, points[0][0])
     for (s0, x0), (s1, x1) in zip(points, points[1:]):
         if sparsity <= s1:
             return x0 + (x1 - x0) * (sparsity - s0) / (s1 - s0) if s1 > s0 else x1
