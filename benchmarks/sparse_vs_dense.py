@@ -116,7 +116,8 @@ def plot(runs, path, title):
 
 
 def network(args, tensors, info, batches):
-    """The engine on dense weights vs on weights with every layer pruned to --network-sparsity: images/s and the
+    """The engine on dense weights vs on weights with every layer pruned to --network-sparsity: images/s (both
+    models loaded, their timed passes alternating, so that a change in the machine's load hits both alike) and the
     kernel each layer got (the engine's own choice from the measured sparsity)."""
     from vggserve.model.vgg16 import VGG16
     from vggserve.weights.prune import prune
@@ -125,22 +126,25 @@ def network(args, tensors, info, batches):
     out = []
     for n in batches:
         x = np.random.default_rng(1).standard_normal((n, 3, 224, 224)).astype(np.float32)
-        row = {"batch": n, "sparsity": args.network_sparsity}
-        for label, weights in (("dense", tensors), ("sparse", pruned)):
-            t0 = time.perf_counter()
-            with VGG16.load(weights, device=info.spec, max_batch_size=n) as model:
-                load_s = time.perf_counter() - t0
-                model.logits(x)
-                times = []
-                for _ in range(args.network_iterations):
+        row, models, times = {"batch": n, "sparsity": args.network_sparsity}, {}, {"dense": [], "sparse": []}
+        try:
+            for label, weights in (("dense", tensors), ("sparse", pruned)):
+                t0 = time.perf_counter()
+                models[label] = VGG16.load(weights, device=info.spec, max_batch_size=n)
+                row[f"{label}_load_s"] = time.perf_counter() - t0
+                models[label].logits(x)
+            for _ in range(args.network_iterations):
+                for label, model in models.items():
                     t = time.perf_counter()
                     model.logits(x)
-                    times.append(time.perf_counter() - t)
-                row[f"{label}_images_per_s"] = n / float(np.median(times))
-                row[f"{label}_load_s"] = load_s
-                if label == "sparse":
-                    row["kernels"] = [(k["name"], k["kernel"]) for k in model.kernel_plan()
-                                      if not k["name"].startswith("pool")]
+                    times[label].append(time.perf_counter() - t)
+            row["kernels"] = [(k["name"], k["kernel"]) for k in models["sparse"].kernel_plan()
+                              if not k["name"].startswith("pool")]
+        finally:
+            for model in models.values():
+                model.close()
+        for label in models:
+            row[f"{label}_images_per_s"] = n / float(np.median(times[label]))
         row["speedup"] = row["sparse_images_per_s"] / row["dense_images_per_s"]
         print(f"network batch {n} at {args.network_sparsity:.2f}: dense {row['dense_images_per_s']:.2f} img/s, "
               f"sparse {row['sparse_images_per_s']:.2f} img/s, x{row['speedup']:.2f} (load dense "

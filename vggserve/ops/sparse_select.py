@@ -24,12 +24,12 @@ CSR = "sparse_csr"
 CONV_ALGOS = (CODEGEN, COMPRESSED)
 FC_ALGOS = (CSR,)
 
-# Untuned defaults. CPU (PoCL, measured here, benchmarks/sparse_vs_dense.py, docs/sparse.md): the generated kernel
-# beats the tuned dense layers from ~0.5 sparsity on, the compressed one from ~0.8, CSR FC layers at batch 1 from
-# ~0.5; codegen is limited to 20 k non-zeros (a ~2 minute first build). GPU: placeholders until measured with
-# `vggserve tune --sparse` (the GPU run's figures then replace them per shape).
+# Untuned defaults. CPU (PoCL, measured on a 2-core AVX-512 Xeon at batch 1, BENCHMARKS.md): the generated kernel
+# beat the tuned dense layers wherever it was built (from 0.5 sparsity on), the compressed one from 0.7-0.9
+# (median 0.8), CSR FC layers from 0.5-0.9 (fc1 0.8); codegen is limited to 20 k non-zeros (a ~2 minute first
+# build). GPU: placeholders until measured with `vggserve tune --sparse` (the GPU run's curves replace them).
 DEFAULTS = {
-    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.5}, "codegen_max_nnz": 20_000},
+    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.8}, "codegen_max_nnz": 20_000},
     "gpu": {"crossover": {CODEGEN: 0.8, COMPRESSED: 0.95, CSR: 0.7}, "codegen_max_nnz": 300_000},
 }
 
