@@ -104,6 +104,40 @@ def test_tensor_core_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
 
 
+HALO_CONFIGS = [(8, 16, 64, 2, 2, 3), (8, 8, 32, 2, 1, 2), (16, 8, 64, 2, 2, 4)]
+HALO_SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 11, 17), (1, 40, 70, 9, 4), (1, 16, 16, 8, 16)]
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("cfg", HALO_CONFIGS, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
+@pytest.mark.parametrize("shape", HALO_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_halo_tile_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
+    """conv_tc_halo.cl: blocks cut by the image's edges, channel counts below one chunk and not a multiple of it."""
+    from vggserve.ops.tensorcore import HaloLayer, halo_valid
+
+    ctx, queue, cache, caps = tc_env
+    n, cin, cout, h, w = shape
+    p = dict(zip(("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES"), cfg), ALGO="tc_halo")
+    assert halo_valid(p)
+    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    op = HaloLayer(ctx, cache, p, prec, LayerSpec("conv3x3", cin, cout, h), weight, bias, BuildEnv(caps=caps, max_batch=n))
+    xin = np.zeros((n, h, w, op.cpad), np.float32)
+    xin[..., :cin] = x.transpose(0, 2, 3, 1)
+    xin = xin.astype(np.float16) if prec.half else rna_tf32(xin)
+    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
+    out = np.full((n * h * w, op.cstore), np.nan, prec.storage)
+    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
+    op.enqueue(queue, src, dst, n, h, w)
+    cl.enqueue_copy(queue, out, dst)
+    queue.finish()
+    got = out.astype(np.float64).reshape(n, h, w, op.cstore)
+    ref = conv3x3_relu(stored(x, prec), stored(weight, prec), bias.astype(np.float64))
+    assert not np.isnan(got).any() and np.all(got[..., cout:] == 0)
+    assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
 def test_split_k_sums_the_same_as_one_pass(tc_env, rng, prec):
     shape = (1, 64, 24, 3, 3, 3)  # 18 k-tiles of 32 bytes... split to fill 64 work-groups

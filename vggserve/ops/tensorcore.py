@@ -195,3 +195,96 @@ class TensorCoreGemm(Algorithm):
 
 
 ALGORITHM = register(TensorCoreGemm())
+
+
+# ---- conv_tc_halo.cl: halo tiles, one input patch per channel chunk for all nine taps ------------------------------
+HALO_FILE = "conv_tc_halo.cl"
+HALO_TUNABLES = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
+HALO_DEFAULT = {"ALGO": "tc_halo", "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 3}
+HALO_TILES = [(8, 16, 128, 2, 2, 3), (8, 16, 128, 2, 4, 3), (8, 16, 64, 2, 2, 4), (12, 16, 64, 2, 2, 3),
+              (16, 8, 128, 2, 2, 3), (8, 8, 128, 1, 4, 3), (8, 16, 128, 2, 2, 2)]
+HALO_ROW = 64  # bytes of one chunk of channels
+
+
+def halo_local_mem(params: dict) -> int:
+    return HALO_ROW * (2 * (params["TH"] + 2) * (params["TW"] + 2) + params["STAGES"] * params["BN"])
+
+
+def halo_valid(params: dict) -> bool:
+    th, tw, bn, wm, wn = (params[k] for k in ("TH", "TW", "BN", "WARPS_M", "WARPS_N"))
+    threads, bm = 32 * wm * wn, th * tw
+    return (tw % 8 == 0 and params["STAGES"] >= 2 and bm % wm == 0 and bn % wn == 0 and (bm // wm) % 16 == 0
+            and (bn // wn) % 16 == 0 and (bn * 4) % threads == 0 and params["STAGES"] - 1 < 9)
+
+
+class HaloLayer:
+    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks."""
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv):
+        self.p, self.layer = dict(params), layer
+        v = vec(precision)
+        self.ck = HALO_ROW // precision.itemsize
+        self.cpad = round_up(layer.cin, v)
+        self.cpadk = round_up(self.cpad, self.ck)
+        self.cstore = round_up(layer.cout, v)
+        self.npad = round_up(layer.cout, params["BN"])
+        self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
+        self.groups_n = self.npad // params["BN"]
+        self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
+        b = np.zeros(self.npad, np.float32)
+        b[:layer.cout] = bias
+        self.bias = upload(ctx, b)
+        defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
+                   "OUT_F32": int(layer.last), **env.caps.mma_define}
+        self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
+
+    def enqueue(self, queue, src, dst, n: int, h: int, w: int):
+        p = self.p
+        tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
+        groups = n * tiles_x * tiles_y * self.groups_n
+        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wt, self.bias, dst, self.cpad,
+                           self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
+
+    def describe(self) -> str:
+        p = self.p
+        return (f"tc_halo {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
+                f"{p['STAGES']} stages")
+
+
+class TensorCoreHalo(Algorithm):
+    name = "tc_halo"
+    family = "tensorcore"
+    kinds = ("conv3x3",)
+    precisions = ("fp16", "tf32")
+    tunables = HALO_TUNABLES
+    kernel_file = HALO_FILE
+
+    def available(self, caps, precision):
+        return caps.tensor_cores and precision.name in self.precisions
+
+    def default(self, caps, precision):
+        return dict(HALO_DEFAULT)
+
+    def candidates(self, caps, precision, layer):
+        out = []
+        for th, tw, bn, wm, wn, stages in HALO_TILES:
+            p = {"ALGO": self.name, "TH": th, "TW": tw, "BN": bn, "WARPS_M": wm, "WARPS_N": wn, "STAGES": stages}
+            if halo_valid(p) and self.fits(p, caps, precision):
+                out.append(p)
+        return out
+
+    def local_mem(self, params, precision):
+        return halo_local_mem(params)
+
+    def work_group_size(self, params):
+        return 32 * params["WARPS_M"] * params["WARPS_N"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
+
+
+HALO_ALGORITHM = register(TensorCoreHalo())
