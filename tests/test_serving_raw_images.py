@@ -37,7 +37,7 @@ def test_an_image_that_keeps_its_size_is_cropped_in_the_front_end():
 
 
 def test_a_large_image_is_resized_in_the_front_end(monkeypatch):
-    from vggserve import preprocess
+    from vggserve import preprocessing as preprocess
 
     monkeypatch.setattr(preprocess, "RAW_LIMIT_BYTES", 500 * 375 * 3 - 1)
     data = jpeg(500, 375)

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..distributed.pipeline import classify_decoded, decode
     from ..errors import ImageError, VggserveError
-    from ..preprocess import uses_device_resize
+    from ..preprocessing import uses_device_resize
 
     if args.top_k > 1000:
         raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")

@@ -27,7 +27,7 @@ import numpy as np
 import PIL
 import pyopencl as cl
 
-from ..preprocess import (CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, aspect_box, crop_offsets, crop_pixels,
+from ..preprocessing import (CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, aspect_box, crop_offsets, crop_pixels,
                           resized_size)
 
 PRECISION_BITS = 22  # Pillow's fixed-point fraction bits for 8-bit images: 32 - 8 - 2

@@ -27,7 +27,7 @@ from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES, infer_width, vgg16_spec
 from .layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm, gemm_defines,
                      gemv_span)
-from ..preprocess import RawImage
+from ..preprocessing import RawImage
 from .resize import DeviceResize, place_images
 from .staging import Pending, Slot
 from . import winograd
@@ -302,7 +302,7 @@ class VGG16:
         The service checks it once before it lets front ends send raw images."""
         from PIL import Image
 
-        from ..preprocess import center_crop
+        from ..preprocessing import center_crop
 
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in ((500, 375), (300, 1000), (231, 97))]
@@ -347,7 +347,7 @@ class VGG16:
         from PIL import Image
 
         from ..images import open_image
-        from ..preprocess import center_crop
+        from ..preprocessing import center_crop
 
         if not images:
             return []
