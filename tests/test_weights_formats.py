@@ -115,6 +115,30 @@ def test_quarter_width_weights_that_start_with_0x80_load(tmp_path, capsys):
     assert loaded.format == "safetensors" and loaded.width == 0.25
 
 
+@pytest.fixture
+def umask():
+    """Set the process umask for one test (restored after)."""
+    import os
+
+    previous = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)], ids=["022", "027", "002"])
+def test_written_weights_get_the_permissions_the_umask_gives(tmp_path, tiny_tensors, umask, mask, mode, capsys):
+    """A weights file made by one user (an administrator) must be readable by another (the service's) where
+    the umask says so, as with any file written in place; mkstemp made every file 0600."""
+    from vggserve.cli import main
+
+    umask(mask)
+    saved = save_safetensors(tiny_tensors, tmp_path / "saved.safetensors")
+    assert main(["weights", "init", "--seed", "0", "--width", "0.125", "--output", str(tmp_path / "init.safetensors")]) == 0
+    assert main(["weights", "convert", str(saved), str(tmp_path / "converted.safetensors")]) == 0
+    for name in ("saved", "init", "converted"):
+        assert (tmp_path / f"{name}.safetensors").stat().st_mode & 0o777 == mode, name
+
+
 def test_a_pickle_that_is_not_a_torch_checkpoint_is_still_named_a_pickle(tmp_path):
     import pickle
 
