@@ -133,3 +133,13 @@ def test_device_all_expands_to_one_worker_per_gpu_or_the_cpu():
     gpus = [d for d in devs.list_devices() if d.usable and d.kind == "gpu"]
     assert devs.expand("all") == (tuple(f"gpu:{i}" for i in range(len(gpus))) or ("cpu",))
     assert devs.expand("gpu:1") == ("gpu:1",)
+
+
+def test_version_prints_the_package_version_and_exits_0():
+    from vggserve import __version__
+
+    r = vggserve("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"vggserve {__version__}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'path = "vggserve/__init__.py"' in pyproject  # one source
