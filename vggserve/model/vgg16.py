@@ -343,15 +343,19 @@ class VGG16:
         return self._run(pixels, "probabilities")
 
     def classify(self, images, top_k: int = 5) -> list[list[dict]]:
-        """PIL images or paths -> per image, the top_k classes [{"index", "label", "probability"}]."""
+        """PIL images, paths or encoded bytes -> per image, the top_k classes [{"index", "label", "probability"}].
+
+        All or nothing: an image that cannot be read raises its ImageError before anything runs, with the message
+        starting `images[i]: ` and the position in `.index` (to go on past bad images, open them first with
+        `vggserve.images.open_image`, as `vggserve classify` and the batch job do).
+        """
         from PIL import Image
 
-        from ..images import open_image
         from ..preprocessing import center_crop
 
         if not images:
             return []
-        pictures = [img if isinstance(img, Image.Image) else open_image(img) for img in images]
+        pictures = [img if isinstance(img, Image.Image) else _open_listed(img, i) for i, img in enumerate(images)]
         crops = np.stack([center_crop(p) for p in pictures])
         return top_k_predictions(self.probabilities_from_pixels(crops), top_k)
 
@@ -389,3 +393,15 @@ class VGG16:
     def __exit__(self, *exc):
         self.close()
 
+
+def _open_listed(source, index: int):
+    """open_image for the `index`-th entry of a list; its ImageError says which entry it was."""
+    from ..errors import ImageError
+    from ..images import open_image
+
+    try:
+        return open_image(source)
+    except ImageError as exc:
+        error = type(exc)(f"images[{index}]: {exc}")
+        error.index = index
+        raise error from None
