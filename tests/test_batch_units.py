@@ -236,3 +236,26 @@ def test_summary_counts_every_rank_including_ranks_that_got_no_work():
     assert [r["images"] for r in summary["ranks"]] == [4, 6, 0]
     text = format_summary(summary)
     assert "10 images (9 classified, 1 errors)" in text and "4.00 images/s" in text and len(text.splitlines()) == 6
+
+
+# ---- launcher or not ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env, found", [
+    ({}, None),
+    ({"SLURM_NTASKS": "1"}, None),  # an allocation of one task, no launcher in sight
+    ({"SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "1"}, "PMI_RANK=0"),  # mpiexec -n 1 (MPICH, Intel MPI)
+    ({"OMPI_COMM_WORLD_SIZE": "1"}, "OMPI_COMM_WORLD_SIZE=1"),  # mpirun -n 1 (Open MPI)
+    ({"VGGSERVE_MPI": "1"}, "VGGSERVE_MPI=1"),
+])
+def test_a_launcher_is_recognised_from_its_variables(monkeypatch, env, found):
+    from vggserve.distributed import mpi
+
+    for name in (*mpi.LAUNCHER_VARIABLES, *mpi.SIZE_VARIABLES, mpi.FORCE_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert mpi.launcher_variable() == found
+    if found is None:
+        world = mpi.world()
+        assert isinstance(world, mpi.SingleProcess) and (world.Get_rank(), world.Get_size()) == (0, 1)
+        assert mpi.node_layout(world) == (0, 1) and world.allgather("x") == ["x"] and world.bcast(3) == 3
