@@ -280,3 +280,68 @@ def test_nginx_in_front_caps_the_deadline_and_answers_its_errors_in_json(nginx_i
     r = httpx.get(f"{url}/echo", timeout=10)
     assert r.status_code == 502 and r.headers["content-type"] == "application/json"
     assert r.json()["error"]["code"] == "bad_gateway" and r.headers["retry-after"] == "5"
+
+
+# ---- Docker -------------------------------------------------------------------------------------------------------
+DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
+
+
+def entrypoint(tmp_path, *args) -> list[str]:
+    """What deploy/docker-entrypoint.sh runs for `docker run IMAGE args...` (stand-ins print their arguments)."""
+    folder = fake_bin(tmp_path / "bin", vggserve='echo vggserve "$@"', mpiexec='echo mpiexec "$@"')
+    done = subprocess.run(["sh", str(DEPLOY / "docker-entrypoint.sh"), *args], capture_output=True, text=True,
+                          env={"PATH": f"{folder}:/usr/bin:/bin"}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_docker_image_runs_the_service_by_default_and_any_command_on_request(tmp_path):
+    serve = ["vggserve", "serve", "--host", "0.0.0.0", "--port", "8000"]
+    assert entrypoint(tmp_path) == serve
+    assert entrypoint(tmp_path, "--weights", "/w", "--device", "auto") == [*serve, "--weights", "/w", "--device", "auto"]
+    assert entrypoint(tmp_path, "serve", "--port", "9000") == [*serve, "--port", "9000"]
+    assert entrypoint(tmp_path, "batch", "--input", "/in") == ["vggserve", "batch", "--input", "/in"]
+    assert entrypoint(tmp_path, "mpiexec", "-n", "2", "vggserve", "batch") == ["mpiexec", "-n", "2", "vggserve", "batch"]
+
+
+def test_docker_entrypoint_knows_every_vggserve_command():
+    from vggserve.cli import SUBCOMMANDS
+
+    script = (DEPLOY / "docker-entrypoint.sh").read_text()
+    named = set(re.search(r"^\s+(batch\|[\w|-]+)\)$", script, re.M).group(1).split("|")) | {"serve"}
+    assert set(SUBCOMMANDS) <= named
+
+
+def test_docker_image_has_mpi_for_batch_jobs_and_a_home_for_its_user():
+    assert re.search(r'pip install "/src\[mpich\]"', DOCKERFILE)
+    assert "--create-home --home-dir /var/lib/vggserve" in DOCKERFILE
+    assert 'ENTRYPOINT ["vggserve-entrypoint"]' in DOCKERFILE
+
+
+def dockerignore_keeps(path: str) -> bool:
+    """Docker's .dockerignore rule: the last pattern that matches the path or one of its parent folders decides;
+    `*` stays within a path element, `**` crosses them, `!` takes a path back in."""
+    kept = True
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated, pattern = line.startswith("!"), line.lstrip("!").rstrip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+        parts = path.split("/")
+        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            kept = negated
+    return kept
+
+
+def test_docker_build_context_holds_the_package_and_not_weights_git_or_outputs():
+    """Without a .dockerignore, `COPY .` took weights/ (over 1 GB after the quickstart), .git and run outputs."""
+    for path in ("pyproject.toml", "README.md", "vggserve/__init__.py", "vggserve/data/imagenet_classes.txt",
+                 "vggserve/cli/batch.py", "kernels/conv_gemm.cl", "deploy/docker-entrypoint.sh"):
+        assert dockerignore_keeps(path), path
+        assert (ROOT / path).exists(), path
+    for path in ("weights/vgg16-random-seed0.safetensors", ".git/HEAD", ".venv/bin/python", "loadtest-out/summary.csv",
+                 "results.jsonl", "vggserve/__pycache__/cli.cpython-311.pyc", "tests/test_cli.py", "benchmarks/x.py"):
+        assert not dockerignore_keeps(path), path
+    copied = re.findall(r"^COPY (\S+) ", DOCKERFILE, re.M)
+    assert copied == ["."], "the context rules above assume one COPY of the whole context"

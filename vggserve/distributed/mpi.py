@@ -90,7 +90,7 @@ def mpi_world():
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:  # mpi4py missing, or its dlopen of libmpi failed
-        reason = ": ".join(line.strip() for line in str(exc).splitlines()[:2] if line.strip()) or type(exc).__name__
+        reason = _load_failure(exc)
         started = launcher_variable()
         raise MpiUnavailable(
             f"{'started by an MPI launcher (' + started + ')' if started else 'MPI was asked for'}, but MPI cannot "
@@ -98,6 +98,16 @@ def mpi_world():
             f"its mpiexec, or the system's Open MPI/MPICH library), or run the command without mpirun, as one "
             f"process") from None
     return MPI.COMM_WORLD
+
+
+def _load_failure(exc: BaseException) -> str:
+    """mpi4py's failure in one line: 'cannot load MPI library' and then one line per place it tried, as
+    '<place>: <dlerror>', become 'cannot load MPI library; tried <place>, <place>, ...'."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    tried = [line.split(":", 1)[0] for line in lines[1:]]
+    return lines[0] + (f"; tried {', '.join(tried)}" if tried else "")
 
 
 class _Done:
