@@ -298,10 +298,12 @@ def entrypoint(tmp_path, *args) -> list[str]:
 def test_docker_image_runs_the_service_by_default_and_any_command_on_request(tmp_path):
     serve = ["vggserve", "serve", "--host", "0.0.0.0", "--port", "8000"]
     assert entrypoint(tmp_path) == serve
-    assert entrypoint(tmp_path, "--weights", "/w", "--device", "auto") == [*serve, "--weights", "/w", "--device", "auto"]
+    options = ["--weights", "/w", "--device", "auto"]
+    assert entrypoint(tmp_path, *options) == [*serve, *options]
     assert entrypoint(tmp_path, "serve", "--port", "9000") == [*serve, "--port", "9000"]
     assert entrypoint(tmp_path, "batch", "--input", "/in") == ["vggserve", "batch", "--input", "/in"]
-    assert entrypoint(tmp_path, "mpiexec", "-n", "2", "vggserve", "batch") == ["mpiexec", "-n", "2", "vggserve", "batch"]
+    launch = ["mpiexec", "-n", "2", "vggserve", "batch"]
+    assert entrypoint(tmp_path, *launch) == launch
 
 
 def test_docker_entrypoint_knows_every_vggserve_command():

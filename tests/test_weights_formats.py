@@ -133,7 +133,8 @@ def test_written_weights_get_the_permissions_the_umask_gives(tmp_path, tiny_tens
 
     umask(mask)
     saved = save_safetensors(tiny_tensors, tmp_path / "saved.safetensors")
-    assert main(["weights", "init", "--seed", "0", "--width", "0.125", "--output", str(tmp_path / "init.safetensors")]) == 0
+    init = ["weights", "init", "--seed", "0", "--width", "0.125", "--output", str(tmp_path / "init.safetensors")]
+    assert main(init) == 0
     assert main(["weights", "convert", str(saved), str(tmp_path / "converted.safetensors")]) == 0
     for name in ("saved", "init", "converted"):
         assert (tmp_path / f"{name}.safetensors").stat().st_mode & 0o777 == mode, name

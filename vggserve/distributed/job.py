@@ -8,10 +8,11 @@ Phases, all ranks together:
    the images already done; broadcast the weights path or the error.
 2. setup (every rank): bind the device by local rank, load the model; any failure ends every rank cleanly,
    with no output file created.
-3. run: rank 0 creates the output files that do not exist yet, then coordinates (coordinator.Coordinator, on its main thread) and classifies (on a helper thread
-   when the MPI thread level allows), the others take chunks from it (workqueue); results go to the output as
-   they arrive. An exception on any rank (with more than one rank) prints that rank's message and aborts every
-   rank (MPI_Abort, exit status 1); with one rank it is raised as usual.
+3. run: rank 0 creates the output files that do not exist yet, then coordinates (coordinator.Coordinator, on
+   its main thread) and classifies (on a helper thread when the MPI thread level allows), the others take chunks
+   from it (workqueue); results go to the output as they arrive. An exception on any rank (with more than one
+   rank) prints that rank's message and aborts every rank (MPI_Abort, exit status 1); with one rank it is raised
+   as usual.
 4. summary (rank 0): progress bar closed, totals and per-rank throughput printed (and written as JSON).
 """
 

@@ -32,6 +32,7 @@ from ..errors import VggserveError, describe
 class MpiUnavailable(VggserveError):
     """A launcher started this process, but no MPI library can be loaded."""
 
+
 # launcher variables holding the node-local rank: Open MPI, MPICH (Hydra), Slurm's srun
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 
