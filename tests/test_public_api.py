@@ -21,7 +21,7 @@ IMPORTS = (
     "from vggserve.preprocess import center_crop",
     "import vggserve.preprocessing",
     "import vggserve.model.vgg16",
-    "from vggserve.serving.imaging import decode_and_crop",
+    "import vggserve.ipc.shm",  # a module of ours that imports the preprocessing module as it loads
 )
 
 CHECK = textwrap.dedent("""
