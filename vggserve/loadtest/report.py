@@ -100,7 +100,6 @@ def format_table(rows: list[dict]) -> str:
     text = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))
             for line in lines]
     text.insert(1, "-" * len(text[0]))
-    note = ("every column counts the level's measured requests (warm-up excluded), whenever answered: img/s is ok per "
-            "second from the window's start to its last answer\nlatency p50..max: client-side ms; queue/prep/infer: "
-            "server-side mean ms; batch: mean images per batch")
+    note = ("ok, errors, img/s: the measured requests (warm-up excluded); img/s = ok / s from window start to last answer"
+            "\nlatency p50..max: client-side ms; queue/prep/infer: server-side mean ms; batch: mean images per batch")
     return "\n".join(text + [note])
