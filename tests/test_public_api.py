@@ -51,7 +51,7 @@ def orders():
         yield pytest.param((first, *reversed(rest)), id=f"first{i}-backwards")
 
 
-@pytest.mark.parametrize("order", orders())
+@pytest.mark.parametrize("order", list(orders()))
 def test_public_names_are_the_class_and_the_function_in_any_import_order(order):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", CHECK, *order], capture_output=True, text=True, env=env, timeout=120)
