@@ -62,9 +62,8 @@ def plot_latency(rows: list[dict], mode: str, path: Path) -> Path:
     """Client-side latency percentiles against load (log y)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, name in PCT_STYLES:
-        points = [(r["level"], r[key]) for r in rows if r[key] is not None]
-        if points:
-            ax.plot(*zip(*points), "o-", label=name)
+        if any(r[key] is not None for r in rows):  # a level without a value breaks the line, not bridged over
+            ax.plot(_x(rows), [math.nan if r[key] is None else r[key] for r in rows], "o-", label=name)
     _log_x(ax, rows)
     _mark_levels_without_successes(ax, rows)
     start = "due time" if mode == "open" else "send time"
