@@ -36,7 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ranks", default="1,2,4", help="rank counts to run, comma separated (default 1,2,4)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--device", default="gpu", help="--device for vggserve batch (default gpu)")
-    parser.add_argument("--decode-threads", type=int, default=None, help="per rank (default: the job's)")
+    parser.add_argument("--decode-procs", default=None, help="decode processes per rank (default: the job's, auto)")
+    parser.add_argument("--decode-threads", type=int, default=None,
+                        help="per rank, with --decode-procs 0 (default: the job's)")
     parser.add_argument("--image-size", default="500x375", help="WxH of the synthetic JPEGs (default 500x375)")
     parser.add_argument("--workdir", default=None, help="where images and outputs go (default: a temp dir)")
     parser.add_argument("--mpirun", default=None, help="launcher (default: mpirun, else mpiexec)")
@@ -78,7 +80,8 @@ def launcher_command(explicit: str | None, ranks: int, extra: str) -> list[str]:
     return command + extra.split()
 
 
-def run_once(args, ranks: int, images: Path, workdir: Path) -> dict:
+def run_once(args, ranks: int, images: Path, workdir: Path, extra: tuple = ()) -> dict:
+    """One `vggserve batch` run over `images` with `ranks` ranks (and the `extra` CLI arguments): its summary."""
     output = workdir / f"results-{ranks}.jsonl"
     summary = workdir / f"summary-{ranks}.json"
     for stale in (output, output.with_name(f"{output.stem}.errors.jsonl"), summary):
@@ -88,8 +91,11 @@ def run_once(args, ranks: int, images: Path, workdir: Path) -> dict:
         "--device", args.device, "--batch-size", str(args.batch_size), "--no-progress", "--summary", str(summary)]
     if args.weights:
         command += ["--weights", args.weights]
+    if args.decode_procs is not None:
+        command += ["--decode-procs", str(args.decode_procs)]
     if args.decode_threads:
         command += ["--decode-threads", str(args.decode_threads)]
+    command += list(extra)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     print(f"$ {' '.join(command)}", file=sys.stderr, flush=True)
     started = time.perf_counter()

@@ -1,7 +1,11 @@
 """vggserve against PyTorch/cuDNN, in one process, on the same GPU, weights and inputs (or both on the CPU).
 
     python benchmarks/compare_torch.py --device gpu --batches 1,16,64 --iterations 10 [--json out.json]
+    python benchmarks/compare_torch.py --device gpu --precision fp16 --batches 1,16,64,256
     python benchmarks/compare_torch.py --device cpu --torch-device cpu --batches 1 --iterations 3
+
+--precision picks both sides' arithmetic: fp32 (PyTorch with TF32 off), tf32 (PyTorch with allow_tf32 for cuDNN
+and matmul, its default for convolutions), fp16 (PyTorch `.half()` with channels_last). Always cudnn.benchmark.
 
 For each batch, also "streamed": batches submitted back to back, host array in, host array out (vggserve's
 `submit`, whose uploads overlap the previous batch's kernels; PyTorch with pinned input and non-blocking copies).
@@ -69,6 +73,16 @@ class Timer:
             self.ms = (time.perf_counter() - self.t0) * 1e3
 
 
+CEILING_TFLOPS = {"fp32": 64.0, "tf32": 313.0, "fp16": 625.0}  # FFMA and mma.sync peaks on the H100 (issue 13)
+
+
+def to_torch_input(x, torch, precision):
+    """The model input as PyTorch takes it at this precision (FP16: half, channels_last)."""
+    if precision == "fp16":
+        return x.half().contiguous(memory_format=torch.channels_last)
+    return x
+
+
 def time_torch(model, x, iterations, torch, device):
     with torch.inference_mode():
         for _ in range(2):
@@ -87,7 +101,7 @@ def time_torch_end_to_end(model, x_np, iterations, torch, device):
     with torch.inference_mode():
         for _ in range(iterations + 2):
             t = time.perf_counter()
-            model(torch.from_numpy(x_np).to(device)).cpu()
+            model(model.prepare(torch.from_numpy(x_np).to(device))).float().cpu()
             times.append((time.perf_counter() - t) * 1e3)
     return float(np.median(times[2:]))
 
@@ -100,11 +114,11 @@ def time_torch_streamed(model, x_np, iterations, torch, device):
     outs = [torch.empty((x_np.shape[0], 1000), pin_memory=True) for _ in range(iterations)]
     with torch.inference_mode():
         for _ in range(2):
-            model(pinned.to(device, non_blocking=True)).cpu()
+            model(model.prepare(pinned.to(device, non_blocking=True))).cpu()
         torch.cuda.synchronize()
         t = time.perf_counter()
         for out in outs:
-            out.copy_(model(pinned.to(device, non_blocking=True)), non_blocking=True)
+            out.copy_(model(model.prepare(pinned.to(device, non_blocking=True))), non_blocking=True)
         torch.cuda.synchronize()
     return (time.perf_counter() - t) * 1e3 / iterations
 
@@ -145,6 +159,8 @@ def main():
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--json", default=None, help="write all figures to this file")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
+                    help="both sides' precision (default fp32: PyTorch with TF32 off)")
     args = ap.parse_args()
 
     import torch
@@ -153,8 +169,8 @@ def main():
     from vggserve.model.reference import reference_logits
     from vggserve.weights.init import init_weights
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     torch.backends.cudnn.benchmark = True
     batches = [int(b) for b in args.batches.split(",")]
     tensors = init_weights(seed=0)
@@ -162,12 +178,15 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     tmodel = torch_model(tensors, torch, tdev)
+    if args.precision == "fp16":
+        tmodel = tmodel.half().to(memory_format=torch.channels_last)
+    tmodel.prepare = lambda x: to_torch_input(x, torch, args.precision)
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, 3, 224, 224), dtype=np.float32) for b in batches}
     # PyTorch first, at every batch, then its cache emptied: neither library competes for the other's memory
     torch_runs = {}
     for batch in batches:
-        xt = torch.from_numpy(inputs[batch]).to(tdev)
+        xt = to_torch_input(torch.from_numpy(inputs[batch]).to(tdev), torch, args.precision)
         t_ms, t_logits = time_torch(tmodel, xt, args.iterations, torch, tdev)
         e2e = time_torch_end_to_end(tmodel, inputs[batch], args.iterations, torch, tdev)
         streamed = time_torch_streamed(tmodel, inputs[batch], args.iterations, torch, tdev)
@@ -176,7 +195,7 @@ def main():
     del tmodel
     if tdev.startswith("cuda"):
         torch.cuda.empty_cache()
-    results = {"device": None, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+    results = {"device": None, "precision": args.precision, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                "torch_device": torch.cuda.get_device_name() if tdev.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads",
                "method": "PyTorch timed first at every batch, then its CUDA cache emptied; vggserve loaded once per "
                          "batch with max_batch_size = batch (so it uses the kernels tuned nearest that batch)",
@@ -185,7 +204,8 @@ def main():
         x = inputs[batch]
         t_ms, t_logits, tl, t_e2e, t_stream = torch_runs[batch]
         t0 = time.perf_counter()
-        vmodel = VGG16.load(tensors, device=args.device, max_batch_size=batch, profile=True)
+        vmodel = VGG16.load(tensors, device=args.device, max_batch_size=batch, profile=True,
+                            precision=args.precision)
         load_s = time.perf_counter() - t0
         results["device"] = vmodel.device_name
         vmodel.logits(x)
@@ -214,8 +234,11 @@ def main():
                "vggserve_load_s": round(load_s, 3), "max_rel_diff_vs_torch": diff,
                "layers": [{"name": n, "torch_ms": round(ms, 4), "torch_tflops": round(fl / ms / 1e9, 2),
                            "vggserve_ms": round(vl.get(n, (0, 0))[0], 4),
-                           "vggserve_tflops": round(fl / vl[n][0] / 1e9, 2) if n in vl and vl[n][0] else None}
-                          for n, ms, fl in tl]}
+                           "vggserve_tflops": round(fl / vl[n][0] / 1e9, 2) if n in vl and vl[n][0] else None,
+                           "vggserve_ceiling_fraction": round(fl / vl[n][0] / 1e9 / CEILING_TFLOPS[args.precision], 3)
+                           if n in vl and vl[n][0] else None}
+                          for n, ms, fl in tl],
+               "vggserve_steps": [{"name": n, "ms": round(ms, 4)} for n, (ms, _) in vl.items()]}
         if batch == batches[0]:
             ref = reference_logits(tensors, x[:1])
             row["max_rel_err_vs_float64"] = {"vggserve": float(np.abs(v_logits[:1] - ref).max() / np.abs(ref).max()),
@@ -228,11 +251,11 @@ def main():
         print(f"            streamed: vggserve {row['vggserve_streamed_img_s']:8.1f} img/s | torch (pinned, non-blocking) "
               f"{row['torch_streamed_img_s']:8.1f} img/s | ratio {row['ratio_streamed']:.3f}; vggserve streamed over "
               f"torch on-GPU input {row['ratio_vggserve_streamed_over_torch_on_gpu']:.3f}", flush=True)
-    print("\nper layer at batch", batches[-1])
-    print(f"{'layer':16s} {'torch ms':>9s} {'TFLOP/s':>8s} {'vggserve ms':>12s} {'TFLOP/s':>8s}")
+    print(f"\nper layer at batch {batches[-1]}, {args.precision} (ceiling {CEILING_TFLOPS[args.precision]:.0f} TFLOP/s)")
+    print(f"{'layer':16s} {'torch ms':>9s} {'TFLOP/s':>8s} {'vggserve ms':>12s} {'TFLOP/s':>8s} {'of ceiling':>10s}")
     for layer in results["batches"][-1]["layers"]:
         print(f"{layer['name']:16s} {layer['torch_ms']:9.3f} {layer['torch_tflops']:8.2f} {layer['vggserve_ms']:12.3f} "
-              f"{layer['vggserve_tflops'] or 0:8.2f}")
+              f"{layer['vggserve_tflops'] or 0:8.2f} {layer['vggserve_ceiling_fraction'] or 0:10.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -2,8 +2,11 @@
 # GPU measurements in one call. Installs carried wheels (.whl/), registers NVIDIA's OpenCL ICD, then runs the
 # stages named in $STAGES (default: all of them, in this order). Every figure is printed and saved under $OUT.
 #   tests     kernel/engine/CLI tests on the GPU (VGGSERVE_TEST_DEVICE=gpu)
-#   tune      vggserve tune at batch 64 and batch 1 (winners stored, used by the later stages)
-#   compare   benchmarks/compare_torch.py: vggserve vs PyTorch/cuDNN FP32 (TF32 off), batches $BATCHES
+#   tune      vggserve tune at batch 64 and batch 1, for each of $TUNE_PRECISIONS (default fp32) (winners stored,
+#             used by the later stages; copied to $OUT/tuned.json)
+#   compare   benchmarks/compare_torch.py: vggserve vs PyTorch/cuDNN at the same precision, batches $BATCHES, for each
+#             of $PRECISIONS (default fp32: TF32 off)
+#   accuracy  benchmarks/precision_accuracy.py: FP16/TF32 against FP32 (both libraries) on 512 natural crops
 #   bench     vggserve bench at batch 1 and 64
 #   startup   benchmarks/startup.py: process start to first result, warm caches
 #   winograd  benchmarks/winograd_vs_gemm.py, if present
@@ -11,6 +14,9 @@
 #             $HTTP_WORKERS (default "default 1") and $RESIZE_ON (default "device")
 #   loadtest  vggserve loadtest (closed and open loop) against vggserve serve on the GPU
 #   scaling   benchmarks/batch_scaling.py with 1, 2, 4 ranks (needs a machine with 4 GPUs)
+#   host      benchmarks/host_vs_engine.py at batch 32: the batch job (one rank, $HOST_IMAGES JPEGs) and the service
+#             (500x375; the photo mix exact and fast) against the engine's streamed rate, for each of $PRECISIONS
+#             (default fp32), and benchmarks/decoders.py (decoders and decode modes on this host's CPU)
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-tests tune compare bench winograd serve loadtest}
@@ -28,14 +34,18 @@ for stage in $STAGES; do
   say "$stage"
   case $stage in
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
-           tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
+           tests/test_tensorcore.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
            tests/test_warmstart.py -k "not device_specs" 2>&1 \
            | tail -3 | tee -a "$LOG" ;;
-  tune) for b in 64 1; do timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --candidates ${CANDIDATES:-40} --winograd \
-          2>&1 | grep -v Warning | tee -a "$LOG" | tail -13; done
+  tune) for p in ${TUNE_PRECISIONS:-fp32}; do for b in 64 1; do
+          timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --precision $p --candidates ${CANDIDATES:-40} \
+            $([ $p = fp32 ] && echo --winograd) 2>&1 | grep -v Warning | tee -a "$LOG" | tail -13; done; done
         cp /tmp/vgcache/tuned.json "$OUT/tuned.json" ;;
-  compare) timeout 300 python3 benchmarks/compare_torch.py --device gpu --batches ${BATCHES:-1,16,64,256} --iterations 10 \
-             --json "$OUT/compare.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
+  compare) for p in ${PRECISIONS:-fp32}; do timeout 300 python3 benchmarks/compare_torch.py --device gpu --precision $p \
+             --batches ${BATCHES:-1,16,64,256} --iterations 10 --json "$OUT/compare-$p.json" 2>&1 | grep -v Warning \
+             | tee -a "$LOG"; done ;;
+  accuracy) timeout 400 python3 benchmarks/precision_accuracy.py --device gpu --images ${ACCURACY_IMAGES:-512} \
+              --json "$OUT/accuracy.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
   bench) for b in 1 64; do timeout 120 python3 -m vggserve bench --device gpu --batch-size $b --iterations 10 2>&1 \
            | grep -v Warning | tee -a "$LOG" | tail -3; done ;;
   startup) timeout 200 python3 benchmarks/startup.py --weights $W --device gpu --runs 5 --json "$OUT/startup.json" 2>&1 \
@@ -67,6 +77,11 @@ PY
             cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
   scaling) timeout 500 python3 benchmarks/batch_scaling.py --weights $W --images ${SCALING_IMAGES:-1024} --ranks 1,2,4 \
-             --batch-size 32 --decode-threads ${DECODE_THREADS:-8} --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+             --batch-size 32 --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+  host) for p in ${PRECISIONS:-fp32}; do timeout 580 python3 benchmarks/host_vs_engine.py --weights $W --device gpu \
+          --batch-size 32 --precision $p --images ${HOST_IMAGES:-8192} --duration 20 --warmup 4 --engine-seconds 6 \
+          --workdir /tmp/host --json "$OUT/host-$p.json" 2>&1 | grep -v Warning | tail -9 | tee -a "$LOG"; done
+        timeout 300 python3 benchmarks/decoders.py --workdir /tmp/decoders --json "$OUT/decoders.json" 2>&1 \
+          | tail -40 | tee -a "$LOG" ;;
   esac
 done

@@ -18,6 +18,12 @@
    --preprocess-threads, --preprocess-procs, --http-workers and --resize-on are passed to the server (default:
    the server's defaults).
    images/s counts the images classified in requests completed within the --duration window.
+   --image-mix photo sends the phone-photo mix instead of one image: of every 8 requests one is a 12 MP JPEG, one
+   a 2 MP JPEG and six are 500x375 (vggserve.decoding.corpus's photo-like pictures); --decode is passed to the
+   server (exact or fast). CPU per image is measured over the window from /proc: the server's engine process, its
+   other processes (HTTP front ends) and the load generator's processes; and the front ends' decode time (wall
+   seconds in their threads, from /metrics).
+   --precision is passed to the engine timing and to the server where this build's model accepts it.
 3. Prints both, their ratios (the target is >= 0.90 of the one-batch-at-a-time figure), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles, with the client; --json FILE writes the same as JSON. Exit status
    0; with --require R, 1 when the ratio is below R.
@@ -64,6 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--files-per-request", type=int, default=1,
                    help="images per request: 1 posts to /classify, more to /classify/batch (default 1)")
     p.add_argument("--image", default=None, help="image file to send (default: a synthetic 500x375 JPEG)")
+    p.add_argument("--image-mix", choices=("single", "photo"), default="single",
+                   help="single: --image every time; photo: 1 in 8 a 12 MP JPEG, 1 in 8 a 2 MP one, the rest 500x375")
+    p.add_argument("--decode", choices=("exact", "fast"), default=None, help="server's --decode (default: exact)")
+    p.add_argument("--precision", default=None,
+                   help="engine precision (fp32, fp16, ...), where this build's model takes a precision option")
     p.add_argument("--client", choices=("raw", "httpx"), default="raw",
                    help="load client: raw (vggserve.loadtest.rawhttp, little CPU per request; http only) or "
                         "httpx (the harness's client) (default raw)")
@@ -86,7 +97,66 @@ def synthetic_jpeg(width: int = 500, height: int = 375) -> bytes:
     return buffer.getvalue()
 
 
-def engine_images_per_second(weights: str, device: str, batch: int, seconds: float) -> tuple[float, str, float]:
+def photo_mix() -> list[bytes]:
+    """Eight request bodies: a 12 MP JPEG, six 500x375 ones and a 2 MP one (photo-like, quality 90)."""
+    from vggserve.decoding.corpus import photo_like
+
+    def jpeg(width, height, seed):
+        buffer = io.BytesIO()
+        photo_like(width, height, seed=seed).save(buffer, "JPEG", quality=90)
+        return buffer.getvalue()
+
+    small = [jpeg(500, 375, seed) for seed in range(6)]
+    return [jpeg(4000, 3000, 100), *small[:3], jpeg(1600, 1200, 101), *small[3:]]
+
+
+def precision_options(precision: str | None) -> dict:
+    """{"precision": p} when VGG16.load takes a precision option, else {} (a note on stderr if one was asked)."""
+    import inspect
+
+    from vggserve.model.vgg16 import VGG16
+
+    if precision is None:
+        return {}
+    if "precision" in inspect.signature(VGG16.load).parameters:
+        return {"precision": precision}
+    print(f"serve_saturation: this build's VGG16.load has no precision option; --precision {precision} is ignored "
+          "(FP32)", file=sys.stderr)
+    return {}
+
+
+def cli_takes(command: str, flag: str) -> bool:
+    """Whether `vggserve COMMAND --help` lists `flag`."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "vggserve", command, "--help"], capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    return flag in done.stdout
+
+
+def process_tree_cpu(root: int) -> dict[int, float]:
+    """{pid: CPU seconds (user + system) so far} of `root` and every process below it, from /proc."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, grown = {root}, True
+    while grown:
+        below = {pid for pid, (parent, _) in stats.items() if parent in tree} - tree
+        grown = bool(below)
+        tree |= below
+    return {pid: stats[pid][1] for pid in tree if pid in stats}
+
+
+def engine_images_per_second(weights: str, device: str, batch: int, seconds: float,
+                             precision: str | None = None) -> tuple[float, str, float]:
     """(images/s of VGG16.logits at `batch` on one device, one batch at a time as `vggserve bench` times it, the
     device's name, images/s of uint8 crops streamed through `submit` with two batches in flight: the engine's
     best on the service's own input), each after one untimed batch."""
@@ -95,7 +165,7 @@ def engine_images_per_second(weights: str, device: str, batch: int, seconds: flo
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
     crops = rng.integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
-    with VGG16.load(weights, device=device, max_batch_size=batch) as model:
+    with VGG16.load(weights, device=device, max_batch_size=batch, **precision_options(precision)) as model:
         model.logits(x)
         done, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds or done == 0:
@@ -111,8 +181,8 @@ def engine_images_per_second(weights: str, device: str, batch: int, seconds: flo
         return one_at_a_time, model.device_name, done / (time.perf_counter() - started)
 
 
-def _client_process(url, body, files, connections, start_at, warmup, duration, results, client="raw"):
-    results.put(asyncio.run(_drive(url, body, files, connections, start_at, warmup, duration, client)))
+def _client_process(url, bodies, files, connections, start_at, warmup, duration, results, client="raw"):
+    results.put(asyncio.run(_drive(url, bodies, files, connections, start_at, warmup, duration, client)))
 
 
 def multipart_body(body: bytes, files: int) -> tuple[bytes, str]:
@@ -132,20 +202,25 @@ def batch_ok(data: bytes) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _raw_senders(url, body, files, connections):
-    """One send() per slot, each on its own rawhttp connection: () -> (status, lower-case headers or None)."""
+async def _raw_senders(url, bodies, files, connections):
+    """One send() per slot, each on its own rawhttp connection: () -> (status, lower-case headers or None). Slot i
+    sends bodies[i], bodies[i + 1], ... in turn (/classify/batch: the first body `files` times)."""
     from vggserve.loadtest.rawhttp import RawConnection, RawHTTPError, parse_url
 
     host, port, base = parse_url(url)
     if files == 1:
-        path, payload, headers = base + "/classify", body, {"content-type": "image/jpeg"}
+        path, payloads, headers = base + "/classify", bodies, {"content-type": "image/jpeg"}
     else:
-        payload, content_type = multipart_body(body, files)
-        path, headers = base + "/classify/batch", {"content-type": content_type}
+        payload, content_type = multipart_body(bodies[0], files)
+        path, payloads, headers = base + "/classify/batch", [payload], {"content-type": content_type}
     answered = (lambda data: b'"predictions"' in data) if files == 1 else batch_ok
 
-    def sender(conn):
+    def sender(conn, slot):
+        turn = slot
+
         async def send():
+            nonlocal turn
+            payload, turn = payloads[turn % len(payloads)], turn + 1
             try:
                 status, response_headers, data = await conn.request("POST", path, payload, headers)
             except (RawHTTPError, OSError) as exc:
@@ -157,21 +232,25 @@ async def _raw_senders(url, body, files, connections):
 
     conns = [RawConnection(host, port, timeout_s=120) for _ in range(connections)]
     try:
-        yield [sender(conn) for conn in conns]
+        yield [sender(conn, slot) for slot, conn in enumerate(conns)]
     finally:
         await asyncio.gather(*(conn.close() for conn in conns), return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
-async def _httpx_senders(url, body, files, connections):
+async def _httpx_senders(url, bodies, files, connections):
     """As _raw_senders, with the harness's httpx pools of a few connections each (one httpx pool of many scales
     badly)."""
     import httpx
 
     from vggserve.loadtest.client import ClientPool
 
-    def sender(client):
+    def sender(client, slot):
+        turn = slot
+
         async def send():
+            nonlocal turn
+            body, turn = bodies[turn % len(bodies)], turn + 1
             try:
                 if files == 1:
                     r = await client.post(url + "/classify", content=body, headers={"content-type": "image/jpeg"})
@@ -187,12 +266,13 @@ async def _httpx_senders(url, body, files, connections):
         return send
 
     async with ClientPool(connections, timeout_s=120) as pool:
-        yield [sender(pool.for_slot(slot)) for slot in range(connections)]
+        yield [sender(pool.for_slot(slot), slot) for slot in range(connections)]
 
 
-async def _drive(url, body, files, connections, start_at, warmup, duration, client="raw") -> dict:
+async def _drive(url, bodies, files, connections, start_at, warmup, duration, client="raw") -> dict:
     window_start, end = start_at + warmup, start_at + warmup + duration
     ok, statuses, latencies, frontends = 0, {}, [], {}
+    cpu = {}  # this load-generating process's CPU seconds at the window's start and end
 
     async def loop(send):
         nonlocal ok
@@ -208,21 +288,30 @@ async def _drive(url, body, files, connections, start_at, warmup, duration, clie
                     pid = headers.get("x-vggserve-frontend", "-")  # which front-end process answered
                     frontends[pid] = frontends.get(pid, 0) + files
 
+    async def clock():
+        await asyncio.sleep(max(0.0, window_start - time.time()))
+        cpu["start"] = time.process_time()
+        await asyncio.sleep(max(0.0, end - time.time()))
+        cpu["end"] = time.process_time()
+
     senders = {"raw": _raw_senders, "httpx": _httpx_senders}[client]
-    async with senders(url, body, files, connections) as sends:
+    async with senders(url, bodies, files, connections) as sends:
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        await asyncio.gather(*(loop(send) for send in sends))
-    return {"ok": ok, "statuses": statuses, "latencies": latencies, "frontends": frontends}
+        await asyncio.gather(clock(), *(loop(send) for send in sends))
+    return {"ok": ok, "statuses": statuses, "latencies": latencies, "frontends": frontends,
+            "cpu_s": cpu.get("end", 0.0) - cpu.get("start", 0.0)}
 
 
-def batch_stats(url: str) -> tuple[float, float]:
-    """(images, batches) the server has computed so far, from /metrics."""
+def batch_stats(url: str) -> tuple[float, float, float, float]:
+    """(images, batches, decode seconds, images decoded) the server has counted so far, from /metrics."""
     import httpx
 
     from vggserve.loadtest.metrics import Snapshot
 
     snapshot = Snapshot.parse(httpx.get(url + "/metrics", timeout=10).text)
-    return snapshot.total("vggserve_batch_size_sum") or 0.0, snapshot.total("vggserve_batch_size_count") or 0.0
+    return tuple(snapshot.total(name) or 0.0 for name in ("vggserve_batch_size_sum", "vggserve_batch_size_count",
+                                                          "vggserve_preprocess_seconds_sum",
+                                                          "vggserve_preprocess_seconds_count"))
 
 
 def server_preprocessing(url: str) -> dict:
@@ -234,21 +323,23 @@ def server_preprocessing(url: str) -> dict:
     return {k: meta.get(k) for k in ("preprocess_threads", "preprocess_procs", "http_workers")}
 
 
-def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, duration: float,
-          files: int = 1, client: str = "raw") -> dict:
+def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: float, duration: float,
+          files: int = 1, client: str = "raw", server_pid: int | None = None) -> dict:
+    bodies = [bodies] if isinstance(bodies, bytes) else bodies
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + 3.0  # every process starts together
     shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
     workers = [ctx.Process(target=_client_process,
-                           args=(url, body, files, n, start_at, warmup, duration, results, client))
+                           args=(url, bodies, files, n, start_at, warmup, duration, results, client))
                for n in shares if n]
     for w in workers:
         w.start()
     time.sleep(max(0.0, start_at + warmup - time.time()))
-    images0, batches0 = batch_stats(url)
+    before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
-    images1, batches1 = batch_stats(url)
+    after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
+    (images0, batches0, decode0, decoded0), (images1, batches1, decode1, decoded1) = before, after
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
@@ -261,7 +352,14 @@ def drive(url: str, body: bytes, concurrency: int, procs: int, warmup: float, du
             frontends[k] = frontends.get(k, 0) + v
     latencies = np.array([x for part in parts for x in part["latencies"]]) * 1000
     ok = sum(part["ok"] for part in parts)
-    return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses,
+    images = max(1.0, images1 - images0)
+    cpu_ms = {"load_generator": 1000 * sum(part["cpu_s"] for part in parts) / images,
+              "decode_wall": 1000 * (decode1 - decode0) / max(1.0, decoded1 - decoded0)}
+    if server_pid:
+        spent = {pid: cpu1[pid] - cpu0.get(pid, 0.0) for pid in cpu1}
+        cpu_ms["engine_process"] = 1000 * spent.get(server_pid, 0.0) / images
+        cpu_ms["other_server_processes"] = 1000 * sum(v for pid, v in spent.items() if pid != server_pid) / images
+    return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses, "cpu_ms_per_image": cpu_ms,
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
@@ -278,7 +376,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"serve_saturation: {exc}; --client httpx sends to https", file=sys.stderr)
             return 2
-    from vggserve.serving.process import ServerProcess
+    from vggserve.testing.servers import ServerProcess
     from vggserve.serving.settings import parse_devices, parse_http_workers
     from vggserve.weights import find_weights
 
@@ -288,15 +386,20 @@ def main(argv=None) -> int:
     batch = args.max_batch_size
     concurrency = args.concurrency or max(1, 4 * batch * len(devices) // args.files_per_request)
     procs = args.client_procs or max(1, min(8, (mp.cpu_count() or 2) // 2))
-    body = Path(args.image).read_bytes() if args.image else synthetic_jpeg()
+    if args.image_mix == "photo":
+        bodies = photo_mix()
+    else:
+        bodies = [Path(args.image).read_bytes() if args.image else synthetic_jpeg()]
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
-           "resize_on": args.resize_on or "device",
+           "resize_on": args.resize_on or "device", "image_mix": args.image_mix, "decode": args.decode or "exact",
+           "precision": args.precision,
            "client": args.client,
            "duration_s": args.duration, "preprocess_threads": args.preprocess_threads,
            "preprocess_procs": args.preprocess_procs, "http_workers": args.http_workers}
 
     if not args.skip_engine:
-        per_device = [engine_images_per_second(weights, d, batch, args.engine_seconds) for d in devices]
+        per_device = [engine_images_per_second(weights, d, batch, args.engine_seconds, args.precision)
+                      for d in devices]
         out["engine_images_per_s"] = sum(ips for ips, _, _ in per_device)
         out["engine_streamed_images_per_s"] = sum(streamed for _, _, streamed in per_device)
         out["engine_devices"] = [{"spec": d, "name": name, "images_per_s": ips, "streamed_images_per_s": streamed}
@@ -307,7 +410,7 @@ def main(argv=None) -> int:
 
     if args.url:
         out.update(server_preprocessing(args.url.rstrip("/")))
-        out["service"] = drive(args.url.rstrip("/"), body, concurrency, procs, args.warmup, args.duration,
+        out["service"] = drive(args.url.rstrip("/"), bodies, concurrency, procs, args.warmup, args.duration,
                                args.files_per_request, args.client)
     else:
         serve_args = ["--weights", weights, "--device", args.device, "--max-batch-size", str(batch),
@@ -324,11 +427,15 @@ def main(argv=None) -> int:
             serve_args += ["--http-workers", str(args.http_workers)]
         if args.resize_on is not None:
             serve_args += ["--resize-on", args.resize_on]
+        if args.decode is not None:
+            serve_args += ["--decode", args.decode]
+        if args.precision is not None and cli_takes("serve", "--precision"):
+            serve_args += ["--precision", args.precision]
         with ServerProcess.serve_cli(serve_args) as server:
             server.wait_ready(600)
             out.update(server_preprocessing(server.url))
-            out["service"] = drive(server.url, body, concurrency, procs, args.warmup, args.duration,
-                                   args.files_per_request, args.client)
+            out["service"] = drive(server.url, bodies, concurrency, procs, args.warmup, args.duration,
+                                   args.files_per_request, args.client, server_pid=server.proc.pid)
 
     service = out["service"]
     lat = service["latency_ms"]
@@ -339,6 +446,8 @@ def main(argv=None) -> int:
           f"{service['images_per_frontend']}); "
           f"statuses {service['statuses']}; latency ms "
           + ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if v is not None), flush=True)
+    print("cpu     : ms per image: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}"
+                                                  for k, v in service["cpu_ms_per_image"].items()), flush=True)
     if "engine_images_per_s" in out:
         out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
         out["ratio_to_streamed"] = service["images_per_s"] / out["engine_streamed_images_per_s"]

@@ -63,8 +63,8 @@ def main():
 
     import pyopencl as cl
 
-    from vggserve.model import winograd
-    from vggserve.model.layers import GemmLayer
+    from vggserve.ops import winograd
+    from vggserve.ops.gemm import GemmLayer
     from vggserve.model.reference import conv3x3_relu
     from vggserve.runtime import devices as devs
     from vggserve.runtime.params import TABLE, GPU_DEFAULT, conv_params_for, params_for

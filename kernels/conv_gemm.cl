@@ -20,6 +20,9 @@
  * The host launches whole work-groups only (global size rounded up to the tile); every tail is handled by the
  * bounds checks on B and on the store, so there are no partial work-groups.
  *
+ * Storage (storage.clh): in, wt and out are each FP32 or FP16 (IN_HALF, W_HALF, OUT_HALF); math and local tiles
+ * are FP32. Split-K partial sums are always FP32.
+ *
  * Split K (SPLITK = 1; used for fully connected layers, whose few M x N tiles cannot fill a large GPU): work-group
  * z = get_group_id(2) sums only k in [z * kchunk, min(K, (z + 1) * kchunk)), kchunk a multiple of TK, and stores
  * its raw sum to part[(z * N + p) * Mpad + m] (`out` is then the partial-sum buffer); fc_gemv.cl's fc_reduce adds
@@ -58,6 +61,7 @@
 #endif
 
 #include "gemm_loop.clh"  /* GEMM_K_LOOP, the K loop both GEMMs share */
+#include "storage.clh"    /* in_t, w_t, out_t: FP32 or FP16 storage (IN_HALF, W_HALF, OUT_HALF) */
 
 #define LM (TM / WM)            /* work-group size in M */
 #define LN (TN / WN)            /* work-group size in N */
@@ -76,10 +80,14 @@
 #define KK (KS * KS)
 
 __kernel __attribute__((reqd_work_group_size(LN, LM, 1)))
-void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x W */
-               __global const float *restrict wt,    /* Kpad x Mpad re-laid weights */
+void conv_gemm(__global const in_t *restrict in,     /* NCHW input, B x C x H x W */
+               __global const w_t *restrict wt,      /* Kpad x Mpad re-laid weights */
                __global const float *restrict bias,  /* M */
-               __global float *restrict out,         /* NCHW output, B x M x H x W */
+#if SPLITK
+               __global float *restrict out,         /* partial sums (see above) */
+#else
+               __global out_t *restrict out,         /* NCHW output, B x M x H x W */
+#endif
                const int C, const int H, const int W, const int M, const int Mpad, const int N
 #if SPLITK
                , const int kchunk  /* K per split, a multiple of TK */
@@ -127,7 +135,7 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
 #define FETCH(k0)                                                                        \
     for (int l = 0; l < A_LOADS; ++l) {                                                  \
         const int e = tid + l * NT;                                                      \
-        ra[l] = wt[(size_t)((k0) + e / TM) * Mpad + m0 + e % TM];                        \
+        ra[l] = LD_W(wt, (size_t)((k0) + e / TM) * Mpad + m0 + e % TM);                        \
     }                                                                                    \
     for (int c = 0; c < BCOLS; ++c)                                                      \
         for (int r = 0; r < BROWS; ++r) {                                                \
@@ -137,7 +145,7 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
                 const int ci = k / KK, q = k - (k / KK) * KK;                            \
                 const int iy = py[c] + q / KS - PAD, ix = px[c] + q % KS - PAD;          \
                 if (iy >= 0 && iy < H && ix >= 0 && ix < W)                              \
-                    v = in[pb[c] + (size_t)ci * HW + iy * W + ix];               \
+                    v = LD_IN(in, pb[c] + (size_t)ci * HW + iy * W + ix);       \
             }                                                                            \
             rb[c * BROWS + r] = v;                                                       \
         }
@@ -168,7 +176,7 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
         const int q = n0 + tx + j * LN;
         if (q >= N) continue;
         const int qb = q / HW, qyx = q - (q / HW) * HW;
-        __global float *o = out + (size_t)qb * M * HW + qyx;
+        __global out_t *o = out + (size_t)qb * M * HW + qyx;
         for (int i = 0; i < WM; ++i) {
             const int m = m0 + ty + i * LM;
             if (m < M) {
@@ -176,7 +184,7 @@ void conv_gemm(__global const float *restrict in,    /* NCHW input, B x C x H x 
 #if RELU
                 v = fmax(v, 0.0f);
 #endif
-                o[(size_t)m * HW] = v;
+                ST_OUT(o, (size_t)m * HW, v);
             }
         }
     }

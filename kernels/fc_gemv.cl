@@ -30,11 +30,13 @@
 #define RELU 1
 #endif
 
+#include "storage.clh"  /* x: in_t, wt: w_t, y: out_t (FP32 or FP16 storage) */
+
 #define GEMV_SPAN (GEMV_LM * GEMV_WM)  /* outputs per work-group */
 
 __kernel __attribute__((reqd_work_group_size(GEMV_LM, GEMV_LK, 1)))
-void fc_gemv(__global const float *restrict x,   /* NB x K */
-             __global const float *restrict wt,  /* K x Mpad */
+void fc_gemv(__global const in_t *restrict x,   /* NB x K */
+             __global const w_t *restrict wt,    /* K x Mpad */
              __global float *restrict part,      /* KSPLIT x NB x Mpad partial sums */
              const int K, const int Mpad, const int NB, const int kchunk)
 {
@@ -47,12 +49,12 @@ void fc_gemv(__global const float *restrict x,   /* NB x K */
     for (int b = 0; b < GEMV_NB; ++b)
         for (int v = 0; v < GEMV_WM; ++v) acc[b][v] = 0.0f;
     for (int k = kbeg + lk; k < kend; k += GEMV_LK) {
-        __global const float *row = wt + (size_t)k * Mpad + mb;
+        const size_t row = (size_t)k * Mpad + mb;
         float w[GEMV_WM];
-        for (int v = 0; v < GEMV_WM; ++v) w[v] = row[v];
+        for (int v = 0; v < GEMV_WM; ++v) w[v] = LD_W(wt, row + v);
         for (int b = 0; b < GEMV_NB; ++b) {
             if (b < NB) {
-                const float xv = x[(size_t)b * K + k];
+                const float xv = LD_IN(x, (size_t)b * K + k);
                 for (int v = 0; v < GEMV_WM; ++v) acc[b][v] = fma(w[v], xv, acc[b][v]);
             }
         }
@@ -82,7 +84,7 @@ void fc_gemv(__global const float *restrict x,   /* NB x K */
 
 /* y[b * M + m] = act(bias[m] + sum_gk part[(gk * NB + b) * Mpad + m]); one work-item per (b, m), guarded. */
 __kernel void fc_reduce(__global const float *restrict part, __global const float *restrict bias,
-                        __global float *restrict y, const int M, const int Mpad, const int NB, const int ksplit)
+                        __global out_t *restrict y, const int M, const int Mpad, const int NB, const int ksplit)
 {
     const int idx = get_global_id(0);
     if (idx >= NB * M) return;
@@ -92,5 +94,5 @@ __kernel void fc_reduce(__global const float *restrict part, __global const floa
 #if RELU
     s = fmax(s, 0.0f);
 #endif
-    y[idx] = s;
+    ST_OUT(y, idx, s);
 }

@@ -10,8 +10,10 @@
 #define POOL_WG 256  /* work-group size, e.g. 64, 128, 256 */
 #endif
 
+#include "storage.clh"  /* in_t, out_t: FP32 or FP16 storage (IN_HALF, OUT_HALF) */
+
 __kernel __attribute__((reqd_work_group_size(POOL_WG, 1, 1)))
-void maxpool2x2(__global const float *restrict in, __global float *restrict out,
+void maxpool2x2(__global const in_t *restrict in, __global out_t *restrict out,
                 const int BC, const int H, const int W)
 {
     const int OH = H / 2, OW = W / 2;
@@ -20,6 +22,6 @@ void maxpool2x2(__global const float *restrict in, __global float *restrict out,
     const int ox = idx % OW;
     const int oy = (idx / OW) % OH;
     const int bc = idx / (OW * OH);
-    __global const float *r = in + ((size_t)bc * H + 2 * oy) * W + 2 * ox;
-    out[idx] = fmax(fmax(r[0], r[1]), fmax(r[W], r[W + 1]));
+    const size_t r = ((size_t)bc * H + 2 * oy) * W + 2 * ox;
+    ST_OUT(out, idx, fmax(fmax(LD_IN(in, r), LD_IN(in, r + 1)), fmax(LD_IN(in, r + W), LD_IN(in, r + W + 1))));
 }

@@ -1,13 +1,16 @@
 /* relayout.cl -- weights from the file's layout to the GEMM's A layout, on the device, once at load.
  *
  *   in:  W, M rows of K floats, row-major        W[m * K + k]     (torchvision: cout x (cin * 3 * 3), fc: out x in)
- *   out: A, Kpad rows of Mpad floats, k-major    A[k * Mpad + m] = W[m * K + k] for m < M and k < K, else 0
+ *   out: A, Kpad rows of Mpad values, k-major    A[k * Mpad + m] = W[m * K + k] for m < M and k < K, else 0
+ *        (float, or half with OUT_HALF = 1)
  *
  * A tiled transpose: a work-group of RL_TILE x RL_ROWS work-items moves one RL_TILE x RL_TILE tile through local
  * memory (one column of padding, so the transposed reads hit distinct banks); each work-item moves
  * RL_TILE / RL_ROWS elements. The host launches whole work-groups over the padded output (Mpad x Kpad rounded up
  * to RL_TILE); every read and write is bounds-checked, so no work-group is partial.
  */
+
+#include "storage.clh"  /* out_t: the transposed weights' storage (OUT_HALF); Winograd weights stay float */
 
 #ifndef RL_TILE
 #define RL_TILE 32  /* tile side, e.g. 16, 32 */
@@ -17,7 +20,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(RL_TILE, RL_ROWS, 1)))
-void transpose_pad(__global const float *restrict W, __global float *restrict A,
+void transpose_pad(__global const float *restrict W, __global out_t *restrict A,
                    const int M, const int K, const int Mpad, const int Kpad)
 {
     __local float tile[RL_TILE][RL_TILE + 1];
@@ -31,7 +34,7 @@ void transpose_pad(__global const float *restrict W, __global float *restrict A,
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int r = ty; r < RL_TILE; r += RL_ROWS) {  /* write rows k of A, coalesced along m */
         const int k = k0 + r, m = m0 + tx;
-        if (k < Kpad && m < Mpad) A[(size_t)k * Mpad + m] = tile[tx][r];
+        if (k < Kpad && m < Mpad) ST_OUT(A, (size_t)k * Mpad + m, tile[tx][r]);
     }
 }
 

@@ -118,6 +118,23 @@ def test_mpiexec_ranks_give_the_single_process_predictions_and_list_unreadable_i
     assert [r["rank"] for r in report["ranks"]] == list(range(ranks))
     assert sum(r["images"] for r in report["ranks"]) == GOOD + len(BAD)
     assert "13 images (10 classified, 3 errors)" in done.stdout
+    assert all(r["decode_processes"] >= 1 and r["decode_restarts"] == 0 for r in report["ranks"])  # the default
+    assert {"read", "decode", "link", "result", "rank_process"} <= set(report["ranks"][0]["cpu_ms_per_image"])
+    assert "rank 0 CPU ms per image: read" in done.stdout
+
+
+@pytest.mark.parametrize("ranks, extra", [(1, ["--decode-procs", "2"]), (2, ["--decode-procs", "1"]),
+                                          (2, ["--decode-procs", "0", "--decode-threads", "2"])])
+def test_decode_processes_or_threads_give_the_single_process_predictions(ranks, extra, images, expected,
+                                                                       tiny_weights_path, tmp_path):
+    output, summary = tmp_path / "results.jsonl", tmp_path / "summary.json"
+    done = run(batch_command(ranks, tiny_weights_path, images, output, "--batch-size", "3", "--summary",
+                             str(summary), *extra), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert_same_predictions(read_jsonl(output), expected)
+    assert_bad_images_listed(read_jsonl(tmp_path / "results.errors.jsonl"), images)
+    procs = int(extra[1])
+    assert [r["decode_processes"] for r in json.loads(summary.read_text())["ranks"]] == [procs] * ranks
 
 
 def test_list_file_input_records_missing_files_as_errors(images, expected, tiny_weights_path, tmp_path):
@@ -145,10 +162,27 @@ def _processes_mentioning(marker):
     return found
 
 
+def _decode_processes_of(pids):
+    """PIDs of the decode processes (vggserve.decoding.worker) whose parent is one of `pids`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent in pids and b"vggserve.decoding.worker" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
 def _kill_job(process, marker):
-    """kill -9 the launcher's process group and every rank of the job (Hydra gives ranks their own groups)."""
+    """kill -9 the launcher's process group and every rank of the job (Hydra gives ranks their own groups). The
+    ranks' decode processes are not killed here: they must end by themselves when their rank dies."""
+    ranks = _processes_mentioning(marker)
+    decoders = _decode_processes_of(set(ranks))
     os.killpg(process.pid, signal.SIGKILL)
-    for pid in _processes_mentioning(marker):
+    for pid in ranks:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -158,12 +192,16 @@ def _kill_job(process, marker):
     while _processes_mentioning(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_mentioning(marker), "ranks survived the kill"
+    while any(Path(f"/proc/{pid}").exists() for pid in decoders) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in decoders), "decode processes outlived their rank"
+    return decoders
 
 
 def test_rerun_after_kill_completes_every_image_exactly_once(images, expected, tiny_weights_path, tmp_path):
     output = tmp_path / "killed-run.jsonl"
     errors_file = tmp_path / "killed-run.errors.jsonl"
-    command = batch_command(2, tiny_weights_path, images, output, "--batch-size", "1", "--decode-threads", "1")
+    command = batch_command(2, tiny_weights_path, images, output, "--batch-size", "1", "--decode-procs", "1")
     process = subprocess.Popen(command, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -173,7 +211,8 @@ def test_rerun_after_kill_completes_every_image_exactly_once(images, expected, t
             assert time.monotonic() < deadline, "no results appeared"
             time.sleep(0.02)
     finally:
-        _kill_job(process, str(output))
+        decoders = _kill_job(process, str(output))
+    assert decoders, "the ranks had decode processes"
     first = read_jsonl(output) + read_jsonl(errors_file)
     assert 2 <= len(first) < GOOD + len(BAD), "the kill should have come part way"
     with open(output, "a") as handle:  # what a write torn by the kill would leave
@@ -278,6 +317,34 @@ def test_under_mpiexec_an_unloadable_mpi_library_is_one_line_per_rank(images, ti
         assert line.startswith("vggserve: error: started by an MPI launcher (PMI_RANK="), line
         assert "but MPI cannot be loaded (cannot load MPI library" in line and "without mpirun" in line, line
     assert not output.exists()
+
+
+def test_a_decode_process_that_crashes_or_hangs_is_replaced_and_its_image_recorded(images, expected,
+                                                                                   tiny_weights_path, tmp_path):
+    folder = tmp_path / "faulty"
+    folder.mkdir()
+    for name in ("img01.png", "img02.jpg", "img06.jpg", "img07.png", "img09.png"):
+        (folder / name).write_bytes((images / name).read_bytes())
+    (folder / "crash.jpg").write_bytes((images / "img02.jpg").read_bytes())
+    (folder / "hang.jpg").write_bytes((images / "img06.jpg").read_bytes())
+    output, summary = tmp_path / "results.jsonl", tmp_path / "summary.json"
+    command = [*mpiexec(2), sys.executable, str(SCRIPTS / "batch_with_faulty_decoder.py"), "--weights",
+               str(tiny_weights_path), "--input", str(folder), "--output", str(output), "--device", "cpu",
+               "--no-progress", "--batch-size", "2", "--decode-procs", "1", "--decode-timeout", "3",
+               "--summary", str(summary)]
+    tests = str(Path(__file__).resolve().parent)
+    done = run(command, tmp_path, PYTHONPATH=os.pathsep.join([subprocess_env()["PYTHONPATH"], tests]))
+    assert done.returncode == 0, done.stderr
+    good = {str(folder / name): expected[str(images / name)] for name in
+            ("img01.png", "img02.jpg", "img06.jpg", "img07.png", "img09.png")}
+    assert_same_predictions(read_jsonl(output), good)
+    errors = {Path(e["image"]).name: e for e in read_jsonl(tmp_path / "results.errors.jsonl")}
+    assert set(errors) == {"crash.jpg", "hang.jpg"}
+    assert errors["crash.jpg"]["type"] == "DecodeProcessDied" and "signal 9" in errors["crash.jpg"]["error"]
+    assert errors["hang.jpg"]["type"] == "DecodeTimeout" and "longer than 3 s" in errors["hang.jpg"]["error"]
+    assert sum(r["decode_restarts"] for r in json.loads(summary.read_text())["ranks"]) == 2
+    rerun = run(command, tmp_path, PYTHONPATH=os.pathsep.join([subprocess_env()["PYTHONPATH"], tests]))
+    assert rerun.returncode == 0 and "nothing to do" in rerun.stdout  # recorded errors count as done
 
 
 # ---- work sharing ------------------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_tune_stores_winners_that_the_engine_then_uses(tmp_path, tiny_tensors, m
     from vggserve import VGG16
     from vggserve.model.reference import reference_logits
     from vggserve.runtime import devices as devs
-    from vggserve.runtime import tuning
+    from vggserve import tuning
     from vggserve.runtime.params import params_for
 
     monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))

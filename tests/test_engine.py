@@ -193,13 +193,13 @@ def test_submit_refuses_an_unknown_output(tiny_model):
 
 
 def test_fully_connected_layers_split_over_k_match_float64(tiny_tensors, monkeypatch):
-    import vggserve.model.vgg16 as engine
+    import vggserve.engine.engine as engine
 
     real = engine.params_for
     monkeypatch.setattr(engine, "params_for", lambda kind, label: {**real(kind, label), "splitk_groups": 10_000})
     x = np.random.default_rng(11).standard_normal((6, 3, 224, 224)).astype(np.float32)
     with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=6) as model:
-        assert all(split.used_for(6) for _, _, _, split in model.fcs)
+        assert all(fc.split.used_for(6) for _, fc in model.fcs)
         out = model.logits(x)
     ref = reference_logits(tiny_tensors, x)
     assert max_rel_err(out, ref) < 1e-4

@@ -1,11 +1,14 @@
-"""`VGG16.submit` with a list of images: uint8 crops and `preprocess.RawImage`s, the raw ones resized and cropped on the
-device (model/resize.py). The probabilities must be exactly those of the CPU's `center_crop` of the same images."""
+"""`VGG16.submit` with a list of images: uint8 crops and `ModelInput` images, the raw ones resized and cropped on the
+device (ops/resize.py). The probabilities must be exactly those of the CPU's `center_crop` of the same images."""
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from vggserve.preprocess import RawImage, center_crop, raw_rgb
+from vggserve.modelinput import ModelInput, raw_rgb
+from vggserve.preprocess import center_crop
+
+RawImage = ModelInput.image
 
 SIZES = [(500, 375), (375, 500), (224, 224), (256, 300), (300, 256), (1024, 768), (231, 97), (257, 257), (40, 30)]
 
@@ -66,7 +69,7 @@ def test_raw_image_checks_its_shape_and_pickles():
 
 
 def test_the_device_resize_is_checked_against_the_installed_pillow(model, monkeypatch):
-    from vggserve.model import resize
+    from vggserve.ops import resize
 
     assert model.resize_matches_pillow()
     # as if Pillow's pass order had changed: 300 x 1000 shrinks its height enough for the order to matter
@@ -81,16 +84,16 @@ def test_the_device_resize_is_checked_against_the_installed_pillow(model, monkey
 
 
 def test_a_worker_falls_back_to_front_end_crops_when_the_check_fails(model, monkeypatch):
-    from vggserve.serving.worker import DeviceWorker
+    from vggserve.serving.scheduling.worker import DeviceWorker
 
     worker = object.__new__(DeviceWorker)
     worker.device, worker.pixels, worker.device_resize = "test", True, True
-    assert worker._device_resizes(model)
+    assert worker.device_resizes(model)
     monkeypatch.setattr(type(model), "resize_matches_pillow", lambda self: False)
-    assert not worker._device_resizes(model)
+    assert not worker.device_resizes(model)
     worker.pixels = False  # one process: no front ends, nothing to decide
     monkeypatch.undo()
-    assert not worker._device_resizes(model)
+    assert not worker.device_resizes(model)
 
 
 def test_the_batch_pipeline_resizes_on_the_device_with_the_cpu_paths_results(model, tmp_path):
@@ -103,15 +106,16 @@ def test_the_batch_pipeline_resizes_on_the_device_with_the_cpu_paths_results(mod
     (tmp_path / "broken.jpg").write_bytes(b"not an image")
     paths.insert(2, str(tmp_path / "broken.jpg"))
     runner = ChunkRunner(model, top_k=5, decode_threads=2)
+    host_runner = ChunkRunner(model, top_k=5, on_device=False)  # float32: decoded, resized, normalised on the host
     try:
         assert runner.on_device
         runner.submit(paths)
         on_device = runner.run_next()
-        runner.on_device = False  # the float32 path: decoded, resized and normalised on the host
-        runner.submit(paths)
-        on_host = runner.run_next()
+        host_runner.submit(paths)
+        on_host = host_runner.run_next()
     finally:
         runner.close()
+        host_runner.close()
     assert len(on_device.results) == len(SIZES) and len(on_device.errors) == 1
     assert on_device.results == on_host.results and on_device.errors == on_host.errors
 
@@ -148,8 +152,7 @@ def test_the_batch_pipeline_keeps_the_next_chunk_on_the_device_and_answers_in_or
         del model.submit
         runner.close()
     assert submits == [4, 5, 2]  # the broken-only chunk puts nothing on the device
-    runner_host = ChunkRunner(model, top_k=3)
-    runner_host.on_device = False
+    runner_host = ChunkRunner(model, top_k=3, on_device=False)
     try:
         for chunk in chunks:
             runner_host.submit(chunk)

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from vggserve.serving import Settings, create_app
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 
 ERROR_KEYS = {"error"}
 
@@ -77,6 +77,18 @@ def test_classify_raw_body_matches_multipart(client):
     form = client.post("/classify", files={"file": ("x.png", PNG, "image/png")}).json()
     assert raw["predictions"] == form["predictions"]
     assert len(raw["predictions"]) == 5  # default top_k
+
+
+def test_octet_stream_uploads_are_sniffed_like_any_image(client):
+    """Many clients send application/octet-stream for any file: the bytes decide (issue 12, item 9)."""
+    typed = client.post("/classify", content=PNG, headers={"content-type": "image/png"}).json()
+    untyped = client.post("/classify", content=PNG, headers={"content-type": "application/octet-stream"})
+    assert untyped.status_code == 200, untyped.text
+    assert untyped.json()["predictions"] == typed["predictions"]
+    refused = client.post("/classify", content=b"%PDF-1.4 not an image", headers={"content-type":
+                                                                                   "application/octet-stream"})
+    assert refused.status_code in (400, 415) and refused.json()["error"]["code"] in ("invalid_image",
+                                                                                     "unsupported_media_type")
 
 
 @pytest.mark.parametrize("query", ["top_k=0", "top_k=101", "top_k=abc"])
@@ -295,10 +307,16 @@ def test_openapi_documents_every_endpoint_parameter_and_error(client):
     assert set(paths) >= {"/classify", "/classify/batch", "/health/live", "/health/ready", "/metadata", "/metrics"}
     classify = paths["/classify"]["post"]
     assert {p["name"] for p in classify["parameters"]} == {"top_k", "x-request-timeout-ms"}
-    assert set(classify["requestBody"]["content"]) == {"multipart/form-data", "image/*"}
+    assert set(classify["requestBody"]["content"]) == {"multipart/form-data", "image/*", "application/octet-stream"}
     for status in ("400", "413", "415", "422", "429", "503", "504"):
         assert classify["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorBody")
     assert client.get("/docs").status_code == 200
+    v2 = {p for p in paths if p.startswith("/v2")}
+    assert {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{model}", "/v2/models/{model}/infer",
+            "/v2/models/{model}/versions/{version}/infer", "/v2/models/{model}/config"} <= v2
+    infer = paths["/v2/models/{model}/infer"]["post"]
+    for status in ("400", "404", "429", "503", "504"):
+        assert infer["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith("V2Error")
 
 
 def test_draining_refuses_new_requests_and_flips_readiness(client):

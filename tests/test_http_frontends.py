@@ -31,24 +31,27 @@ from test_http_process import (HTTP, IMAGE, MEDIA, check_a_gone_client_is_withdr
                                check_deadline_in_the_queue_is_504_and_not_computed,
                                check_full_queue_answers_429_at_once, check_sigterm_lets_the_requests_in_flight_finish,
                                classify, concurrently, live, metric, samples, wait_until)
-from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, Outcome
-from vggserve.serving.engine_host import EngineHost
-from vggserve.serving.engine_link import EngineClient
-from vggserve.serving.fakes import SlowModel
-from vggserve.serving.frontend import HEADER
-from vggserve.serving.frontends import FrontEnds, bind
-from vggserve.serving.imaging import decode_and_crop, prepare_image
+from vggserve.modelinput import ModelInput
+from vggserve.serving.protocols.errors import scheduling_status
+from vggserve.serving.scheduling.batcher import BatchQueue, Outcome
+from vggserve.serving.scheduling.errors import ClientGone, DeadlineExceeded
+from vggserve.serving.processes.engine_host import EngineHost
+from vggserve.serving.processes.engine_link import EngineClient
+from vggserve.testing.models import SlowModel
+from vggserve.serving.processes.frontend import HEADER
+from vggserve.serving.processes.frontends import FrontEnds, bind
+from vggserve.serving.scheduling.imaging import decode_and_crop, prepare_image
 from vggserve.serving.metrics import Metrics
-from vggserve.serving.process import ServerProcess, python_env
+from vggserve.testing.servers import ServerProcess, python_env
 from vggserve.serving.service import Service
 from vggserve.serving.settings import Settings, SettingsError, auto_http_workers, parse_http_workers
-from vggserve.serving.worker import DeviceWorker
+from vggserve.serving.scheduling.worker import DeviceWorker
 
 
 def crop(color) -> np.ndarray:
     buffer = io.BytesIO()
     Image.new("RGB", (300, 260), color).save(buffer, "PNG")
-    return decode_and_crop(buffer.getvalue(), "torchvision", 10**8)[0]
+    return decode_and_crop(buffer.getvalue(), "torchvision", 10**8)[0].array
 
 
 @contextmanager
@@ -77,7 +80,8 @@ def engine_and_client(settings: Settings, models: list, seconds: float, capacity
 
 def send(client: EngineClient, pixels: np.ndarray, timeout_s: float = 30.0):
     client.queue.admit(1)
-    return client.queue.submit(pixels, time.monotonic() + timeout_s)
+    image = pixels if isinstance(pixels, ModelInput) else ModelInput.crop(pixels)
+    return client.queue.submit(image, time.monotonic() + timeout_s)
 
 
 def test_link_answers_with_the_models_probabilities_and_refuses_beyond_max_queue():
@@ -90,7 +94,7 @@ def test_link_answers_with_the_models_probabilities_and_refuses_beyond_max_queue
         items = [send(client, p) for p in pixels]  # 1 on the device + 2 waiting fit; the 4th does not
         answers = [(item.future.exception(timeout=10) or item.future.result()) for item in items]
     refused = [a for a in answers if not isinstance(a, Outcome)]
-    assert refused and all(a.status == 429 and a.code == "queue_full" for a in refused), answers
+    assert refused and all(scheduling_status(a) == 429 and a.code == "queue_full" for a in refused), answers
     reference = SlowModel(seconds_per_batch=0)
     for p, answer in zip(pixels, answers):
         if isinstance(answer, Outcome):
@@ -107,17 +111,17 @@ def test_link_withdraws_waiting_images_and_drops_a_front_end_that_goes_away():
         busy = send(client, crop((1, 2, 3)))
         wait_until(lambda: models[0].batch_sizes == [1], 5, "the first image on the device")
         late, gone = send(client, crop((4, 5, 6))), send(client, crop((7, 8, 9)))
-        wait_until(lambda: len(service.queue) == 2, 5, "two images waiting in the engine")
+        wait_until(lambda: len(service.backend.queue) == 2, 5, "two images waiting in the engine")
         client.queue.withdraw(late, DeadlineExceeded(0.1))
         error = late.future.exception(timeout=5)
-        assert isinstance(error, DeadlineExceeded) and error.status == 504
+        assert isinstance(error, DeadlineExceeded) and scheduling_status(error) == 504
         assert not busy.future.done()  # answered without waiting for the device
         client.link.close()  # the front end goes away: its waiting image is not computed
         count = service.metrics.registry.get_sample_value
         wait_until(lambda: count("vggserve_abandoned_total") == 1, 5, "the image withdrawn")
-        assert gone.future.exception(timeout=5).status == 503  # the front end's side: the link is gone
-        assert len(service.queue) == 0 and count("vggserve_timeouts_total") == 1
-        wait_until(lambda: service.workers[0].batches == 1, 5, "the busy image computed")
+        assert scheduling_status(gone.future.exception(timeout=5)) == 503  # the front end's side: the link is gone
+        assert len(service.backend.queue) == 0 and count("vggserve_timeouts_total") == 1
+        wait_until(lambda: service.backend.workers[0].batches == 1, 5, "the busy image computed")
     assert models[0].batch_sizes == [1]
 
 
@@ -138,9 +142,10 @@ def test_worker_computes_uint8_crops_on_the_device_or_normalises_them_exactly(mo
     worker = DeviceWorker("cpu", lambda d: models.append(model_class(d, 0.0, 2)) or models[-1], queue, metrics,
                           max_batch_size=2, max_wait_s=0.05, warmup=True, on_change=lambda: None, pixels=True)
     worker.start()
-    pixels = decode_and_crop(data, "torchvision", 10**8)[0]
+    crop = decode_and_crop(data, "torchvision", 10**8)[0]
+    pixels = crop.array
     queue.admit(2)
-    items = [queue.submit(pixels, time.monotonic() + 10), queue.submit(pixels, time.monotonic() + 10)]
+    items = [queue.submit(crop, time.monotonic() + 10), queue.submit(crop, time.monotonic() + 10)]
     outcomes = [item.future.result(timeout=10) for item in items]
     queue.close(ClientGone())
     worker.join(5)
@@ -148,7 +153,7 @@ def test_worker_computes_uint8_crops_on_the_device_or_normalises_them_exactly(mo
         assert models[0].pixels.dtype == np.uint8 and models[0].pixels.shape == (2, 224, 224, 3)
         want = SlowModel(seconds_per_batch=0).probabilities(pixels.astype(np.float32)[None])[0]
     else:  # the same float32 input as the single-process path's prepare_image, bit for bit
-        want = SlowModel(seconds_per_batch=0).probabilities(prepare_image(data, "torchvision", 10**8)[0][None])[0]
+        want = SlowModel(seconds_per_batch=0).probabilities(prepare_image(data, "torchvision", 10**8)[0].array[None])[0]
     assert all(np.array_equal(o.probabilities, want) and o.batch_size == 2 for o in outcomes)
 
 
@@ -343,7 +348,7 @@ def test_sigterm_drains_and_leaves_no_process_behind(frontends_server):
 
 SLOW_SERVER = """
 import os, sys, time
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 from vggserve.serving.server import run_server
 from vggserve.serving.settings import Settings
 

@@ -11,7 +11,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from schemathesis.transport.serialization import serialize_binary
 
 from vggserve.serving import Settings, create_app
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 from test_http_api import wait_ready
 
 APP = create_app(Settings(max_batch_size=8, max_wait_ms=1, max_body_bytes=64 * 1024),

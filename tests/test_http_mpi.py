@@ -6,10 +6,12 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.http as triton
 from image_corpus import build_corpus
 
-from vggserve.serving.process import ServerProcess
+from vggserve.testing.servers import ServerProcess
 
 pytestmark = pytest.mark.mpi
 
@@ -23,6 +25,8 @@ def test_two_ranks_serve_sharded_batches_and_drain_on_sigterm(tiny_weights_path,
     names = ["rgba.png", "palette.png", "cmyk.jpg", "photo.webp"]
     with VGG16.load(tiny_weights_path, device="cpu", max_batch_size=2) as model:
         expected = model.classify([files[n] for n in names], top_k=3)
+        x = np.random.default_rng(2).standard_normal((3, 3, 224, 224)).astype(np.float32)
+        want_logits = model.logits(x)
 
     # the CPU on every rank: two ranks would need two GPUs ("gpu" means GPU number <local rank>)
     args = ["--weights", str(tiny_weights_path), "--device", "cpu", "--max-batch-size", "2", "--max-wait-ms", "300",
@@ -48,6 +52,13 @@ def test_two_ranks_serve_sharded_batches_and_drain_on_sigterm(tiny_weights_path,
                                                                     abs=1e-7)
         metrics = http.get(server.url + "/metrics").text
         assert "vggserve_batch_size_count" in metrics
+
+        # the Open Inference Protocol on the same sharded batches: an FP32 tensor's logits, with tritonclient
+        client = triton.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120.0)
+        given = triton.InferInput("input", [3, 3, 224, 224], "FP32")
+        given.set_data_from_numpy(x)
+        result = client.infer("vgg16", [given], outputs=[triton.InferRequestedOutput("logits")])
+        np.testing.assert_allclose(result.as_numpy("logits"), want_logits, rtol=1e-4, atol=1e-5)
 
         server.signal(signal.SIGTERM)  # to mpiexec, which forwards it to both ranks
         assert server.wait(60) == 0, server.output()[-3000:]

@@ -17,12 +17,12 @@ from conftest import TEST_DEVICE
 from image_corpus import build_corpus
 from prometheus_client.parser import text_string_to_metric_families
 
-from vggserve.serving.process import ServerProcess, python_env
+from vggserve.testing.servers import ServerProcess, python_env
 from test_http_api import PNG
 
 SLOW_SERVER = """
 import sys
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 from vggserve.serving.server import run_server
 from vggserve.serving.settings import Settings
 settings = Settings(port=PORT, max_batch_size=2, max_wait_ms=50, max_queue=4, max_files=4, drain_timeout_s=10)
@@ -265,3 +265,33 @@ sys.exit(run_server(Settings(port=PORT, devices=("gpu:7",)), no_device, log_leve
     with ServerProcess.python_code(code) as server:
         assert server.wait(30) == 3
         assert "no device worker is alive (gpu:7: DeviceError: no gpu device number 7" in server.output()
+
+
+@pytest.mark.parametrize("http_workers", ["1", "2"])
+def test_a_taken_port_is_one_line_and_its_own_exit_status(tiny_weights_path, http_workers):
+    """Issue 12, item 6: no "serving on", no traceback; exit status 6, not 3 (every device worker dead)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "vggserve", "serve", "--weights", str(tiny_weights_path),
+                               "--device", TEST_DEVICE, "--port", str(port), "--http-workers", http_workers],
+                              env=python_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 6, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [f"vggserve: error: cannot listen on 127.0.0.1:{port}: the address is already in use (another "
+                     "server on that port?); pass another --port, or --port 0"], done.stderr
+
+
+def test_serving_on_is_said_once_the_port_is_bound_and_the_devices_ready(tiny_weights_path):
+    args = ["--weights", str(tiny_weights_path), "--device", TEST_DEVICE, "--max-batch-size", "4",
+            "--log-level", "warning"]
+    with ServerProcess.serve_cli(args) as server:
+        end = time.monotonic() + 120
+        while "serving on" not in server.output() and time.monotonic() < end:
+            assert server.proc.poll() is None, server.output()
+            time.sleep(0.02)
+        said = [line for line in server.output().splitlines() if "serving on" in line]
+        ready = HTTP.get(server.url + "/health/ready", timeout=10)
+        assert ready.status_code == 200, (said, ready.text)  # true when said: bound, model loaded and warm
+        assert said == [f"vggserve: serving on {server.url} with 1 device worker(s) ({TEST_DEVICE})"], said

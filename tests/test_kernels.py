@@ -4,8 +4,12 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from vggserve.model.layers import (DeviceRelayout, GemmLayer, GemvLayer, MaxPool, PixelInput, Softmax, SplitKGemm,
-                                   check_conv_params, gemv_span, relayout, split_for)
+from vggserve.ops.gemm import GemmLayer, SplitKGemm, check_conv_params, split_for
+from vggserve.ops.gemv import GemvLayer, gemv_span
+from vggserve.ops.pixels import PixelInput
+from vggserve.ops.pool import MaxPool
+from vggserve.ops.relayout import DeviceRelayout, relayout
+from vggserve.ops.softmax import Softmax
 from vggserve.model.reference import conv3x3_relu, maxpool2x2
 from vggserve.predictions import softmax as np_softmax
 from vggserve.preprocess import normalize_pixels

@@ -15,7 +15,7 @@ import uvicorn
 
 from vggserve.loadtest.rawhttp import (ConnectionClosed, ProtocolError, RawConnection, RequestTimeout, parse_url,
                                        prepare)
-from vggserve.serving.process import ServerProcess
+from vggserve.testing.servers import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -273,7 +273,7 @@ def test_answer_cut_short_is_connection_closed():
 
 SERVICE = """
 import sys
-from vggserve.serving.fakes import SlowModel
+from vggserve.testing.models import SlowModel
 from vggserve.serving.server import run_server
 from vggserve.serving.settings import Settings
 settings = Settings(port=PORT, max_batch_size=4, max_wait_ms=5, max_queue=64, max_files=4, preprocess_threads=2,

@@ -9,7 +9,7 @@ from PIL import Image
 
 from vggserve.loadtest import LoadTestConfig, run_loadtest
 from vggserve.loadtest.metrics import Snapshot
-from vggserve.serving.process import ServerProcess
+from vggserve.testing.servers import ServerProcess
 
 PCT_KEYS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms")
 
@@ -71,3 +71,29 @@ def test_full_queue_answers_are_counted_as_429(tiny_weights_path, image_dir, tmp
     assert row["ok"] + row["errors"] == row["requests"]
     assert row["errors_by_key"].get("429") == row["errors_429"]
     assert row["server_rejected"] == pytest.approx(row["errors_429"], abs=6)
+
+
+def test_protocol_v2_drives_the_v2_infer_endpoint(tiny_weights_path, image_dir, tmp_path):
+    """`vggserve loadtest --protocol v2`: binary tensor data to /v2/models/vgg16/infer, every answer a 200."""
+    with serve(tiny_weights_path, "--max-batch-size", "4") as server:
+        server.wait_ready(timeout_s=120)
+        result = run_loadtest(config(server.url, image_dir, tmp_path, mode="closed", levels=[2.0], protocol="v2"))
+        snapshot = Snapshot.parse(httpx.get(server.url + "/metrics", timeout=10).text)
+    (row,) = result.rows
+    assert row["requests"] == row["ok"] > 0 and row["errors"] == 0
+    counted = snapshot.total("vggserve_requests_total", endpoint="/v2/models/vgg16/infer", status="200")
+    assert counted == sum(len(run.records) for run in result.runs)
+    assert row["server_inference_ms"] > 0
+
+
+def test_protocol_flag_reaches_the_config():
+    from vggserve.cli import build_parser
+    from vggserve.cli.loadtest import build_config
+    from vggserve.errors import VggserveError
+
+    args = build_parser().parse_args(["loadtest", "--url", "http://127.0.0.1:1", "--images", ".", "--protocol", "v2"])
+    config_v2 = build_config(args)
+    assert config_v2.protocol == "v2" and config_v2.classify_url.endswith("/v2/models/vgg16/infer")
+    with pytest.raises(VggserveError, match="--multipart"):
+        build_config(build_parser().parse_args(["loadtest", "--url", "http://127.0.0.1:1", "--images", ".",
+                                                "--protocol", "v2", "--multipart"]))

@@ -1,4 +1,4 @@
-"""model/resize.py and kernels/resize.cl against Pillow, bit for bit: the numpy tables reference on a few hundred
+"""ops/resize.py and kernels/resize.cl against Pillow, bit for bit: the numpy tables reference on a few hundred
 sizes, the OpenCL passes on a mixed batch in one enqueue and on awkward single images, and crop_plan's None cases."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pyopencl as cl
 import pytest
 from PIL import Image
 
-from vggserve.model import resize as rs
-from vggserve.model.resize import DeviceResize, crop_plan, crop_tables, resize_crop_numpy, resize_numpy
+from vggserve.ops import resize as rs
+from vggserve.ops.resize import DeviceResize, crop_plan, crop_tables, resize_crop_numpy, resize_numpy
 from vggserve.preprocess import center_crop, crop_pixels, limit_aspect_ratio, resize_shorter, resized_size
 from vggserve.runtime import devices as devs
 from vggserve.runtime.programs import ProgramCache

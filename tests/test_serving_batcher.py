@@ -6,10 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from vggserve.serving.batcher import BatchQueue, ClientGone, DeadlineExceeded, QueueFull
+from vggserve.modelinput import ModelInput
+from vggserve.serving.scheduling.batcher import BatchQueue
+from vggserve.serving.scheduling.errors import ClientGone, DeadlineExceeded, QueueFull
 from vggserve.serving.metrics import Metrics
 
-X = np.zeros((3, 224, 224), dtype=np.float32)
+X = ModelInput.tensor(np.zeros((3, 224, 224), dtype=np.float32))
 
 
 def far() -> float:
@@ -27,7 +29,7 @@ def test_admission_refuses_beyond_capacity_all_or_nothing():
     queue.admit(2)
     with pytest.raises(QueueFull) as info:
         queue.admit(2)
-    assert info.value.status == 429 and info.value.headers["Retry-After"] == "1"
+    assert info.value.code == "queue_full" and info.value.retry_after_s == 1
     assert queue.admitted == 2  # the refused request reserved nothing
     queue.admit(1)
     queue.release(3)
@@ -73,7 +75,7 @@ def test_expired_images_are_dropped_before_a_batch_and_answered_504():
     assert batch == [fresh]
     with pytest.raises(DeadlineExceeded) as info:
         stale.future.result(timeout=1)
-    assert info.value.status == 504 and "not computed" in info.value.message
+    assert info.value.code == "deadline_exceeded" and "not computed" in info.value.message
     assert metrics.timeouts._value.get() == 1
 
 

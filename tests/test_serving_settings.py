@@ -41,3 +41,36 @@ def test_defaults_bind_loopback_and_hide_the_key():
     s = Settings(api_key="secret")
     assert s.host == "127.0.0.1"
     assert s.public()["api_key"] == "set"
+
+
+def test_device_all_without_a_gpu_is_refused_not_quietly_the_cpu(monkeypatch):
+    """`--device all` means one worker per GPU: with none, it is refused with how to serve on the CPU (issue 12,
+    item 7), and with GPUs it lists each."""
+    from types import SimpleNamespace
+
+    from vggserve.errors import DeviceError
+    from vggserve.runtime import devices
+
+    monkeypatch.setattr(devices, "usable_gpus", lambda: [])
+    with pytest.raises(DeviceError, match="--device cpu"):
+        parse_devices("all")
+    monkeypatch.setattr(devices, "usable_gpus", lambda: [SimpleNamespace(), SimpleNamespace()])
+    assert parse_devices("all") == ("gpu:0", "gpu:1")
+    assert parse_devices("cpu,all") == ("cpu", "gpu:0", "gpu:1")
+
+
+def test_serve_device_all_on_a_machine_without_gpu_exits_3_with_one_line(tiny_weights_path):
+    import subprocess
+    import sys
+
+    from vggserve.runtime.devices import usable_gpus
+    from vggserve.testing.servers import python_env
+
+    if usable_gpus():  # a GPU machine serves on its GPUs: nothing to refuse
+        assert parse_devices("all")[0] == "gpu:0"
+        return
+    done = subprocess.run([sys.executable, "-m", "vggserve", "serve", "--weights", str(tiny_weights_path), "--device",
+                           "all", "--port", "0"], env=python_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--device cpu" in lines[0] and "serving on" not in done.stderr, done.stderr

@@ -8,9 +8,10 @@ import pytest
 
 from test_http_frontends import crop, engine_and_client, send
 from test_http_process import wait_until
-from vggserve.preprocess import RawImage, center_crop
-from vggserve.serving.batcher import Outcome
-from vggserve.serving.fakes import SlowModel
+from vggserve.modelinput import ModelInput
+from vggserve.preprocess import center_crop
+from vggserve.serving.scheduling.batcher import Outcome
+from vggserve.testing.models import SlowModel
 from vggserve.serving.settings import Settings
 from vggserve.ipc.shm import ALIGN, Arena, Mapped, Shared
 
@@ -61,15 +62,23 @@ def test_the_engine_sees_the_pixels_the_front_end_wrote(arena):
     mapped.close()
 
 
-def test_a_stored_image_comes_back_as_the_same_kind(arena):
+def test_a_stored_input_comes_back_in_the_same_form():
+    arena = Arena(1 << 20)
     pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    crop_pixels = np.arange(224 * 224 * 3, dtype=np.uint64).astype(np.uint8).reshape(224, 224, 3)
+    tensor = np.linspace(-2, 2, 3 * 224 * 224, dtype=np.float32).reshape(3, 224, 224)
     mapped = Mapped(arena.name)
-    raw, crop = mapped.image(arena.put_image(RawImage(pixels))), mapped.image(arena.put_image(pixels))
-    assert isinstance(raw, RawImage) and not isinstance(crop, RawImage)
-    np.testing.assert_array_equal(raw.pixels, pixels)
-    np.testing.assert_array_equal(crop, pixels)
-    del raw, crop
+    stored = [ModelInput.image(pixels), ModelInput.crop(crop_pixels), ModelInput.tensor(tensor)]
+    back = [mapped.image(arena.put_image(x)) for x in stored]
+    assert [x.form for x in back] == ["image", "crop", "tensor"]
+    for x, y in zip(stored, back):
+        assert y.array.dtype == x.array.dtype
+        np.testing.assert_array_equal(y.array, x.array)
+    bare = mapped.image(arena.put_image(crop_pixels))  # a bare uint8 crop, as before the input type
+    assert bare.form == "crop"
+    del back, bare, y
     mapped.close()
+    arena.close()
 
 
 def test_the_link_carries_crops_and_raw_images_through_shared_memory_and_frees_every_block():
@@ -81,7 +90,7 @@ def test_the_link_carries_crops_and_raw_images_through_shared_memory_and_frees_e
     models: list = []
     rng = np.random.default_rng(3)
     photo = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
-    images = [crop((40 * i, 200 - 30 * i, 90)) for i in range(3)] + [RawImage(photo)]
+    images = [crop((40 * i, 200 - 30 * i, 90)) for i in range(3)] + [ModelInput.image(photo)]
     with engine_and_client(settings, models, seconds=0.05) as (service, client):
         wait_until(lambda: client.queue.arena is not None, 10, "the engine to map the arena")
         items = [send(client, image) for image in images]
@@ -110,7 +119,7 @@ def test_without_room_in_the_arena_pixels_go_inline():
 
 
 def test_an_arena_the_engine_cannot_map_is_not_used(monkeypatch):
-    from vggserve.serving import engine_host
+    from vggserve.serving.processes import engine_host
 
     def refuse(name):
         raise PermissionError(13, "Permission denied", name)

@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) and F(4x4, 3x3) (kernels/conv_winograd.cl, vggserve/model/winograd.py) against the
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) (kernels/conv_winograd.cl, vggserve/ops/winograd.py) against the
 float64 direct convolution: the matrices and the algorithm in numpy, the kernels on awkward shapes with
 NaN-poisoned outputs, chunking and the shared workspace, and whole networks with every conv layer on either
 Winograd variant."""
@@ -8,10 +8,10 @@ import pyopencl as cl
 import pytest
 
 from vggserve.model import vgg16 as vgg16_module
-from vggserve.model import winograd
-from vggserve.model.layers import GemmLayer
+from vggserve.ops import winograd
+from vggserve.ops.gemm import GemmLayer
 from vggserve.model.reference import conv3x3_relu, reference_logits
-from vggserve.model.winograd import WinogradLayer, WinogradWorkspace
+from vggserve.ops.winograd import WinogradLayer, WinogradWorkspace
 from vggserve.runtime import devices as devs
 from vggserve.runtime.programs import ProgramCache
 
@@ -185,7 +185,7 @@ def test_f4_weight_transform_layout_and_padding(rng):
 # ---- the kernels --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("m,c,tk,tm", [(1, 1, 1, 1), (5, 3, 8, 32), (70, 33, 16, 64), (129, 65, 16, 128)])
 def test_device_weight_transform_equals_the_host_one(cl_env, rng, m, c, tk, tm):
-    from vggserve.model.layers import DeviceRelayout
+    from vggserve.ops.relayout import DeviceRelayout
 
     ctx, queue, cache = cl_env
     g = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
@@ -200,7 +200,7 @@ def test_device_weight_transform_equals_the_host_one(cl_env, rng, m, c, tk, tm):
 
 @pytest.mark.parametrize("m,c,tk,tm", [(1, 1, 1, 1), (5, 3, 8, 32), (70, 33, 16, 64), (129, 65, 16, 128)])
 def test_device_f4_weight_transform_equals_the_host_one(cl_env, rng, m, c, tk, tm):
-    from vggserve.model.layers import DeviceRelayout
+    from vggserve.ops.relayout import DeviceRelayout
 
     ctx, queue, cache = cl_env
     g = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
@@ -355,10 +355,10 @@ def force_winograd(monkeypatch, kind_params=None):
     """Every 3x3 layer (size > 1) of the engine gets Winograd params; FC layers keep theirs."""
     original = vgg16_module.conv_params_for
 
-    def patched(params, cin, cout, size, *rest):
+    def patched(params, cin, cout, size, *rest, **kw):
         if size > 1:
             return dict(kind_params or winograd.default_params(devs.resolve(TEST_DEVICE).kind))
-        return original(params, cin, cout, size, *rest)
+        return original(params, cin, cout, size, *rest, **kw)
 
     monkeypatch.setattr(vgg16_module, "conv_params_for", patched)
 
@@ -376,7 +376,7 @@ def test_tiny_network_with_every_conv_on_winograd_matches_float64(tiny_tensors, 
 
 
 def test_selection_through_the_tuned_table_and_defaults_unchanged(tiny_tensors, monkeypatch, tmp_path):
-    from vggserve.runtime import tuning
+    from vggserve import tuning
     from vggserve.runtime.params import shape_key
 
     from vggserve.runtime import params as params_module
@@ -401,7 +401,7 @@ def test_selection_through_the_tuned_table_and_defaults_unchanged(tiny_tensors, 
 
 
 def test_a_tuned_entry_with_wino_m_4_runs_that_layer_on_f4(tiny_tensors, monkeypatch, tmp_path):
-    from vggserve.runtime import tuning
+    from vggserve import tuning
     from vggserve.runtime import params as params_module
     from vggserve.runtime.params import shape_key
 
@@ -438,7 +438,7 @@ def test_full_vgg16_with_every_conv_on_winograd_matches_float64(full_tensors, mo
 
 def test_tune_with_winograd_times_its_candidates_and_a_winograd_winner_runs_in_the_engine(tiny_tensors, monkeypatch,
                                                                                            tmp_path):
-    from vggserve.runtime import tuning
+    from vggserve import tuning
     from vggserve.runtime.params import params_for
 
     monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))

@@ -4,6 +4,10 @@
 open) whether the format is accepted and the pixel count is within limits, before any pixel data is decoded.
 Only then is the first frame decoded, the EXIF orientation applied and the result converted to RGB with
 `to_rgb`. Every failure is an `ImageError` subclass carrying `.code` and `.http_status`.
+
+The same steps are public one by one for `vggserve.decoding`, which decodes some JPEGs with another library:
+`read_source` (the bytes and the name used in messages), `open_checked` (header and limits), `decode_opened`
+(the pixels), `exif_orientation`, and `dct_scale` (the reduction of the fast decode mode).
 """
 
 from __future__ import annotations
@@ -71,28 +75,76 @@ def open_image(
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     formats: Iterable[str] = ALLOWED_FORMATS,
+    shorter_side: int | None = None,
 ) -> Image.Image:
     """Decode `source` into a fully loaded RGB image (first frame, EXIF orientation applied).
 
     `source`: a path (str or os.PathLike), bytes-like data, or a binary file object (read to its end).
     `max_pixels`: width * height above which `ImageTooLarge` is raised without decoding.
     `formats`: accepted Pillow format names (case-insensitive); SVG, PDF, EPS and PS are never accepted.
+    `shorter_side`: decode a JPEG scaled down in its DCT by the largest of 1/8, 1/4, 1/2 that keeps its shorter
+    side at least this long (`dct_scale`; the fast decode mode); None (default) decodes every pixel.
     Raises `UnsupportedImageFormat` (415), `ImageTooLarge` (413) or `ImageDecodeError` (400). The returned
     image is fully decoded; a file opened from a path is closed before returning.
     """
     accepted = _accepted_formats(formats)
     with _binary_stream(source) as (stream, where):
-        image = _open_header(stream, where, max_pixels, accepted)
-        result = None
-        try:
-            _check_format(image, accepted, where)
-            _check_pixels(image.size, max_pixels, where)
-            _decode(image, where)
-            result = to_rgb(_exif_upright(image))
-            return result
-        finally:
-            if result is not image:  # an upright or converted copy was made, or an error: free the frame
-                image.close()
+        return decode_opened(open_checked(stream, where, max_pixels, accepted), where, shorter_side)
+
+
+def read_source(source: Source) -> tuple[bytes, str]:
+    """(every byte of `source`, the phrase naming it in messages: "file 'x.jpg'" or "input"), with `open_image`'s
+    errors for a missing, unreadable, empty or directory path and empty data."""
+    with _binary_stream(source) as (stream, where):
+        return (stream.getvalue() if isinstance(stream, io.BytesIO) else stream.read()), where
+
+
+def open_checked(stream: BinaryIO, where: str, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 formats: Iterable[str] = ALLOWED_FORMATS) -> Image.Image:
+    """Pillow's lazy open of `stream` (header only, no pixel decoded) with the format allowlist and the pixel limit
+    checked; `where` names the input in messages. Raises as `open_image`; the image is closed when refused."""
+    accepted = _accepted_formats(formats)
+    image = _open_header(stream, where, max_pixels, accepted)
+    try:
+        _check_format(image, accepted, where)
+        _check_pixels(image.size, max_pixels, where)
+    except BaseException:
+        image.close()
+        raise
+    return image
+
+
+def decode_opened(image: Image.Image, where: str, shorter_side: int | None = None) -> Image.Image:
+    """The rest of `open_image` on an image from `open_checked`: decode (scaled down as `shorter_side` says),
+    turn upright, convert to RGB. The opened image is closed unless it is the one returned."""
+    result = None
+    try:
+        if shorter_side:
+            _reduce_in_dct(image, shorter_side)
+        _decode(image, where)
+        result = to_rgb(_exif_upright(image))
+        return result
+    finally:
+        if result is not image:  # an upright or converted copy was made, or an error: free the frame
+            image.close()
+
+
+def dct_scale(width: int, height: int, shorter_side: int) -> int:
+    """The largest of 8, 4, 2 and 1 by which a JPEG of `width` x `height` can be scaled down while decoding (to
+    ceil(side / scale)) with its shorter side still at least `shorter_side`."""
+    short = min(width, height)
+    for scale in (8, 4, 2):
+        if -(-short // scale) >= shorter_side:
+            return scale
+    return 1
+
+
+def _reduce_in_dct(image: Image.Image, shorter_side: int) -> None:
+    """Ask Pillow's JPEG decoder for `dct_scale`'s reduction (other formats are decoded whole)."""
+    scale = dct_scale(*image.size, shorter_side)
+    if image.format in ("JPEG", "MPO") and scale > 1:
+        width, height = image.size
+        image.draft(None, (width // scale, height // scale))  # Pillow picks the largest scale <= these ratios
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -269,14 +321,22 @@ def _decode(image: Image.Image, where: str) -> None:
         raise ImageDecodeError(f"image data of {where} is corrupt: {exc}") from None
 
 
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag (1..8; 1 = upright), read from the header; 1 when absent or malformed."""
+    try:
+        return int(image.getexif().get(ExifTags.Base.Orientation, 1) or 1)
+    except Exception:
+        return 1
+
+
 def _exif_upright(image: Image.Image) -> Image.Image:
     """`image` turned upright by its EXIF orientation (a new image), or `image` itself when already upright.
 
     Malformed EXIF leaves the pixels as stored, as browsers show such pictures.
     """
+    if exif_orientation(image) == 1:
+        return image  # skips exif_transpose's full copy of upright pictures
     try:
-        if image.getexif().get(ExifTags.Base.Orientation, 1) in (0, 1):
-            return image  # skips exif_transpose's full copy of upright pictures
         return ImageOps.exif_transpose(image)
     except Exception:
         return image

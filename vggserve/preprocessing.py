@@ -9,8 +9,6 @@ minus the per-channel ImageNet mean (103.939, 116.779, 123.68), no std scaling.
 
 from __future__ import annotations
 
-import logging
-
 from typing import Iterable
 
 import numpy as np
@@ -31,17 +29,26 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(
 
 
 def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
-    """A PIL image in any mode -> C-contiguous float32 array (3, 224, 224) for VGG16 in `mode`."""
+    """A PIL image in any mode (or uint8 RGB pixels (h, w, 3)) -> C-contiguous float32 array (3, 224, 224) for VGG16
+    in `mode`."""
     check_mode(mode)
     return normalize_pixels(center_crop(img), mode)
 
 
-def center_crop(img: Image.Image) -> np.ndarray:
+def center_crop(img: Image.Image | np.ndarray) -> np.ndarray:
     """The geometry of `preprocess` alone: RGB, aspect bound, Resize(256), CenterCrop(224) -> uint8 (224, 224, 3).
 
+    `img`: a PIL image, or uint8 RGB pixels (h, w, 3) as `vggserve.decoding` decodes them.
     A view into the resized image's pixels (not necessarily contiguous); `np.ascontiguousarray` it to ship it.
     """
-    return crop_pixels(resize_shorter(limit_aspect_ratio(to_rgb(img)), RESIZE_SHORTER), CROP_SIZE)
+    return crop_pixels(resize_shorter(limit_aspect_ratio(as_image(img)), RESIZE_SHORTER), CROP_SIZE)
+
+
+def as_image(img: Image.Image | np.ndarray) -> Image.Image:
+    """An RGB PIL image of `img`: converted by `to_rgb`, or made from uint8 RGB pixels (h, w, 3) (a copy)."""
+    if isinstance(img, np.ndarray):
+        return Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8), "RGB")
+    return to_rgb(img)
 
 
 def normalize_pixels(pixels: np.ndarray, mode: str = "torchvision") -> np.ndarray:
@@ -97,64 +104,6 @@ def aspect_box(width: int, height: int, max_ratio: int = MAX_ASPECT_RATIO) -> tu
         return left, 0, left + keep, height
     top = (height - keep) // 2
     return 0, top, width, top + keep
-
-
-class RawImage:
-    """An RGB image (uint8 (h, w, 3), already within MAX_ASPECT_RATIO) whose Resize(256) + CenterCrop(224) is left
-    to the engine: `VGG16.submit` does it on the device, bit for bit as `center_crop` (model/resize.py)."""
-
-    __slots__ = ("pixels",)
-
-    def __init__(self, pixels: np.ndarray):
-        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
-        if pixels.ndim != 3 or pixels.shape[2] != 3 or min(pixels.shape[:2]) < 1:
-            raise ValueError(f"a RawImage is uint8 RGB of shape (h, w, 3), got {pixels.shape}")
-        self.pixels = pixels
-
-    def __reduce__(self):  # pickles as its array (sent between processes)
-        return RawImage, (self.pixels,)
-
-    @property
-    def needs_resize(self) -> bool:
-        height, width = self.pixels.shape[:2]
-        return resized_size(width, height) != (width, height)
-
-    def center_crop(self) -> np.ndarray:
-        """The crop computed here, on the CPU: `center_crop` of the image."""
-        return np.ascontiguousarray(center_crop(Image.fromarray(self.pixels, "RGB")))
-
-
-def raw_rgb(img: Image.Image) -> RawImage:
-    """The RGB, aspect-limited image that `center_crop` would resize, as a RawImage for the engine."""
-    return RawImage(np.asarray(limit_aspect_ratio(to_rgb(img)), dtype=np.uint8))
-
-
-#: Decoded images above this size (about 1180 x 1180 RGB) are cropped on the CPU even for a model that resizes on
-#: its device: moving them would cost more than their resize saves.
-RAW_LIMIT_BYTES = 4 << 20
-
-
-def device_input(img: Image.Image):
-    """What a model that resizes on its device (`VGG16.submit`) should get for a PIL image: a RawImage when
-    Resize(256) changes it and its decoded pixels fit RAW_LIMIT_BYTES, else the uint8 centre crop made here."""
-    raw = raw_rgb(img)
-    if raw.needs_resize and raw.pixels.nbytes <= RAW_LIMIT_BYTES:
-        return raw
-    return raw.center_crop()
-
-
-def uses_device_resize(model) -> bool:
-    """Whether `model` resizes on its device with the installed Pillow's results (checked on the device once per
-    call; a mismatch is logged, and the caller then crops on the CPU)."""
-    if not getattr(model, "resizes_on_device", False):
-        return False
-    check = getattr(model, "resize_matches_pillow", None)
-    if check is not None and not check():
-        logging.getLogger("vggserve").warning(
-            "the device resize of %s does not match this Pillow's; images are resized on the CPU instead",
-            getattr(model, "device_name", "the model"))
-        return False
-    return True
 
 
 def resized_size(width: int, height: int, shorter: int = RESIZE_SHORTER) -> tuple[int, int]:

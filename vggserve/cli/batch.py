@@ -6,7 +6,9 @@ Without mpirun it runs as one rank. See docs/batch.md for the output files, resu
 mpi4py is imported only when the command runs, so other subcommands never start MPI.
 """
 
-from .common import positive_int, top_k
+import argparse
+
+from .common import add_decode_arg, add_precision_arg, positive_int, top_k
 
 
 def register(subparsers) -> None:
@@ -32,12 +34,39 @@ def register(subparsers) -> None:
     parser.add_argument("--top-k", type=top_k, default=5, metavar="K", help="predictions per image (default 5)")
     parser.add_argument("--retry-errors", action="store_true",
                         help="classify again the images listed in the errors file (default: skip them)")
+    parser.add_argument("--decode-procs", type=_decode_procs, default="auto", metavar="N",
+                        help="decode processes per rank, reading and preprocessing images ahead into shared memory: "
+                             "auto (the rank's share of the cores less one), or N; 0 decodes on --decode-threads "
+                             "threads of the rank instead (default auto)")
     parser.add_argument("--decode-threads", type=positive_int, default=2, metavar="T",
-                        help="threads per rank reading and preprocessing images ahead (default 2)")
+                        help="with --decode-procs 0: threads per rank decoding ahead (default 2)")
+    parser.add_argument("--decode-timeout", type=_seconds, default=60.0, metavar="S",
+                        help="longest decode of one image; a decode process that takes longer is killed and "
+                             "replaced, and the image is recorded as an error (default 60)")
+    add_decode_arg(parser)
+    add_precision_arg(parser)
     parser.add_argument("--summary", default=None, metavar="FILE.json",
                         help="also write the final summary (per-rank throughput) as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_run)
+
+
+def _decode_procs(text: str) -> int | str:
+    """`auto`, 0 (threads) or a positive number of processes."""
+    word = text.strip().lower()
+    if word in ("auto", "0"):
+        return "auto" if word == "auto" else 0
+    return positive_int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
 
 
 def _run(args) -> int:
@@ -52,6 +81,10 @@ def _run(args) -> int:
         top_k=args.top_k,
         retry_errors=args.retry_errors,
         decode_threads=args.decode_threads,
+        decode_procs=args.decode_procs,
+        decode_timeout_s=args.decode_timeout,
+        decode=args.decode,
+        precision=args.precision,
         progress=not args.no_progress,
         summary_path=args.summary,
     )

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) -> dict:
+def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, precision: str = "fp32") -> dict:
     """Everything `vggserve bench` reports, as a dict."""
     from ..model.vgg16 import VGG16
     from ..runtime import devices as devs
@@ -36,9 +36,10 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
     # start): the timed model is the second one
     source = load_weights(weights).tensors if weights is not None else init_weights(seed=0)  # read once, used twice
     with tempfile.TemporaryDirectory() as tmp:
-        with VGG16.load(source, device=info.spec, max_batch_size=batch, program_dir=tmp) as first:
+        with VGG16.load(source, device=info.spec, max_batch_size=batch, program_dir=tmp, precision=precision) as first:
             first_build = first.startup.build_s
-        model = VGG16.load(source, device=info.spec, max_batch_size=batch, profile=True, program_dir=tmp)
+        model = VGG16.load(source, device=info.spec, max_batch_size=batch, profile=True, program_dir=tmp,
+                           precision=precision)
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
     for _ in range(warmup):
         model.logits(x)
@@ -58,6 +59,8 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
     result = {
         "device": model.device_name,
         "device_spec": info.spec,
+        "precision": model.precision.name,
+        "family": model.family,
         "batch_size": batch,
         "iterations": iterations,
         "images_per_second": round(batch / median, 3),
@@ -65,6 +68,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
         "ms_per_batch_min": round(min(times) * 1e3, 3),
         "streamed_images_per_second": round(batch / streamed, 3),
         "layers": layers,
+        "kernels": model.kernel_plan(),
         "layers_total_ms": round(sum(layer["ms"] for layer in layers), 3),
         "startup": {
             "platform_discovery_s": round(discovery, 4),
@@ -81,14 +85,15 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1) 
 def run(args) -> int:
     if args.weights is None:
         note("vggserve: bench uses deterministic random weights (--weights to use a file)")
-    r = measure(args.weights, args.device, args.batch_size, args.iterations, args.warmup)
+    r = measure(args.weights, args.device, args.batch_size, args.iterations, args.warmup, args.precision)
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"device: {r['device']}  batch: {r['batch_size']}")
-    print(f"{'layer':26s} {'ms':>9s} {'GFLOP/s':>9s}")
+    print(f"device: {r['device']}  batch: {r['batch_size']}  precision: {r['precision']} ({r['family']} kernels)")
+    kernels = {k["name"]: k["kernel"] for k in r["kernels"]}
+    print(f"{'layer':26s} {'ms':>9s} {'GFLOP/s':>9s}  kernel (and why)")
     for layer in r["layers"]:
-        print(f"{layer['name']:26s} {layer['ms']:9.3f} {layer['gflops']:9.1f}")
+        print(f"{layer['name']:26s} {layer['ms']:9.3f} {layer['gflops']:9.1f}  {kernels.get(layer['name'], '')}")
     print(f"{'sum of kernels':26s} {r['layers_total_ms']:9.3f}")
     print(f"end to end: {r['ms_per_batch_median']:.2f} ms per batch (median of {r['iterations']}), "
           f"{r['images_per_second']:.2f} images/s")

@@ -2,7 +2,7 @@
 
 import sys
 
-from .common import add_device_args, load_model, top_k
+from .common import add_decode_arg, add_device_args, load_model, top_k
 
 
 def register(subparsers) -> None:
@@ -14,20 +14,23 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help='one JSON object per image per line: {"image", "predictions": [{"index", "label", "probability"}]}')
     add_device_args(p, batch_default=8)
+    add_decode_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..distributed.pipeline import classify_decoded, decode
+    from ..decoding import decode_input
+    from ..distributed.pipeline import classify_decoded
     from ..errors import ImageError
-    from ..preprocessing import uses_device_resize
+    from ..modelinput import uses_device_resize
 
-    model = load_model(args.weights, args.device, args.batch_size)
+    model = load_model(args.weights, args.device, args.batch_size, precision=args.precision)
     on_device = uses_device_resize(model)  # the device resizes and crops, bit for bit as on the CPU
     failures = 0
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start:start + args.batch_size]
-        decoded = (decode(path, model.preprocessing, catch=ImageError, on_device=on_device) for path in paths)
+        decoded = (decode_input(path, model.preprocessing, on_device=on_device, decode=args.decode, catch=ImageError)
+                   for path in paths)
         classified, failed = classify_decoded(model, paths, decoded, args.top_k)
         failures += len(failed)
         for _path, (reason, _kind) in failed:  # an ImageError's message names the file

@@ -39,6 +39,10 @@ def register(subparsers) -> None:
                         "late (default), or drop it (not sent, counted)")
     p.add_argument("--lag-threshold-ms", type=float, default=10.0,
                    help="open loop: a request sent later than this after its due time is counted late (default 10)")
+    p.add_argument("--protocol", choices=("classify", "v2"), default="classify",
+                   help="classify: POST /classify (default); v2: the Open Inference Protocol's "
+                        "/v2/models/vgg16/infer, the image as binary tensor data, top 5 by the classification "
+                        "extension")
     p.add_argument("--multipart", action="store_true", help="post as multipart field 'file' instead of a raw body")
     p.add_argument("--no-metrics", action="store_true", help="do not scrape /metrics")
     p.add_argument("--wait-ready", type=float, default=0.0,
@@ -62,6 +66,8 @@ def build_config(args: argparse.Namespace):
     if mode == "open" and not args.rate:
         raise VggserveError("--mode open needs --rate, e.g. --rate 10,50,100")
     levels = parse_levels(args.rate if mode == "open" else (args.concurrency or DEFAULT_CONCURRENCY), mode)
+    if args.multipart and args.protocol == "v2":
+        raise VggserveError("--multipart is for --protocol classify; v2 sends binary tensor data")
     check_positive("--duration", args.duration)
     check_positive("--warmup", args.warmup, allow_zero=True)
     check_positive("--timeout", args.timeout)
@@ -74,7 +80,8 @@ def build_config(args: argparse.Namespace):
         url=normalise_url(args.url), images=args.images, mode=mode, levels=levels, duration_s=args.duration,
         warmup_s=args.warmup, output=args.output, max_requests=args.max_requests, timeout_s=args.timeout,
         max_inflight=args.max_inflight, overflow=args.overflow, lag_threshold_ms=args.lag_threshold_ms,
-        multipart=args.multipart, scrape_metrics=not args.no_metrics, progress=not args.quiet,
+        multipart=args.multipart, protocol=args.protocol, scrape_metrics=not args.no_metrics,
+        progress=not args.quiet,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
     )
 

@@ -11,9 +11,9 @@ See docs/serving.md for the API, every setting and the deploy files.
 import dataclasses
 import os
 import signal
-import sys
 
 from ..distributed.mpi import several_ranks
+from .common import add_decode_arg, add_precision_arg
 
 
 
@@ -59,11 +59,16 @@ def register(subparsers) -> None:
                         "ends send decoded images through shared memory and the engine's kernels resize them, bit "
                         "for bit as on the CPU, at a fraction of the front ends' CPU; `cpu`: in the front ends "
                         "(default device)")
+    add_decode_arg(p)
+    add_precision_arg(p)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on every endpoint but /health/* (default: "
                         "$VGGSERVE_API_KEY; none if unset). Prefer the variable: arguments show in `ps`")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN (e.g. https://app.example.com, or *) call the API; repeat for "
+                        "several (default: none, CORS off)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch before reporting ready")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
@@ -82,7 +87,8 @@ def _settings(args, **overrides):
         preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup, resize_on=args.resize_on)
+        warmup=not args.no_warmup, resize_on=args.resize_on, decode=args.decode, precision=args.precision,
+        cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
         values["http_workers"] = parse_http_workers(args.http_workers)
@@ -102,9 +108,8 @@ def _run(args) -> int:
 
     settings = _settings(args)
     fronts = f" and {settings.http_workers} HTTP front-end processes" if settings.http_workers > 1 else ""
-    print(f"vggserve: serving on http://{settings.host}:{settings.port} with {len(settings.devices)} device "
-          f"worker(s) ({', '.join(settings.devices)}){fronts}", file=sys.stderr)
-    return run_server(settings, log_level=args.log_level, access_log=args.access_log)
+    banner = f"with {len(settings.devices)} device worker(s) ({', '.join(settings.devices)}){fronts}"
+    return run_server(settings, log_level=args.log_level, access_log=args.access_log, banner=banner)
 
 
 def _run_mpi(args) -> int:
@@ -125,9 +130,9 @@ def _run_mpi(args) -> int:
     def serve(model) -> int:
         front = dataclasses.replace(settings, max_batch_size=int(model.max_batch_size),
                                     max_queue=max(settings.max_queue, int(model.max_batch_size)))
-        print(f"vggserve: serving on http://{front.host}:{front.port} with batches of up to "
-              f"{front.max_batch_size} sharded over {model.device_name}", file=sys.stderr)
+        banner = f"with batches of up to {front.max_batch_size} sharded over {model.device_name}"
         return run_server(front, model_factory=lambda _device: model, log_level=args.log_level,
-                          access_log=args.access_log)
+                          access_log=args.access_log, banner=banner)
 
-    return run_sharded(serve, str(args.weights), device=device, max_batch_size=settings.max_batch_size, comm=comm)
+    return run_sharded(serve, str(args.weights), device=device, max_batch_size=settings.max_batch_size, comm=comm,
+                       precision=settings.precision)

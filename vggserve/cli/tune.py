@@ -19,17 +19,19 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..runtime import devices as devs
-    from ..runtime import tuning
+    from .. import tuning
     from ..runtime.params import tuned_file
 
     info = devs.resolve(args.device)
-    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.candidates} candidates per shape")
+    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, {args.candidates} candidates "
+         f"per shape and algorithm")
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
-                                  progress=note, winograd_too=args.winograd)
+                                  progress=note, winograd_too=args.winograd, precision=args.precision)
     if not args.dry_run:
-        tuning.store(info.label, winners, args.batch_size)
+        tuning.store(info.label, winners, args.batch_size, args.precision)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
     if args.json:
-        print(json.dumps({"device": info.label, "batch_size": args.batch_size, "winners": winners,
+        print(json.dumps({"device": info.label, "batch_size": args.batch_size, "precision": args.precision,
+                          "winners": winners,
                           "trials": [t.__dict__ for t in trials]}))
     return 0

@@ -34,23 +34,25 @@ class BoundModel:
     model: object
     device: str
     ranks: list[dict]
+    local_size: int = 1  # ranks on this rank's machine (they share its cores)
 
 
-def load_model(weights, device: str, max_batch_size: int):
+def load_model(weights, device: str, max_batch_size: int, precision: str = "fp32"):
     """This rank's engine model (the one place the batch job and sharding construct a model)."""
     from ..model.vgg16 import VGG16
 
-    return VGG16.load(weights, device=device, max_batch_size=max_batch_size)
+    return VGG16.load(weights, device=device, max_batch_size=max_batch_size, precision=precision)
 
 
-def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm=None) -> BoundModel:
+def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm=None,
+                    precision: str = "fp32") -> BoundModel:
     """Collective: bind this rank's device from the `device` spec (see devices.py) and load `weights` on it."""
     comm = comm if comm is not None else world()
     local_rank, local_size = node_layout(comm)
     model, bound, problem = None, device, None
     try:
         bound = rank_device(device, local_rank, local_size)
-        model = load_model(weights, bound, max_batch_size)
+        model = load_model(weights, bound, max_batch_size, precision)
         name = str(getattr(model, "device_name", bound))
     except Exception as exc:  # reported on every rank below, then raised
         name = ""
@@ -64,7 +66,7 @@ def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm
         raise RankSetupError(_failure_message(failed, len(reports)), failed[0]["problem"][1])
     for report in reports:
         del report["problem"]
-    return BoundModel(model, bound, reports)
+    return BoundModel(model, bound, reports, local_size)
 
 
 def _failure_message(failed: list[dict], size: int) -> str:

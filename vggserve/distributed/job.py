@@ -44,7 +44,11 @@ class BatchOptions:
     device: str = "auto"  # spec, see devices.py
     top_k: int = 5
     retry_errors: bool = False  # classify again the images listed in the errors file
-    decode_threads: int = 2  # per rank
+    decode_threads: int = 2  # per rank, with decode_procs=0
+    decode_procs: int | str = "auto"  # decode processes per rank; "auto": decoding.pool.default_procs
+    decode_timeout_s: float = 60.0  # a decode process taking longer on one image is replaced (the image: an error)
+    decode: str = "exact"  # or "fast" (vggserve.decoding.decode)
+    precision: str = "fp32"  # the engine's precision (ops/precision.py)
     progress: bool = True  # tqdm bar on rank 0
     summary_path: str | None = None  # also write the summary dict as JSON here
 
@@ -87,7 +91,8 @@ def run_batch(options: BatchOptions, comm=None) -> int:
                   f"or its errors file")
         return 0
     try:
-        bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm)
+        bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm,
+                                precision=options.precision)
     except RankSetupError as exc:
         if rank != 0:
             return exc.exit_code
@@ -118,8 +123,10 @@ def _share_plan(options: BatchOptions, comm) -> tuple[Plan | None, dict]:
 
 def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: float) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
-    runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=options.decode_threads)
-    stats = RankStats(rank, bound.device)
+    runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=options.decode_threads,
+                         decode_procs=_decode_procs(options.decode_procs, bound.local_size),
+                         decode=options.decode, decode_timeout_s=options.decode_timeout_s)
+    stats = RankStats(rank, bound.device, clock=runner.clock, decoder=runner.decoder)
     progress = None
     try:
         try:
@@ -157,6 +164,15 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
             plan.store.close()
         if progress is not None:
             progress.close()
+
+
+def _decode_procs(setting: int | str, local_size: int) -> int:
+    """--decode-procs as a number: "auto" is this rank's share of its machine's cores, less one for itself."""
+    if setting == "auto":
+        from ..decoding.pool import default_procs
+
+        return default_procs(local_size)
+    return int(setting)
 
 
 def _recorder(store: ResultStore, progress):

@@ -1,24 +1,31 @@
-"""One rank's work on chunks of image paths: decode ahead on threads, classify in order on the rank's model.
+"""One rank's work on chunks of image paths: decode ahead (in decode processes or threads), classify in order on the
+rank's model.
 
-    runner = ChunkRunner(model, top_k=5, decode_threads=2)
-    runner.submit(paths)              # starts decoding this chunk on the thread pool
+    runner = ChunkRunner(model, top_k=5, decode_procs=7)
+    runner.submit(paths)              # starts decoding this chunk (vggserve.decoding: processes or threads)
     outcome = runner.run_next()       # oldest submitted chunk: waits for its pixels, runs the model
 
-An image that cannot be opened or decoded becomes an error line and never reaches the model; an exception
-from the model itself propagates (the job aborts: that is a device or engine failure, not a bad image).
+An image that cannot be opened or decoded becomes an error line and never reaches the model (so does one whose
+decode process died or hung on it); an exception from the model itself propagates (the job aborts: that is a
+device or engine failure, not a bad image). Decoded pixels from decode processes lie in shared memory until the
+model has copied them (`model.submit` copies into its staging before it returns); then their memory is released.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..decoding import DecodeJob, make_decoder
+from ..decoding.stages import StageClock
 from ..predictions import top_k as top_k_predictions
 from .store import error_line, result_line
+
+IN_FLIGHT_CHUNKS = 4  # chunks a rank holds decoded at most (its tokens, and one started on the device early)
 
 
 @dataclass
@@ -35,21 +42,28 @@ class ChunkOutcome:
 
 @dataclass
 class RankStats:
-    """Work done by one rank in this run; `active_seconds` spans its first chunk's start to its last's end."""
+    """Work done by one rank in this run; `active_seconds` spans its first chunk's start to its last's end.
+    `clock`: the rank's CPU time by stage (its decoder's and its runner's), reported per image; `decoder`: the
+    runner's, for its counts."""
 
     rank: int
     device: str
     images: int = 0
     errors: int = 0
     active_seconds: float = 0.0
+    clock: StageClock | None = field(default=None, repr=False)
+    decoder: object = field(default=None, repr=False)  # the runner's decoder: processes, restarts, inline answers
     _started: float | None = field(default=None, repr=False)
+    _cpu_started: float = field(default=0.0, repr=False)
+    _cpu: float = field(default=0.0, repr=False)
 
     def record(self, outcome: ChunkOutcome, started: float, ended: float) -> None:
         if self._started is None:
-            self._started = started
+            self._started, self._cpu_started = started, time.process_time()
         self.images += outcome.images
         self.errors += len(outcome.errors)
         self.active_seconds = ended - self._started
+        self._cpu = time.process_time() - self._cpu_started
 
     @property
     def images_per_second(self) -> float:
@@ -63,35 +77,26 @@ class RankStats:
             "errors": self.errors,
             "active_seconds": round(self.active_seconds, 3),
             "images_per_second": round(self.images_per_second, 3),
+            "cpu_ms_per_image": self.cpu_ms_per_image(),
+            "decode_processes": getattr(self.decoder, "procs", 0),
+            "decode_restarts": getattr(self.decoder, "restarts", 0),
         }
 
-
-def decode(path: str, mode: str, catch: type[BaseException] | tuple = Exception, on_device: bool = False):
-    """(pixels, None) for a readable image, else (None, (reason, exception type)). pixels: the float32 (3, 224,
-    224) model input; with on_device (a model that resizes on its device), `preprocess.device_input`: a RawImage
-    or a uint8 crop.
-
-    `catch`: the failures recorded that way; any other exception propagates. The batch job records an unreadable
-    image of any kind (never fatal); `vggserve classify` only `ImageError`s.
-    """
-    from ..images import open_image
-    from ..preprocess import check_mode, device_input, load_and_preprocess
-
-    try:
-        if on_device:
-            check_mode(mode)
-            return device_input(open_image(path)), None
-        return np.asarray(load_and_preprocess(path, mode), dtype=np.float32), None
-    except catch as exc:
-        reason = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
-        return None, (reason or str(exc) or type(exc).__name__, type(exc).__name__)
+    def cpu_ms_per_image(self) -> dict[str, float]:
+        """CPU milliseconds per image: each stage (decoding.stages), and `rank_process`: every thread of the rank's
+        own process (not its decode processes) from its first chunk to its last (the first chunk's time excluded)."""
+        if self.clock is None or self.images == 0:
+            return {}
+        out = self.clock.per_image_ms(self.images)
+        out["rank_process"] = round(1000.0 * self._cpu / self.images, 3)
+        return out
 
 
 def probabilities_of(model, inputs: list) -> np.ndarray:
-    """(N, 1000) probabilities of decoded images: float32 model inputs in one call, or device inputs (RawImages
-    and uint8 crops) through `submit`, max_batch_size at a time with two batches in flight."""
-    if isinstance(inputs[0], np.ndarray) and inputs[0].dtype == np.float32:
-        return model.probabilities(np.stack(inputs))
+    """(N, 1000) probabilities of decoded `ModelInput`s: tensors in one call, or device inputs (images and crops)
+    through `submit`, max_batch_size at a time with two batches in flight."""
+    if inputs[0].form == "tensor":
+        return model.probabilities(np.stack([x.array for x in inputs]))
     return _rows(_submit_in_batches(model, inputs))
 
 
@@ -130,18 +135,26 @@ def classify_decoded(model, paths: list[str], decoded, k: int):
 class ChunkRunner:
     """Decode-ahead classification of chunks on one model (which only this runner's thread may call).
 
+    Decoding runs in `decode_procs` decode processes (vggserve.decoding.pool; the batch job's default), or with
+    decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode).
+    `on_device`: whether to hand the model RawImages to resize on its device (default: when the model can).
+
     With a model that resizes on its device, two chunks are on the device at once: `run_next` puts the next
     submitted chunk on the device (once its decoding is done) before it reads the current chunk's results, so the
     device computes one while the host formats the other.
     """
 
-    def __init__(self, model, top_k: int = 5, decode_threads: int = 2):
-        from ..preprocess import uses_device_resize
+    def __init__(self, model, top_k: int = 5, decode_threads: int = 2, *, decode_procs: int = 0,
+                 decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None):
+        from ..modelinput import uses_device_resize
 
         self.model = model
         self.top_k = top_k
-        self.on_device = uses_device_resize(model)  # decode to RawImages: the device resizes and crops
-        self._pool = ThreadPoolExecutor(max_workers=max(1, decode_threads), thread_name_prefix="decode")
+        self.on_device = uses_device_resize(model) if on_device is None else on_device
+        in_flight = IN_FLIGHT_CHUNKS * int(getattr(model, "max_batch_size", 16))
+        self.decoder = make_decoder(DecodeJob(model.preprocessing, self.on_device, decode), decode_procs,
+                                    decode_threads, decode_timeout_s, in_flight)
+        self.clock = self.decoder.clock  # the decoder's stages, and this runner's "stage" and "result"
         self._queue: deque[tuple[list[str], list[Future]]] = deque()
         self._ahead: tuple | None = None  # _start's answer for _queue[0], put on the device early by run_next
 
@@ -151,32 +164,41 @@ class ChunkRunner:
         return len(self._queue)
 
     def submit(self, paths: list[str]) -> None:
-        mode = self.model.preprocessing
-        self._queue.append((list(paths), [self._pool.submit(decode, path, mode, on_device=self.on_device)
-                                          for path in paths]))
+        self._queue.append((list(paths), [self.decoder.submit(path) for path in paths]))
 
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         entry = self._queue.popleft()
         if not self.on_device:
             paths, futures = entry
-            classified, failed = classify_decoded(self.model, paths, (f.result() for f in futures), self.top_k)
+            good_paths, pixels, failed = split_decoded(paths, (f.result() for f in futures))
+            with self.clock("stage"):
+                probabilities = probabilities_of(self.model, pixels) if pixels else None
+            self.decoder.release(futures)
+            with self.clock("result"):
+                predictions = top_k_predictions(probabilities, self.top_k) if pixels else []
         else:
             started, self._ahead = self._ahead or self._start(entry), None
             good_paths, failed, pending = started
             if self._queue:  # the next chunk goes on the device before this one's results are read
                 self._ahead = self._start(self._queue[0])
-            predictions = top_k_predictions(_rows(pending), self.top_k) if pending else []
-            classified = list(zip(good_paths, predictions, strict=True))
-        return ChunkOutcome([result_line(path, preds) for path, preds in classified],
-                            [error_line(path, *problem) for path, problem in failed])
+            rows = _rows(pending) if pending else None
+            with self.clock("result"):
+                predictions = top_k_predictions(rows, self.top_k) if pending else []
+        with self.clock("result"):
+            return ChunkOutcome([result_line(path, preds) for path, preds in zip(good_paths, predictions, strict=True)],
+                                [error_line(path, *problem) for path, problem in failed])
 
     def _start(self, entry) -> tuple[list[str], list, list]:
         """Wait for a chunk's decoding and start its readable images on the device: (their paths, the failures,
-        the model's Pendings: one per max_batch_size images, none when nothing is readable)."""
+        the model's Pendings: one per max_batch_size images, none when nothing is readable). The decoded pixels
+        are released once the model has copied them."""
         paths, futures = entry
         good_paths, pixels, failed = split_decoded(paths, (f.result() for f in futures))
-        return good_paths, failed, _submit_in_batches(self.model, pixels)
+        with self.clock("stage"):
+            pending = _submit_in_batches(self.model, pixels)
+        self.decoder.release(futures)
+        return good_paths, failed, pending
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
         """run_next, recorded in `stats`."""
@@ -186,5 +208,4 @@ class ChunkRunner:
         return outcome
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
+        self.decoder.close()

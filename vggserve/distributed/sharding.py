@@ -165,6 +165,10 @@ class ShardedModel:
         return self._model.preprocessing
 
     @property
+    def precision(self):
+        return getattr(self._model, "precision", "fp32")
+
+    @property
     def weights_info(self):
         return getattr(self._model, "weights_info", None)
 
@@ -238,12 +242,14 @@ def worker_loop(comm, model) -> int:
         comm.Free()
 
 
-def run_sharded(serve, weights, device: str = "gpu", max_batch_size: int = 16, comm=None) -> int:
+def run_sharded(serve, weights, device: str = "gpu", max_batch_size: int = 16, comm=None,
+                precision: str = "fp32") -> int:
     """Collective. Rank 0: `serve(ShardedModel)`, its return value (None -> 0) is the exit code. Other ranks:
     worker_loop until rank 0 is done, then 0. See the module docstring for setup failures."""
     comm = comm if comm is not None else mpi_world()
     try:
-        bound = load_rank_model(weights, device=device, max_batch_size=max_batch_size, comm=comm)
+        bound = load_rank_model(weights, device=device, max_batch_size=max_batch_size, comm=comm,
+                                precision=precision)
     except RankSetupError as exc:
         if comm.Get_rank() == 0:
             raise

@@ -9,7 +9,9 @@ Summary dict layout:
      "setup_seconds": float,     # listing inputs, loading weights and building kernels on every rank
      "images_per_second": float, # images / wall_seconds, all ranks together
      "ranks": [{"rank", "device", "device_name", "images", "errors", "active_seconds",
-                "images_per_second"}, ...],   # per rank: its images / its active_seconds
+                "images_per_second",           # per rank: its images / its active_seconds
+                "cpu_ms_per_image",            # {stage: CPU ms per image} (decoding.stages), "rank_process"
+                "decode_processes", "decode_restarts"}, ...],
      "output": str, "errors_file": str}
 """
 
@@ -30,6 +32,9 @@ def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, se
             "errors": stats.get("errors", 0),
             "active_seconds": stats.get("active_seconds", 0.0),
             "images_per_second": stats.get("images_per_second", 0.0),
+            "cpu_ms_per_image": stats.get("cpu_ms_per_image", {}),
+            "decode_processes": stats.get("decode_processes", 0),
+            "decode_restarts": stats.get("decode_restarts", 0),
         })
     images = sum(entry["images"] for entry in per_rank)
     errors = sum(entry["errors"] for entry in per_rank)
@@ -61,5 +66,22 @@ def format_summary(summary: dict) -> str:
             f"  {entry['rank']:>4}  {entry['device']:<10} {entry['images']:>7} {entry['errors']:>7} "
             f"{entry['images_per_second']:>9.2f}  {entry['device_name']}"
         )
+    for entry in summary["ranks"]:
+        if entry.get("cpu_ms_per_image"):
+            lines.append(f"  rank {entry['rank']} CPU ms per image: {format_stages(entry['cpu_ms_per_image'])} "
+                         f"({_decoding(entry)})")
     lines.append(f"results: {summary['output']}  errors: {summary['errors_file']}")
     return "\n".join(lines)
+
+
+def format_stages(stages: dict[str, float]) -> str:
+    """"read 0.05, decode 2.31, ..." from {stage: CPU ms per image}."""
+    return ", ".join(f"{stage.replace('_', ' ')} {ms:.2f}" for stage, ms in stages.items())
+
+
+def _decoding(entry: dict) -> str:
+    procs = entry.get("decode_processes", 0)
+    if not procs:
+        return "decoded on threads of the rank"
+    restarts = entry.get("decode_restarts", 0)
+    return f"{procs} decode process{'es' if procs != 1 else ''}" + (f", {restarts} replaced" if restarts else "")

@@ -1,9 +1,11 @@
-"""Pixels from an HTTP front end to the engine process through shared memory instead of the link's socket.
+"""Pixels and tensors from an HTTP front end to the engine process through shared memory instead of the link's
+socket.
 
 A decoded photo is half a megabyte; sent through the link it is copied into the socket, out of it and into a new
 array, all in the engine process while its device worker waits for the GIL. Instead each front end owns an
 `Arena`, a POSIX shared-memory segment the engine maps once (its name comes in the "hello" message): the front end
-copies an image's pixels into a block of it and sends only `Shared(offset, shape)`; the engine's queue holds a
+copies a model input's array (uint8 pixels of an image or a crop, or a v2 request's float32 tensor) into a block
+of it and sends only `Shared(offset, shape, raw, dtype)`; the engine's queue holds a
 view of the block, which the device worker copies into its pinned staging memory. The block is freed when the
 engine's answer for that image arrives, and the engine answers only after it has copied the pixels (or decided
 not to compute them), so a block is never reused while the engine may still read it.
@@ -22,7 +24,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from ..preprocess import RawImage
+from ..modelinput import CROP, IMAGE, TENSOR, ModelInput
 
 log = logging.getLogger("vggserve.ipc")
 
@@ -32,24 +34,20 @@ ALIGN = 64
 
 @dataclass(frozen=True)
 class Shared:
-    """Where an image's uint8 pixels of `shape` lie in the sender's arena; `raw`: a RawImage (else a crop)."""
+    """Where an array of `shape` and `dtype` lies in the sender's arena; `raw`: an image to resize (else a crop,
+    or a tensor when the dtype is float32)."""
 
     offset: int
     shape: tuple
     raw: bool
+    dtype: str = "uint8"
 
 
 class Arena:
     """The front end's side: a shared-memory segment and a FIFO block allocator over it (thread-safe)."""
 
     def __init__(self, nbytes: int = ARENA_BYTES):
-        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
-        try:  # reserve the pages now: a full /dev/shm then fails here (ENOSPC), not later with SIGBUS on a write
-            if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
-                os.posix_fallocate(self.memory._fd, 0, nbytes)
-        except OSError:
-            self.close()
-            raise
+        self.memory = create_segment(nbytes)
         self.size = nbytes
         self._lock = threading.Lock()
         self._blocks: dict[int, list] = {}  # start -> [end, freed], in allocation order
@@ -71,7 +69,8 @@ class Arena:
         return self._head if self._head + nbytes <= tail else None  # wrapped: room between head and tail
 
     def put(self, pixels: np.ndarray, raw: bool) -> Shared | None:
-        """Copy pixels into a free block; None when there is no room (the caller sends them inline)."""
+        """Copy an array (uint8 pixels or float32) into a free block; None when there is no room (the caller sends
+        it inline)."""
         nbytes = pixels.nbytes
         with self._lock:
             start = self._find(nbytes)
@@ -79,13 +78,14 @@ class Arena:
                 return None
             self._blocks[start] = [start + nbytes, False]
             self._head = -(-(start + nbytes) // ALIGN) * ALIGN
-        np.copyto(np.ndarray(pixels.shape, np.uint8, self.memory.buf, start), pixels)
-        return Shared(start, pixels.shape, raw)
+        np.copyto(np.ndarray(pixels.shape, pixels.dtype, self.memory.buf, start), pixels)
+        return Shared(start, pixels.shape, raw, pixels.dtype.name)
 
     def put_image(self, image) -> Shared | None:
-        """`put` for a queued image: a uint8 crop, or a RawImage (its pixels, marked raw); `Mapped.image` undoes it."""
-        raw = isinstance(image, RawImage)
-        return self.put(image.pixels if raw else image, raw)
+        """`put` for a queued `ModelInput` of any form (or a bare uint8 crop); `Mapped.image` undoes it."""
+        if not isinstance(image, ModelInput):
+            image = ModelInput(CROP, image)
+        return self.put(image.array, image.form == IMAGE)
 
     def free(self, shared: Shared) -> None:
         """The engine has answered for that image: its block (and any freed ones behind the oldest) return."""
@@ -105,6 +105,20 @@ class Arena:
         self.memory.unlink()
 
 
+def create_segment(nbytes: int) -> shared_memory.SharedMemory:
+    """A new POSIX shared-memory segment of `nbytes`, its pages reserved now: a full /dev/shm then fails here
+    (OSError, ENOSPC), not later with SIGBUS on a write. The creator closes and unlinks it."""
+    memory = shared_memory.SharedMemory(create=True, size=nbytes)
+    try:
+        if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
+            os.posix_fallocate(memory._fd, 0, nbytes)
+    except OSError:
+        memory.close()
+        memory.unlink()
+        raise
+    return memory
+
+
 class Mapped:
     """The engine's side: a front end's arena mapped by name; `view` gives an image's pixels. Mapped with mmap
     rather than SharedMemory, which would register the segment with a resource tracker (a process of its own) as
@@ -120,18 +134,17 @@ class Mapped:
             os.close(fd)
 
     def view(self, shared: Shared) -> np.ndarray:
-        return np.ndarray(shared.shape, np.uint8, self.memory, shared.offset)
+        return np.ndarray(shared.shape, np.dtype(shared.dtype), self.memory, shared.offset)
 
-    def image(self, shared: Shared):
-        """The image `Arena.put_image` stored: a view of the crop, or a RawImage over a view of its pixels."""
-        view = self.view(shared)
-        return RawImage(view) if shared.raw else view
+    def image(self, shared: Shared) -> ModelInput:
+        """The model input `Arena.put_image` stored, over a view of its block (no copy)."""
+        form = IMAGE if shared.raw else TENSOR if shared.dtype == "float32" else CROP
+        return ModelInput(form, self.view(shared))
 
     def close(self) -> None:
-        try:
-            self.memory.close()
-        except BufferError:  # a view is still referenced somewhere: the mapping goes with the process
-            log.debug("shared pixels still referenced at close")
+        """Let go of the mapping: it is unmapped when the last view of it is gone. (Closing the mmap here would unmap
+        it under views still referenced: numpy holds no buffer export on it, so mmap.close() would not refuse.)"""
+        self.memory = None
 
 
 def make_arena(nbytes: int = ARENA_BYTES) -> Arena | None:

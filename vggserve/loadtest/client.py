@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 import ssl
+import struct
 import time
 
 import certifi
@@ -57,15 +59,32 @@ class ClientPool:
         await asyncio.gather(*(client.aclose() for client in self.clients), return_exceptions=True)
 
 
-def request_kwargs(image: Image, multipart: bool) -> dict:
-    """The body of a /classify POST: raw bytes with the image's Content-Type, or the multipart field `file`."""
+V2_OUTPUTS = [{"name": "probabilities", "parameters": {"classification": 5}}]
+
+
+def v2_request(data: bytes) -> tuple[bytes, dict]:
+    """(body, headers) of a v2 inference request for one image file: the BYTES input `image` as binary tensor data,
+    the top 5 classes asked for (the classification extension), as tritonclient would send it."""
+    head = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": 4 + len(data)}}],
+                       "outputs": V2_OUTPUTS}).encode()
+    return head + struct.pack("<I", len(data)) + data, {"Inference-Header-Content-Length": str(len(head)),
+                                                         "Content-Type": "application/octet-stream"}
+
+
+def request_kwargs(image: Image, multipart: bool, protocol: str = "classify") -> dict:
+    """The body of a /classify POST: raw bytes with the image's Content-Type, or the multipart field `file`; with
+    protocol v2, a v2 inference request."""
+    if protocol == "v2":
+        body, headers = v2_request(image.data)
+        return {"content": body, "headers": headers}
     if multipart:
         return {"files": {"file": (image.name, image.data, image.content_type)}}
     return {"content": image.data, "headers": {"Content-Type": image.content_type}}
 
 
 async def send_one(client: httpx.AsyncClient, url: str, image: Image, record: RequestRecord, clock0: float,
-                   multipart: bool = False) -> RequestRecord:
+                   multipart: bool = False, protocol: str = "classify") -> RequestRecord:
     """Send `image`, stamp `record` (sent, done, status, outcome) and return it; never raises for I/O errors.
 
     `clock0` is the run's time origin on time.perf_counter(). A cancelled request is stamped
@@ -73,7 +92,7 @@ async def send_one(client: httpx.AsyncClient, url: str, image: Image, record: Re
     """
     record.sent_s = time.perf_counter() - clock0
     try:
-        response = await client.post(url, **request_kwargs(image, multipart))
+        response = await client.post(url, **request_kwargs(image, multipart, protocol))
         await response.aread()
     except httpx.TimeoutException:
         record.outcome = TIMEOUT

@@ -13,6 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import VggserveError
 
 CLASSIFY_PATH = "/classify"
+V2_INFER_PATH = "/v2/models/vgg16/infer"
+PROTOCOLS = ("classify", "v2")
 METRICS_PATH = "/metrics"
 READY_PATH = "/health/ready"
 
@@ -37,6 +39,7 @@ class LoadTestConfig:
     overflow: str = "wait"
     lag_threshold_ms: float = 10.0
     multipart: bool = False
+    protocol: str = "classify"  # classify: POST /classify; v2: the Open Inference Protocol's infer, binary
     scrape_metrics: bool = True
     progress: bool = True
     api_key: str | None = field(default=None, repr=False)
@@ -49,7 +52,7 @@ class LoadTestConfig:
     @property
     def classify_url(self) -> str:
         """Where images are posted."""
-        return self.url + CLASSIFY_PATH
+        return self.url + (V2_INFER_PATH if self.protocol == "v2" else CLASSIFY_PATH)
 
     @property
     def metrics_url(self) -> str:

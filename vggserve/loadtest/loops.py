@@ -44,6 +44,7 @@ class LevelPlan:
     lag_threshold_s: float = 0.010
     drain_s: float = 30.0
     multipart: bool = False
+    protocol: str = "classify"
 
 
 @dataclass
@@ -145,7 +146,7 @@ async def run_closed(pool: ClientPool, images: ImageSet, run: LevelRun, stop: as
             record = _new_record(run, image, index, phase, now)
             run.inflight += 1
             try:
-                await send_one(client, plan.url, image, record, clock0, plan.multipart)
+                await send_one(client, plan.url, image, record, clock0, plan.multipart, plan.protocol)
             finally:
                 run.inflight -= 1
 
@@ -188,7 +189,8 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
         try:
             record.late = run.now() - record.scheduled_s > plan.lag_threshold_s
             run.inflight += 1
-            await send_one(pool.for_slot(slot), plan.url, image, record, clock0, plan.multipart)
+            await send_one(pool.for_slot(slot), plan.url, image, record, clock0, plan.multipart,
+                           plan.protocol)
         finally:
             run.inflight -= 1
             free_slots.put_nowait(slot)

@@ -17,7 +17,7 @@ SPLIT_HISTOGRAMS = {
     "server_request_ms": "vggserve_request_seconds",
 }
 BATCH_SIZE = "vggserve_batch_size"
-CLASSIFY_ENDPOINT_LABELS = ("/classify", "classify")
+CLASSIFY_ENDPOINT_LABELS = ("/classify", "classify", "/v2/models/vgg16/infer")  # the endpoints a run drives
 SERVER_KEYS = tuple(SPLIT_HISTOGRAMS) + ("server_batch_size", "server_requests", "server_rejected",
                                          "server_timeouts")
 
@@ -59,7 +59,7 @@ def _mean(before: Snapshot, after: Snapshot, family: str, scale: float = 1.0) ->
 
 
 def _classify_requests(before: Snapshot, after: Snapshot) -> float | None:
-    """Delta of vggserve_requests_total{endpoint="/classify"} summed over statuses (/classify/batch excluded)."""
+    """Delta of vggserve_requests_total{endpoint="/classify" or v2 infer} over statuses (/classify/batch excluded)."""
     deltas = [_delta(before, after, "vggserve_requests_total", endpoint=e) for e in CLASSIFY_ENDPOINT_LABELS]
     deltas = [d for d in deltas if d is not None]
     return sum(deltas) if deltas else None

@@ -122,6 +122,7 @@ def _plan(config: LoadTestConfig, level: float) -> LevelPlan:
         warmup_s=config.warmup_s, duration_s=config.duration_s, max_requests=config.max_requests,
         max_inflight=config.max_inflight, overflow=config.overflow,
         lag_threshold_s=config.lag_threshold_ms / 1000.0, drain_s=config.timeout_s + 1.0, multipart=config.multipart,
+        protocol=config.protocol,
     )
 
 

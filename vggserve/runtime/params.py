@@ -24,18 +24,28 @@ CPU_DEFAULT = {"conv": {"TM": 128, "TN": 256, "TK": 16, "WM": 32, "WN": 16, "LPA
 TABLE = {"gpu": GPU_DEFAULT, "cpu": CPU_DEFAULT}
 
 
-def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1) -> dict:
-    """The conv_gemm parameters for one layer: tuned winners for its shape if any, else the device default.
+def table_key(precision: str = "fp32") -> str:
+    """Where a precision's tuned winners live in a device's entry: "conv_by_batch" for FP32 (as every table
+    written before precisions existed), "conv_by_batch_fp16" / "conv_by_batch_tf32" for the others."""
+    return "conv_by_batch" if str(precision) == "fp32" else f"conv_by_batch_{precision}"
 
-    Tuned tables are stored per batch size ("conv_by_batch": {"64": {"CINxCOUTxSIZE": params}}); the table tuned at
-    the batch nearest (in ratio) to `batch` is used, because the best tiles for 1 image and for 64 differ.
-    Shape keys are "CINxCOUTxSIZE" (size = image side; 1 for fully connected layers).
+
+def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1, precision: str = "fp32",
+                    default: dict | None = None) -> dict:
+    """The parameters for one layer: tuned winners for its shape if any, else `default` (else the device's
+    portable default).
+
+    Tuned tables are stored per precision and batch size ("conv_by_batch": {"64": {"CINxCOUTxSIZE": params}}); the
+    table tuned at the batch nearest (in ratio) to `batch` is used, because the best tiles for 1 image and for 64
+    differ. Shape keys are "CINxCOUTxSIZE" (size = image side; 1 for fully connected layers). A winner carries
+    "ALGO" when it is not the portable GEMM (ops/registry.py).
     """
-    tables = params.get("conv_by_batch", {})
+    fallback = dict(default if default is not None else params["conv"])
+    tables = params.get(table_key(precision), {})
     if not tables:
-        return dict(params["conv"])
+        return fallback
     nearest = min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))
-    return dict(tables[nearest].get(shape_key(cin, cout, size), params["conv"]))
+    return dict(tables[nearest].get(shape_key(cin, cout, size), fallback))
 
 
 def shape_key(cin: int, cout: int, size: int) -> str:
@@ -66,7 +76,7 @@ def params_for(kind: str, device_name: str) -> dict:
     for stored in (_stored(shipped_file(), device_name), _stored(tuned_file(), device_name)):
         for role, values in stored.items():
             if isinstance(values, dict):  # skip notes such as "tuned_on"
-                if role == "conv_by_batch":
+                if role.startswith("conv_by_batch"):
                     for batch, table in values.items():
                         params.setdefault(role, {}).setdefault(batch, {}).update(table)
                 else:

@@ -11,23 +11,28 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi_offline import FastAPIOffline
+from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
-from .auth import OPEN_PATHS, ApiKeyMiddleware
-from .drain import DrainMiddleware
-from .errors import install_error_handlers
-from .limits import BodySizeLimitMiddleware
+from .web.auth import OPEN_PATHS, ApiKeyMiddleware
+from .web.drain import DrainMiddleware
+from .protocols.errors import install_error_handlers
+from .web.limits import BodySizeLimitMiddleware
+from .web.request_id import HEADER as REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import RequestMetricsMiddleware
-from .routes_classify import router as classify_router
-from .routes_health import router as health_router
-from .routes_info import router as info_router
+from .protocols.classify import router as classify_router
+from .protocols.health import router as health_router
+from .protocols.info import router as info_router
+from .protocols.v2 import router as v2_router
 from .service import ModelFactory, Service
 from .settings import Settings
 
 DESCRIPTION = """VGG16 ImageNet classification on our own OpenCL kernels, with dynamic batching across devices.
 
-Every error has the body `{"error": {"code": "...", "message": "..."}}`. Send `X-Request-Timeout-Ms` to set a
-request's deadline. When the server has an API key, every endpoint but `/health/*` needs
+Every error has the body `{"error": {"code": "...", "message": "..."}}`, except under `/v2` (the Open Inference
+Protocol, KServe v2), where it is `{"error": "..."}`. Send `X-Request-Timeout-Ms` to set a request's deadline.
+When the server has an API key, every endpoint but `/health/*` and `/v2/health/*` needs
 `Authorization: Bearer <key>`."""
 
 
@@ -45,17 +50,26 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
         finally:
             await asyncio.get_running_loop().run_in_executor(None, service.stop)
 
-    app = FastAPI(title="vggserve", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    # /docs and /redoc with their JS and CSS served from the installed fastapi-offline package, not a CDN: they
+    # work on an air-gapped host
+    app = FastAPIOffline(title="vggserve", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
     app.include_router(classify_router)
     app.include_router(health_router)
     app.include_router(info_router)
-    # add_middleware puts each one outside the previous: requests meet metrics, drain, auth, then the body limit
+    app.include_router(v2_router)
+    # add_middleware puts each one outside the previous: requests meet metrics, CORS (preflights answered before
+    # the API key is asked for), the request id, drain, auth, then the body limit
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(DrainMiddleware, drain=service.drain)
+    app.add_middleware(RequestIdMiddleware)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"], max_age=600,
+                           expose_headers=[REQUEST_ID_HEADER, "Retry-After", "Inference-Header-Content-Length"])
     app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics)
     app.openapi = lambda: _openapi(app, bool(settings.api_key))
     return app

@@ -15,14 +15,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from .modelcard import VGG16_CARD
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # endpoints counted under their own name; any other path is counted as "other" to bound label cardinality
+_V2_MODEL = [f"/v2/models/{VGG16_CARD.name}{v}" for v in ("", f"/versions/{VGG16_CARD.version}")]
+V2_INFER = tuple(m + "/infer" for m in _V2_MODEL)
 KNOWN_ENDPOINTS = ("/classify", "/classify/batch", "/health/live", "/health/ready", "/metadata", "/metrics",
-                   "/docs", "/openapi.json")
-TIMED_ENDPOINTS = ("/classify", "/classify/batch")
+                   "/docs", "/openapi.json", "/v2", "/v2/health/live", "/v2/health/ready", *_V2_MODEL, *V2_INFER,
+                   *(m + "/ready" for m in _V2_MODEL), *(m + "/config" for m in _V2_MODEL))
+TIMED_ENDPOINTS = ("/classify", "/classify/batch", *V2_INFER)
 
 
 @contextmanager
@@ -63,8 +68,9 @@ class Metrics:
                                             buckets=LATENCY_BUCKETS, registry=r)
         self.inference_seconds = Histogram("vggserve_inference_seconds", "Device time per batch.",
                                            buckets=LATENCY_BUCKETS, registry=r)
-        self.request_seconds = Histogram("vggserve_request_seconds", "Total time per /classify and /classify/batch "
-                                         "request as the server sees it.", buckets=LATENCY_BUCKETS, registry=r)
+        self.request_seconds = Histogram("vggserve_request_seconds", "Total time per /classify, /classify/batch "
+                                         "and v2 infer request as the server sees it.", buckets=LATENCY_BUCKETS,
+                                         registry=r)
         self.batch_size = Histogram("vggserve_batch_size", "Images per device batch.", buckets=BATCH_BUCKETS,
                                     registry=r)
         self.queue_length = Gauge("vggserve_queue_length", "Images waiting for a device.", registry=r,
@@ -79,6 +85,14 @@ class Metrics:
                                  registry=r)
         self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r,
                            multiprocess_mode="livemax")
+        # what OpenCL tells about each device worker's device, set once its model is loaded
+        self.device_memory = Gauge("vggserve_device_global_memory_bytes", "Global memory of the worker's OpenCL "
+                                   "device.", ["device"], registry=r, multiprocess_mode="livemax")
+        self.device_engine_bytes = Gauge("vggserve_device_engine_bytes", "Bytes of OpenCL buffers the engine holds on "
+                                         "the worker's device (weights, activations, staging).", ["device"],
+                                         registry=r, multiprocess_mode="livemax")
+        self.device_compute_units = Gauge("vggserve_device_compute_units", "Compute units of the worker's OpenCL "
+                                          "device.", ["device"], registry=r, multiprocess_mode="livemax")
         self.workers_ready = Gauge("vggserve_workers_ready", "Device workers that are ready.", registry=r,
                                    multiprocess_mode="livesum")
 

@@ -3,55 +3,49 @@
 import logging
 import sys
 
-import uvicorn
-
 from .app import create_app
-from .drain import DrainingServer
+from .hosting import (CANNOT_LISTEN_EXIT, NO_WORKERS_EXIT, CannotListen, announce_when_ready, configure_logging,
+                      listening_socket, uvicorn_config)
+from .web.drain import DrainingServer
 from .service import ModelFactory
 from .settings import Settings
 
-# after the drain, how long uvicorn waits for idle connections to close before it stops
-CLOSE_CONNECTIONS_S = 5
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-NO_WORKERS_EXIT = 3  # every device worker died (as DeviceError): a supervisor should restart the service
-
-
-def uvicorn_config(app, log_level: str, access_log: bool, **where) -> uvicorn.Config:
-    """uvicorn's configuration for our app; `where` is host and port (or nothing, to serve given sockets)."""
-    return uvicorn.Config(app, log_level=log_level, access_log=access_log,
-                          timeout_graceful_shutdown=CLOSE_CONNECTIONS_S, lifespan="on", server_header=False, **where)
-
-
-def configure_logging(log_level: str) -> None:
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def build_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
                  access_log: bool = False) -> DrainingServer:
-    """A uvicorn server for `create_app(settings, model_factory)` on settings.host:settings.port."""
+    """A uvicorn server for `create_app(settings, model_factory)`, to run on sockets the caller bound."""
     app = create_app(settings, model_factory)
-    server = DrainingServer(uvicorn_config(app, log_level, access_log, host=settings.host, port=settings.port),
-                            app.state.service.drain)
+    server = DrainingServer(uvicorn_config(app, log_level, access_log), app.state.service.drain)
+    server.service = app.state.service
     app.state.service.on_all_workers_dead = server.fail  # exit (status 3) rather than serve 503s forever
     return server
 
 
 def run_server(settings: Settings, model_factory: ModelFactory | None = None, log_level: str = "info",
-               access_log: bool = False) -> int:
-    """Serve until SIGTERM/SIGINT (drained) and return the exit status: 0 after a clean drain. With
-    settings.http_workers above 1, this process runs the device workers and HTTP front-end processes serve."""
+               access_log: bool = False, banner: str = "") -> int:
+    """Serve until SIGTERM/SIGINT (drained) and return the exit status: 0 after a clean drain, CANNOT_LISTEN_EXIT
+    when the address cannot be bound (nothing else is started then). "vggserve: serving on URL BANNER" goes to
+    stderr once the port is bound and every device worker is ready. With settings.http_workers above 1, this
+    process runs the device workers and HTTP front-end processes serve."""
     configure_logging(log_level)
     if settings.host not in LOOPBACK and not settings.api_key:
         logging.getLogger("vggserve.serving").warning(
             "listening on %s without an API key: anyone who can reach it can use it (set VGGSERVE_API_KEY, or "
             "bind 127.0.0.1 behind nginx)", settings.host)
     if settings.http_workers > 1:
-        from .frontends import run_with_frontends
+        from .processes.frontends import run_with_frontends
 
-        return run_with_frontends(settings, model_factory, log_level, access_log)
+        return run_with_frontends(settings, model_factory, log_level, access_log, banner)
+    try:
+        sock = listening_socket(settings.host, settings.port)
+    except CannotListen as exc:
+        print(f"vggserve: error: {exc.strerror}", file=sys.stderr)
+        return CANNOT_LISTEN_EXIT
     server = build_server(settings, model_factory, log_level, access_log)
-    server.run()
+    announce_when_ready(server.service, sock, settings.host, banner)
+    server.run(sockets=[sock])
     if server.failure:
         print(f"vggserve: error: no device worker is alive ({server.failure})", file=sys.stderr)
         return NO_WORKERS_EXIT

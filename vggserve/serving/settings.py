@@ -65,14 +65,21 @@ def parse_http_workers(text: str | int | None) -> int:
 
 
 def parse_devices(text: str | None) -> tuple[str, ...]:
-    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU."""
+    """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU, and
+    refused (DeviceError) where there is none: serving on the CPU instead is asked for by name, --device cpu."""
     parts = tuple(p.strip() for p in (text or "auto").split(","))
     if any(not p for p in parts):
         raise SettingsError(f"--device {text!r} has an empty entry; give specs separated by commas, e.g. gpu:0,gpu:1")
     if "all" in (p.lower() for p in parts):
-        from ..runtime.devices import expand
+        from ..errors import DeviceError
+        from ..runtime.devices import usable_gpus
 
-        return tuple(s for p in parts for s in expand(p))
+        gpus = usable_gpus()
+        if not gpus:
+            raise DeviceError("--device all means one worker per GPU, and no OpenCL GPU is usable here; pass "
+                              "--device cpu to serve on the CPU (or check the GPU driver with `vggserve devices`)")
+        return tuple(s for p in parts for s in ([f"gpu:{i}" for i in range(len(gpus))] if p.lower() == "all"
+                                                 else [p]))
     return parts
 
 
@@ -109,17 +116,23 @@ class Settings:
     max_pixels: int = 40_000_000  # larger images (width x height from the header) get 413
     max_files: int = 16  # files per POST /classify/batch
     preprocess_threads: int = field(default_factory=default_preprocess_threads)
-    # worker processes decoding images (0: decode in the threads above); see vggserve.serving.procpool
+    # worker processes decoding images (0: decode in the threads above); see vggserve.serving.scheduling.procpool
     preprocess_procs: int = field(default_factory=default_preprocess_procs)
     drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight requests may take before exit
     api_key: str | None = None  # when set, every endpoint but /health/* needs `Authorization: Bearer <key>`
     warmup: bool = True  # each device worker runs one batch before the service reports ready
     mpi: bool = False  # set by `mpirun -n N vggserve serve`: batches are sharded over all ranks
-    # HTTP front-end processes; above 1 this process only batches and computes (vggserve.serving.frontends)
+    # HTTP front-end processes; above 1 this process only batches and computes (vggserve.serving.processes.frontends)
     http_workers: int = 1
     # where uploads are resized and centre-cropped with front ends: "device" (the engine's kernels, bit for bit as
     # the CPU, when the model can) or "cpu" (in the front ends)
     resize_on: str = "device"
+    # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding)
+    decode: str = "exact"
+    # the engine's precision: fp32, tf32 or fp16 (vggserve/ops/precision.py)
+    precision: str = "fp32"
+    # browser origins allowed to call the API (CORS); none by default: browsers on other origins are refused
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self):
         for f in fields(self):
@@ -129,8 +142,17 @@ class Settings:
                                                                                 for d in self.devices):
             raise SettingsError(f"devices must be a non-empty tuple of device specs, got {self.devices!r}; "
                                 "pass e.g. --device gpu:0,gpu:1")
+        if not isinstance(self.cors_origins, tuple) or not all(
+                isinstance(o, str) and o and (o == "*" or o.startswith(("http://", "https://"))) and o.strip() == o
+                for o in self.cors_origins):
+            raise SettingsError(f"--cors-origin takes an origin such as https://app.example.com (or *), got "
+                                f"{self.cors_origins!r}")
         if self.resize_on not in ("device", "cpu"):
             raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
+        if self.decode not in ("exact", "fast"):
+            raise SettingsError(f"--decode must be exact or fast, got {self.decode!r}")
+        if self.precision not in ("fp32", "tf32", "fp16"):
+            raise SettingsError(f"--precision must be fp32, tf32 or fp16, got {self.precision!r}")
         if not isinstance(self.host, str) or not self.host.strip():
             raise SettingsError(f"--host must be an address to bind, got {self.host!r}; pass e.g. --host 127.0.0.1")
         if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
@@ -180,5 +202,6 @@ class Settings:
         """The settings as a dict safe to show (the API key only as set/unset)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["devices"] = list(self.devices)
+        out["cors_origins"] = list(self.cors_origins)
         out["api_key"] = "set" if self.api_key else None
         return out

@@ -1,0 +1,360 @@
+/* conv_tc.cl -- convolution (and fully connected layers) as an implicit GEMM on NVIDIA tensor cores (mma.sync).
+ *
+ *   out[p, n] = act( bias[n] + sum_k  A[p, k] * Wt[n, k] )       p = pixel (b*H + y)*W + x,  n = output channel
+ *   A[p, k]   = in[b, y + ky - PAD, x + kx - PAD, ci]  (NHWC, zero outside the image; never stored anywhere)
+ *   k         = (ky*KS + kx)*Cpad + ci                  (ci fastest: one 16-byte chunk = VEC channels of one tap)
+ *
+ * Storage ("elem"): FP16 (TF32 = 0: half, mma.m16n8k16 f16 x f16 -> f32) or FP32 (TF32 = 1: float, mma.m16n8k8
+ * tf32 x tf32 -> f32, every operand already rounded by cvt.rna.tf32.f32: the epilogue rounds what it stores, the
+ * host rounds the weights, the input conversion the input). Accumulation is always FP32.
+ *   in:   NHWC, Cpad channels per pixel (a multiple of VEC, pad channels zero)           in[p * Cpad + ci]
+ *   wt:   Npad x Kpad, k contiguous ("OHWI", zero-padded to the tiles; re-laid out at load) wt[n * Kpad + k]
+ *   bias: Npad floats (zero past the layer's channels)
+ *   out:  NHWC, Cstore channels per pixel (Cstore = output channels rounded up to VEC)  out[p * Cstore + n]
+ * A fully connected layer is KS = 1, PAD = 0, H = W = 1 (a pixel is an image, Cpad its input features).
+ *
+ *        N (channels) ->     work-group (gn, gm) computes a BM x BN tile of out; its K loop walks BK-deep tiles,
+ *      +-----------+         STAGES of them in flight: cp.async copies tile t + STAGES - 1 while tile t is multiplied
+ *   M  |  BM x BN  |           As[stage][BM rows][KB bytes]  <- A rows (pixels), gathered with zero fill
+ * (px) +-----------+           Bs[stage][BN rows][KB bytes]  <- Wt rows (channels), dense
+ * Local rows are KB bytes (2, 4 or 8 chunks of 16 bytes); chunk c of row r lives at chunk c ^ f(r) (XOR swizzle), so
+ * the 8 row addresses of one ldmatrix phase fall in 8 distinct bank groups and no padding is needed.
+ * Warps: WARPS_M x WARPS_N, each owning a WTM x WTN block = MI x NJ mma tiles of 16 x 8; fragments come from local
+ * memory by ldmatrix.x4 (A: 16 rows x 32 bytes; B: 16 channels x 32 bytes, i.e. two n-tiles), one mma per 32 bytes
+ * of k (k16 in FP16, k8 in TF32): the fragment layouts of the two instructions coincide register for register.
+ * Epilogue: bias + ReLU fused, two adjacent channels per store. SPLITK = 1: group z = get_group_id(1) sums its
+ * k-tiles only and stores raw FP32 sums to part[(z * NPIX + p) * Cstore + n]; tc_reduce adds them up.
+ *
+ * MMA_EMULATE = 1 replaces cp.async, ldmatrix and mma.sync by an exact software model of their data movement
+ * (lanes = 32 consecutive work-items, fragments exchanged through local memory), so the tiling and fragment
+ * bookkeeping of this file run, and are tested against numpy, on any OpenCL device (e.g. PoCL in CI).
+ */
+
+#ifndef BM
+#define BM 128      /* work-group tile in M (pixels), e.g. 64, 128, 256 */
+#endif
+#ifndef BN
+#define BN 128      /* work-group tile in N (output channels), e.g. 64, 128, 256 */
+#endif
+#ifndef WARPS_M
+#define WARPS_M 2   /* warps along M; WTM = BM / WARPS_M must be a multiple of 16 */
+#endif
+#ifndef WARPS_N
+#define WARPS_N 2   /* warps along N; WTN = BN / WARPS_N must be a multiple of 16 */
+#endif
+#ifndef STAGES
+#define STAGES 3    /* k-tiles in flight (local memory: STAGES * (BM + BN) * KB bytes <= 48 KB) */
+#endif
+#ifndef KB
+#define KB 64       /* bytes of one local row per k-tile: 32, 64 or 128 (2, 4 or 8 chunks of 16 bytes) */
+#endif
+#ifndef TF32
+#define TF32 0      /* 0: FP16 storage and f16 mma; 1: FP32 storage and tf32 mma */
+#endif
+#ifndef KS
+#define KS 3        /* kernel size: 3 (padding PAD) or 1 (fully connected) */
+#endif
+#ifndef PAD
+#define PAD 1
+#endif
+#ifndef RELU
+#define RELU 1
+#endif
+#ifndef OUT_F32
+#define OUT_F32 0   /* 1: out is float whatever the storage (logits) */
+#endif
+#ifndef SPLITK
+#define SPLITK 0
+#endif
+#ifndef MMA_EMULATE
+#define MMA_EMULATE 0
+#endif
+
+#define THREADS (32 * WARPS_M * WARPS_N)
+#define ELEM (TF32 ? 4 : 2)        /* bytes per stored element */
+#define VEC (16 / ELEM)            /* elements per 16-byte chunk */
+#define CHUNKS (KB / 16)           /* chunks per local row */
+#define BK (KB / ELEM)             /* k per k-tile */
+#define KSTEPS (KB / 32)           /* mma k-steps per k-tile */
+#define WTM (BM / WARPS_M)
+#define WTN (BN / WARPS_N)
+#define MI (WTM / 16)              /* m16 tiles per warp */
+#define NJ (WTN / 8)               /* n8 tiles per warp (even) */
+#define A_ITERS (BM * CHUNKS / THREADS)
+#define B_ITERS (BN * CHUNKS / THREADS)
+#define STAGE_CHUNKS ((BM + BN) * CHUNKS)
+
+#if CHUNKS == 2
+#define SWZ(r, c) ((r) * 2 + ((c) ^ (((r) >> 2) & 1)))
+#elif CHUNKS == 4
+#define SWZ(r, c) ((r) * 4 + ((c) ^ (((r) >> 1) & 3)))
+#elif CHUNKS == 8
+#define SWZ(r, c) ((r) * 8 + ((c) ^ ((r) & 7)))
+#else
+#error "KB must be 32, 64 or 128"
+#endif
+#if (BM * CHUNKS) % THREADS || (BN * CHUNKS) % THREADS || WTM % 16 || WTN % 16
+#error "tile shape: BM*CHUNKS and BN*CHUNKS must be multiples of the work-group size, WTM and WTN of 16"
+#endif
+
+/* cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero; the low 13 bits become zero */
+inline float to_tf32(float x) {
+#if MMA_EMULATE
+    return as_float((as_uint(x) + 0x1000u) & 0xffffe000u);
+#else
+    uint r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return as_float(r);
+#endif
+}
+
+#if TF32
+typedef float elem_t;
+#else
+typedef ushort elem_t;   /* FP16 bits; converted only through vload_half / vstore_half */
+#endif
+#if OUT_F32
+typedef float out_t;
+#define STORE2(p, i, v) vstore2((v), 0, (p) + (i))
+#define STORE1(p, i, v) ((p)[i] = (v))
+#elif TF32  /* activations are stored already rounded to TF32, so the main loop needs no conversion */
+typedef float out_t;
+#define STORE2(p, i, v) vstore2((float2)(to_tf32((v).x), to_tf32((v).y)), 0, (p) + (i))
+#define STORE1(p, i, v) ((p)[i] = to_tf32(v))
+#else
+typedef ushort out_t;
+#define STORE2(p, i, v) vstore_half2_rte((v), 0, (__global half *)((p) + (i)))
+#define STORE1(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))
+#endif
+
+/* ---- the four tensor-core primitives: PTX, or their software model ------------------------------------------- */
+#if !MMA_EMULATE
+
+#define CP_ASYNC16(dst, src, ok)                                                                          \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"                                        \
+                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(src)), "r"((ok) ? 16 : 0) : "memory")
+#define CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
+#define CP_WAIT() asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory")
+#define LDSM_X4(R, ADDR)                                                                                  \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"                   \
+                 : "=r"(R[0]), "=r"(R[1]), "=r"(R[2]), "=r"(R[3]) : "r"((uint)(size_t)ADDR(lane)))
+#if TF32
+#define MMA(D, A, B)                                                                                      \
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                          \
+                 : "+f"(D[0]), "+f"(D[1]), "+f"(D[2]), "+f"(D[3])                                         \
+                 : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1]))
+#else
+#define MMA(D, A, B)                                                                                      \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                          \
+                 : "+f"(D[0]), "+f"(D[1]), "+f"(D[2]), "+f"(D[3])                                         \
+                 : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1]))
+#endif
+
+#else  /* MMA_EMULATE: the same data movement, done by plain loads and a fragment exchange in local memory */
+
+#define CP_ASYNC16(dst, src, ok) (*(dst) = (ok) ? *(__global const uint4 *)(src) : (uint4)(0))
+#define CP_COMMIT() ((void)0)
+#define CP_WAIT() ((void)0)
+/* ldmatrix: register j of lane l = the 4 bytes at 4 * (l % 4) of the row that lane 8j + l / 4 points at */
+#define LDSM_X4(R, ADDR)                                                                                  \
+    for (int j_ = 0; j_ < 4; ++j_) R[j_] = ((__local const uint *)ADDR(8 * j_ + (lane >> 2)))[lane & 3]
+/* mma: every lane publishes its fragments, then computes its 4 outputs from the whole warp's. Row r, column c
+ * of D live in lane 4 * (r % 8) + c / 2, register 2 * (r / 8) + c % 2. */
+#define MMA(D, A, B) mma_emulated(D, A, B, xch, lane)
+inline float frag_a(__local const uint *x, int r, int k) {
+#if TF32
+    return as_float(x[(4 * (r & 7) + (k & 3)) * 6 + (r >> 3) + 2 * (k >> 2)]);
+#else
+    return vload_half(((4 * (r & 7) + ((k & 7) >> 1)) * 6 + (r >> 3) + 2 * (k >> 3)) * 2 + (k & 1),
+                      (__local const half *)x);
+#endif
+}
+inline float frag_b(__local const uint *x, int k, int n) {
+#if TF32
+    return as_float(x[(4 * n + (k & 3)) * 6 + 4 + (k >> 2)]);
+#else
+    return vload_half(((4 * n + ((k & 7) >> 1)) * 6 + 4 + (k >> 3)) * 2 + (k & 1), (__local const half *)x);
+#endif
+}
+inline void mma_emulated(float *d, const uint *a, const uint *b, __local uint *x, int lane) {
+    for (int i = 0; i < 4; ++i) x[lane * 6 + i] = a[i];
+    x[lane * 6 + 4] = b[0];
+    x[lane * 6 + 5] = b[1];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int g = lane >> 2, t4 = lane & 3;
+    for (int e = 0; e < 4; ++e) {
+        const int r = g + 8 * (e >> 1), c = 2 * t4 + (e & 1);
+        float s = d[e];
+        for (int k = 0; k < 32 / ELEM; ++k) s = fma(frag_a(x, r, k), frag_b(x, k, c), s);
+        d[e] = s;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#endif
+
+__kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
+void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
+             __global const elem_t *restrict wt,   /* Npad x Kpad */
+             __global const float *restrict bias,  /* Npad */
+#if SPLITK
+             __global float *restrict out,         /* splits x NPIX x Cstore raw partial sums */
+#else
+             __global out_t *restrict out,         /* NHWC, Cstore channels */
+#endif
+             const int Cpad, const int H, const int W, const int NPIX, const int Cstore, const int Kpad,
+             const int groups_n, const int ktiles_per_split)
+{
+    __local uint4 smem[STAGES * STAGE_CHUNKS];
+#if MMA_EMULATE
+    __local uint xch_all[THREADS * 6];
+#endif
+    const int tid = get_local_id(0);
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+#if MMA_EMULATE
+    __local uint *xch = xch_all + warp * 32 * 6;
+#endif
+    const int gid = get_group_id(0);
+    const int n0 = (gid % groups_n) * BN, m0 = (gid / groups_n) * BM;
+    const int ntiles_all = Kpad / BK;
+    const int kt0 = get_group_id(1) * ktiles_per_split;
+    const int nt = min(ntiles_all, kt0 + ktiles_per_split) - kt0;
+    const int K = KS * KS * Cpad;
+    const int HW = H * W;
+
+    /* this work-item's A chunks: rows r_i = tid / CHUNKS + i * (THREADS / CHUNKS), all at chunk c = tid % CHUNKS,
+     * so they share one k position (tap, ci), advanced tile by tile. Per row: the pixel's element offset and a
+     * bit per tap that lies inside the image; per tile: one offset delta for every row (CUTLASS's "optimized"
+     * implicit-GEMM iterator). Element offsets are 32-bit (inputs up to 2^31 elements). */
+    const int c = tid % CHUNKS;
+    int aoff[A_ITERS];
+    uint amask[A_ITERS];
+    for (int i = 0; i < A_ITERS; ++i) {
+        const int p = m0 + tid / CHUNKS + i * (THREADS / CHUNKS);
+        const int b = p / HW, yx = p - b * HW;
+        const int y = yx / W, x = yx - (yx / W) * W;
+        aoff[i] = p * Cpad;
+        uint mask = 0;
+        for (int t = 0; t < KS * KS; ++t) {
+            const int iy = y + t / KS - PAD, ix = x + t % KS - PAD;
+            mask |= (uint)(p < NPIX && iy >= 0 && iy < H && ix >= 0 && ix < W) << t;
+        }
+        amask[i] = mask;
+    }
+    int tap, ci, delta;
+    {
+        const int k = kt0 * BK + c * VEC;
+        tap = k / Cpad;
+        ci = k - tap * Cpad;
+        delta = ((tap / KS - PAD) * W + (tap % KS - PAD)) * Cpad + ci;
+    }
+    const uint sa_row0 = SWZ(tid / CHUNKS, c);  /* local chunk of row r_0; row r_i adds i * THREADS (swizzle period
+                                                  divides THREADS / CHUNKS, so the XOR pattern repeats) */
+    __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + tid / CHUNKS) * Kpad + c * VEC) +
+                                 (size_t)kt0 * KB;
+    const size_t wstep = (size_t)(THREADS / CHUNKS) * Kpad * ELEM;  /* bytes between one work-item's B rows */
+
+#define A_ADDR(l) (sa + SWZ(wm * WTM + mi * 16 + ((l) & 7) + (((l) >> 3) & 1) * 8, ks * 2 + ((l) >> 4)))
+#define B_ADDR(l) (sb + SWZ(wn * WTN + nj2 * 16 + ((l) & 7) + ((l) >> 4) * 8, ks * 2 + (((l) >> 3) & 1)))
+
+#define LOAD_STAGE(stage)                                                                                 \
+    {                                                                                                     \
+        __local uint4 *sa_ = smem + (stage) * STAGE_CHUNKS + sa_row0, *sb_ = sa_ + BM * CHUNKS;           \
+        for (int i = 0; i < A_ITERS; ++i) {                                                               \
+            const int ok_ = (amask[i] >> tap) & 1;                                                        \
+            CP_ASYNC16(sa_ + i * THREADS, in + (ok_ ? aoff[i] + delta : 0), ok_);                         \
+        }                                                                                                 \
+        for (int i = 0; i < B_ITERS; ++i) CP_ASYNC16(sb_ + i * THREADS, wrow + i * wstep, 1);             \
+        wrow += KB;                                                                                       \
+        ci += BK;                                                                                         \
+        delta += BK;                                                                                      \
+        if (ci >= Cpad) {                                                                                 \
+            do { ci -= Cpad; ++tap; } while (ci >= Cpad);                                                 \
+            delta = ((tap / KS - PAD) * W + (tap % KS - PAD)) * Cpad + ci;                                \
+        }                                                                                                 \
+    }
+
+    float acc[MI][NJ][4];
+    for (int mi = 0; mi < MI; ++mi)
+        for (int nj = 0; nj < NJ; ++nj)
+            for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.0f;
+
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nt) LOAD_STAGE(s)
+        CP_COMMIT();
+    }
+    for (int t = 0; t < nt; ++t) {
+        CP_WAIT();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        __local uint4 *sa = smem + (t % STAGES) * STAGE_CHUNKS, *sb = sa + BM * CHUNKS;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            uint af[MI][4], bf[NJ][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) LDSM_X4(af[mi], A_ADDR);
+#pragma unroll
+            for (int nj2 = 0; nj2 < NJ / 2; ++nj2) {
+                uint r[4];
+                LDSM_X4(r, B_ADDR);
+                bf[2 * nj2][0] = r[0];
+                bf[2 * nj2][1] = r[1];
+                bf[2 * nj2 + 1][0] = r[2];
+                bf[2 * nj2 + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int nj = 0; nj < NJ; ++nj) MMA(acc[mi][nj], af[mi], bf[nj]);
+        }
+        /* the stage refilled now was last read in iteration t - 1, which every warp has left (the barrier above);
+         * issued after this tile's mma so that its address arithmetic overlaps the tensor cores' work */
+        if (t + STAGES - 1 < nt) LOAD_STAGE((t + STAGES - 1) % STAGES)
+        CP_COMMIT();
+    }
+
+    /* epilogue: lane holds rows g and g + 8, channels 2 * t4 and 2 * t4 + 1 of each 16 x 8 tile */
+    const int g = lane >> 2, t4 = lane & 3;
+#if SPLITK
+    __global float *part = out + (size_t)get_group_id(1) * NPIX * Cstore;
+#endif
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = m0 + wm * WTM + mi * 16 + g + 8 * h;
+            if (p >= NPIX) continue;
+#pragma unroll
+            for (int nj = 0; nj < NJ; ++nj) {
+                const int n = n0 + wn * WTN + nj * 8 + 2 * t4;
+                if (n >= Cstore) continue;
+                float2 v = (float2)(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+#if SPLITK
+                vstore2(v, 0, part + (size_t)p * Cstore + n);
+#else
+                v += (float2)(bias[n], bias[n + 1]);
+#if RELU
+                v = fmax(v, (float2)(0.0f));
+#endif
+                STORE2(out, (size_t)p * Cstore + n, v);
+#endif
+            }
+        }
+}
+
+/* Split K's second step: out[p, n] = act(bias[n] + sum_z part[z, p, n]) for p < NPIX, n < Cstore (one work-item
+ * per element; the host rounds the global size up and the kernel skips the rest). */
+__kernel void tc_reduce(__global const float *restrict part, __global const float *restrict bias,
+                        __global out_t *restrict out, const int NPIX, const int Cstore, const int splits)
+{
+    const int idx = get_global_id(0);
+    const int total = NPIX * Cstore;
+    if (idx >= total) return;
+    float s = bias[idx % Cstore];
+    for (int z = 0; z < splits; ++z) s += part[(size_t)z * total + idx];
+#if RELU
+    s = fmax(s, 0.0f);
+#endif
+    STORE1(out, idx, s);
+}

@@ -1,0 +1,103 @@
+"""What a server in this ecosystem is expected to do around its protocols: X-Request-ID carried to the answer and
+the logs, CORS off by default and on with --cors-origin, and API docs that work offline (issue 12, item 4)."""
+
+import logging
+import re
+
+from fastapi.testclient import TestClient
+
+from test_http_api import PNG, slow_app, wait_ready
+
+IMAGE = {"content-type": "image/png"}
+
+
+def test_a_clients_request_id_comes_back_in_the_header_the_body_and_the_logs(caplog):
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        with caplog.at_level(logging.DEBUG, logger="vggserve.requests"):
+            r = client.post("/classify", content=PNG, headers={**IMAGE, "X-Request-ID": "trace-42/a"})
+        assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42/a" == r.json()["request_id"]
+        assert any(getattr(rec, "request_id", None) == "trace-42/a" and "/classify" in rec.getMessage()
+                   for rec in caplog.records), [vars(rec) for rec in caplog.records]
+        batch = client.post("/classify/batch", files={"files": ("a.png", PNG, "image/png")},
+                            headers={"X-Request-ID": "batch-1"})
+        assert batch.headers["x-request-id"] == "batch-1" == batch.json()["request_id"]
+        v2 = client.get("/v2/models/vgg16", headers={"X-Request-ID": "meta-9"})
+        assert v2.headers["x-request-id"] == "meta-9"
+
+
+def test_a_request_id_is_generated_when_absent_or_unusable():
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        for headers in ({}, {"X-Request-ID": "has spaces in it"}, {"X-Request-ID": "x" * 200}):
+            r = client.post("/classify", content=PNG, headers={**IMAGE, **headers})
+            assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"]), r.headers
+            assert r.json()["request_id"] == r.headers["x-request-id"]
+        refused = client.post("/classify", content=b"", headers={**IMAGE, "X-Request-ID": "empty-1"})
+        assert refused.status_code == 400 and refused.headers["x-request-id"] == "empty-1"
+
+
+def test_log_lines_name_the_request_they_belong_to():
+    from vggserve.serving.web.request_id import current
+
+    logger = logging.getLogger("vggserve.serving")
+    assert logger.makeRecord(logger.name, logging.INFO, __file__, 1, "outside", None, None).request_id == "-"
+    token = current.set("abc")
+    try:
+        assert logger.makeRecord(logger.name, logging.INFO, __file__, 1, "inside", None, None).request_id == "abc"
+    finally:
+        current.reset(token)
+
+
+PREFLIGHT = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "content-type"}
+
+
+def test_cors_is_off_by_default():
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        r = client.options("/classify", headers=PREFLIGHT)
+        assert "access-control-allow-origin" not in r.headers
+        r = client.get("/metadata", headers={"Origin": "https://app.example.com"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_cors_origin_lets_that_origin_in_even_with_an_api_key():
+    with TestClient(slow_app(cors_origins=("https://app.example.com",), api_key="k3y")) as client:
+        wait_ready(client)
+        r = client.options("/classify", headers=PREFLIGHT)  # a browser's preflight carries no key
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example.com"
+        r = client.post("/classify", content=PNG, headers={**IMAGE, "Origin": "https://app.example.com",
+                                                          "Authorization": "Bearer k3y"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example.com"
+        assert "x-request-id" in r.headers["access-control-expose-headers"].lower()
+        other = client.options("/classify", headers={**PREFLIGHT, "Origin": "https://evil.example"})
+        assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+def test_cors_origin_flag_and_its_check():
+    import pytest
+
+    from vggserve.cli import build_parser, serve
+    from vggserve.serving.settings import Settings, SettingsError
+
+    args = build_parser().parse_args(["serve", "--cors-origin", "https://a.example", "--cors-origin", "*"])
+    assert serve._settings(args).cors_origins == ("https://a.example", "*")
+    assert serve._settings(build_parser().parse_args(["serve"])).cors_origins == ()
+    with pytest.raises(SettingsError, match="--cors-origin"):
+        Settings(cors_origins=("app.example.com",))
+
+
+def test_docs_load_every_asset_from_the_server_itself():
+    """/docs references no CDN: its script and stylesheet are served by the app (issue 12, item 4); a headless
+    browser renders it in test_docs_browser."""
+    with TestClient(slow_app()) as client:
+        page = client.get("/docs")
+        assert page.status_code == 200
+        assets = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", page.text)
+        assert assets and not [a for a in assets if a.startswith(("http:", "https:", "//"))], assets
+        for asset in assets:
+            r = client.get(asset)
+            assert r.status_code == 200 and len(r.content) > 1000, asset
+        assert any(a.endswith("swagger-ui-bundle.js") for a in assets)
+        assert client.get("/redoc").status_code == 200

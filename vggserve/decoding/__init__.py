@@ -1,0 +1,34 @@
+"""Decoding images for the model, shared by `classify`, the batch job and the service's front ends.
+
+Modules:
+    decode   one image: bytes -> upright RGB pixels -> the model's input; the exact and fast decode modes
+    jpeg     JPEGs through libjpeg-turbo directly (simplejpeg), only where its pixels are Pillow's, bit for bit
+    pool     DecodePool: decode processes writing into shared memory (vggserve.ipc.ring), replaced when they die
+             or hang
+    worker   one decode process
+    threads  ThreadDecoder: the same interface on threads of this process
+    stages   CPU time per image by stage (read, decode, copy, link, stage, result)
+
+    decoder = make_decoder(DecodeJob(mode="torchvision", on_device=True), procs=7)
+    future = decoder.submit("photo.jpg"); pixels, problem = future.result(); ...; decoder.release([future])
+"""
+
+from .decode import DECODE_MODES, check_decode, decode_input, decode_pixels, model_input
+from .worker import DecodeJob
+
+__all__ = ["DECODE_MODES", "DecodeJob", "check_decode", "decode_input", "decode_pixels", "make_decoder",
+           "model_input"]
+
+
+def make_decoder(job: DecodeJob, procs: int = 0, threads: int = 2, timeout_s: float | None = None,
+                 in_flight: int = 64):
+    """A DecodePool of `procs` processes, or with procs=0 a ThreadDecoder of `threads` threads.
+    `timeout_s`: a process's longest decode of one image (None: pool.DEFAULT_TIMEOUT_S); `in_flight`: how many
+    decoded images the consumer holds at most (sizes the shared memory)."""
+    if procs <= 0:
+        from .threads import ThreadDecoder
+
+        return ThreadDecoder(threads, job)
+    from .pool import DEFAULT_TIMEOUT_S, DecodePool
+
+    return DecodePool(procs, job, timeout_s=timeout_s or DEFAULT_TIMEOUT_S, in_flight=in_flight)

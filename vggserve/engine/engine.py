@@ -1,0 +1,285 @@
+"""The engine: a network's forward pass on one OpenCL device, with one read at the end.
+
+It knows no network. A network (model/vgg16.py) builds its `Step`s once; the engine owns the device side that every
+network needs: the context and its two queues, the program cache, two ping-pong activation buffers sized from the
+steps, two staging slots (pinned host memory, `staging.py`) so that two batches can be in flight, the input side
+(float32 NCHW, uint8 crops normalised on the device, raw images resized on the device), softmax, and the public
+calls (`submit`, `logits`, `probabilities`, `classify`, `layer_times`).
+
+Enqueuing is serialised by a lock; the kernels run on one in-order queue, uploads on a second one. Larger inputs
+run in chunks of `max_batch_size`, each chunk's upload overlapping the previous chunk's kernels; nothing is
+allocated per call.
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from ..ops import precision as precisions
+from ..ops.launch import MF, first_last
+from ..ops.pixels import KERNEL_FILE as PIXELS_FILE, PixelInput
+from ..ops.resize import DeviceResize, place_images
+from ..ops.softmax import KERNEL_FILE as SOFTMAX_FILE, Softmax
+from ..predictions import top_k as top_k_predictions
+from ..modelinput import check_array as check_input, split_images
+from ..runtime import caps as device_caps, devices as devs, warmstart
+from ..runtime.params import params_for
+from ..runtime.programs import ProgramCache
+from ..weights.spec import INPUT_SIZE, NUM_CLASSES
+from .staging import Pending, Slot
+
+LOGIT = np.dtype(np.float32).itemsize  # logits and probabilities are float32 whatever the precision
+
+
+@dataclass
+class StartupTimes:
+    discovery_s: float = 0.0
+    build_s: float = 0.0
+    upload_s: float = 0.0
+    programs_compiled: int = 0
+    programs_cached: int = 0
+
+
+@dataclass
+class Step:
+    """One launch group of the forward pass: `run(queue, src, dst, n)` returns its event (or first and last),
+    `flops(n)` what it computes, `out_bytes` what it writes per image; `how` says which kernel and why."""
+
+    name: str
+    run: object
+    flops: object
+    out_bytes: int
+    how: str = ""
+
+
+class Engine:
+    resizes_on_device = True  # submit takes image ModelInputs and resizes them itself (ops/resize.py)
+
+    def __init__(self, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
+                 preprocessing: str = "torchvision", program_dir=None, precision: str = precisions.DEFAULT):
+        """program_dir: where compiled programs are cached (default: `programs.cache_dir()`)."""
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.precision = precisions.get(precision)
+        self.startup = StartupTimes()
+        t0 = time.perf_counter()
+        self.device_info = devs.resolve(device)
+        self.device = devs.cl_device(self.device_info)
+        self.caps = device_caps.of(self.device, self.device_info.kind, self.device_info.label)
+        precisions.check(self.precision, self.caps.tensor_cores, self.device_info.label)
+        self.context = warmstart.take_context(self.device) or cl.Context([self.device])
+        props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
+        self.queue = cl.CommandQueue(self.context, properties=props)
+        self.copy_queue = cl.CommandQueue(self.context, properties=props)  # uploads, overlapping the kernels
+        self.startup.discovery_s = time.perf_counter() - t0
+        self.max_batch_size = int(max_batch_size)
+        self.preprocessing = preprocessing
+        self.params = params_for(self.device_info.kind, self.device_info.label)
+        self._lock = threading.Lock()
+        self.program_cache = ProgramCache(self.context, self.device, folder=program_dir)
+        cache = self.program_cache
+        self.pixel_op = PixelInput(self.context, cache.build(PIXELS_FILE, PixelInput.defines(preprocessing)),
+                                   preprocessing)
+        self.resize_op = DeviceResize(self.context, cache.build("resize.cl", {}))
+        self.softmax_op = Softmax(cache.build(SOFTMAX_FILE, {}), {})
+        self.steps: list[Step] = []
+
+    def _allocate(self) -> None:
+        """Activation, staging and output buffers for the built steps (the last one writes the logits)."""
+        b = self.max_batch_size
+        largest = max([s.out_bytes for s in self.steps[:-1]] or [LOGIT * NUM_CLASSES])
+        self.ping = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
+        self.pong = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
+        self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
+        self._turn = 0
+        self.logits_buf = cl.Buffer(self.context, MF.READ_WRITE, LOGIT * b * NUM_CLASSES)
+        self.probs_buf = cl.Buffer(self.context, MF.READ_WRITE, LOGIT * b * NUM_CLASSES)
+
+    def _finish_startup(self, t_upload: float, built_before: float) -> None:
+        self.queue.finish()
+        cache = self.program_cache
+        self.startup.upload_s = time.perf_counter() - t_upload - (cache.seconds - built_before)
+        self.startup.build_s = cache.seconds
+        self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
+
+    # ---- the forward pass ---------------------------------------------------------------------------------
+    def _enqueue_forward(self, src, n: int, events: list | None):
+        """Every step for n <= max_batch_size images already in `src`; logits end in logits_buf."""
+        other = (self.ping, self.pong)
+        flip, last = 0, len(self.steps) - 1
+        for i, step in enumerate(self.steps):
+            dst = self.logits_buf if i == last else other[flip]
+            ev = step.run(self.queue, src, dst, n)
+            if events is not None:
+                events.append((step.name, ev, step.flops(n)))
+            src, flip = dst, flip ^ 1
+
+    def submit(self, x: np.ndarray, want: str = "logits", events: list | None = None, pinned: bool = True) -> Pending:
+        """Start one batch of at most max_batch_size images and return at once; `.result()` gives its rows.
+
+        x: normalised float32 (n, 3, 224, 224), or uint8 (n, 224, 224, 3) RGB crops, normalised on the device as
+        the model's preprocessing mode says, or a list of n images, each a uint8 (224, 224, 3) crop or a
+        `modelinput.ModelInput` (an image, whose Resize(256) + CenterCrop(224) the device does, bit for bit as
+        `center_crop`, or a crop).
+        want: "logits" or "probabilities". Two batches can be in flight; a third submit waits for the first one's
+        result (kept in its Pending). pinned=False uploads straight from x (x must then stay unchanged until the
+        result is in): quicker for a lone batch that nothing overlaps.
+        """
+        if want not in ("logits", "probabilities"):
+            raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")
+        as_images = isinstance(x, (list, tuple))
+        if as_images:
+            crops, raws = split_images(x)
+            n = len(x)
+        else:
+            x = check_input(x)
+            n = x.shape[0]
+        if not 1 <= n <= self.max_batch_size:
+            raise ValueError(f"submit takes 1 to max_batch_size={self.max_batch_size} images, got {n}")
+        with self._lock:
+            slot = self.slots[self._turn]
+            self._turn ^= 1
+            if slot.pending is not None:
+                slot.pending.result()  # its batch is done with the slot's staging and input buffers
+            if as_images:
+                uploads, placed = slot.stage_images(self.copy_queue, crops, raws)
+            else:
+                uploads, placed = [slot.stage(self.copy_queue, x, pinned)], []
+            self.copy_queue.flush()
+            cl.enqueue_barrier(self.queue, wait_for=uploads)
+            if placed:
+                ev = self.resize_op.enqueue(self.queue, slot.raw.device, placed, slot.pixels)
+                if events is not None:
+                    events.append(("resize", ev, 0.0))
+            if as_images or x.dtype == np.uint8:
+                ev = self.pixel_op.enqueue(self.queue, slot.pixels, slot.input, n, INPUT_SIZE * INPUT_SIZE)
+                if events is not None:
+                    events.append(("pixels", ev, 0.0))
+            self._enqueue_forward(slot.input, n, events)
+            result = self.logits_buf
+            if want == "probabilities":
+                ev = self.softmax_op.enqueue(self.queue, self.logits_buf, self.probs_buf, n, NUM_CLASSES)
+                if events is not None:
+                    events.append(("softmax", ev, 0.0))
+                result = self.probs_buf
+            read = cl.enqueue_copy(self.queue, slot.host_out[:n], result, is_blocking=False)
+            self.queue.flush()
+            slot.pending = Pending(slot, n, read)
+            return slot.pending
+
+    def resize_matches_pillow(self) -> bool:
+        """Whether this device's resize gives the installed Pillow's crops, bit for bit, on probe images of both
+        pass orders (resize.py follows Pillow's algorithm by version: a Pillow that changed it is caught here).
+        The service checks it once before it lets front ends send raw images."""
+        from PIL import Image
+
+        from ..preprocessing import center_crop
+
+        rng = np.random.default_rng(0)
+        images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in ((500, 375), (300, 1000), (231, 97))]
+        raw = np.concatenate([im.reshape(-1) for im in images])
+        placed, _ = place_images(enumerate(images))
+        host_out = np.empty((len(images), INPUT_SIZE, INPUT_SIZE, 3), dtype=np.uint8)
+        with self._lock:
+            src = cl.Buffer(self.context, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=raw)
+            out = cl.Buffer(self.context, MF.READ_WRITE, host_out.nbytes)
+            self.resize_op.enqueue(self.queue, src, placed, out)
+            cl.enqueue_copy(self.queue, host_out, out)
+            src.release()
+            out.release()
+        return all(np.array_equal(host_out[i], center_crop(Image.fromarray(im))) for i, im in enumerate(images))
+
+    def _run(self, x: np.ndarray, want: str, events: list | None = None) -> np.ndarray:
+        x = check_input(x)
+        chunks = range(0, x.shape[0], self.max_batch_size)
+        pending = [self.submit(x[s:s + self.max_batch_size], want, events, pinned=len(chunks) > 1) for s in chunks]
+        if not pending:
+            return np.empty((0, NUM_CLASSES), dtype=np.float32)
+        return np.concatenate([p.result() for p in pending])
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Pre-softmax scores (N, 1000) for normalised float32 input (N, 3, 224, 224)."""
+        return self._run(x, "logits")
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """Softmax of the logits, computed on the device."""
+        return self._run(x, "probabilities")
+
+    def logits_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocess.center_crop`), normalised on the device
+        with the model's preprocessing mode: the same input `preprocess` would give, 4x less to upload."""
+        return self._run(pixels, "logits")
+
+    def probabilities_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        return self._run(pixels, "probabilities")
+
+    def classify(self, images, top_k: int = 5) -> list[list[dict]]:
+        """PIL images, paths or encoded bytes -> per image, the top_k classes [{"index", "label", "probability"}].
+
+        All or nothing: an image that cannot be read raises its ImageError before anything runs, with the message
+        starting `images[i]: ` and the position in `.index` (to go on past bad images, open them first with
+        `vggserve.images.open_image`, as `vggserve classify` and the batch job do).
+        """
+        from PIL import Image
+
+        from ..preprocessing import center_crop
+
+        if not images:
+            return []
+        pictures = [img if isinstance(img, Image.Image) else _open_listed(img, i) for i, img in enumerate(images)]
+        crops = np.stack([center_crop(p) for p in pictures])
+        return top_k_predictions(self.probabilities_from_pixels(crops), top_k)
+
+    # ---- introspection ------------------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return self.device_info.label
+
+    def kernel_plan(self) -> list[dict]:
+        """Per step: its name and which kernel runs it, and why (`vggserve bench` prints this)."""
+        return [{"name": s.name, "kernel": s.how} for s in self.steps]
+
+    def layer_times(self, x: np.ndarray) -> list[tuple[str, float, float]]:
+        """One profiled forward pass: (layer name, milliseconds, flops) per kernel launch (needs profile=True)."""
+        events: list = []
+        self._run(x, "logits", events)
+        out = []
+        for name, ev, flops in events:
+            first, last = first_last(ev)
+            out.append((name, (last.profile.end - first.profile.start) * 1e-6, flops))
+        return out
+
+    def close(self):
+        with self._lock:
+            for slot in getattr(self, "slots", []):
+                if slot.pending is not None:
+                    slot.pending.result()
+                slot.release(self.queue)
+            self.slots = []
+            for attr in ("ping", "pong", "logits_buf", "probs_buf"):
+                buf = getattr(self, attr, None)
+                if buf is not None:
+                    buf.release()
+                    setattr(self, attr, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _open_listed(source, index: int):
+    """open_image for the `index`-th entry of a list; its ImageError says which entry it was."""
+    from ..errors import ImageError
+    from ..images import open_image
+
+    try:
+        return open_image(source)
+    except ImageError as exc:
+        error = type(exc)(f"images[{index}]: {exc}")
+        error.index = index
+        raise error from None

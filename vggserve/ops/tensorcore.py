@@ -1,0 +1,197 @@
+"""Tensor-core implicit GEMM (kernels/conv_tc.cl): 3x3 convolutions and fully connected layers on NHWC storage,
+FP16 or TF32, with split K where the output tiles are too few to fill the device.
+
+Weights are re-laid out once at load into the kernel's "OHWI" matrix: Wt[n, (ky*KS + kx)*Cpad + ci], rows padded to
+the tile BN and columns to the k-tile BK, in the storage type (TF32: rounded as cvt.rna.tf32.f32 does).
+"""
+
+import numpy as np
+import pyopencl as cl
+
+from .launch import MF, Launch, round_up, upload
+from .precision import Precision
+from .registry import Algorithm, BuildEnv, LayerSpec, register
+
+KERNEL_FILE = "conv_tc.cl"
+TUNABLES = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
+# 128x128 tiles, 8 warps of 64x32, 3 stages of 64-byte rows: the best at batch 64 on every VGG16 shape but the
+# first two on the H100 (benchmarks/tc_layers.py); the tuner picks per layer and batch
+DEFAULT = {"ALGO": "tc_gemm", "BM": 128, "BN": 128, "WARPS_M": 2, "WARPS_N": 4, "STAGES": 3, "KB": 64}
+TILES = [(128, 128, 2, 4, 3, 64), (128, 128, 2, 2, 3, 64), (128, 64, 2, 2, 4, 64), (64, 64, 2, 2, 3, 128),
+         (64, 128, 1, 4, 3, 64), (256, 128, 4, 2, 2, 64), (256, 128, 4, 2, 4, 32), (128, 128, 2, 2, 6, 32),
+         (64, 64, 2, 2, 6, 64), (32, 64, 1, 2, 3, 128)]
+
+
+def rna_tf32(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32 as cvt.rna.tf32.f32 does (10 mantissa bits, ties away from zero)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def vec(precision: Precision) -> int:
+    """Channels per 16-byte chunk: activations hold a multiple of this many channels."""
+    return 16 // precision.itemsize
+
+
+def tc_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int, precision: Precision) -> np.ndarray:
+    """(M, C, KS, KS) or (M, C) weights -> (npad, kpad) in the storage type: row n = channel n, column
+    (ky*KS + kx)*cpad + ci, zero in every padding."""
+    w = np.asarray(weight, dtype=np.float32)
+    if w.ndim == 2:
+        w = w[:, :, None, None]
+    m, c, ks, _ = w.shape
+    laid = np.zeros((m, ks, ks, cpad), np.float32)
+    laid[..., :c] = w.transpose(0, 2, 3, 1)
+    out = np.zeros((npad, kpad), np.float32)
+    out[:m, :ks * ks * cpad] = laid.reshape(m, -1)
+    if not precision.half:
+        return rna_tf32(out)
+    return out.astype(np.float16)
+
+
+def nhwc_fc_weights(weight: np.ndarray, channels: int, cpad: int, side: int) -> np.ndarray:
+    """The first FC layer's (out, C*side*side) weights, whose columns follow torchvision's NCHW flatten
+    (c*side*side + y*side + x), as the columns of an NHWC flatten with cpad channels ((y*side + x)*cpad + c)."""
+    out = weight.shape[0]
+    w = np.asarray(weight, dtype=np.float32).reshape(out, channels, side, side).transpose(0, 2, 3, 1)
+    laid = np.zeros((out, side, side, cpad), np.float32)
+    laid[..., :channels] = w
+    return laid.reshape(out, -1)
+
+
+class SplitWorkspace:
+    """One FP32 partial-sum buffer for the split-K layers of a model (they run one after another on one queue),
+    grown while layers are built, never per call."""
+
+    def __init__(self, ctx):
+        self.ctx, self.floats, self.buffer = ctx, 0, None
+
+    def reserve(self, floats: int) -> None:
+        if floats > self.floats:
+            self.floats = floats
+            self.buffer = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * floats)
+
+
+class TensorCoreLayer:
+    """One 3x3 convolution (ks=3) or fully connected layer (ks=1) on conv_tc.cl. Input: NHWC with `cpad` channels;
+    output: NHWC with `cstore` = round_up(cout, VEC) channels (float32 logits when `last`)."""
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv, cpad: int | None = None):
+        self.p, self.precision, self.layer = dict(params), precision, layer
+        self.elem = precision.itemsize
+        self.vec, self.bk = vec(precision), params["KB"] // self.elem
+        self.cout = layer.cout
+        self.cpad = cpad or round_up(layer.cin, self.vec)
+        self.cstore = round_up(layer.cout, self.vec)
+        self.ks = layer.ks
+        self.kpad = round_up(self.ks * self.ks * self.cpad, self.bk)
+        self.npad = round_up(layer.cout, params["BN"])
+        self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
+        self.groups_n = self.npad // params["BN"]
+        self.ntiles = self.kpad // self.bk
+        self.wt = upload(ctx, tc_weights(weight, self.cpad, self.npad, self.kpad, precision), precision.storage)
+        b = np.zeros(self.npad, np.float32)
+        b[:layer.cout] = bias
+        self.bias = upload(ctx, b)
+        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define)
+        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_tc"))
+        self.target = int(params.get("GROUPS_TARGET", 2 * env.caps.compute_units))
+        self.split_kernel = self.reduce = None
+        self.plans = {n: self.plan(n) for n in range(1, env.max_batch + 1)}
+        if any(s > 1 for s, _ in self.plans.values()):
+            split = cache.build(KERNEL_FILE, {**defines, "SPLITK": 1})
+            self.split_kernel = Launch(cl.Kernel(split, "conv_tc"))
+            self.reduce = Launch(cl.Kernel(split, "tc_reduce"))
+            self.ws = env.workspace("tc_split", lambda: SplitWorkspace(ctx))
+            hw = layer.size * layer.size
+            self.ws.reserve(max(s * n * hw * self.cstore for n, (s, _) in self.plans.items()))
+
+    def plan(self, n: int) -> tuple[int, int]:
+        """(splits, k-tiles per split) for n images: K is split until the work-groups reach about `target`
+        (twice the compute units), each split keeping at least 4 k-tiles."""
+        npix = n * self.layer.size * self.layer.size
+        groups = -(-npix // self.p["BM"]) * self.groups_n
+        want = min(-(-self.target // groups), self.ntiles // 4) if groups < self.target else 1
+        if want <= 1:
+            return 1, self.ntiles
+        per = -(-self.ntiles // want)
+        return -(-self.ntiles // per), per
+
+    def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
+        npix = n * h * w
+        groups = -(-npix // self.p["BM"]) * self.groups_n
+        splits, per = self.plans.get(n) or self.plan(n)
+        args = (self.cpad, h, w, npix, self.cstore, self.kpad, self.groups_n, per)
+        if splits == 1:
+            return self.kernel(queue, (groups * self.threads, 1), (self.threads, 1), src, self.wt, self.bias, dst,
+                               *args)
+        part = self.ws.buffer
+        first = self.split_kernel(queue, (groups * self.threads, splits), (self.threads, 1), src, self.wt,
+                                  self.bias, part, *args)
+        total = npix * self.cstore
+        last = self.reduce(queue, (round_up(total, 256),), (256,), part, self.bias, dst, npix, self.cstore, splits)
+        return first, last
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * self.ks * self.ks
+
+    def describe(self) -> str:
+        p = self.p
+        return (f"tc_gemm {p['BM']}x{p['BN']} warps {p['WARPS_M']}x{p['WARPS_N']} {p['STAGES']} stages "
+                f"{p['KB']}-byte rows")
+
+
+def defines_for(params: dict, precision: Precision, layer: LayerSpec) -> dict:
+    out = {k: params[k] for k in TUNABLES}
+    out.update(TF32=int(not precision.half), KS=layer.ks, PAD=1 if layer.ks == 3 else 0, RELU=int(layer.relu),
+               OUT_F32=int(layer.last))
+    return out
+
+
+def local_mem(params: dict) -> int:
+    return params["STAGES"] * (params["BM"] + params["BN"]) * params["KB"]
+
+
+def valid(params: dict) -> bool:
+    """conv_tc.cl's shape rules (its #error line)."""
+    bm, bn, wm, wn, kb = (params[k] for k in ("BM", "BN", "WARPS_M", "WARPS_N", "KB"))
+    threads, chunks = 32 * wm * wn, kb // 16
+    return (kb in (32, 64, 128) and params["STAGES"] >= 2 and bm % wm == 0 and bn % wn == 0
+            and (bm // wm) % 16 == 0 and (bn // wn) % 16 == 0 and (bm * chunks) % threads == 0
+            and (bn * chunks) % threads == 0)
+
+
+class TensorCoreGemm(Algorithm):
+    name = "tc_gemm"
+    family = "tensorcore"
+    kinds = ("conv3x3", "fc")
+    precisions = ("fp16", "tf32")
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+
+    def available(self, caps, precision):
+        return caps.tensor_cores and precision.name in self.precisions
+
+    def default(self, caps, precision):
+        return dict(DEFAULT)
+
+    def candidates(self, caps, precision, layer):
+        out = []
+        for bm, bn, wm, wn, stages, kb in TILES:
+            p = {"ALGO": self.name, "BM": bm, "BN": bn, "WARPS_M": wm, "WARPS_N": wn, "STAGES": stages, "KB": kb}
+            if valid(p) and self.fits(p, caps, precision):
+                out.append(p)
+        return out
+
+    def local_mem(self, params, precision):
+        return local_mem(params)
+
+    def work_group_size(self, params):
+        return 32 * params["WARPS_M"] * params["WARPS_N"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
+
+
+ALGORITHM = register(TensorCoreGemm())

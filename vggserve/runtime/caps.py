@@ -1,0 +1,45 @@
+"""What a device can do, as the kernels' hosts need it: local memory, work-group size, tensor cores.
+
+`VGGSERVE_EMULATE_MMA=1` makes any device count as having tensor cores, running the tensor-core kernels on an exact
+software model of mma.sync / ldmatrix / cp.async (kernels/conv_tc.cl): slow, for testing their logic on PoCL.
+"""
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Caps:
+    kind: str  # "gpu", "cpu", "other"
+    label: str
+    compute_units: int
+    local_mem: int
+    max_work_group: int
+    tensor_cores: bool  # mma.sync m16n8k16 f16 and m16n8k8 tf32 (NVIDIA, compute capability 8.0+), or emulated
+    emulate_mma: bool  # the tensor-core kernels run on the software model
+
+    @property
+    def mma_define(self) -> dict:
+        """The #define the tensor-core kernels take."""
+        return {"MMA_EMULATE": int(self.emulate_mma)}
+
+
+def nvidia_compute_capability(device) -> tuple[int, int] | None:
+    if "cl_nv_device_attribute_query" not in (device.extensions or ""):
+        return None
+    try:
+        return device.compute_capability_major_nv, device.compute_capability_minor_nv
+    except Exception:  # noqa: BLE001 - an ICD that lists the extension but does not answer
+        return None
+
+
+def emulation_requested() -> bool:
+    return os.environ.get("VGGSERVE_EMULATE_MMA", "") in ("1", "true", "yes")
+
+
+def of(device, kind: str, label: str) -> Caps:
+    cc = nvidia_compute_capability(device)
+    native = cc is not None and cc >= (8, 0)
+    emulate = not native and emulation_requested()
+    return Caps(kind=kind, label=label, compute_units=device.max_compute_units, local_mem=device.local_mem_size,
+                max_work_group=device.max_work_group_size, tensor_cores=native or emulate, emulate_mma=emulate)

@@ -1,0 +1,166 @@
+"""The engine process's side of the front-end links (`--http-workers N`): it accepts each front end's connection,
+queues the model inputs it sends in the service's BatchQueue (the device workers batch them with everyone else's),
+answers every image, withdraws images on request, and pushes the service's readiness to every front end on
+connect and whenever it changes. The messages are listed in vggserve.serving.processes.engine_link."""
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from multiprocessing.connection import Listener
+
+from ..scheduling.batcher import Item
+from ..scheduling.errors import ClientGone, InternalError, SchedulingError
+from .engine_link import Link
+from ...ipc.shm import Mapped, Shared
+from ..service import Service
+
+log = logging.getLogger("vggserve.serving")
+
+
+def engine_state(service: Service) -> dict:
+    """What a front end needs to answer health checks and admit requests without asking: the "state" message."""
+    try:
+        service.ensure_accepting()
+        refusal = None
+    except SchedulingError as exc:
+        refusal = exc
+    return {"ready": service.readiness(), "refusal": refusal, "live": service.liveness(),
+            "info": service.model_info()}
+
+
+class FrontEndPeer:
+    """One connected front end: its link, and its images still in the engine's queue or on a device."""
+
+    def __init__(self, host: "EngineHost", link_conn, number: int):
+        self.host = host
+        self.service = host.service
+        self.index: int | None = None
+        self.pid: int | None = None
+        self.arena: Mapped | None = None  # the front end's shared pixels, once it has said hello
+        self._items: dict[int, Item] = {}
+        self._lock = threading.Lock()
+        self.link = Link(link_conn, self._received, self._closed, f"vggserve-engine-link{number}")
+
+    def _received(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "submit":
+            self._submit(*message[1:])
+        elif kind == "withdraw":
+            with self._lock:
+                item = self._items.get(message[1])
+            if item is not None:
+                self.service.backend.queue.withdraw(item, message[2])
+        elif kind == "call":
+            self.link.send(("reply", message[1], self._call(message[2])))
+        elif kind == "hello":
+            self.index, self.pid = message[1], message[2]
+            if len(message) > 3 and message[3]:
+                try:
+                    self.arena = Mapped(message[3])
+                except OSError as exc:  # the front end then sends its pixels inline
+                    log.warning("front end %s: cannot map its pixel arena (%s)", self.index, exc)
+                self.link.send(("arena", self.arena is not None))
+            log.info("front end %s (pid %s) connected%s", self.index, self.pid,
+                     ", pixels through shared memory" if self.arena else "")
+        else:
+            log.warning("unknown message %r from front end %s", kind, self.index)
+
+    def _submit(self, image_id: int, image, seconds_left: float, want_logits: bool = False) -> None:
+        if isinstance(image, Shared):  # a view of the front end's block: read before the image is answered
+            image = self.arena.image(image)
+        queue = self.service.backend.queue
+        try:
+            queue.admit(1)
+            item = queue.submit(image, time.monotonic() + seconds_left, want_logits)
+        except SchedulingError as exc:
+            self.link.send(("error", image_id, exc))
+            return
+        with self._lock:
+            self._items[image_id] = item
+        item.future.add_done_callback(lambda future: self._answer(image_id, future))
+
+    def _answer(self, image_id: int, future: Future) -> None:
+        with self._lock:
+            self._items.pop(image_id, None)
+        error = future.exception()
+        if error is None:
+            self.link.send(("result", image_id, future.result()))
+        else:
+            if not isinstance(error, SchedulingError):
+                error = InternalError(f"{type(error).__name__}: {error}")
+            self.link.send(("error", image_id, error))
+
+    def _call(self, what: str):
+        if what == "metadata":
+            return self.service.metadata()
+        return None
+
+    def _closed(self) -> None:
+        """The front end went away: its images still waiting are not computed (nobody would read them)."""
+        with self._lock:
+            left = list(self._items.values())
+        for item in left:
+            self.service.backend.queue.withdraw(item, ClientGone())
+        if self.arena is not None:
+            self.arena.close()
+        self.host.forget(self)
+        if not self.host.closing:
+            log.info("front end %s (pid %s) disconnected", self.index, self.pid)
+
+
+class EngineHost:
+    """Listens on a Unix socket for front ends (authenticated with `authkey`) and serves each in its own threads."""
+
+    def __init__(self, service: Service, address: str, authkey: bytes):
+        self.service = service
+        self.address = address
+        self.authkey = authkey
+        self.closing = False
+        self._peers: list[FrontEndPeer] = []
+        self._lock = threading.Lock()
+        self._listener: Listener | None = None
+        self._accepted = 0
+
+    def start(self) -> None:
+        """Listen (front ends may connect from now on) and push every state change of the service to them."""
+        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
+        self.service.on_state_change = self.push_state
+        threading.Thread(target=self._accept_loop, name="vggserve-engine-accept", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self.closing:
+            try:
+                conn = self._listener.accept()
+            except Exception as exc:  # noqa: BLE001 - closed, or a connection that failed the handshake
+                if not self.closing:
+                    log.warning("a front-end connection failed: %s", exc)
+                continue
+            self._accepted += 1
+            peer = FrontEndPeer(self, conn, self._accepted)
+            with self._lock:
+                self._peers.append(peer)
+            peer.link.start()
+            peer.link.send(("state", engine_state(self.service)))
+
+    def push_state(self) -> None:
+        state = engine_state(self.service)
+        with self._lock:
+            peers = list(self._peers)
+        for peer in peers:
+            peer.link.send(("state", state))
+
+    def forget(self, peer: FrontEndPeer) -> None:
+        with self._lock:
+            if peer in self._peers:
+                self._peers.remove(peer)
+
+    def close(self) -> None:
+        """Stop listening and end every link (after the front ends have exited)."""
+        self.closing = True
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            peers = list(self._peers)
+        for peer in peers:
+            peer.link.close()

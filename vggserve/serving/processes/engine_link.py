@@ -1,0 +1,269 @@
+"""The link between an HTTP front-end process and the engine process (`--http-workers N`), and the front end's side
+of it: `RemoteQueue`, which the request pipeline uses in place of the engine's BatchQueue.
+
+A link is one authenticated Unix-socket connection (`multiprocessing.connection`). Each side sends lists of
+messages (several at a time when they queue up); a message is a tuple whose first element names it:
+
+    front end -> engine
+        ("hello", index, pid, arena)               who is connecting, and the name of its shared-memory arena
+                                                   (None: pixels come inline)
+        ("submit", image_id, input, seconds_left, want_logits)
+                                                   a ModelInput (crop, image or tensor), or where its array lies
+                                                   in the arena (shm.Shared), its remaining deadline, and whether
+                                                   its answer needs the logits
+        ("withdraw", image_id, error)              drop it if it still waits (DeadlineExceeded or ClientGone)
+        ("call", call_id, "metadata")              ask for the engine's /metadata
+    engine -> front end
+        ("arena", mapped)                          answer to a hello naming an arena: whether the engine mapped it
+                                                   (the front end uses it only then)
+        ("state", state)                           readiness, liveness, model info: on connect and on every change
+        ("result", image_id, outcome)              an Outcome (probabilities, queue/inference time, batch, device)
+        ("error", image_id, error)                 a scheduling.errors.SchedulingError for that image
+        ("reply", call_id, value)
+
+Every submitted image gets exactly one "result" or "error", withdrawn or not.
+"""
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection
+from typing import Callable
+
+from ...modelinput import ModelInput
+from ..scheduling.batcher import Admission
+from ..scheduling.errors import SchedulingError, Unavailable, shutting_down
+from ..metrics import Metrics
+from ...ipc.shm import Arena, Shared, make_arena
+
+log = logging.getLogger("vggserve.serving")
+
+AUTHKEY_BYTES = 32
+_STOP = object()
+
+
+class Link:
+    """One end of a connection: `send` queues a message for the writer thread; the reader thread hands each message
+    received to `on_message`, and calls `on_close` once when the connection ends (either side)."""
+
+    def __init__(self, conn: Connection, on_message: Callable[[tuple], None], on_close: Callable[[], None],
+                 name: str):
+        self.conn = conn
+        self.on_message = on_message
+        self.on_close = on_close
+        self.name = name
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name=f"{name}-writer", daemon=True)
+
+    def start(self) -> None:
+        self._writer.start()
+        self._reader.start()
+
+    def send(self, message: tuple) -> None:
+        if not self._closed.is_set():
+            self._outbox.put(message)
+
+    def close(self) -> None:
+        """End the connection: the other side sees it closed, and so does this side's reader."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._outbox.put(_STOP)
+        try:  # shutdown (not close) wakes a reader blocked in recv
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _write(self) -> None:
+        while True:
+            message = self._outbox.get()
+            batch = []
+            while message is not _STOP:
+                batch.append(message)
+                if self._outbox.empty():
+                    break
+                message = self._outbox.get()
+            if batch:
+                try:
+                    self.conn.send(batch)
+                except (OSError, ValueError):
+                    self.close()
+                    return
+            if message is _STOP:
+                return
+
+    def _read(self) -> None:
+        try:
+            while True:
+                for message in self.conn.recv():
+                    self.on_message(message)
+        except (EOFError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - a bad message ends the link, loudly
+            log.exception("%s: unexpected failure reading the link", self.name)
+        finally:
+            self.close()
+            self._writer.join(5)
+            self.conn.close()
+            self.on_close()
+
+
+@dataclass(eq=False)
+class RemoteItem:
+    """One image sent to the engine; its future gets an Outcome or a SchedulingError from the engine."""
+
+    id: int
+    deadline: float
+    enqueued: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)
+    shared: Shared | None = None  # its pixels' block in the arena, freed when the engine answers
+
+
+class RemoteQueue(Admission):
+    """The front end's queue: admission against this process's share of --max-queue (an image holds its place
+    from admission until the engine answers it), images sent to the engine, answers matched back to them."""
+
+    def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None]):
+        self._lock = threading.Lock()
+        super().__init__(capacity, metrics, self._lock)
+        self._send = send
+        self._pending: dict[int, RemoteItem] = {}
+        self._ids = itertools.count()
+        self.arena: Arena | None = None  # set on connect when shared memory is available
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def submit(self, image: ModelInput, deadline: float, want_logits: bool = False) -> RemoteItem:
+        """Send one admitted image to the engine."""
+        with self._lock:
+            if self._closed is not None:
+                self._admitted -= 1
+                raise self._closed
+            item = RemoteItem(next(self._ids), deadline)
+            self._pending[item.id] = item
+        if self.arena is not None:
+            item.shared = self.arena.put_image(image)
+        self._send(("submit", item.id, item.shared or image, deadline - time.monotonic(), want_logits))
+        return item
+
+    def withdraw(self, item: RemoteItem, error: SchedulingError) -> bool:
+        """Ask the engine to drop the image if it still waits; its answer (this error, or its result if a device
+        has it already) arrives as for any image. False: not known yet."""
+        self._send(("withdraw", item.id, error))
+        return False
+
+    def resolve(self, image_id: int, outcome=None, error: SchedulingError | None = None) -> None:
+        """The engine's answer for one image."""
+        with self._lock:
+            item = self._pending.pop(image_id, None)
+            if item is None:
+                return
+            self._admitted -= 1
+        if item.shared is not None:
+            self.arena.free(item.shared)
+        if error is not None:
+            item.future.set_exception(error)
+        else:
+            item.future.set_result(outcome)
+
+    def close(self, error: SchedulingError) -> None:
+        """Refuse further images with `error` and fail those still waiting for the engine with it."""
+        with self._lock:
+            self._closed = error
+            left = list(self._pending.values())
+            self._pending.clear()
+            self._admitted -= len(left)
+        for item in left:
+            item.future.set_exception(error)
+
+
+class EngineClient:
+    """A front end's connection to the engine: the link, the remote queue, the engine's last state, calls."""
+
+    def __init__(self, address: str, authkey: bytes, capacity: int, metrics: Metrics, index: int):
+        self.address = address
+        self.authkey = authkey
+        self.index = index
+        self.state: dict | None = None  # the engine's last "state" message
+        self.on_lost: Callable[[str], None] | None = None  # the engine went away
+        self._first_state = threading.Event()
+        self._calls: dict[int, Future] = {}
+        self._call_ids = itertools.count()
+        self.link: Link | None = None
+        self.queue = RemoteQueue(capacity, metrics, self._send)
+        self._arena: Arena | None = None
+        self._stopping = False
+
+    def _send(self, message: tuple) -> None:
+        if self.link is not None:
+            self.link.send(message)
+
+    def connect(self, wait_state_s: float = 5.0) -> None:
+        """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
+        conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
+        self._arena = make_arena()  # inputs through shared memory (shm.py) once the engine says it mapped it
+        self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
+        self.link.start()
+        self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
+        self._first_state.wait(wait_state_s)
+
+    def close(self) -> None:
+        self._stopping = True
+        self.queue.close(shutting_down())
+        if self.link is not None:
+            self.link.close()
+        if self._arena is not None:
+            self._arena.close()  # unlinked now; the engine's mapping lasts until it lets go
+
+    async def call(self, what: str, timeout_s: float = 5.0):
+        """The engine's answer to a call ("metadata"); Unavailable if it does not come in time."""
+        call_id = next(self._call_ids)
+        future: Future = Future()
+        self._calls[call_id] = future
+        self._send(("call", call_id, what))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except asyncio.TimeoutError:
+            raise Unavailable("unavailable", f"the engine process did not answer within {timeout_s:.0f} s") from None
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _received(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "result":
+            self.queue.resolve(message[1], outcome=message[2])
+        elif kind == "error":
+            self.queue.resolve(message[1], error=message[2])
+        elif kind == "state":
+            self.state = message[1]
+            self._first_state.set()
+        elif kind == "arena":
+            if message[1] and self._arena is not None:
+                self.queue.arena = self._arena
+        elif kind == "reply":
+            future = self._calls.get(message[1])
+            if future is not None and not future.done():
+                future.set_result(message[2])
+        else:
+            log.warning("front end %d: unknown message %r from the engine", self.index, kind)
+
+    def _closed(self) -> None:
+        self.queue.close(shutting_down("the engine process went away; retry"))
+        for future in list(self._calls.values()):
+            if not future.done():
+                future.set_exception(shutting_down())
+        if not self._stopping:
+            log.error("front end %d: lost the link to the engine process", self.index)
+            if self.on_lost is not None:
+                self.on_lost("the engine process went away")

@@ -1,0 +1,92 @@
+"""An HTTP front-end process (`vggserve serve --http-workers N`, N > 1): the same FastAPI app under uvicorn, on the
+listening socket the engine process bound and handed down, but with no device workers of its own. It parses
+requests, enforces the limits, decodes and centre-crops images in its threads, and sends the uint8 crops to the
+engine process, which batches them with the other front ends' images (vggserve.serving.processes.engine_link).
+
+Started by the engine process (vggserve.serving.processes.frontends) as
+`python -m vggserve.serving.processes.frontend`, with a pickled FrontendSpec on its standard input.
+"""
+
+import logging
+import os
+import pickle
+import socket
+import sys
+from dataclasses import dataclass
+
+from ..app import create_app
+from ..hosting import configure_logging, uvicorn_config
+from ..web.drain import DrainingServer
+from .remote import RemoteBackend
+from ..metrics import Metrics
+from ..service import Service
+from ..settings import Settings
+
+log = logging.getLogger("vggserve.serving")
+
+HEADER = "X-Vggserve-Frontend"  # on every response: the pid of the front-end process that answered
+
+
+@dataclass(frozen=True)
+class FrontendSpec:
+    """What a front-end process is told at start."""
+
+    settings: Settings
+    fd: int  # the inherited listening socket
+    address: str  # the engine's Unix socket
+    authkey: bytes
+    index: int
+    log_level: str = "info"
+    access_log: bool = False
+
+
+class FrontendHeaderMiddleware:
+    """Pure ASGI middleware: names the answering process on every response (for debugging load spreading)."""
+
+    def __init__(self, app, value: str):
+        self.app = app
+        self.header = (HEADER.lower().encode(), value.encode())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_named(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_named)
+
+
+def frontend_service(settings: Settings, address: str, authkey: bytes, index: int) -> Service:
+    """The service of a front-end process: readiness, admission and results come from the engine process."""
+    metrics = Metrics(multiprocess=True)
+    return Service(settings, multiprocess=True, backend=RemoteBackend(settings, metrics, address, authkey, index),
+                   metrics=metrics)
+
+
+def serve(spec: FrontendSpec) -> int:
+    """Serve on the inherited socket until drained (0) or the engine goes away (1)."""
+    configure_logging(spec.log_level)
+    sock = socket.socket(fileno=spec.fd)
+    service = frontend_service(spec.settings, spec.address, spec.authkey, spec.index)
+    app = create_app(spec.settings, service=service)
+    app.add_middleware(FrontendHeaderMiddleware, value=str(os.getpid()))
+    server = DrainingServer(uvicorn_config(app, spec.log_level, spec.access_log), service.drain)
+    service.backend.engine.on_lost = server.fail
+    server.run(sockets=[sock])
+    if server.failure:
+        log.error("front end %d stops: %s", spec.index, server.failure)
+        return 1
+    return 0 if server.started else 1
+
+
+def main() -> int:
+    spec = pickle.load(sys.stdin.buffer)
+    sys.stdin.close()
+    return serve(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

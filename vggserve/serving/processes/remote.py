@@ -1,0 +1,83 @@
+"""The remote backend of an HTTP front-end process: readiness, admission and results come from the engine process
+over the link (`engine_link.EngineClient`); uploads are decoded here, in this process's threads, into the crops
+or images the engine's device workers take."""
+
+from functools import partial
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from ...modelinput import ModelInput
+from ..metrics import Metrics
+from ..scheduling.errors import Unavailable
+from ..scheduling.imaging import decode_and_crop, decode_for_engine
+from ..settings import Settings
+from .engine_link import EngineClient
+
+
+class RemoteBackend:
+    def __init__(self, settings: Settings, metrics: Metrics, address: str, authkey: bytes, index: int):
+        self.settings = settings
+        self.index = index
+        self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index)
+        self.pool: ThreadPoolExecutor | None = None
+        self.on_change: Callable[[], None] = lambda: None
+        self.on_all_dead: Callable[[str], None] = lambda reasons: None
+
+    @property
+    def queue(self):
+        return self.engine.queue
+
+    def start(self) -> None:
+        """Start the decoding threads and connect to the engine."""
+        self.pool = ThreadPoolExecutor(self.settings.preprocess_threads, thread_name_prefix="vggserve-preprocess")
+        self.engine.connect()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.engine.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def readiness(self) -> tuple[bool, str, str]:
+        state = self.engine.state
+        if state is None:
+            return False, "not_ready", "waiting for the engine process"
+        return tuple(state["ready"])
+
+    def liveness(self) -> tuple[bool, str]:
+        state = self.engine.state
+        return (True, "serving") if state is None else tuple(state["live"])
+
+    def admit(self) -> None:
+        state = self.engine.state
+        if state is None:
+            raise Unavailable("not_ready", "the engine process has not answered yet; retry in a moment")
+        if state["refusal"] is not None:
+            raise state["refusal"]
+
+    def model_info(self) -> dict:
+        return (self.engine.state or {}).get("info") or {}
+
+    def devices(self) -> list[dict]:
+        return []
+
+    def weights_sha256(self) -> str | None:
+        return None
+
+    async def describe(self, metadata: Callable[[], dict]) -> dict:
+        """The engine's metadata, and which front end answered."""
+        described = await self.engine.call("metadata")
+        described["frontend"] = {"index": self.index, "pid": os.getpid()}
+        return described
+
+    async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
+        """(crop or image, seconds): the engine resizes on its device when it can (images), else it gets crops, and
+        normalises them."""
+        info = self.model_info()
+        task = decode_for_engine if info.get("resizes_on_device") else decode_and_crop
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, partial(task, decode=self.settings.decode), data, info.get("preprocessing", "torchvision"),
+            self.settings.max_pixels)
+
+

@@ -1,0 +1,101 @@
+"""Reading images out of a request: a multipart file field, or the raw body with an image/* content type or
+application/octet-stream (what many clients send for any file). The bytes decide the format either way: the
+decoder sniffs them, whatever the content type claims."""
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import ApiError
+
+SINGLE_FIELD = "file"
+BATCH_FIELD = "files"
+MAX_FORM_FIELDS = 16
+RAW_BINARY = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class Upload:
+    filename: str | None
+    data: bytes
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _unsupported(media: str, how: str) -> ApiError:
+    got = f"Content-Type {media!r}" if media else "no Content-Type"
+    return ApiError(415, "unsupported_media_type", f"got {got}; {how}")
+
+
+def _empty(name: str | None) -> ApiError:
+    what = f"file {name!r}" if name else "request body"
+    return ApiError(400, "empty_body", f"the {what} is empty; send the image's bytes")
+
+
+async def _read_form(request: Request, max_files: int):
+    try:
+        return await request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS)
+    except StarletteHTTPException as exc:
+        raise ApiError(400, "invalid_multipart", f"could not read the multipart body: {exc.detail}") from exc
+
+
+async def _read_file(value, field: str) -> Upload:
+    if not isinstance(value, UploadFile):
+        raise ApiError(400, "missing_file", f"form field {field!r} must be a file upload, not a text value; "
+                       f"send it as e.g. curl -F {field}=@image.jpg")
+    data = await value.read()
+    if not data:
+        raise _empty(value.filename)
+    return Upload(value.filename, data)
+
+
+async def read_single(request: Request) -> Upload:
+    """The one image of POST /classify."""
+    media = media_type(request)
+    if media == "multipart/form-data":
+        form = await _read_form(request, max_files=1)
+        try:
+            value = form.get(SINGLE_FIELD)
+            if value is None:
+                raise ApiError(400, "missing_file", f"the multipart body has no field named {SINGLE_FIELD!r}; send "
+                               f"the image as e.g. curl -F {SINGLE_FIELD}=@image.jpg")
+            return await _read_file(value, SINGLE_FIELD)
+        finally:
+            await form.close()
+    if media.startswith("image/") or media == RAW_BINARY:
+        data = await request.body()
+        if not data:
+            raise _empty(None)
+        return Upload(None, data)
+    raise _unsupported(media, f"send the image as the multipart/form-data field {SINGLE_FIELD!r} or as the raw "
+                       "body with an image/* Content-Type such as image/jpeg (or application/octet-stream)")
+
+
+async def read_batch(request: Request, max_files: int) -> list[Upload | ApiError]:
+    """The images of POST /classify/batch, in order; an empty file becomes an error in its place."""
+    media = media_type(request)
+    if media != "multipart/form-data":
+        raise _unsupported(media, f"send the images as multipart/form-data, each in a field named {BATCH_FIELD!r}")
+    form = await _read_form(request, max_files=max_files)
+    try:
+        values = form.getlist(BATCH_FIELD)
+        if not values:
+            raise ApiError(400, "missing_file", f"the multipart body has no field named {BATCH_FIELD!r}; send one "
+                           f"or more images as e.g. curl -F {BATCH_FIELD}=@a.jpg -F {BATCH_FIELD}=@b.png")
+        for value in values:
+            if not isinstance(value, UploadFile):  # a malformed request, not a bad file: refuse all of it
+                await _read_file(value, BATCH_FIELD)
+        uploads: list[Upload | ApiError] = []
+        for value in values:
+            try:
+                uploads.append(await _read_file(value, BATCH_FIELD))
+            except ApiError as exc:
+                exc.filename = getattr(value, "filename", None)
+                uploads.append(exc)
+        return uploads
+    finally:
+        await form.close()

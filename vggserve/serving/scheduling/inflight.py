@@ -1,0 +1,96 @@
+"""A device worker's batches, two in flight, for a model with the engine's `submit` (`VGG16.submit`).
+
+The feeder (the worker's own thread) takes a batch from the queue, starts it with `model.submit` and hands it to
+a completer thread, which waits for the results in submission order and answers the batch's requests. A
+semaphore of DEPTH slots, taken by the feeder before it takes a batch and given back by the completer once the
+batch's results are in (or it failed), keeps at most DEPTH batches in flight: while the device computes one batch,
+the next is already taken, stacked and uploaded, and the previous one's answers go out.
+
+A failure (from `submit` or from `result()`) fails its batch and every batch still in flight or taken after it
+with InferenceFailed, marks the worker failed, and stops the feeder; `run` then raises it. When the queue
+closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
+"""
+
+import queue
+import threading
+import time
+
+import numpy as np
+
+DEPTH = 2  # batches in flight at once; VGG16 has two staging slots
+
+
+class InflightRunner:
+    def __init__(self, worker, model):
+        self.worker = worker
+        self.model = model
+        # submit takes at most the model's max_batch_size images (the serial path's calls would split a batch)
+        self.max_size = min(worker.max_batch_size, int(worker.info.get("max_batch_size", worker.max_batch_size)))
+        self._slots = threading.Semaphore(DEPTH)
+        self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
+        self._lock = threading.Lock()
+        self.failure: BaseException | None = None  # the first failure; nothing is computed after it
+        self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.device}",
+                                           daemon=True)
+
+    def run(self) -> None:
+        """Feed batches until the queue closes or one fails; return once every batch taken is answered and the
+        completer has ended; raise the failure, if any."""
+        self._completer.start()
+        try:
+            self._feed()
+        finally:
+            self._handoff.put(None)
+            self._completer.join()
+        if self.failure is not None:
+            raise self.failure
+
+    def _feed(self) -> None:
+        worker = self.worker
+        while True:
+            self._slots.acquire()  # given back by the completer
+            if self.failure is not None:
+                return
+            batch = worker.queue.take_batch(self.max_size, worker.max_wait_s)
+            if batch is None:  # closed: the completer finishes what is in flight
+                return
+            try:
+                taken = worker.note_taken(batch)
+                if self.failure is None:
+                    submitted, want = time.perf_counter(), worker.wants(batch)
+                    pending = self.model.submit(worker.prepare(batch), want)
+                    self._handoff.put((batch, pending, want, taken, submitted))
+                    continue
+            except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
+                self._fail(exc)
+            worker.fail_items(batch, self.failure)  # taken after (or failed at) the failure: never computed
+            return
+
+    def _complete(self) -> None:
+        worker = self.worker
+        while (entry := self._handoff.get()) is not None:
+            batch, pending, want, taken, submitted = entry
+            probs, seconds = None, 0.0
+            try:
+                if self.failure is None:
+                    probs = np.asarray(pending.result(), dtype=np.float32)
+                    seconds = time.perf_counter() - submitted
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(exc)
+            finally:
+                self._slots.release()
+            try:
+                if self.failure is None:
+                    worker.resolve(batch, probs, want, taken, seconds)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(exc)
+            if self.failure is not None:
+                worker.fail_items(batch, self.failure)  # those not answered yet
+
+    def _fail(self, exc: BaseException) -> None:
+        """Record the first failure and mark the worker failed before any of its requests hears of it."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = exc
+        self.worker.mark_failed(exc)

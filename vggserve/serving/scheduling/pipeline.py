@@ -1,0 +1,112 @@
+"""The path of one request's images, whatever the protocol: admit (QueueFull when full) -> decode in the pool (or
+take the model input the request carries) -> queue -> wait for the device, dropping images whose deadline passes
+(DeadlineExceeded) or whose client goes away (ClientGone) before they are computed.
+
+    results = await run_inputs(service, [b"<jpeg>", ModelInput.tensor(x), ApiError(...)], started, deadline,
+                               client_gone=wait_for_disconnect, want_logits=False)
+
+Each source is an encoded image file (bytes), a ModelInput ready for the model, or an exception that stands in its
+place (a bad file of a batch request); each gets one Result, in order. Nothing here knows HTTP: the protocol
+passes `client_gone`, a coroutine function that returns when the client has gone, and maps the errors."""
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from ...modelinput import ModelInput
+from .batcher import Item, Outcome
+from .errors import ClientGone, DeadlineExceeded, SchedulingError
+
+
+@dataclass(frozen=True)
+class Result:
+    """One image's outcome with its preprocessing time, or the error that replaced it."""
+
+    outcome: Outcome | None
+    preprocess_s: float
+    error: BaseException | None = None
+
+
+async def _watch(client_gone: Callable[[], Awaitable[None]], queue, items: list[Item]) -> None:
+    """Withdraw the request's waiting images as soon as its client has gone."""
+    await client_gone()
+    for item in items:
+        queue.withdraw(item, ClientGone())
+
+
+async def _await_items(service, items: list[Item], deadline: float, client_gone) -> None:
+    queue = service.backend.queue
+    futures = [asyncio.wrap_future(item.future) for item in items]
+    watcher = asyncio.ensure_future(_watch(client_gone, queue, items)) if client_gone else None
+    try:
+        _, pending = await asyncio.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+        if pending:
+            now = time.monotonic()
+            for item, fut in zip(items, futures):
+                if fut in pending:
+                    queue.withdraw(item, DeadlineExceeded(now - item.enqueued))
+            await asyncio.wait(futures)  # the rest are on a device already and will finish
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        for fut in futures:  # results are read from the items; mark the wrappers' exceptions as seen
+            if fut.done() and not fut.cancelled():
+                fut.exception()
+
+
+async def _prepared(service, source) -> tuple[ModelInput, float]:
+    if isinstance(source, ModelInput):
+        return source, 0.0
+    return await service.backend.prepare(source)
+
+
+async def run_inputs(service, sources: list, started: float, deadline: float,
+                     client_gone: Callable[[], Awaitable[None]] | None = None,
+                     want_logits: bool = False, all_or_nothing: bool = False) -> list[Result]:
+    """Classify every source (see the module's docstring); one Result each, in order. With `all_or_nothing`, one
+    source that fails to decode keeps the others off the devices (their Results then have neither an outcome nor
+    an error): for protocols that answer a batch as a whole."""
+    queue = service.backend.queue
+    results: list[Result | None] = [Result(None, 0.0, s) if isinstance(s, BaseException) else None for s in sources]
+    positions = [i for i, r in enumerate(results) if r is None]
+    queue.admit(len(positions))  # QueueFull for the whole request when the queue cannot take all its images
+    reserved = len(positions)  # admitted room not yet handed to the queue; given back whatever happens
+    waiting: list[tuple[int, Item, float]] = []
+    try:
+        prepared = await asyncio.gather(*(_prepared(service, sources[i]) for i in positions), return_exceptions=True)
+        if all_or_nothing and any(isinstance(p, BaseException) for p in prepared):
+            for i, p in zip(positions, prepared):
+                results[i] = Result(None, 0.0, p) if isinstance(p, BaseException) else Result(None, p[1])
+            return results
+        now = time.monotonic()
+        for i, outcome in zip(positions, prepared):
+            if isinstance(outcome, BaseException):
+                results[i] = Result(None, 0.0, outcome)
+                continue
+            image, seconds = outcome
+            if seconds:
+                service.metrics.preprocess_seconds.observe(seconds)
+            if now >= deadline:  # dropped before it reaches the queue
+                service.metrics.timeouts.inc()
+                results[i] = Result(None, seconds, DeadlineExceeded(now - started))
+                continue
+            reserved -= 1  # submit takes over the slot, or gives it back itself when the queue is closed
+            try:
+                waiting.append((i, queue.submit(image, deadline, want_logits), seconds))
+            except SchedulingError as exc:
+                results[i] = Result(None, seconds, exc)
+    finally:
+        queue.release(reserved)
+    if waiting:
+        await _await_items(service, [item for _, item, _ in waiting], deadline, client_gone)
+    for i, item, seconds in waiting:
+        exc = item.future.exception()
+        results[i] = Result(None, seconds, exc) if exc else Result(item.future.result(), seconds)
+    return results
+
+
+def deadline_for(service, started: float, timeout_ms: int | None) -> float:
+    """Monotonic deadline: the request's own timeout if given (bounded by the protocol), else the server's."""
+    ms = service.settings.request_timeout_ms if timeout_ms is None else timeout_ms
+    return started + ms / 1000.0

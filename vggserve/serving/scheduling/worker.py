@@ -1,0 +1,201 @@
+"""A device worker: one thread that owns one model (models are not thread-safe), loads it, runs a warm-up batch,
+then computes batches from the shared queue until the queue closes.
+
+Queued images are `ModelInput`s of any form: tensors (decoded in this process, or a v2 request's FP32 input),
+crops and images sent by HTTP front-end processes. `prepare` turns a batch into the one argument the model takes
+(`modelinput.prepare_batch`): images for a model that resizes on its device, crops for one that normalises on its
+device, else float32 tensors. A batch computes logits when one of its images asks for them (the probabilities are
+then their softmax, on the CPU), else probabilities (on the device).
+
+A model with the engine's `submit` runs with two batches in flight (`inflight.InflightRunner`, through the public
+methods below): the next batch is taken and uploaded while the device computes the current one. Other models (the
+stand-ins in `vggserve.testing.models`, the MPI ShardedModel) run one batch at a time here."""
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from ...errors import VggserveError
+from ...modelinput import CROP_SHAPE, TENSOR_SHAPE, prepare_batch, uses_device_resize
+from ...predictions import softmax
+from ..metrics import Metrics
+from .batcher import BatchQueue, Item, Outcome
+from .devicestats import device_figures
+from .errors import InferenceFailed
+
+log = logging.getLogger("vggserve.serving")
+
+LIVE_STATES = ("loading", "warming", "ready")
+
+
+class DeviceWorker:
+    """States: starting -> loading -> warming -> ready -> stopped, or failed (with `error`) from any of them."""
+
+    def __init__(self, device: str, model_factory: Callable, queue: BatchQueue, metrics: Metrics, *,
+                 max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None],
+                 pixels: bool = False, device_resize: bool = True):
+        self.device = device
+        self.model_factory = model_factory
+        self.queue = queue
+        self.metrics = metrics
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.warmup = warmup
+        self.on_change = on_change
+        self.pixels = pixels  # images arrive as uint8 crops: warm up the path they will take
+        self.device_resize = device_resize  # tell the front ends to send images if the model resizes them
+        self.state = "starting"
+        self.error: str | None = None
+        self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size, precision once loaded
+        self._model_takes_pixels = False
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{device}", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in LIVE_STATES and self._thread.is_alive()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def describe(self) -> dict:
+        return {"spec": self.device, "state": self.state, "error": self.error, "batches": self.batches,
+                "name": self.info.get("device_name"), "memory": self.info.get("device_memory")}
+
+    def _set(self, state: str, error: str | None = None) -> None:
+        self.state, self.error = state, error
+        self.on_change()
+
+    def mark_failed(self, exc: BaseException) -> None:
+        """A device that failed once is not trusted again: the worker is failed (before any request hears of it)."""
+        self._set("failed", f"{type(exc).__name__}: {exc}")
+
+    def _run(self) -> None:
+        model = None
+        try:
+            self._set("loading")
+            model = self.model_factory(self.device)
+            figures = device_figures(model)  # now: before any check runs buffers of its own on the device
+            self.info = {"device_name": str(getattr(model, "device_name", self.device)),
+                         "preprocessing": getattr(model, "preprocessing", "torchvision"),
+                         "precision": str(getattr(model, "precision", "fp32")),
+                         "weights_info": dict(getattr(model, "weights_info", None) or {}),
+                         "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
+                         # front ends may then send images, resized and cropped on the device
+                         "resizes_on_device": self.device_resizes(model)}
+            self._note_device(figures)
+            self._model_takes_pixels = hasattr(model, "submit") or hasattr(model, "probabilities_from_pixels")
+            if self.warmup:
+                self._set("warming")
+                started = time.perf_counter()
+                self._warm_up(model)
+                log.info("device %s warmed up in %.2f s", self.device, time.perf_counter() - started)
+            self._set("ready")
+            if hasattr(model, "submit"):
+                from .inflight import InflightRunner
+
+                InflightRunner(self, model).run()  # returns once the queue is closed and every batch is answered
+            else:
+                while (batch := self.queue.take_batch(self.max_batch_size, self.max_wait_s)) is not None:
+                    self.run_batch(model, batch)
+            self._set("stopped")
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
+            if self.state == "failed":  # already reported by run_batch or the in-flight runner
+                log.error("device worker %s stopped after a failed batch: %s", self.device, self.error, exc_info=exc)
+                return
+            if isinstance(exc, VggserveError):  # a known cause with its own message: no traceback
+                log.error("device worker %s failed: %s", self.device, exc)
+            else:
+                log.exception("device worker %s failed", self.device)
+            self._set("failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            if model is not None and hasattr(model, "close"):
+                try:
+                    model.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing the model on %s failed", self.device)
+
+    def _note_device(self, figures: dict | None) -> None:
+        """The device's OpenCL figures on /metrics, and in `info` (for /metadata)."""
+        if figures is None:
+            return
+        self.info["device_memory"] = figures
+        self.metrics.device_memory.labels(device=self.device).set(figures["global_memory_bytes"])
+        self.metrics.device_engine_bytes.labels(device=self.device).set(figures["engine_bytes"])
+        self.metrics.device_compute_units.labels(device=self.device).set(figures["compute_units"])
+
+    def device_resizes(self, model) -> bool:
+        """Whether front ends should send this model decoded images: images come from front ends, --resize-on
+        device, and the model resizes on its device with this Pillow's results (modelinput.uses_device_resize)."""
+        return self.pixels and self.device_resize and uses_device_resize(model)
+
+    # one batch, through the steps the in-flight runner uses too ------------------------------------------------
+    def run_batch(self, model, batch: list[Item]) -> None:
+        """Compute one batch here, in this thread, and answer it."""
+        started = self.note_taken(batch)
+        want = self.wants(batch)
+        try:
+            t0 = time.perf_counter()
+            argument = self.prepare(batch)
+            call = want if argument.dtype != np.uint8 else f"{want}_from_pixels"
+            rows = np.asarray(getattr(model, call)(argument), dtype=np.float32)
+            seconds = time.perf_counter() - t0
+        except BaseException as exc:
+            self.mark_failed(exc)
+            self.fail_items(batch, exc)
+            raise
+        self.resolve(batch, rows, want, started, seconds)
+
+    def note_taken(self, batch: list[Item]) -> float:
+        """Record a batch just taken from the queue; returns when it was taken (time.monotonic())."""
+        started = time.monotonic()
+        for item in batch:
+            self.metrics.queue_seconds.observe(started - item.enqueued)
+        self.metrics.batch_size.observe(len(batch))
+        return started
+
+    @staticmethod
+    def wants(batch: list[Item]) -> str:
+        """What the batch computes: "logits" when one of its images asks for them, else "probabilities"."""
+        return "logits" if any(item.want_logits for item in batch) else "probabilities"
+
+    def prepare(self, batch: list[Item]):
+        """The model's argument for the batch (`modelinput.prepare_batch`), counting the images the device resizes."""
+        argument = prepare_batch([item.input for item in batch], self.info.get("preprocessing", "torchvision"),
+                                 resizes=bool(self.info.get("resizes_on_device")),
+                                 takes_pixels=self._model_takes_pixels)
+        if isinstance(argument, list):
+            self.metrics.device_resized.inc(sum(x.needs_resize for x in argument))
+        return argument
+
+    def resolve(self, batch: list[Item], rows: np.ndarray, want: str, started: float, seconds: float) -> None:
+        """Answer a computed batch: row i of `rows` (what `want` asked the model for) is batch[i]'s."""
+        self.metrics.inference_seconds.observe(seconds)
+        self.batches += 1
+        probs = softmax(rows) if want == "logits" else rows
+        for item, prob, row in zip(batch, probs, rows):
+            logits = row if item.want_logits else None
+            item.future.set_result(Outcome(prob, started - item.enqueued, seconds, len(batch), self.device, logits))
+
+    def fail_items(self, batch: list[Item], exc: BaseException) -> None:
+        """Answer every still-unanswered item of the batch with InferenceFailed."""
+        error = InferenceFailed(self.device, exc)
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    def _warm_up(self, model) -> None:
+        if self.pixels and hasattr(model, "probabilities_from_pixels"):
+            model.probabilities_from_pixels(np.zeros((self.max_batch_size, *CROP_SHAPE), dtype=np.uint8))
+        else:
+            model.logits(np.zeros((self.max_batch_size, *TENSOR_SHAPE), dtype=np.float32))

@@ -1,0 +1,68 @@
+"""X-Request-ID: a client's id (or one generated when it sends none, or an unusable one) is carried to the answer's
+header, to /classify's body, and to every log line written while the request runs (`%(request_id)s`)."""
+
+import contextvars
+import logging
+import re
+import time
+import uuid
+
+HEADER = "X-Request-ID"
+_USABLE = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")  # printable, no spaces, short: safe in headers and logs
+current = contextvars.ContextVar("vggserve_request_id", default="-")
+log = logging.getLogger("vggserve.requests")
+
+
+def request_id(scope) -> str:
+    """The id of the request in `scope` (set by the middleware), or a fresh one."""
+    return (scope.get("state") or {}).get("request_id") or uuid.uuid4().hex
+
+
+def _install_record_factory() -> None:
+    """Every log record gets `request_id`: the running request's, or "-" outside requests, whichever handler
+    writes it (ours, pytest's, an embedding application's)."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "adds_request_id", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        record.request_id = current.get()
+        return record
+
+    factory.adds_request_id = True
+    logging.setLogRecordFactory(factory)
+
+
+_install_record_factory()
+
+
+class RequestIdMiddleware:
+    """Pure ASGI middleware: picks the request's id, sets it for the logs, sends it back as X-Request-ID."""
+
+    def __init__(self, app):
+        self.app = app
+        self.header = HEADER.lower().encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = next((v.decode("latin-1").strip() for k, v in scope.get("headers", ()) if k == self.header), "")
+        rid = given if _USABLE.fullmatch(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        token = current.set(rid)
+        started, status = time.perf_counter(), {"code": 500}
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != self.header]
+                message["headers"] = [*headers, (self.header, rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            log.debug("%s %s -> %s in %.1f ms", scope.get("method"), scope.get("path"), status["code"],
+                      (time.perf_counter() - started) * 1000)
+            current.reset(token)

@@ -1,0 +1,171 @@
+"""Stand-in models with the engine's interface, for tests and demos of the service without OpenCL.
+
+`ReferenceModel` computes real VGG16 scores with the float32 numpy reference (slow but exact); `SlowModel`
+returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose; `PipelinedModel` is a
+SlowModel with the engine's `submit` (batches in flight, gated results, failures). `crash_on_marker` is a
+preprocessing-process task whose worker dies on a marker upload (`service.preprocess_task = crash_on_marker`).
+"""
+
+import os
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ..predictions import softmax
+from ..weights.spec import NUM_CLASSES
+
+
+class ReferenceModel:
+    """VGG16 on numpy (float32) from torchvision-named tensors."""
+
+    preprocessing = "torchvision"
+
+    def __init__(self, tensors: dict, device: str = "cpu", max_batch_size: int = 16):
+        self.tensors = tensors
+        self.device_name = f"numpy reference ({device})"
+        self.max_batch_size = max_batch_size
+        self.weights_info = {"path": None, "format": "memory", "sha256": None}
+        self.batch_sizes: list[int] = []
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        from ..model.reference import reference_logits
+
+        self.batch_sizes.append(len(x))
+        return reference_logits(self.tensors, x, dtype=np.float32).astype(np.float32)
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        return softmax(self.logits(x))
+
+    def close(self) -> None:
+        pass
+
+
+class SlowModel:
+    """Sleeps `seconds_per_batch` per batch and scores class (sum of the image's pixels) mod 1000 highest;
+    `fail_after` batches, raises RuntimeError (a dying device)."""
+
+    preprocessing = "torchvision"
+
+    def __init__(self, device: str = "cpu", seconds_per_batch: float = 0.2, max_batch_size: int = 16,
+                 load_seconds: float = 0.0, fail_after: int | None = None):
+        time.sleep(load_seconds)
+        self.device_name = f"sleeping stand-in ({device})"
+        self.seconds_per_batch = seconds_per_batch
+        self.max_batch_size = max_batch_size
+        self.fail_after = fail_after
+        self.weights_info = {"path": None, "format": "memory", "sha256": None}
+        self.batch_sizes: list[int] = []
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        if self.fail_after is not None and len(self.batch_sizes) >= self.fail_after:
+            raise RuntimeError("simulated device failure")
+        self.batch_sizes.append(len(x))
+        time.sleep(self.seconds_per_batch)
+        return slow_model_logits(x)
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        return softmax(self.logits(x))
+
+    def close(self) -> None:
+        pass
+
+
+def slow_model_logits(x: np.ndarray) -> np.ndarray:
+    """SlowModel's scores: 10 for class (sum of |pixels|) mod 1000 of each image, 0 elsewhere."""
+    out = np.zeros((len(x), NUM_CLASSES), dtype=np.float32)
+    winners = np.abs(np.asarray(x, dtype=np.float64)).reshape(len(x), -1).sum(axis=1).astype(np.int64) % NUM_CLASSES
+    out[np.arange(len(x)), winners] = 10.0
+    return out
+
+
+class PipelinedModel(SlowModel):
+    """A SlowModel with the engine's `submit`: batch k's probabilities (SlowModel's, for float32 inputs or uint8
+    crops as they are) can be collected `seconds_per_batch` after its submit, and, with `gated`, only once
+    `release(k)` was called. Records each batch's input in submission order (`submitted`), the most batches in
+    flight at once (`max_in_flight`: submitted, result not yet collected), and `log`: ("submit", k), ("result", k)
+    and ("close",) in the order they happened. `fail_at=(k, "submit")` or `(k, "result")` makes batch k (0-based)
+    raise RuntimeError there."""
+
+    def __init__(self, device: str = "cpu", seconds_per_batch: float = 0.02, max_batch_size: int = 16, *,
+                 gated: bool = False, fail_at: tuple[int, str] | None = None):
+        super().__init__(device, seconds_per_batch, max_batch_size)
+        self.device_name = f"pipelined stand-in ({device})"
+        self.gated, self.fail_at = gated, fail_at
+        self.submitted: list[np.ndarray] = []
+        self.in_flight = self.max_in_flight = 0
+        self.log: list[tuple] = []
+        self._lock = threading.Lock()
+        self._gates: defaultdict[int, threading.Event] = defaultdict(threading.Event)
+
+    def release(self, *batches: int) -> None:
+        """Let these batches' results be collected (with `gated`)."""
+        with self._lock:
+            for k in batches:
+                self._gates[k].set()
+
+    def submit(self, x: np.ndarray, want: str = "logits", pinned: bool = True) -> "FakePending":
+        if not 1 <= len(x) <= self.max_batch_size:
+            raise ValueError(f"submit takes 1 to max_batch_size={self.max_batch_size} images, got {len(x)}")
+        with self._lock:
+            k = len(self.submitted)
+            if self.fail_at == (k, "submit"):
+                self.fail_at = None
+                raise RuntimeError(f"simulated device failure at submit of batch {k}")
+            self.submitted.append(np.array(x))
+            self.batch_sizes.append(len(x))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.log.append(("submit", k))
+            gate = self._gates[k] if self.gated else None
+        scores = slow_model_logits(x)
+        rows = softmax(scores) if want == "probabilities" else scores
+        return FakePending(self, k, rows, time.monotonic() + self.seconds_per_batch, gate,
+                           self.fail_at == (k, "result"))
+
+    def _collected(self, k: int) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.log.append(("result", k))
+
+    def close(self) -> None:
+        with self._lock:
+            self.log.append(("close",))
+
+
+class FakePending:
+    """PipelinedModel's batch in flight; `result()` is thread-safe and gives the same rows (or error) each time."""
+
+    def __init__(self, model: PipelinedModel, k: int, rows: np.ndarray, ready_at: float, gate, fail: bool):
+        self._model, self._k, self._rows, self._ready_at, self._gate, self._fail = model, k, rows, ready_at, gate, fail
+        self._collected = False
+        self._lock = threading.Lock()
+
+    def result(self) -> np.ndarray:
+        with self._lock:
+            if not self._collected:
+                time.sleep(max(0.0, self._ready_at - time.monotonic()))
+                if self._gate is not None:
+                    self._gate.wait()
+                self._collected = True
+                self._model._collected(self._k)
+        if self._fail:
+            raise RuntimeError(f"simulated device failure in batch {self._k}")
+        return self._rows
+
+    def done(self) -> bool:
+        return self._collected
+
+
+CRASH_MARKER = b"vggserve: crash this worker"
+
+
+def crash_on_marker(data: bytes, mode: str, max_pixels: int, formats, decode: str = "exact"):
+    """`imaging.decode_and_crop`, except that the worker process dies at once (as a crashing decoder would) when
+    the upload starts with CRASH_MARKER."""
+    from ..serving.scheduling.imaging import decode_and_crop
+
+    if bytes(data[:len(CRASH_MARKER)]) == CRASH_MARKER:
+        os._exit(70)
+    return decode_and_crop(data, mode, max_pixels, formats, decode)
