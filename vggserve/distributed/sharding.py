@@ -183,7 +183,7 @@ class ShardedModel:
         from PIL import Image
 
         from ..images import open_image
-        from ..preprocess import preprocess_batch
+        from ..preprocessing import preprocess_batch
 
         images = list(images)
         if not images:

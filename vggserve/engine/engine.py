@@ -209,7 +209,7 @@ class Engine:
         return self._run(x, "probabilities")
 
     def logits_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocess.center_crop`), normalised on the device
+        """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocessing.center_crop`), normalised on the device
         with the model's preprocessing mode: the same input `preprocess` would give, 4x less to upload."""
         return self._run(pixels, "logits")
 

@@ -1,4 +1,4 @@
-"""Resize(256) + CenterCrop(224) on the device, bit for bit as `preprocess.center_crop` (Pillow BILINEAR).
+"""Resize(256) + CenterCrop(224) on the device, bit for bit as `preprocessing.center_crop` (Pillow BILINEAR).
 
 Pillow's resampling (src/libImaging/Resample.c) is exact integer arithmetic once its coefficients are known: per
 output index, a window of source indices [xmin, xmin + taps) and float64 weights, normalised by their sum and
