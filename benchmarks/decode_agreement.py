@@ -100,9 +100,9 @@ def main(argv=None) -> int:
     for _, image in images:
         data = jpeg(image, 90)
         sizes.append(image.width * image.height)
-        exact.append(model_input(data, mode, False, "exact"))
-        fast.append(model_input(data, mode, False, "fast"))
-        control.append(model_input(jpeg(image, 89), mode, False, "exact"))
+        exact.append(model_input(data, mode, False, "exact").array)
+        fast.append(model_input(data, mode, False, "fast").array)
+        control.append(model_input(jpeg(image, 89), mode, False, "exact").array)
     print(f"decode_agreement: {len(exact)} images ({described}), {np.median(sizes) / 1e6:.1f} MP median, decoded "
           f"in {time.perf_counter() - started:.0f} s; network: VGG16, weights {weights}, on {model.device_name}",
           file=sys.stderr)

@@ -14,7 +14,8 @@ from PIL import Image
 from vggserve.decoding import check_decode, decode_input, decode_pixels, jpeg, model_input
 from vggserve.decoding.corpus import MIX, photo_like, write_mix
 from vggserve.images import dct_scale, open_image
-from vggserve.preprocess import RawImage, center_crop, device_input, load_and_preprocess
+from vggserve.modelinput import ModelInput, device_input
+from vggserve.preprocess import center_crop, load_and_preprocess
 
 CI_SCALE = 0.5  # the mix at half its sides (the 12 MP photos become 3 MP: still reduced by the fast mode)
 
@@ -59,10 +60,9 @@ def test_model_inputs_are_the_pillow_paths_on_awkward_files_and_errors_read_the_
             assert isinstance(EXPECTED[name], Bad)
             assert problem == (str(exc), type(exc).__name__), name
             continue
-        want = device_input(image) if on_device else load_and_preprocess(path)
-        assert type(got) is type(want), name
-        if isinstance(want, RawImage):
-            got, want = got.pixels, want.pixels
+        want = device_input(image) if on_device else ModelInput.tensor(load_and_preprocess(path))
+        assert got.form == want.form, name
+        got, want = got.array, want.array
         assert got.dtype == want.dtype and np.array_equal(got, want), name
 
 
@@ -81,9 +81,9 @@ def test_decoding_straight_into_given_memory_when_the_image_is_sent_as_it_is(mix
         return given[-1]
 
     raw = model_input(mix["imagenet_0.jpg"], "torchvision", True, allocate=allocate)
-    assert isinstance(raw, RawImage) and raw.pixels.ctypes.data == given[0].ctypes.data
+    assert raw.form == "image" and raw.array.ctypes.data == given[0].ctypes.data
     crop = model_input(mix["photo_12mp.jpg"], "torchvision", True, allocate=allocate)  # too big to send: a crop
-    assert crop.shape == (224, 224, 3) and len(given) == 1
+    assert crop.form == "crop" and crop.array.shape == (224, 224, 3) and len(given) == 1
 
 
 # ---- the fast mode ------------------------------------------------------------------------------------------------
@@ -136,8 +136,8 @@ def test_fast_mode_agrees_with_the_exact_mode_on_the_network(tiny_tensors, test_
         longer = int(rng.choice([1400, 2400, 4000]))
         buffer = io.BytesIO()
         photo_like(longer, longer * 3 // 4, seed=seed).save(buffer, "JPEG", quality=90)
-        exact.append(model_input(buffer.getvalue(), "torchvision", False, "exact"))
-        fast.append(model_input(buffer.getvalue(), "torchvision", False, "fast"))
+        exact.append(model_input(buffer.getvalue(), "torchvision", False, "exact").array)
+        fast.append(model_input(buffer.getvalue(), "torchvision", False, "fast").array)
     with VGG16(tiny_tensors, device=test_device, max_batch_size=12) as model:
         top_exact = np.argsort(-model.probabilities(np.stack(exact)), axis=1)[:, :5]
         top_fast = np.argsort(-model.probabilities(np.stack(fast)), axis=1)[:, :5]

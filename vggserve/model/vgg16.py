@@ -102,10 +102,10 @@ class VGG16(Engine):
             to_nhwc = nhwc.NhwcInput(program, 3, chans)
             steps.append(Step("input to NHWC", partial(_run_sized, to_nhwc, size), _no_flops,
                               size * size * chans * item, "nhwc.cl to_nhwc"))
-            pool = nhwc.MaxPoolNhwc(program, prec)
+            new_pool = partial(nhwc.MaxPoolNhwc, program, prec)
         else:
             chans = 3
-            pool = MaxPool(cache.build(POOL_FILE, storage_defines(prec)), {})
+            new_pool = partial(MaxPool, cache.build(POOL_FILE, storage_defines(prec)), {})
         for i, c in enumerate(self.spec.convs):
             layer = LayerSpec("conv3x3", c.cin, c.cout, size, relu=True)
             p, why = self._layer_params(layer)
@@ -117,8 +117,8 @@ class VGG16(Engine):
             chans = round_up(c.cout, vec(prec)) if tc else c.cout
             steps.append(Step(c.name, partial(_run_sized, op, size), partial(_sized_flops, op, size),
                               size * size * chans * item, f"{op.describe()} ({why})"))
-            if c.pool_after:
-                run = partial(_run_pool, pool, chans, size)
+            if c.pool_after:  # a kernel object per pooling step: its arguments then never change between calls
+                run = partial(_run_pool, new_pool(), chans, size)
                 size //= 2
                 steps.append(Step(f"pool after {c.name}", run, _no_flops, size * size * chans * item,
                                   "nhwc.cl maxpool_nhwc" if tc else "maxpool.cl"))
