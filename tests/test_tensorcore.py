@@ -62,18 +62,23 @@ def params_of(cfg):
     return dict(zip(("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB"), cfg), ALGO="tc_gemm")
 
 
-def run_layer(tc_env, prec, cfg, shape, rng, splits_target=None):
+def run_layer(tc_env, prec, cfg, shape, rng, splits_target=None, make=None):
+    """(NHWC output as float64, float64 reference in NCHW, the layer) of one tensor-core layer on random data:
+    TensorCoreLayer with params_of(cfg), or make(ctx, cache, prec, layer, weight, bias, env)."""
     ctx, queue, cache, caps = tc_env
     n, cin, cout, h, w, ks = shape
-    p = params_of(cfg)
-    if splits_target is not None:
-        p["GROUPS_TARGET"] = splits_target
     layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, h if ks == 3 else 1)
     weight = (rng.standard_normal((cout, cin, ks, ks)) / np.sqrt(cin * ks * ks)).astype(np.float32)
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     env = BuildEnv(caps=caps, max_batch=n)
-    op = TensorCoreLayer(ctx, cache, p, prec, layer, weight if ks == 3 else weight[:, :, 0, 0], bias, env)
+    if make is None:
+        p = params_of(cfg)
+        if splits_target is not None:
+            p["GROUPS_TARGET"] = splits_target
+        op = TensorCoreLayer(ctx, cache, p, prec, layer, weight if ks == 3 else weight[:, :, 0, 0], bias, env)
+    else:
+        op = make(ctx, cache, prec, layer, weight, bias, env)
     xin = np.zeros((n, h, w, op.cpad), np.float32)
     xin[..., :cin] = x.transpose(0, 2, 3, 1)
     xin = xin.astype(np.float16) if prec.half else rna_tf32(xin)
@@ -115,25 +120,12 @@ def test_halo_tile_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     """conv_tc_halo.cl: blocks cut by the image's edges, channel counts below one chunk and not a multiple of it."""
     from vggserve.ops.tensorcore import HaloLayer, halo_valid
 
-    ctx, queue, cache, caps = tc_env
-    n, cin, cout, h, w = shape
     p = dict(zip(("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES"), cfg), ALGO="tc_halo")
     assert halo_valid(p)
-    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
-    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
-    op = HaloLayer(ctx, cache, p, prec, LayerSpec("conv3x3", cin, cout, h), weight, bias, BuildEnv(caps=caps, max_batch=n))
-    xin = np.zeros((n, h, w, op.cpad), np.float32)
-    xin[..., :cin] = x.transpose(0, 2, 3, 1)
-    xin = xin.astype(np.float16) if prec.half else rna_tf32(xin)
-    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
-    out = np.full((n * h * w, op.cstore), np.nan, prec.storage)
-    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
-    op.enqueue(queue, src, dst, n, h, w)
-    cl.enqueue_copy(queue, out, dst)
-    queue.finish()
-    got = out.astype(np.float64).reshape(n, h, w, op.cstore)
-    ref = conv3x3_relu(stored(x, prec), stored(weight, prec), bias.astype(np.float64))
+    got, ref, _ = run_layer(tc_env, prec, None, (*shape, 3), rng,
+                            make=lambda ctx, cache, prec, layer, w, b, env: HaloLayer(ctx, cache, p, prec, layer, w, b,
+                                                                                       env))
+    cout = shape[2]
     assert not np.isnan(got).any() and np.all(got[..., cout:] == 0)
     assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
 

@@ -59,6 +59,13 @@ def nhwc_fc_weights(weight: np.ndarray, channels: int, cpad: int, side: int) -> 
     return laid.reshape(out, -1)
 
 
+def padded_bias(ctx, bias: np.ndarray, npad: int):
+    """The bias as a device buffer of npad floats, zero past the layer's channels (whose outputs stay zero)."""
+    b = np.zeros(npad, np.float32)
+    b[:len(bias)] = bias
+    return upload(ctx, b)
+
+
 class SplitWorkspace:
     """One FP32 partial-sum buffer for the split-K layers of a model (they run one after another on one queue),
     grown while layers are built, never per call."""
@@ -91,9 +98,7 @@ class TensorCoreLayer:
         self.groups_n = self.npad // params["BN"]
         self.ntiles = self.kpad // self.bk
         self.wt = upload(ctx, tc_weights(weight, self.cpad, self.npad, self.kpad, precision), precision.storage)
-        b = np.zeros(self.npad, np.float32)
-        b[:layer.cout] = bias
-        self.bias = upload(ctx, b)
+        self.bias = padded_bias(ctx, bias, self.npad)
         defines = dict(defines_for(params, precision, layer), **env.caps.mma_define)
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_tc"))
         self.target = int(params.get("GROUPS_TARGET", 2 * env.caps.compute_units))
@@ -162,33 +167,48 @@ def valid(params: dict) -> bool:
             and (bn * chunks) % threads == 0)
 
 
-class TensorCoreGemm(Algorithm):
-    name = "tc_gemm"
+class _TensorCoreAlgorithm(Algorithm):
+    """What the tensor-core entries share: they need tensor cores; a candidate is a tile tuple of TILE_KEYS,
+    kept where `valid` and where it fits the device."""
+
     family = "tensorcore"
-    kinds = ("conv3x3", "fc")
     precisions = ("fp16", "tf32")
-    tunables = TUNABLES
-    kernel_file = KERNEL_FILE
+    tiles: list = []
+    tile_keys: tuple = ()
 
     def available(self, caps, precision):
         return caps.tensor_cores and precision.name in self.precisions
 
-    def default(self, caps, precision):
-        return dict(DEFAULT)
+    def valid(self, params: dict) -> bool:
+        raise NotImplementedError
 
     def candidates(self, caps, precision, layer):
         out = []
-        for bm, bn, wm, wn, stages, kb in TILES:
-            p = {"ALGO": self.name, "BM": bm, "BN": bn, "WARPS_M": wm, "WARPS_N": wn, "STAGES": stages, "KB": kb}
-            if valid(p) and self.fits(p, caps, precision):
+        for tile in self.tiles:
+            p = {"ALGO": self.name, **dict(zip(self.tile_keys, tile))}
+            if self.valid(p) and self.fits(p, caps, precision):
                 out.append(p)
         return out
 
-    def local_mem(self, params, precision):
-        return local_mem(params)
-
     def work_group_size(self, params):
         return 32 * params["WARPS_M"] * params["WARPS_N"]
+
+
+class TensorCoreGemm(_TensorCoreAlgorithm):
+    name = "tc_gemm"
+    kinds = ("conv3x3", "fc")
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+    tiles, tile_keys = TILES, ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
+
+    def default(self, caps, precision):
+        return dict(DEFAULT)
+
+    def valid(self, params):
+        return valid(params)
+
+    def local_mem(self, params, precision):
+        return local_mem(params)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
@@ -232,9 +252,7 @@ class HaloLayer:
         self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
         self.groups_n = self.npad // params["BN"]
         self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
-        b = np.zeros(self.npad, np.float32)
-        b[:layer.cout] = bias
-        self.bias = upload(ctx, b)
+        self.bias = padded_bias(ctx, bias, self.npad)
         defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
                    "OUT_F32": int(layer.last), **env.caps.mma_define}
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
@@ -255,33 +273,21 @@ class HaloLayer:
                 f"{p['STAGES']} stages")
 
 
-class TensorCoreHalo(Algorithm):
+class TensorCoreHalo(_TensorCoreAlgorithm):
     name = "tc_halo"
-    family = "tensorcore"
     kinds = ("conv3x3",)
-    precisions = ("fp16", "tf32")
     tunables = HALO_TUNABLES
     kernel_file = HALO_FILE
-
-    def available(self, caps, precision):
-        return caps.tensor_cores and precision.name in self.precisions
+    tiles, tile_keys = HALO_TILES, HALO_TUNABLES
 
     def default(self, caps, precision):
         return dict(HALO_DEFAULT)
 
-    def candidates(self, caps, precision, layer):
-        out = []
-        for th, tw, bn, wm, wn, stages in HALO_TILES:
-            p = {"ALGO": self.name, "TH": th, "TW": tw, "BN": bn, "WARPS_M": wm, "WARPS_N": wn, "STAGES": stages}
-            if halo_valid(p) and self.fits(p, caps, precision):
-                out.append(p)
-        return out
+    def valid(self, params):
+        return halo_valid(params)
 
     def local_mem(self, params, precision):
         return halo_local_mem(params)
-
-    def work_group_size(self, params):
-        return 32 * params["WARPS_M"] * params["WARPS_N"]
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
