@@ -5,7 +5,8 @@
 #   deploy/batch.sh --weights vgg16.safetensors --input photos/ --output results.jsonl
 #
 # Defaults: RANKS = the GPUs nvidia-smi lists here (1 when there is none), or the slots of --hostfile;
-# `--device gpu` (rank with local rank L uses GPU L) unless you pass --device; Open MPI gets `--bind-to none`
+# unless you pass --device: `--device gpu` (rank with local rank L uses GPU L) where nvidia-smi found GPUs or a
+# hostfile names the machines, else `--device auto` (a GPU OpenCL finds, else the CPU); Open MPI gets `--bind-to none`
 # (decode threads and the GPU driver need more than one core per rank) and, as root, --allow-run-as-root.
 # Every other argument goes to `vggserve batch` unchanged (see `vggserve batch --help`, docs/batch.md).
 #
@@ -38,6 +39,10 @@ fi
 python="${PYTHON:-python3}"
 
 if [[ -n "$hostfile" && ! -r "$hostfile" ]]; then die "cannot read hostfile $hostfile"; fi
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+fi
 if [[ -z "$ranks" ]]; then
     if [[ -n "$hostfile" ]]; then
         # sum of slots=N (Open MPI) or host:N (MPICH) per non-comment line; a bare host name counts 1
@@ -45,8 +50,8 @@ if [[ -z "$ranks" ]]; then
                  if (match($0, /slots=[0-9]+/)) n = substr($0, RSTART + 6, RLENGTH - 6)
                  else if (match($1, /:[0-9]+$/)) n = substr($1, RSTART + 1)
                  total += n } END { print total + 0 }' "$hostfile")
-    elif command -v nvidia-smi >/dev/null 2>&1; then
-        ranks=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+    else
+        ranks=$gpus
     fi
     [[ -n "$ranks" && "$ranks" -gt 0 ]] || ranks=1
 fi
@@ -56,7 +61,14 @@ has_device=0
 for arg in "${batch_args[@]+"${batch_args[@]}"}"; do
     [[ "$arg" == --device || "$arg" == --device=* ]] && has_device=1
 done
-[[ $has_device -eq 1 ]] || batch_args+=(--device gpu)
+if [[ $has_device -eq 0 ]]; then
+    if [[ "$gpus" -gt 0 || -n "$hostfile" ]]; then
+        batch_args+=(--device gpu)
+    else
+        echo "batch.sh: nvidia-smi found no GPU here: --device auto (an OpenCL GPU if there is one, else the CPU)" >&2
+        batch_args+=(--device auto)
+    fi
+fi
 
 command=("$launcher" -n "$ranks")
 if "$launcher" --version 2>&1 | grep -qiE 'open mpi|openrte'; then

@@ -19,10 +19,11 @@ if ! ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1 && command -v apt-get >/dev/nu
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq pocl-opencl-icd >/dev/null
 fi
-if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
-  echo "install.sh: installing Chromium for the headless-browser test of /docs (dev extras)" >&2
+if [[ ",$EXTRAS," == *",dev,"* ]] && command -v apt-get >/dev/null \
+   && { ! command -v chromium >/dev/null || ! command -v nginx >/dev/null; }; then
+  echo "install.sh: installing Chromium and nginx for the tests of /docs in a browser and of deploy/nginx.conf" >&2
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium nginx-light >/dev/null
 fi
 python3 -m pip install -q --upgrade pip
 python3 -m pip install -q -e ".[$EXTRAS]"

@@ -71,8 +71,6 @@
 #endif
 
 #define THREADS (32 * WARPS_M * WARPS_N)
-#define ELEM (TF32 ? 4 : 2)        /* bytes per stored element */
-#define VEC (16 / ELEM)            /* elements per 16-byte chunk */
 #define CHUNKS (KB / 16)           /* chunks per local row */
 #define BK (KB / ELEM)             /* k per k-tile */
 #define KSTEPS (KB / 32)           /* mma k-steps per k-tile */
@@ -97,102 +95,7 @@
 #error "tile shape: BM*CHUNKS and BN*CHUNKS must be multiples of the work-group size, WTM and WTN of 16"
 #endif
 
-/* cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero; the low 13 bits become zero */
-inline float to_tf32(float x) {
-#if MMA_EMULATE
-    return as_float((as_uint(x) + 0x1000u) & 0xffffe000u);
-#else
-    uint r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return as_float(r);
-#endif
-}
-
-#if TF32
-typedef float elem_t;
-#else
-typedef ushort elem_t;   /* FP16 bits; converted only through vload_half / vstore_half */
-#endif
-#if OUT_F32
-typedef float out_t;
-#define STORE2(p, i, v) vstore2((v), 0, (p) + (i))
-#define STORE1(p, i, v) ((p)[i] = (v))
-#elif TF32  /* activations are stored already rounded to TF32, so the main loop needs no conversion */
-typedef float out_t;
-#define STORE2(p, i, v) vstore2((float2)(to_tf32((v).x), to_tf32((v).y)), 0, (p) + (i))
-#define STORE1(p, i, v) ((p)[i] = to_tf32(v))
-#else
-typedef ushort out_t;
-#define STORE2(p, i, v) vstore_half2_rte((v), 0, (__global half *)((p) + (i)))
-#define STORE1(p, i, v) vstore_half_rte((v), (i), (__global half *)(p))
-#endif
-
-/* ---- the four tensor-core primitives: PTX, or their software model ------------------------------------------- */
-#if !MMA_EMULATE
-
-#define CP_ASYNC16(dst, src, ok)                                                                          \
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"                                        \
-                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(src)), "r"((ok) ? 16 : 0) : "memory")
-#define CP_COMMIT() asm volatile("cp.async.commit_group;\n" ::: "memory")
-#define CP_WAIT() asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory")
-#define LDSM_X4(R, ADDR)                                                                                  \
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"                   \
-                 : "=r"(R[0]), "=r"(R[1]), "=r"(R[2]), "=r"(R[3]) : "r"((uint)(size_t)ADDR(lane)))
-#if TF32
-#define MMA(D, A, B)                                                                                      \
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
-                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                          \
-                 : "+f"(D[0]), "+f"(D[1]), "+f"(D[2]), "+f"(D[3])                                         \
-                 : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1]))
-#else
-#define MMA(D, A, B)                                                                                      \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
-                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                          \
-                 : "+f"(D[0]), "+f"(D[1]), "+f"(D[2]), "+f"(D[3])                                         \
-                 : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B[0]), "r"(B[1]))
-#endif
-
-#else  /* MMA_EMULATE: the same data movement, done by plain loads and a fragment exchange in local memory */
-
-#define CP_ASYNC16(dst, src, ok) (*(dst) = (ok) ? *(__global const uint4 *)(src) : (uint4)(0))
-#define CP_COMMIT() ((void)0)
-#define CP_WAIT() ((void)0)
-/* ldmatrix: register j of lane l = the 4 bytes at 4 * (l % 4) of the row that lane 8j + l / 4 points at */
-#define LDSM_X4(R, ADDR)                                                                                  \
-    for (int j_ = 0; j_ < 4; ++j_) R[j_] = ((__local const uint *)ADDR(8 * j_ + (lane >> 2)))[lane & 3]
-/* mma: every lane publishes its fragments, then computes its 4 outputs from the whole warp's. Row r, column c
- * of D live in lane 4 * (r % 8) + c / 2, register 2 * (r / 8) + c % 2. */
-#define MMA(D, A, B) mma_emulated(D, A, B, xch, lane)
-inline float frag_a(__local const uint *x, int r, int k) {
-#if TF32
-    return as_float(x[(4 * (r & 7) + (k & 3)) * 6 + (r >> 3) + 2 * (k >> 2)]);
-#else
-    return vload_half(((4 * (r & 7) + ((k & 7) >> 1)) * 6 + (r >> 3) + 2 * (k >> 3)) * 2 + (k & 1),
-                      (__local const half *)x);
-#endif
-}
-inline float frag_b(__local const uint *x, int k, int n) {
-#if TF32
-    return as_float(x[(4 * n + (k & 3)) * 6 + 4 + (k >> 2)]);
-#else
-    return vload_half(((4 * n + ((k & 7) >> 1)) * 6 + 4 + (k >> 3)) * 2 + (k & 1), (__local const half *)x);
-#endif
-}
-inline void mma_emulated(float *d, const uint *a, const uint *b, __local uint *x, int lane) {
-    for (int i = 0; i < 4; ++i) x[lane * 6 + i] = a[i];
-    x[lane * 6 + 4] = b[0];
-    x[lane * 6 + 5] = b[1];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const int g = lane >> 2, t4 = lane & 3;
-    for (int e = 0; e < 4; ++e) {
-        const int r = g + 8 * (e >> 1), c = 2 * t4 + (e & 1);
-        float s = d[e];
-        for (int k = 0; k < 32 / ELEM; ++k) s = fma(frag_a(x, r, k), frag_b(x, k, c), s);
-        d[e] = s;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#endif
+#include "mma.clh"  /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */

@@ -255,10 +255,68 @@ def test_exception_on_one_rank_aborts_the_whole_job_promptly_with_its_message(fa
 ])
 def test_setup_failure_ends_every_rank_with_one_clear_line(extra, code, message, images, tiny_weights_path,
                                                            tmp_path):
-    done = run(batch_command(2, tiny_weights_path, images, tmp_path / "results.jsonl", *extra), tmp_path)
+    done = run(batch_command(2, tiny_weights_path, images, tmp_path / "out" / "results.jsonl", *extra), tmp_path)
     assert done.returncode == code, done.stderr
     lines = [line for line in done.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and lines[0].startswith("vggserve: error: ") and message in lines[0], done.stderr
+    assert not (tmp_path / "out").exists(), "a failed set-up must leave no (empty) output files behind"
+
+
+def test_failed_setup_of_a_single_process_leaves_no_output_files(images, tiny_weights_path, tmp_path):
+    """`--device gpu` on a machine without one (here a device that exists nowhere) used to leave empty
+    results.jsonl and results.errors.jsonl."""
+    output = tmp_path / "results.jsonl"
+    done = run(batch_command(None, tiny_weights_path, images, output, "--device", "9:9"), tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "no OpenCL device 9:9" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# ---- without MPI ------------------------------------------------------------------------------------------------
+UNLOADABLE_MPI = {"MPI4PY_LIBMPI": "/nonexistent/libmpi.so.12"}  # as if no MPI library were installed
+
+
+def env_without_launcher() -> dict:
+    from vggserve.distributed.mpi import LAUNCHER_VARIABLES, SIZE_VARIABLES
+
+    return {k: v for k, v in subprocess_env().items() if k not in LAUNCHER_VARIABLES + SIZE_VARIABLES}
+
+
+def test_without_a_launcher_the_batch_job_runs_as_one_process_without_mpi(images, expected, tiny_weights_path,
+                                                                          tmp_path):
+    """A plain `pip install vggserve` has mpi4py but no MPI library: `vggserve batch` used to die with
+    `RuntimeError: cannot load MPI library`. Here mpi4py is not even importable."""
+    output = tmp_path / "results.jsonl"
+    code = ("import sys; sys.modules['mpi4py'] = None; from vggserve.cli import main; "
+            "code = main(sys.argv[1:]); assert not [m for m in sys.modules if m.startswith('mpi4py.')]; sys.exit(code)")
+    command = [sys.executable, "-c", code, *batch_command(None, tiny_weights_path, images, output)[3:]]
+    done = subprocess.run(command, cwd=tmp_path, env=env_without_launcher(), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert_same_predictions(read_jsonl(output), expected)
+    assert_bad_images_listed(read_jsonl(tmp_path / "results.errors.jsonl"), images)
+
+
+def test_without_a_launcher_an_unloadable_mpi_library_does_not_matter(images, tiny_weights_path, tmp_path):
+    output = tmp_path / "results.jsonl"
+    done = subprocess.run(batch_command(None, tiny_weights_path, images, output), cwd=tmp_path,
+                          env={**env_without_launcher(), **UNLOADABLE_MPI}, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert len(read_jsonl(output)) == GOOD
+
+
+def test_under_mpiexec_an_unloadable_mpi_library_is_one_line_per_rank(images, tiny_weights_path, tmp_path):
+    output = tmp_path / "results.jsonl"
+    done = run(batch_command(2, tiny_weights_path, images, output), tmp_path, **UNLOADABLE_MPI)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, done.stderr
+    for line in lines:
+        assert line.startswith("vggserve: error: started by an MPI launcher (PMI_RANK="), line
+        assert "but MPI cannot be loaded (cannot load MPI library" in line and "without mpirun" in line, line
+    assert not output.exists()
 
 
 def test_a_decode_process_that_crashes_or_hangs_is_replaced_and_its_image_recorded(images, expected,

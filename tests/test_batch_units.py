@@ -93,6 +93,7 @@ def test_store_records_whole_lines_and_a_reopened_store_knows_what_is_done(tmp_p
     output = tmp_path / "deep" / "results.jsonl"
     store = ResultStore(output)
     assert store.done == set()
+    store.start()
     store.write([result_line("a.jpg", [{"index": 1, "label": "x", "probability": 0.5}])],
                 ['{"image": "bad.jpg", "error": "empty", "type": "ImageDecodeError"}'])
     store.close()
@@ -108,6 +109,7 @@ def test_torn_last_line_from_a_killed_run_is_cut_and_appends_stay_whole(tmp_path
     store = ResultStore(output)
     assert store.done == {"a.jpg"}
     assert store.discarded_bytes == len('{"image": "b.jpg", "predic')
+    store.start()
     store.write([result_line("b.jpg", [])], [])
     store.close()
     assert [json.loads(line)["image"] for line in _lines(output)] == ["a.jpg", "b.jpg"]
@@ -122,19 +124,49 @@ def test_a_corrupt_whole_line_is_an_error_not_silently_dropped(tmp_path):
 
 def test_second_job_on_the_same_output_is_refused_while_the_first_holds_it(tmp_path):
     first = ResultStore(tmp_path / "results.jsonl")
+    starting = ResultStore(tmp_path / "results.jsonl")  # no file yet: both may plan, one may start
+    first.start()
     with pytest.raises(OutputError, match="another batch job"):
         ResultStore(tmp_path / "results.jsonl")
+    with pytest.raises(OutputError, match="another batch job"):
+        starting.start()
     first.close()
     ResultStore(tmp_path / "results.jsonl").close()  # free again once the first is closed
+
+
+def test_a_store_creates_nothing_until_the_job_starts(tmp_path):
+    """A failed set-up (no GPU, bad weights) used to leave empty results.jsonl and results.errors.jsonl behind."""
+    output = tmp_path / "new" / "deeper" / "results.jsonl"
+    store = ResultStore(output)
+    store.close()
+    assert list(tmp_path.iterdir()) == []
+    store = ResultStore(output)
+    store.start()
+    store.close()
+    assert sorted(p.name for p in output.parent.iterdir()) == ["results.errors.jsonl", "results.jsonl"]
+
+
+def test_an_output_that_could_not_be_created_is_refused_before_the_job_starts(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="is not a folder"):
+        ResultStore(tmp_path / "file" / "results.jsonl")
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        with pytest.raises(OutputError, match="no permission to write"):
+            ResultStore(locked / "sub" / "results.jsonl")
 
 
 def test_retry_errors_forgets_recorded_errors_but_keeps_results(tmp_path):
     output = tmp_path / "results.jsonl"
     store = ResultStore(output)
+    store.start()
     store.write([result_line("a.jpg", [])], ['{"image": "bad.jpg", "error": "empty", "type": "E"}'])
     store.close()
     retry = ResultStore(output, retry_errors=True)
     assert retry.done == {"a.jpg"}
+    assert "bad.jpg" in errors_path_for(output).read_text()  # untouched until the job starts
+    retry.start()
     assert errors_path_for(output).read_text() == ""
     retry.close()
 
@@ -204,3 +236,26 @@ def test_summary_counts_every_rank_including_ranks_that_got_no_work():
     assert [r["images"] for r in summary["ranks"]] == [4, 6, 0]
     text = format_summary(summary)
     assert "10 images (9 classified, 1 errors)" in text and "4.00 images/s" in text and len(text.splitlines()) == 6
+
+
+# ---- launcher or not ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env, found", [
+    ({}, None),
+    ({"SLURM_NTASKS": "1"}, None),  # an allocation of one task, no launcher in sight
+    ({"SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "1"}, "PMI_RANK=0"),  # mpiexec -n 1 (MPICH, Intel MPI)
+    ({"OMPI_COMM_WORLD_SIZE": "1"}, "OMPI_COMM_WORLD_SIZE=1"),  # mpirun -n 1 (Open MPI)
+    ({"VGGSERVE_MPI": "1"}, "VGGSERVE_MPI=1"),
+])
+def test_a_launcher_is_recognised_from_its_variables(monkeypatch, env, found):
+    from vggserve.distributed import mpi
+
+    for name in (*mpi.LAUNCHER_VARIABLES, *mpi.SIZE_VARIABLES, mpi.FORCE_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert mpi.launcher_variable() == found
+    if found is None:
+        world = mpi.world()
+        assert isinstance(world, mpi.SingleProcess) and (world.Get_rank(), world.Get_size()) == (0, 1)
+        assert mpi.node_layout(world) == (0, 1) and world.allgather("x") == ["x"] and world.bcast(3) == 3

@@ -133,3 +133,23 @@ def test_device_all_expands_to_one_worker_per_gpu_or_the_cpu():
     gpus = [d for d in devs.list_devices() if d.usable and d.kind == "gpu"]
     assert devs.expand("all") == (tuple(f"gpu:{i}" for i in range(len(gpus))) or ("cpu",))
     assert devs.expand("gpu:1") == ("gpu:1",)
+
+
+def test_version_prints_the_package_version_and_exits_0():
+    from vggserve import __version__
+
+    r = vggserve("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"vggserve {__version__}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'path = "vggserve/__init__.py"' in pyproject  # one source
+
+
+def test_top_k_outside_1_to_1000_is_the_same_usage_error_for_classify_and_batch(tmp_path):
+    """`--top-k 0` exited 2 (argparse) while `--top-k 2000` exited 1 (checked later) for classify."""
+    for command in (["classify", IMAGES[0]], ["batch", "--input", IMAGES[0], "--output", tmp_path / "r.jsonl"]):
+        for value, words in (("0", "expected a positive integer, got 0"), ("2000", "must be at most 1000")):
+            r = vggserve(*command, "--top-k", value)
+            assert r.returncode == 2, (command, value, r.stderr)
+            assert f"argument --top-k: {words}" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "r.jsonl").exists()

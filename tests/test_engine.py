@@ -104,8 +104,24 @@ def test_device_specs_resolve_or_explain():
     with pytest.raises(DeviceError, match="no CPU device number 99"):
         devs.resolve("cpu:99")
     if not any(d.kind == "gpu" and d.usable for d in devs.list_devices()):
-        with pytest.raises(DeviceError, match="no GPU device number 0"):
+        with pytest.raises(DeviceError, match="no usable GPU device"):
             devs.resolve("gpu")
+
+
+def test_a_platform_and_device_spec_that_selects_nothing_says_which_part_is_wrong():
+    """`--device 5:0` used to say "no OpenCL 5:0 device number 0"."""
+    devices = devs.list_devices()
+    platforms = {d.platform_index for d in devices}
+    missing_platform = max(platforms, default=-1) + 1
+    with pytest.raises(DeviceError, match=rf"^no OpenCL device {missing_platform}:0: there is no OpenCL platform "
+                                          rf"{missing_platform} with devices \(usable devices: "):
+        devs.resolve(f"{missing_platform}:0")
+    if devices:
+        platform = devices[0].platform_index
+        count = sum(d.platform_index == platform for d in devices)
+        with pytest.raises(DeviceError, match=rf"^no OpenCL device {platform}:{count}: platform {platform} has "
+                                              rf"{count} device\(s\), numbered from 0 \("):
+            devs.resolve(f"{platform}:{count}")
 
 
 def test_nvidia_driver_without_icd_is_diagnosed_with_the_fix(monkeypatch, tmp_path):
@@ -188,3 +204,19 @@ def test_fully_connected_layers_split_over_k_match_float64(tiny_tensors, monkeyp
     ref = reference_logits(tiny_tensors, x)
     assert max_rel_err(out, ref) < 1e-4
     np.testing.assert_array_equal(top5(out), top5(ref))
+
+
+def test_classify_names_the_image_of_a_list_that_cannot_be_read(tiny_tensors, tmp_path):
+    from PIL import Image
+
+    from vggserve.images import ImageDecodeError
+
+    good = tmp_path / "good.png"
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(good)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not an image")
+    with VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=4) as model:
+        with pytest.raises(ImageDecodeError, match=r"^images\[2\]: .*bad\.jpg") as info:
+            model.classify([good, Image.open(good), bad, good])
+        assert info.value.index == 2
+        assert len(model.classify([good, Image.open(good)], top_k=2)) == 2

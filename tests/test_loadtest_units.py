@@ -154,6 +154,28 @@ def test_summary_counts_add_up_and_warmup_is_left_out():
     assert row["latency_p50_ms"] == pytest.approx(50.0)
 
 
+def test_throughput_counts_the_same_requests_as_ok():
+    """The reported row: warm-up answers arriving in the window gave "img/s 1.0" beside "ok 0, timeout: 10"."""
+    run = LevelRun(make_plan(warmup=2.0, duration=10.0), clock0=0.0)
+    run.records = [record(i, WARMUP, OK, 200, 0.1 * i, 0.1 * i, 2.5 + i) for i in range(10)]  # answered in window
+    run.records += [record(10 + i, MEASURE, TIMEOUT, 0, 2 + i, 2 + i, 12 + i) for i in range(10)]
+    run.start_s, run.window_start_s, run.window_end_s, run.end_s = 0.0, 2.0, 12.0, 22.0
+    row = summarize(run, server_split(None, None))
+    assert (row["ok"], row["errors_by_key"], row["throughput_ips"]) == (0, {"timeout": 10}, 0.0)
+
+
+def test_throughput_of_an_overloaded_level_spans_its_answers_not_its_window():
+    """Open loop past saturation: 40 measured requests due in 2 s, answered at 4/s until 11 s. Dividing by the
+    window would claim 20/s; the measured requests' answers span 10 s."""
+    run = LevelRun(make_plan(warmup=1.0, duration=2.0), clock0=0.0)
+    run.records = [record(i, MEASURE, OK, 200, 1 + i / 20, 1 + i / 20, 1.25 + i / 4) for i in range(40)]
+    run.start_s, run.window_start_s, run.window_end_s, run.end_s = 0.0, 1.0, 3.0, 11.0
+    row = summarize(run, server_split(None, None))
+    assert row["answer_span_s"] == pytest.approx(10.0)
+    assert row["throughput_ips"] == pytest.approx(4.0)
+    assert row["throughput_ips"] * row["answer_span_s"] == row["ok"]
+
+
 def test_timeline_buckets_hold_every_answer_once():
     run = LevelRun(make_plan(), clock0=0.0)
     run.records = [record(i, MEASURE, OK if i % 4 else HTTP_ERROR, 200 if i % 4 else 500,
@@ -179,8 +201,10 @@ def rescanned_progress_text(run: LevelRun, total_s: float) -> str:
     dropped = sum(r.outcome == DROPPED for r in records)
     done = [r for r in records if r.outcome and r.outcome != DROPPED]
     ok = [r for r in done if r.is_ok]
-    recent = [r.latency_ms for r in ok if r.done_s is not None and r.done_s >= now - RECENT_S]
-    span = min(RECENT_S, max(elapsed, 1e-9))
+    answered = [r.done_s for r in ok if r.done_s is not None]
+    start = max(run.start_s, max(answered, default=now) - RECENT_S)
+    recent = [r.latency_ms for r in ok if r.done_s is not None and r.done_s >= start]
+    span = max(now - start, 1e-9)
     p95 = percentiles(recent)["latency_p95_ms"]
     p95_text = "-" if p95 is None else f"{p95:.1f} ms"
     dropped_text = f"  dropped {dropped}" if dropped else ""
@@ -225,6 +249,24 @@ def test_progress_line_kept_incrementally_prints_what_a_full_rescan_prints():
         lines.append(want)
     assert any("dropped" in line for line in lines) and any("p95 -" not in line for line in lines)
     assert {line.split("]")[0].split()[-1] for line in lines} == {"warmup", "measure", "drain"}
+
+
+def test_progress_line_keeps_a_rate_and_p95_while_a_slow_batch_runs():
+    """Answers come in bursts, one batch every 5 s: between bursts the line used to show 0.0 img/s and p95 -."""
+    run = LevelRun(make_plan(warmup=0.0, duration=30.0), clock0=0.0)
+    clock = {"t": 0.0}
+    run.now = lambda: clock["t"]
+    tally = ProgressTally(run)
+    run.records = [record(i, MEASURE, OK, 200, due=0.0, sent=0.0, done=5.0) for i in range(8)]
+    rates = []
+    for t in (5.5, 6.0, 7.5, 9.0, 9.9):  # the next batch is due at 10 s
+        clock["t"] = t
+        line = progress_text(tally, 30.0)
+        rate = float(line.split(" img/s")[0].split()[-1])
+        assert rate > 0 and "p95 5000.0 ms" in line, line
+        rates.append(rate)
+    assert rates == sorted(rates, reverse=True)  # falls with the wait, without a jump to zero
+    assert rates[-1] == pytest.approx(8 / (9.9 - 3.0), abs=0.05)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -62,18 +62,23 @@ def params_of(cfg):
     return dict(zip(("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB"), cfg), ALGO="tc_gemm")
 
 
-def run_layer(tc_env, prec, cfg, shape, rng, splits_target=None):
+def run_layer(tc_env, prec, cfg, shape, rng, splits_target=None, make=None):
+    """(NHWC output as float64, float64 reference in NCHW, the layer) of one tensor-core layer on random data:
+    TensorCoreLayer with params_of(cfg), or make(ctx, cache, prec, layer, weight, bias, env)."""
     ctx, queue, cache, caps = tc_env
     n, cin, cout, h, w, ks = shape
-    p = params_of(cfg)
-    if splits_target is not None:
-        p["GROUPS_TARGET"] = splits_target
     layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, h if ks == 3 else 1)
     weight = (rng.standard_normal((cout, cin, ks, ks)) / np.sqrt(cin * ks * ks)).astype(np.float32)
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     env = BuildEnv(caps=caps, max_batch=n)
-    op = TensorCoreLayer(ctx, cache, p, prec, layer, weight if ks == 3 else weight[:, :, 0, 0], bias, env)
+    if make is None:
+        p = params_of(cfg)
+        if splits_target is not None:
+            p["GROUPS_TARGET"] = splits_target
+        op = TensorCoreLayer(ctx, cache, p, prec, layer, weight if ks == 3 else weight[:, :, 0, 0], bias, env)
+    else:
+        op = make(ctx, cache, prec, layer, weight, bias, env)
     xin = np.zeros((n, h, w, op.cpad), np.float32)
     xin[..., :cin] = x.transpose(0, 2, 3, 1)
     xin = xin.astype(np.float16) if prec.half else rna_tf32(xin)
@@ -101,6 +106,27 @@ def test_tensor_core_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     assert not np.isnan(got).any(), "an output element was never written"
     assert np.all(got[..., cout:] == 0), "the padding channels must be zero (the next layer reads them)"
     # one rounding of the output to the storage type (2^-11 relative), FP32 accumulation
+    assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+HALO_CONFIGS = [(8, 16, 64, 2, 2, 3), (8, 8, 32, 2, 1, 2), (16, 8, 64, 2, 2, 4)]
+HALO_SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 11, 17), (1, 40, 70, 9, 4), (1, 16, 16, 8, 16)]
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("cfg", HALO_CONFIGS, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
+@pytest.mark.parametrize("shape", HALO_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_halo_tile_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
+    """conv_tc_halo.cl: blocks cut by the image's edges, channel counts below one chunk and not a multiple of it."""
+    from vggserve.ops.tensorcore import HaloLayer, halo_valid
+
+    p = dict(zip(("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES"), cfg), ALGO="tc_halo")
+    assert halo_valid(p)
+    got, ref, _ = run_layer(tc_env, prec, None, (*shape, 3), rng,
+                            make=lambda ctx, cache, prec, layer, w, b, env: HaloLayer(ctx, cache, p, prec, layer, w, b,
+                                                                                       env))
+    cout = shape[2]
+    assert not np.isnan(got).any() and np.all(got[..., cout:] == 0)
     assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
 
 

@@ -7,6 +7,7 @@ checkpoint; its SHA256 prefix is passed in because a real `397923af` prefix cann
 import functools
 import http.server
 import json
+import os
 import socket
 import threading
 import time
@@ -60,6 +61,17 @@ def test_torchvision_download_is_verified_renamed_recorded_and_found(served, cac
     assert sidecar["sha256"] == digest and sidecar["url"].startswith(base)
     assert find_weights() == path  # the default lookup finds it with no flags
     assert load_weights(path).format == "pth-legacy"
+
+
+def test_downloaded_weights_get_the_permissions_the_umask_gives(served, cache):
+    base, root = served
+    digest = sha256_file(root / TORCHVISION.file_name)
+    previous = os.umask(0o022)
+    try:
+        path = fetch_torchvision(url=f"{base}/{TORCHVISION.file_name}", expected_prefix=digest[:8], progress=False)
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_torchvision_checksum_mismatch_deletes_the_download(served, cache):

@@ -79,16 +79,82 @@ def test_format_is_detected_from_content_not_extension(tmp_path, tiny_tensors):
     assert load_weights(path).format == "safetensors"
 
 
-def test_safetensors_whose_header_length_starts_with_a_pickle_byte_is_safetensors(tmp_path, tiny_tensors):
-    # a header of 128 + 256 k bytes makes the file's first byte 0x80, a pickle's PROTO opcode
-    for pad in range(0, 260, 8):
-        path = tmp_path / "w.safetensors"
-        save_safetensors(tiny_tensors, path, {"note": "x" * pad})
-        if path.read_bytes()[0] == 0x80:
-            break
-    else:
-        pytest.fail("no metadata length gave a header length of 128 mod 256")
-    assert load_weights(path).format == "safetensors"
+def crafted_safetensors(path, header_len: int):
+    """A valid one-tensor safetensors file whose header is padded with spaces to exactly `header_len` bytes."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    assert len(header) <= header_len
+    path.write_bytes(struct.pack("<Q", header_len) + header.ljust(header_len) + np.float32([1.5, -2]).tobytes())
+    return path
+
+
+def test_safetensors_is_recognised_whatever_the_low_byte_of_its_header_length(tmp_path):
+    """The first byte of a safetensors file is its header length's low byte: 0x80 (a pickle's first byte) included."""
+    from vggserve.weights.sniff import detect_format
+
+    refused = []
+    for low_byte in range(256):
+        path = crafted_safetensors(tmp_path / f"w{low_byte}.bin", 256 + low_byte)
+        assert path.read_bytes()[0] == low_byte
+        np.testing.assert_array_equal(load_file(str(path))["w"], [1.5, -2])  # the library agrees it is valid
+        try:
+            if detect_format(path) != "safetensors":
+                refused.append(low_byte)
+        except WeightsError:
+            refused.append(low_byte)
+    assert refused == []
+
+
+def test_quarter_width_weights_that_start_with_0x80_load(tmp_path, capsys):
+    """`vggserve weights init --width 0.25` writes a header of 0x0b80 bytes: it used to be refused as a pickle."""
+    from vggserve.cli import main
+
+    path = tmp_path / "quarter.safetensors"
+    assert main(["weights", "init", "--seed", "0", "--width", "0.25", "--output", str(path)]) == 0
+    assert path.read_bytes()[:1] == b"\x80"
+    loaded = load_weights(path)
+    assert loaded.format == "safetensors" and loaded.width == 0.25
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test (restored after)."""
+    import os
+
+    previous = os.umask(0o022)
+    yield lambda mask: os.umask(mask)
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)], ids=["022", "027", "002"])
+def test_written_weights_get_the_permissions_the_umask_gives(tmp_path, tiny_tensors, umask, mask, mode, capsys):
+    """A weights file made by one user (an administrator) must be readable by another (the service's) where
+    the umask says so, as with any file written in place; mkstemp made every file 0600."""
+    from vggserve.cli import main
+
+    umask(mask)
+    saved = save_safetensors(tiny_tensors, tmp_path / "saved.safetensors")
+    init = ["weights", "init", "--seed", "0", "--width", "0.125", "--output", str(tmp_path / "init.safetensors")]
+    assert main(init) == 0
+    assert main(["weights", "convert", str(saved), str(tmp_path / "converted.safetensors")]) == 0
+    for name in ("saved", "init", "converted"):
+        assert (tmp_path / f"{name}.safetensors").stat().st_mode & 0o777 == mode, name
+
+
+def test_a_pickle_that_is_not_a_torch_checkpoint_is_still_named_a_pickle(tmp_path):
+    import pickle
+
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        path = tmp_path / f"p{protocol}.pth"
+        path.write_bytes(pickle.dumps({"features.0.weight": [1.0] * 64}, protocol=protocol))
+        with pytest.raises(WeightsError, match="a Python pickle but not a torch checkpoint"):
+            load_weights(path)
+
+
+def test_a_header_length_past_the_end_is_a_truncated_safetensors_file(tmp_path):
+    path = tmp_path / "cut.bin"
+    path.write_bytes(crafted_safetensors(tmp_path / "whole.bin", 300).read_bytes()[:100])
+    with pytest.raises(WeightsError, match=r"cut\.bin: truncated safetensors file \(header of 300 bytes"):
+        load_weights(path)
 
 
 def test_save_safetensors_is_atomic_and_keeps_metadata(tmp_path, tiny_tensors):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -228,6 +229,9 @@ def _binary_stream(source: Source) -> Iterator[tuple[BinaryIO, str]]:
     yield io.BytesIO(data), "input"
 
 
+_PILLOW_SIZE = re.compile(r"Image size \((\d+) pixels\)")  # in Pillow's DecompressionBomb messages
+
+
 def _open_header(stream: BinaryIO, where: str, max_pixels: int, accepted: frozenset[str]) -> Image.Image:
     """Pillow's lazy open (header only); Pillow's bomb warning/error become `ImageTooLarge`."""
     pillow_limit = Image.MAX_IMAGE_PIXELS
@@ -254,8 +258,20 @@ def _open_header(stream: BinaryIO, where: str, max_pixels: int, accepted: frozen
 
 
 def _too_large(where: str, exc: Exception, max_pixels: int | None) -> ImageTooLarge:
-    limit = f" (limit: {max_pixels} pixels)" if max_pixels is not None else ""
-    return ImageTooLarge(f"{_capital(where)} is too large{limit}: Pillow says: {exc}")
+    """Pillow's bomb guard fired before our own check could: say it with our limit, in `_check_pixels`' words
+    (Pillow's message quotes its own threshold, a second and different limit). Without a limit of ours (while
+    decoding), Pillow's message alone."""
+    if max_pixels is None:
+        return ImageTooLarge(f"{_capital(where)} is too large to decode: {exc}")
+    found = _PILLOW_SIZE.search(str(exc))
+    if found is None:
+        return ImageTooLarge(f"{_capital(where)} is more than the limit of {max_pixels} pixels")
+    pixels = int(found.group(1))
+    if pixels > max_pixels:
+        return ImageTooLarge(f"{_capital(where)} is {pixels} pixels, more than the limit of {max_pixels} pixels")
+    # within our limit, but past the one Pillow always enforces (twice Image.MAX_IMAGE_PIXELS)
+    return ImageTooLarge(f"{_capital(where)} is {pixels} pixels, more than the limit of "
+                         f"{2 * Image.MAX_IMAGE_PIXELS} pixels that Pillow enforces (Image.MAX_IMAGE_PIXELS)")
 
 
 def _foreign_format(head: bytes) -> str | None:

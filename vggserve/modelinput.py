@@ -2,7 +2,7 @@
 
     form     array                              what is still to do
     image    uint8 (h, w, 3) decoded RGB,       Resize(256) + CenterCrop(224): on the device when the model resizes
-             within the aspect-ratio bound      (VGG16.submit), else here (`preprocess.center_crop`); then as crop
+             within the aspect-ratio bound      (VGG16.submit), else here (`preprocessing.center_crop`); then as crop
     crop     uint8 (224, 224, 3) RGB            normalisation: on the device (VGG16's pixel input), or here
     tensor   float32 (3, 224, 224)              nothing: normalised already, as `VGG16.logits` takes it
 
@@ -23,7 +23,7 @@ import logging
 import numpy as np
 from PIL import Image
 
-from .preprocess import (CROP_SIZE, aspect_box, center_crop, check_mode, limit_aspect_ratio, normalize_pixels,
+from .preprocessing import (CROP_SIZE, aspect_box, center_crop, check_mode, limit_aspect_ratio, normalize_pixels,
                          resized_size)
 from .images import to_rgb
 
@@ -91,7 +91,7 @@ class ModelInput:
         return resized_size(width, height) != (width, height)
 
     def cropped(self) -> "ModelInput":
-        """An image's centre crop computed here, on the CPU (`preprocess.center_crop`); crops and tensors as they
+        """An image's centre crop computed here, on the CPU (`preprocessing.center_crop`); crops and tensors as they
         are."""
         if self.form != IMAGE:
             return self

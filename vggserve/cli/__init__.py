@@ -15,7 +15,10 @@ SUBCOMMANDS = ("classify", "devices", "weights", "bench", "batch", "serve", "loa
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="vggserve", description="VGG16 image classification on OpenCL.")
+    parser.add_argument("--version", action="version", version=f"vggserve {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:

@@ -8,7 +8,7 @@ mpi4py is imported only when the command runs, so other subcommands never start 
 
 import argparse
 
-from .common import add_decode_arg, add_precision_arg, positive_int
+from .common import add_decode_arg, add_precision_arg, positive_int, top_k
 
 
 def register(subparsers) -> None:
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="auto", metavar="SPEC",
                         help="gpu (GPU number <local rank>), cpu, auto, or one device per local rank: "
                              "gpu:0,gpu:2 (default auto)")
-    parser.add_argument("--top-k", type=_top_k, default=5, metavar="K", help="predictions per image (default 5)")
+    parser.add_argument("--top-k", type=top_k, default=5, metavar="K", help="predictions per image (default 5)")
     parser.add_argument("--retry-errors", action="store_true",
                         help="classify again the images listed in the errors file (default: skip them)")
     parser.add_argument("--decode-procs", type=_decode_procs, default="auto", metavar="N",
@@ -49,13 +49,6 @@ def register(subparsers) -> None:
                         help="also write the final summary (per-rank throughput) as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_run)
-
-
-def _top_k(text: str) -> int:
-    value = positive_int(text)
-    if value > 1000:
-        raise argparse.ArgumentTypeError(f"must be at most 1000 (the number of classes), got {value}")
-    return value
 
 
 def _decode_procs(text: str) -> int | str:

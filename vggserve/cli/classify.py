@@ -2,7 +2,7 @@
 
 import sys
 
-from .common import add_decode_arg, add_device_args, load_model, positive_int
+from .common import add_decode_arg, add_device_args, load_model, top_k
 
 
 def register(subparsers) -> None:
@@ -10,7 +10,7 @@ def register(subparsers) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (JPEG, PNG, WEBP, GIF, BMP, TIFF)")
     p.add_argument("--weights", default=None,
                    help="weights file (default: $VGGSERVE_WEIGHTS, then fetched weights; see `vggserve weights`)")
-    p.add_argument("--top-k", type=positive_int, default=5, help="classes per image (default 5)")
+    p.add_argument("--top-k", type=top_k, default=5, help="classes per image, 1..1000 (default 5)")
     p.add_argument("--json", action="store_true",
                    help='one JSON object per image per line: {"image", "predictions": [{"index", "label", "probability"}]}')
     add_device_args(p, batch_default=8)
@@ -21,11 +21,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..decoding import decode_input
     from ..distributed.pipeline import classify_decoded
-    from ..errors import ImageError, VggserveError
+    from ..errors import ImageError
     from ..modelinput import uses_device_resize
 
-    if args.top_k > 1000:
-        raise VggserveError(f"--top-k must be at most 1000, got {args.top_k}")
     model = load_model(args.weights, args.device, args.batch_size, precision=args.precision)
     on_device = uses_device_resize(model)  # the device resizes and crops, bit for bit as on the CPU
     failures = 0

@@ -39,6 +39,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+NUM_CLASSES = 1000
+
+
+def top_k(text: str) -> int:
+    """--top-k: 1..1000 (the number of classes); anything else is a usage error (exit status 2) like any bad flag."""
+    import argparse
+
+    value = positive_int(text)
+    if value > NUM_CLASSES:
+        raise argparse.ArgumentTypeError(f"must be at most {NUM_CLASSES} (the number of classes), got {value}")
+    return value
+
+
 def note(message: str) -> None:
     """A status line on stderr (stdout stays machine-readable)."""
     print(message, file=sys.stderr, flush=True)

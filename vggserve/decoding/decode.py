@@ -23,7 +23,7 @@ import numpy as np
 
 from ..images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, Source, decode_opened, open_checked, read_source
 from ..modelinput import ModelInput, device_input, goes_raw
-from ..preprocess import RESIZE_SHORTER, aspect_box, check_mode, preprocess
+from ..preprocessing import RESIZE_SHORTER, aspect_box, check_mode, preprocess
 from . import jpeg
 from .stages import NO_CLOCK
 

@@ -4,13 +4,15 @@
     exit_code = run_batch(BatchOptions(input="photos/", output="results.jsonl", device="gpu"))  # collective
 
 Phases, all ranks together:
-1. plan (rank 0): find the weights, list the inputs, open the output (cutting a torn tail), drop the images
-   already done; broadcast the weights path or the error.
-2. setup (every rank): bind the device by local rank, load the model; any failure ends every rank cleanly.
-3. run: rank 0 coordinates (coordinator.Coordinator, on its main thread) and classifies (on a helper thread
-   when the MPI thread level allows), the others take chunks from it (workqueue); results go to the output as
-   they arrive. An exception on any rank (with more than one rank) prints that rank's message and aborts every
-   rank (MPI_Abort, exit status 1); with one rank it is raised as usual.
+1. plan (rank 0): find the weights, list the inputs, open the output if it exists (cutting a torn tail), drop
+   the images already done; broadcast the weights path or the error.
+2. setup (every rank): bind the device by local rank, load the model; any failure ends every rank cleanly,
+   with no output file created.
+3. run: rank 0 creates the output files that do not exist yet, then coordinates (coordinator.Coordinator, on
+   its main thread) and classifies (on a helper thread when the MPI thread level allows), the others take chunks
+   from it (workqueue); results go to the output as they arrive. An exception on any rank (with more than one
+   rank) prints that rank's message and aborts every rank (MPI_Abort, exit status 1); with one rank it is raised
+   as usual.
 4. summary (rank 0): progress bar closed, totals and per-rank throughput printed (and written as JSON).
 """
 
@@ -129,6 +131,7 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
     try:
         try:
             if rank == 0:
+                plan.store.start()
                 progress = _progress_bar(plan, options.progress)
                 started = time.perf_counter()
                 chunks = chunked(plan.todo, chunk_size(len(plan.todo), size, options.batch_size))

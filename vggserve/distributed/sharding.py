@@ -64,7 +64,7 @@ from ..errors import VggserveError, describe
 from ..predictions import top_k as top_k_predictions
 from ..weights.spec import NUM_CLASSES
 from .binding import RankSetupError, load_rank_model
-from .mpi import wait, world
+from .mpi import mpi_world, wait
 
 _STOP, _LOGITS, _PROBABILITIES = 0, 1, 2
 _OPERATIONS = {_LOGITS: "logits", _PROBABILITIES: "probabilities"}
@@ -183,7 +183,7 @@ class ShardedModel:
         from PIL import Image
 
         from ..images import open_image
-        from ..preprocess import preprocess_batch
+        from ..preprocessing import preprocess_batch
 
         images = list(images)
         if not images:
@@ -246,7 +246,7 @@ def run_sharded(serve, weights, device: str = "gpu", max_batch_size: int = 16, c
                 precision: str = "fp32") -> int:
     """Collective. Rank 0: `serve(ShardedModel)`, its return value (None -> 0) is the exit code. Other ranks:
     worker_loop until rank 0 is done, then 0. See the module docstring for setup failures."""
-    comm = comm if comm is not None else world()
+    comm = comm if comm is not None else mpi_world()
     try:
         bound = load_rank_model(weights, device=device, max_batch_size=max_batch_size, comm=comm,
                                 precision=precision)

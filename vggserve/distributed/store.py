@@ -16,6 +16,9 @@ Guarantees:
 - Errored images are not retried by a rerun, unless `retry_errors` is set: then the errors file is emptied
   (atomically) and those images are classified again.
 - An exclusive flock on OUTPUT keeps a second job from writing the same files at the same time.
+- Files that do not exist yet are created by `start()`, once the job has started (every rank has its model):
+  a job that fails to set up (no such GPU, bad weights) leaves no empty files, or folders, behind. Opening
+  checks only that they could be created.
 """
 
 from __future__ import annotations
@@ -54,17 +57,44 @@ def error_line(image: str, reason: str, kind: str) -> str:
 
 
 class JsonlAppender:
-    """One append-only JSON-lines file: recovered on open (torn tail cut), then appended to in whole lines."""
+    """One append-only JSON-lines file: recovered on open (torn tail cut), then appended to in whole lines.
 
-    def __init__(self, path: Path, lock: bool = False):
+    A file that exists is opened (and locked) at once; one that does not is only checked to be creatable, and
+    made by `create()`. `read=False`: do not look at an existing file now (`create()` opens whatever is there).
+    """
+
+    def __init__(self, path: Path, lock: bool = False, read: bool = True):
         self.path = path
+        self.lock = lock
         self.discarded_bytes = 0
+        self.images: list[str] = []
+        self._fd = -1
+        self._last_sync = time.monotonic()
+        self._made_here = not (read and path.exists())
+        if self._made_here:
+            _check_creatable(path)
+        else:
+            self._open(os.O_RDWR | os.O_APPEND)
+
+    def create(self) -> None:
+        """Open the file, creating it (and its folder) if needed; nothing to do if it is open already."""
+        if self._fd >= 0:
+            return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OutputError(f"cannot open {path}: {exc.strerror}") from exc
-        if lock:
+            raise OutputError(f"cannot create the folder of {self.path}: {exc.strerror}") from exc
+        self._open(os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        if self.images and self._made_here:
+            self.close()
+            raise OutputError(f"{self.path} was written by something else while this job started; run it again")
+
+    def _open(self, flags: int) -> None:
+        try:
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise OutputError(f"cannot open {self.path}: {exc.strerror}") from exc
+        if self.lock:
             self._lock()
         self.images = self._recover()
         self._last_sync = time.monotonic()
@@ -130,24 +160,32 @@ class JsonlAppender:
 
 
 class ResultStore:
-    """OUTPUT and its errors file. `done`: images already recorded (skipped by this run)."""
+    """OUTPUT and its errors file. `done`: images already recorded (skipped by this run). Nothing is created or
+    changed on disk before `start()` (an existing OUTPUT is locked, and a torn tail cut, at once)."""
 
     def __init__(self, output: str | os.PathLike, retry_errors: bool = False):
         self.output = Path(output)
         self.errors_path = errors_path_for(self.output)
+        self.retry_errors = retry_errors
         if self.output.resolve() == self.errors_path.resolve():
             raise OutputError(f"--output {output}: name it differently from its errors file")
         self.results = JsonlAppender(self.output, lock=True)
         try:
-            if retry_errors:
-                _empty_atomically(self.errors_path)
-            self.errors = JsonlAppender(self.errors_path)
+            self.errors = JsonlAppender(self.errors_path, read=not retry_errors)
         except BaseException:
             self.results.close()
             raise
         self.done = set(self.results.images) | set(self.errors.images)
         self.result_count = len(set(self.results.images))
         self.error_count = len(set(self.errors.images))
+
+    def start(self) -> None:
+        """The job has started: create the files that do not exist yet; for `retry_errors`, empty the errors
+        file (atomically) first."""
+        self.results.create()
+        if self.retry_errors:
+            _empty_atomically(self.errors_path)
+        self.errors.create()
 
     @property
     def discarded_bytes(self) -> int:
@@ -166,6 +204,18 @@ class ResultStore:
             self.errors.close()
         finally:
             self.results.close()
+
+
+def _check_creatable(path: Path) -> None:
+    """OutputError now, rather than after the models are loaded, when `path` could not be created: its nearest
+    existing folder is not a folder, or not writable."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"cannot create {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot create {path}: no permission to write in {folder}")
 
 
 def _empty_atomically(path: Path) -> None:

@@ -117,12 +117,16 @@ class CoordinatorLink:
         self.outbox = Outbox(comm)
 
     def report_waiting(self) -> bool:
+        if self.size == 1:  # no worker ranks (and, in a SingleProcess world, no MPI to ask)
+            return False
         from mpi4py import MPI
 
         return self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPORT)
 
     def next_report(self) -> tuple[int, dict] | None:
         """(worker rank, report) for a report that has arrived, else None at once."""
+        if self.size == 1:
+            return None
         from mpi4py import MPI
 
         status = MPI.Status()

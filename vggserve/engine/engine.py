@@ -176,7 +176,7 @@ class Engine:
         The service checks it once before it lets front ends send raw images."""
         from PIL import Image
 
-        from ..preprocess import center_crop
+        from ..preprocessing import center_crop
 
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w, h in ((500, 375), (300, 1000), (231, 97))]
@@ -209,7 +209,7 @@ class Engine:
         return self._run(x, "probabilities")
 
     def logits_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocess.center_crop`), normalised on the device
+        """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocessing.center_crop`), normalised on the device
         with the model's preprocessing mode: the same input `preprocess` would give, 4x less to upload."""
         return self._run(pixels, "logits")
 
@@ -217,15 +217,19 @@ class Engine:
         return self._run(pixels, "probabilities")
 
     def classify(self, images, top_k: int = 5) -> list[list[dict]]:
-        """PIL images or paths -> per image, the top_k classes [{"index", "label", "probability"}]."""
+        """PIL images, paths or encoded bytes -> per image, the top_k classes [{"index", "label", "probability"}].
+
+        All or nothing: an image that cannot be read raises its ImageError before anything runs, with the message
+        starting `images[i]: ` and the position in `.index` (to go on past bad images, open them first with
+        `vggserve.images.open_image`, as `vggserve classify` and the batch job do).
+        """
         from PIL import Image
 
-        from ..images import open_image
-        from ..preprocess import center_crop
+        from ..preprocessing import center_crop
 
         if not images:
             return []
-        pictures = [img if isinstance(img, Image.Image) else open_image(img) for img in images]
+        pictures = [img if isinstance(img, Image.Image) else _open_listed(img, i) for i, img in enumerate(images)]
         crops = np.stack([center_crop(p) for p in pictures])
         return top_k_predictions(self.probabilities_from_pixels(crops), top_k)
 
@@ -266,3 +270,16 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _open_listed(source, index: int):
+    """open_image for the `index`-th entry of a list; its ImageError says which entry it was."""
+    from ..errors import ImageError
+    from ..images import open_image
+
+    try:
+        return open_image(source)
+    except ImageError as exc:
+        error = type(exc)(f"images[{index}]: {exc}")
+        error.index = index
+        raise error from None

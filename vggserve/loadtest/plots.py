@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -12,9 +13,12 @@ from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 PCT_STYLES = (("latency_p50_ms", "p50"), ("latency_p90_ms", "p90"), ("latency_p95_ms", "p95"),
               ("latency_p99_ms", "p99"), ("latency_max_ms", "max"))
-SPLIT_PARTS = (("server_queue_ms", "queue (per request)", "#4c72b0"),
-               ("server_preprocess_ms", "preprocess (per image)", "#dd8452"),
-               ("server_inference_ms", "inference (per batch)", "#55a868"))
+# means over different things (a request, an image, a batch): drawn side by side, never added up
+SPLIT_PARTS = (("server_queue_ms", "queue (mean per request)", "#4c72b0"),
+               ("server_preprocess_ms", "preprocess (mean per image)", "#dd8452"),
+               ("server_inference_ms", "inference (mean per batch)", "#55a868"),
+               ("server_request_ms", "whole request (mean per request)", "#8c8c8c"))
+NO_SUCCESS = "no successful\nrequests"
 
 
 def _load_axis(mode: str) -> str:
@@ -41,7 +45,7 @@ def plot_throughput(rows: list[dict], mode: str, path: Path) -> Path:
     ax.plot(_x(rows), [r["throughput_ips"] for r in rows], "o-", label="achieved (2xx answers/s)")
     if mode == "open":
         ax.plot(_x(rows), _x(rows), "--", color="gray", label="offered rate")
-    errors = [r["errors"] / r["window_s"] if r["window_s"] else 0 for r in rows]
+    errors = [r["errors"] / r["answer_span_s"] if r["answer_span_s"] else 0 for r in rows]
     if any(errors):
         ax.plot(_x(rows), errors, "x:", color="tab:red", label="errors/s (dropped included)")
     _log_x(ax, rows)
@@ -58,10 +62,10 @@ def plot_latency(rows: list[dict], mode: str, path: Path) -> Path:
     """Client-side latency percentiles against load (log y)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, name in PCT_STYLES:
-        points = [(r["level"], r[key]) for r in rows if r[key] is not None]
-        if points:
-            ax.plot(*zip(*points), "o-", label=name)
+        if any(r[key] is not None for r in rows):  # a level without a value breaks the line, not bridged over
+            ax.plot(_x(rows), [math.nan if r[key] is None else r[key] for r in rows], "o-", label=name)
     _log_x(ax, rows)
+    _mark_levels_without_successes(ax, rows)
     start = "due time" if mode == "open" else "send time"
     values = [r[k] for r in rows for k, _ in PCT_STYLES if r[k]]
     if values and max(values) / min(values) > 20:
@@ -83,19 +87,34 @@ def plot_latency(rows: list[dict], mode: str, path: Path) -> Path:
     return _save(fig, path)
 
 
+def _mark_levels_without_successes(ax, rows: list[dict]) -> None:
+    """A level with no 2xx answer has no latency to draw: say so at its place on the x axis (when some other
+    level has points; with none at all, the whole plot says it)."""
+    empty = [r["level"] for r in rows if all(r[key] is None for key, _ in PCT_STYLES)]
+    if len(empty) == len(rows):
+        return
+    for level in empty:
+        ax.axvline(level, color="tab:red", linestyle=":", linewidth=1)
+        ax.annotate(NO_SUCCESS, (level, 0.5), xycoords=("data", "axes fraction"), ha="center", va="center",
+                    fontsize=8, color="tab:red", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+
+
 def plot_server_split(rows: list[dict], mode: str, path: Path) -> Path | None:
-    """Where the server's time goes per level: mean queue, preprocess and inference ms, and batch size."""
+    """Where the server's time goes per level: mean queue, preprocess, inference and whole-request ms, side by side
+    (each is a mean over something else: a request, an image, a batch), with the mean batch size on top."""
     if all(r.get("server_queue_ms") is None and r.get("server_inference_ms") is None for r in rows):
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     labels = [f"{r['level']:g}" for r in rows]
     positions = range(len(rows))
-    bottom = [0.0] * len(rows)
-    for key, name, color in SPLIT_PARTS:
+    width = 0.8 / len(SPLIT_PARTS)
+    tops = [0.0] * len(rows)
+    for i, (key, name, color) in enumerate(SPLIT_PARTS):
         values = [r.get(key) or 0.0 for r in rows]
-        ax.bar(positions, values, bottom=bottom, label=name, color=color)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    for x, row, top in zip(positions, rows, bottom):
+        ax.bar([x + (i - (len(SPLIT_PARTS) - 1) / 2) * width for x in positions], values, width, label=name,
+               color=color)
+        tops = [max(t, v) for t, v in zip(tops, values)]
+    for x, row, top in zip(positions, rows, tops):
         if row.get("server_batch_size") is not None:
             ax.annotate(f"batch {row['server_batch_size']:.1f}", (x, top), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(positions))
@@ -110,11 +129,13 @@ def plot_server_split(rows: list[dict], mode: str, path: Path) -> Path | None:
 
 
 def _steps(ax, series: list[dict], key: str, end_s: float, color: str, label: str) -> None:
-    """One value per bucket, drawn as a flat step across the bucket (the last one up to `end_s`)."""
-    points = [(b["t_s"], b[key]) for b in series if b[key] is not None]
-    if points:
-        t, v = zip(*points)
-        ax.step(list(t) + [end_s], list(v) + [v[-1]], where="post", color=color, label=label)
+    """One value per bucket, drawn as a flat step across the bucket (the last one up to `end_s`). A bucket
+    without a value (no answer, so no p95) is a gap in the line, not the previous value carried on."""
+    if all(b[key] is None for b in series):
+        return
+    t = [b["t_s"] for b in series] + [end_s]
+    v = [math.nan if b[key] is None else b[key] for b in series]
+    ax.step(t, v + [v[-1]], where="post", color=color, label=label)
 
 
 def plot_timeline(series: list[dict], rows: list[dict], path: Path) -> Path:

@@ -13,14 +13,14 @@ from .stats import percentiles
 
 TTY_INTERVAL_S = 0.5
 LOG_INTERVAL_S = 5.0
-RECENT_S = 2.0  # throughput and p95 on the line cover the last this-many seconds
+RECENT_S = 2.0  # throughput and p95 on the line cover this many seconds up to the last success (see recent_start)
 
 
 class ProgressTally:
     """Running counts of a level's records for the progress line, kept up to date at each tick without rescanning.
 
     A record is looked at on each tick until it has an outcome (set once, with its `done_s`), then counted once;
-    only the successful answers of the last RECENT_S seconds are kept, for the throughput and p95.
+    only the successful answers since `recent_start` are kept, for the throughput and p95.
     """
 
     def __init__(self, run: LevelRun):
@@ -31,10 +31,19 @@ class ProgressTally:
         self.ok = 0
         self._open: list[RequestRecord] = []  # taken in, no outcome yet
         self._recent: list[tuple[float, float]] = []  # (done_s, latency_ms) of recent successes
+        self._last_ok_s: float | None = None  # the latest done_s of a success
 
-    def update(self, now: float) -> list[float]:
-        """Take in the records added and finished since the last update; the latencies of the successes that
-        ended at `now - RECENT_S` or later (`now` never goes back between calls)."""
+    def recent_start(self, now: float) -> float:
+        """Where the line's window starts: RECENT_S before the last success (before `now` while there is none),
+        and not before the level's start. While a slow batch runs, no answer comes for a while: the window then
+        still holds the last answers, and the rate falls gradually with the wait instead of dropping to 0."""
+        latest = now if self._last_ok_s is None else self._last_ok_s
+        return max(self.run.start_s, latest - RECENT_S)
+
+    def update(self, now: float) -> tuple[list[float], float]:
+        """Take in the records added and finished since the last update; (the latencies of the successes that
+        ended at `recent_start` or later, the seconds from there to `now`). `now` never goes back between calls,
+        and `recent_start` never goes back either, so what is dropped here is never wanted again."""
         fresh = self.run.records[self.records:]
         self.records += len(fresh)
         still_open = []
@@ -49,9 +58,11 @@ class ProgressTally:
                     self.ok += 1
                     if record.done_s is not None:
                         self._recent.append((record.done_s, record.latency_ms))
+                        self._last_ok_s = max(record.done_s, self._last_ok_s or record.done_s)
         self._open = still_open
-        self._recent = [entry for entry in self._recent if entry[0] >= now - RECENT_S]
-        return [latency for _, latency in self._recent]
+        start = self.recent_start(now)
+        self._recent = [entry for entry in self._recent if entry[0] >= start]
+        return [latency for _, latency in self._recent], max(now - start, 1e-9)
 
 
 def progress_text(tally: ProgressTally, total_s: float) -> str:
@@ -65,8 +76,7 @@ def progress_text(tally: ProgressTally, total_s: float) -> str:
         phase = MEASURE
     else:
         phase = "drain"  # no new requests; waiting for the answers still in flight
-    recent = tally.update(now)
-    span = min(RECENT_S, max(elapsed, 1e-9))
+    recent, span = tally.update(now)
     p95 = percentiles(recent)["latency_p95_ms"]
     p95_text = "-" if p95 is None else f"{p95:.1f} ms"
     dropped_text = f"  dropped {tally.dropped}" if tally.dropped else ""

@@ -15,7 +15,7 @@ from .stats import ERROR_COLUMNS, LATENCY_KEYS
 SUMMARY_FIELDS = (
     "mode", "level", "label", "start_s", "window_start_s", "window_end_s", "end_s", "window_s",
     "requests", "sent", "ok", "errors", "late", "warmup_requests",
-    "throughput_ips", "send_rate", *LATENCY_KEYS, "service_p95_ms", *ERROR_COLUMNS,
+    "answer_span_s", "throughput_ips", "send_rate", *LATENCY_KEYS, "service_p95_ms", *ERROR_COLUMNS,
     "server_queue_ms", "server_preprocess_ms", "server_inference_ms", "server_request_ms",
     "server_batch_size", "server_requests", "server_rejected", "server_timeouts", "interrupted",
 )
@@ -100,5 +100,6 @@ def format_table(rows: list[dict]) -> str:
     text = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))
             for line in lines]
     text.insert(1, "-" * len(text[0]))
-    note = "latency p50..max: client-side ms; queue/prep/infer: server-side mean ms; batch: mean images per batch"
+    note = ("ok, errors, img/s: the measured requests (warm-up excluded); img/s = ok / s from window start to last answer"
+            "\nlatency p50..max: client-side ms; queue/prep/infer: server-side mean ms; batch: mean images per batch")
     return "\n".join(text + [note])

@@ -4,7 +4,10 @@ Definitions (docs/loadtest.md repeats them for users):
 - requests: measured requests (warm-up excluded); in the open loop, every request the schedule made due in
   the window, whether it was sent or dropped. Each has exactly one outcome, so
   requests == ok + errors, and errors == sum of errors_by_key.
-- throughput_ips: successful answers (2xx) received inside the measurement window, per second of window.
+- every count of a row is over these same measured requests, whenever their answers came: ok is those answered
+  with a 2xx, and throughput_ips is ok per second of answer_span_s, the time from the window's start to its
+  end or to the last measured answer, whichever is later (answers to warm-up requests never count; answers to
+  measured requests that came in the drain do, and so does the time they took).
 - latency percentiles: over the successful measured requests, nearest-rank, in ms; in the open loop from
   each request's due time, in the closed loop from its send time.
 """
@@ -60,8 +63,7 @@ def summarize(run: LevelRun, server: dict) -> dict:
     measured = run.measured()
     ok = [r for r in measured if r.is_ok]
     window = run.window_s
-    in_window = [r for r in run.records
-                 if r.is_ok and r.done_s is not None and run.window_start_s <= r.done_s <= run.window_end_s]
+    span = answer_span(run, measured)
     by_key, columns = count_errors(measured)
     sent = [r for r in measured if r.outcome != DROPPED]
     row = {
@@ -79,7 +81,8 @@ def summarize(run: LevelRun, server: dict) -> dict:
         "errors": len(measured) - len(ok),
         "late": sum(r.late for r in measured),
         "warmup_requests": len(run.records) - len(measured),
-        "throughput_ips": len(in_window) / window if window > 0 else 0.0,
+        "answer_span_s": span,
+        "throughput_ips": len(ok) / span if span > 0 else 0.0,
         "send_rate": len(sent) / window if window > 0 else 0.0,
         **percentiles([r.latency_ms for r in ok]),
         "service_p95_ms": percentiles([r.service_ms for r in ok])["latency_p95_ms"],
@@ -89,6 +92,13 @@ def summarize(run: LevelRun, server: dict) -> dict:
         "interrupted": run.interrupted,
     }
     return row
+
+
+def answer_span(run: LevelRun, measured: list[RequestRecord]) -> float:
+    """Seconds from the window's start to its end or to the last answer of a measured request, if later."""
+    answered = [r.done_s for r in measured if r.done_s is not None]
+    end = max([run.window_end_s, *answered])
+    return max(end - run.window_start_s, 0.0)
 
 
 def timeline(runs: list[LevelRun], bucket_s: float = 1.0) -> list[dict]:

@@ -11,7 +11,7 @@ KERNEL_FILE = "pixels.cl"
 def pixel_table(mode: str) -> np.ndarray:
     """pixels.cl's table: (3, 256) float32, row c = the model input of output channel c for each byte value,
     computed by `normalize_pixels` itself, so the device's conversion is the host's arithmetic bit for bit."""
-    from ..preprocess import normalize_pixels
+    from ..preprocessing import normalize_pixels
 
     ramp = np.repeat(np.arange(256, dtype=np.uint8).reshape(1, 256, 1), 3, axis=2)  # (1, 256, 3): v in every channel
     return np.ascontiguousarray(normalize_pixels(ramp, mode).reshape(3, 256), dtype=np.float32)

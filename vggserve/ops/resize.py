@@ -1,4 +1,4 @@
-"""Resize(256) + CenterCrop(224) on the device, bit for bit as `preprocess.center_crop` (Pillow BILINEAR).
+"""Resize(256) + CenterCrop(224) on the device, bit for bit as `preprocessing.center_crop` (Pillow BILINEAR).
 
 Pillow's resampling (src/libImaging/Resample.c) is exact integer arithmetic once its coefficients are known: per
 output index, a window of source indices [xmin, xmin + taps) and float64 weights, normalised by their sum and
@@ -27,7 +27,7 @@ import numpy as np
 import PIL
 import pyopencl as cl
 
-from ..preprocess import (CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, aspect_box, crop_offsets, crop_pixels,
+from ..preprocessing import (CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, aspect_box, crop_offsets, crop_pixels,
                           resized_size)
 
 PRECISION_BITS = 22  # Pillow's fixed-point fraction bits for 8-bit images: 32 - 8 - 2

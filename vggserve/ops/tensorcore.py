@@ -59,6 +59,13 @@ def nhwc_fc_weights(weight: np.ndarray, channels: int, cpad: int, side: int) -> 
     return laid.reshape(out, -1)
 
 
+def padded_bias(ctx, bias: np.ndarray, npad: int):
+    """The bias as a device buffer of npad floats, zero past the layer's channels (whose outputs stay zero)."""
+    b = np.zeros(npad, np.float32)
+    b[:len(bias)] = bias
+    return upload(ctx, b)
+
+
 class SplitWorkspace:
     """One FP32 partial-sum buffer for the split-K layers of a model (they run one after another on one queue),
     grown while layers are built, never per call."""
@@ -91,9 +98,7 @@ class TensorCoreLayer:
         self.groups_n = self.npad // params["BN"]
         self.ntiles = self.kpad // self.bk
         self.wt = upload(ctx, tc_weights(weight, self.cpad, self.npad, self.kpad, precision), precision.storage)
-        b = np.zeros(self.npad, np.float32)
-        b[:layer.cout] = bias
-        self.bias = upload(ctx, b)
+        self.bias = padded_bias(ctx, bias, self.npad)
         defines = dict(defines_for(params, precision, layer), **env.caps.mma_define)
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_tc"))
         self.target = int(params.get("GROUPS_TARGET", 2 * env.caps.compute_units))
@@ -162,36 +167,130 @@ def valid(params: dict) -> bool:
             and (bn * chunks) % threads == 0)
 
 
-class TensorCoreGemm(Algorithm):
-    name = "tc_gemm"
+class _TensorCoreAlgorithm(Algorithm):
+    """What the tensor-core entries share: they need tensor cores; a candidate is a tile tuple of TILE_KEYS,
+    kept where `valid` and where it fits the device."""
+
     family = "tensorcore"
-    kinds = ("conv3x3", "fc")
     precisions = ("fp16", "tf32")
-    tunables = TUNABLES
-    kernel_file = KERNEL_FILE
+    tiles: list = []
+    tile_keys: tuple = ()
 
     def available(self, caps, precision):
         return caps.tensor_cores and precision.name in self.precisions
 
-    def default(self, caps, precision):
-        return dict(DEFAULT)
+    def valid(self, params: dict) -> bool:
+        raise NotImplementedError
 
     def candidates(self, caps, precision, layer):
         out = []
-        for bm, bn, wm, wn, stages, kb in TILES:
-            p = {"ALGO": self.name, "BM": bm, "BN": bn, "WARPS_M": wm, "WARPS_N": wn, "STAGES": stages, "KB": kb}
-            if valid(p) and self.fits(p, caps, precision):
+        for tile in self.tiles:
+            p = {"ALGO": self.name, **dict(zip(self.tile_keys, tile))}
+            if self.valid(p) and self.fits(p, caps, precision):
                 out.append(p)
         return out
 
-    def local_mem(self, params, precision):
-        return local_mem(params)
-
     def work_group_size(self, params):
         return 32 * params["WARPS_M"] * params["WARPS_N"]
+
+
+class TensorCoreGemm(_TensorCoreAlgorithm):
+    name = "tc_gemm"
+    kinds = ("conv3x3", "fc")
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+    tiles, tile_keys = TILES, ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
+
+    def default(self, caps, precision):
+        return dict(DEFAULT)
+
+    def valid(self, params):
+        return valid(params)
+
+    def local_mem(self, params, precision):
+        return local_mem(params)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
 
 
 ALGORITHM = register(TensorCoreGemm())
+
+
+# ---- conv_tc_halo.cl: halo tiles, one input patch per channel chunk for all nine taps ------------------------------
+HALO_FILE = "conv_tc_halo.cl"
+HALO_TUNABLES = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
+HALO_DEFAULT = {"ALGO": "tc_halo", "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 3}
+HALO_TILES = [(8, 16, 128, 2, 2, 3), (8, 16, 128, 2, 4, 3), (8, 16, 64, 2, 2, 4), (12, 16, 64, 2, 2, 3),
+              (16, 8, 128, 2, 2, 3), (8, 8, 128, 1, 4, 3), (8, 16, 128, 2, 2, 2)]
+HALO_ROW = 64  # bytes of one chunk of channels
+
+
+def halo_local_mem(params: dict) -> int:
+    return HALO_ROW * (2 * (params["TH"] + 2) * (params["TW"] + 2) + params["STAGES"] * params["BN"])
+
+
+def halo_valid(params: dict) -> bool:
+    th, tw, bn, wm, wn = (params[k] for k in ("TH", "TW", "BN", "WARPS_M", "WARPS_N"))
+    threads, bm = 32 * wm * wn, th * tw
+    return (tw % 8 == 0 and params["STAGES"] >= 2 and bm % wm == 0 and bn % wn == 0 and (bm // wm) % 16 == 0
+            and (bn // wn) % 16 == 0 and (bn * 4) % threads == 0 and params["STAGES"] - 1 < 9)
+
+
+class HaloLayer:
+    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks."""
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv):
+        self.p, self.layer = dict(params), layer
+        v = vec(precision)
+        self.ck = HALO_ROW // precision.itemsize
+        self.cpad = round_up(layer.cin, v)
+        self.cpadk = round_up(self.cpad, self.ck)
+        self.cstore = round_up(layer.cout, v)
+        self.npad = round_up(layer.cout, params["BN"])
+        self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
+        self.groups_n = self.npad // params["BN"]
+        self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
+        self.bias = padded_bias(ctx, bias, self.npad)
+        defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
+                   "OUT_F32": int(layer.last), **env.caps.mma_define}
+        self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
+
+    def enqueue(self, queue, src, dst, n: int, h: int, w: int):
+        p = self.p
+        tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
+        groups = n * tiles_x * tiles_y * self.groups_n
+        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wt, self.bias, dst, self.cpad,
+                           self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
+
+    def describe(self) -> str:
+        p = self.p
+        return (f"tc_halo {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
+                f"{p['STAGES']} stages")
+
+
+class TensorCoreHalo(_TensorCoreAlgorithm):
+    name = "tc_halo"
+    kinds = ("conv3x3",)
+    tunables = HALO_TUNABLES
+    kernel_file = HALO_FILE
+    tiles, tile_keys = HALO_TILES, HALO_TUNABLES
+
+    def default(self, caps, precision):
+        return dict(HALO_DEFAULT)
+
+    def valid(self, params):
+        return halo_valid(params)
+
+    def local_mem(self, params, precision):
+        return halo_local_mem(params)
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
+
+
+HALO_ALGORITHM = register(TensorCoreHalo())

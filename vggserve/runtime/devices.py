@@ -176,12 +176,15 @@ def resolve(spec: str = "auto") -> DeviceInfo:
     gpus = usable_gpus()
     cpus = [d for d in usable if d.kind == "cpu"]
 
+    def missing(what: str) -> DeviceError:
+        choices = ", ".join(f"{d.spec} {d.label}" for d in usable) or "none"
+        hint = "; ".join(diagnose(devices))
+        return DeviceError(f"{what} (usable devices: {choices})" + (f"; {hint}" if hint else ""))
+
     def pick(pool, n, what):
         if n < len(pool):
             return pool[n]
-        choices = ", ".join(f"{d.spec} {d.label}" for d in usable) or "none"
-        hint = "; ".join(diagnose(devices))
-        raise DeviceError(f"no {what} device number {n} (usable devices: {choices})" + (f"; {hint}" if hint else ""))
+        raise missing(f"no {what} device number {n}" if pool else f"no usable {what} device")
 
     if spec == "auto":
         if usable:
@@ -198,7 +201,10 @@ def resolve(spec: str = "auto") -> DeviceInfo:
                 if not d.usable:
                     raise DeviceError(f"device {spec} {d.label} is unusable: {d.problem}")
                 return d
-        return pick([], 0, f"OpenCL {spec}")
+        on_platform = sum(d.platform_index == int(kind) for d in devices)
+        where = (f"platform {kind} has {on_platform} device(s), numbered from 0" if on_platform
+                 else f"there is no OpenCL platform {kind} with devices")
+        raise missing(f"no OpenCL device {spec}: {where}")
     raise DeviceError(f"bad device spec {spec!r}: use auto, cpu, gpu, gpu:N, cpu:N or P:D (see `vggserve devices`)")
 
 

@@ -13,7 +13,6 @@ from (the weights' hash), so a cached binary is found without writing the piece 
 import hashlib
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import pyopencl as cl
 from platformdirs import user_cache_dir
 
 from ..errors import KernelBuildError
+from ..tempfiles import temporary_beside
 
 _HERE = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ class ProgramCache:
         try:
             binary = program.get_info(cl.program_info.BINARIES)[0]
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            fd, tmp = temporary_beside(path)
             with os.fdopen(fd, "wb") as f:
                 f.write(binary)
             os.replace(tmp, path)

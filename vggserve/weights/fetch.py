@@ -12,12 +12,12 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import WeightsError, describe
 from ..jsonfile import write_json_atomically
+from ..tempfiles import temporary_beside
 from .loaded import sha256_file
 from .lookup import weights_dir
 from .provenance import TIMM, TORCHVISION, WeightsSource
@@ -139,7 +139,7 @@ def _download(url: str, target: Path, progress: bool) -> tuple[str, str]:
     import httpx
     from tqdm import tqdm
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    fd, tmp = temporary_beside(target, ".part")
     digest = hashlib.sha256()
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     try:

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import WeightsError, WeightsNotFound
-from ..preprocess import MODES
+from ..preprocessing import MODES
 from .loaded import LoadedWeights
 from .schemes import detect_scheme, to_torchvision
 from .sniff import detect_format

@@ -8,12 +8,12 @@ then the tensor bytes; offsets are relative to the end of the header.
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import WeightsError
+from ..tempfiles import temporary_beside
 from .mapped import map_file, view, widen_bfloat16
 
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
@@ -74,7 +74,7 @@ def save_safetensors(tensors: dict[str, np.ndarray], path, metadata: dict[str, s
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {k: _little_endian(tensors[k], k) for k in sorted(tensors)}
     header = _header(arrays, metadata)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, tmp = temporary_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(header)) + header)

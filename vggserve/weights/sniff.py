@@ -3,6 +3,9 @@
 Formats: "safetensors" (8-byte little-endian header length, then a JSON object), "npz" (zip of .npy
 members), "pth-zip" (zip with ``<folder>/data.pkl``, torch >= 1.6), "pth-legacy" (a pickle stream that starts
 with torch's magic number), "keras-h5" (HDF5 signature at offset 0 or at a power-of-two user-block offset).
+
+Each format is recognised by its whole signature, never by one byte: a safetensors header length is any 8 bytes,
+so its first byte is a pickle's 0x80 in about 1 file of 32 (the test tries every value).
 """
 
 import struct
@@ -16,6 +19,10 @@ ZIP_SIGNATURE = b"PK\x03\x04"
 TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 # protocol-2 pickle of the magic number: PROTO 2, LONG1 with 10 bytes
 TORCH_LEGACY_PREFIX = b"\x80\x02\x8a\x0a" + TORCH_LEGACY_MAGIC.to_bytes(10, "little")
+PICKLE_PROTO = b"\x80"
+# the safetensors library refuses longer headers; the shortest is "{}"
+SAFETENSORS_MAX_HEADER = 100_000_000
+SAFETENSORS_MIN_HEADER = 2
 
 
 def detect_format(path: Path) -> str:
@@ -33,19 +40,30 @@ def detect_format(path: Path) -> str:
         return "keras-h5"
     if head.startswith(TORCH_LEGACY_PREFIX):
         return "pth-legacy"
-    if len(head) >= 9 and head[8:9] == b"{":  # before the pickle test: a header length of 128 + 256 k starts with 0x80
-        (header_len,) = struct.unpack("<Q", head[:8])
-        if header_len > 1:
-            return "safetensors"
-    if head[:1] == b"\x80" and _starts_with_torch_magic(path):
-        return "pth-legacy"
-    if head[:1] == b"\x80":
+    if _is_safetensors(head):
+        return "safetensors"
+    if head.startswith(PICKLE_PROTO):
+        if _starts_with_torch_magic(path):
+            return "pth-legacy"
         raise WeightsError(f"{path}: a Python pickle but not a torch checkpoint (no torch magic number)")
     if _hdf5_user_block(path):
         return "keras-h5"
     raise WeightsError(
         f"{path}: not a supported weights file (expected safetensors, .npz, torch .pth or Keras .h5)"
     )
+
+
+def _is_safetensors(head: bytes) -> bool:
+    """An 8-byte little-endian header length that a safetensors writer can produce, then the header's `{`.
+
+    A length past the end of the file still counts: the reader then reports a truncated safetensors file, which
+    says more than "not a supported weights file". No pickle matches: its PROTO opcode and the next ones make the
+    first 8 bytes far larger than the longest header, or leave no `{` at byte 8.
+    """
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    (header_len,) = struct.unpack("<Q", head[:8])
+    return SAFETENSORS_MIN_HEADER <= header_len <= SAFETENSORS_MAX_HEADER
 
 
 def _zip_kind(path: Path) -> str:

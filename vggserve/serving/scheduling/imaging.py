@@ -34,7 +34,7 @@ def _open(data: bytes, max_pixels: int, formats, decode: str = "exact"):
 def prepare_image(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS,
                   decode: str = "exact") -> tuple[ModelInput, float]:
     """(the float32 (3, 224, 224) tensor, seconds spent)."""
-    from ...preprocess import preprocess
+    from ...preprocessing import preprocess
 
     return _decode(data, mode, max_pixels, formats, lambda image: ModelInput.tensor(preprocess(image, mode)), decode)
 
@@ -42,7 +42,7 @@ def prepare_image(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMA
 def decode_and_crop(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS,
                     decode: str = "exact") -> tuple[ModelInput, float]:
     """In a worker process or a front end: (the uint8 (224, 224, 3) centre crop, seconds spent)."""
-    from ...preprocess import center_crop
+    from ...preprocessing import center_crop
 
     return _decode(data, mode, max_pixels, formats, lambda image: ModelInput.crop(center_crop(image)), decode)
 
@@ -62,7 +62,7 @@ def _decode(data: bytes, mode: str, max_pixels: int, formats, convert, decode: s
     """(convert(decoded image), seconds spent), after checking `mode` (the paths that leave the normalisation to
     later still refuse a wrong one now)."""
     from ...decoding.decode import close_pixels
-    from ...preprocess import check_mode
+    from ...preprocessing import check_mode
 
     started = time.perf_counter()
     check_mode(mode)

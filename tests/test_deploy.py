@@ -1,0 +1,349 @@
+"""deploy/: what can be checked without root, systemd or GPUs. batch.sh's choices with stand-in commands on PATH
+(nvidia-smi, mpirun) and --dry-run; the systemd unit's contents; nginx's config with the real nginx where it is
+installed (error pages in the service's JSON shape, the deadline header capped below proxy_read_timeout); the
+Docker build context and entrypoint."""
+
+import http.server
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def fake_bin(folder: Path, **scripts: str) -> Path:
+    """A folder of executable sh scripts named after the keyword arguments."""
+    folder.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        path = folder / name.replace("_", "-")
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+    return folder
+
+
+def batch_sh(tmp_path, *args, **scripts) -> subprocess.CompletedProcess:
+    """deploy/batch.sh --dry-run with only the stand-ins and the system's own /usr/bin:/bin on PATH."""
+    scripts.setdefault("mpirun", 'echo "HYDRA build details:"')
+    folder = fake_bin(tmp_path / "bin", **scripts)
+    env = {"PATH": f"{folder}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run(["bash", str(DEPLOY / "batch.sh"), "--dry-run", *args], capture_output=True, text=True,
+                          env=env, timeout=30)
+
+
+def launched(result) -> list[str]:
+    line = [x for x in result.stderr.splitlines() if x.startswith("batch.sh: ") and " -m vggserve " in x]
+    assert len(line) == 1, result.stderr
+    return line[0].removeprefix("batch.sh: ").split()
+
+
+TWO_GPUS = 'echo "GPU 0: NVIDIA H100 (UUID: GPU-1)"; echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"'
+
+
+def test_batch_sh_without_a_gpu_does_not_ask_for_one(tmp_path):
+    """It used to add --device gpu whatever it found: on a machine without GPU every job failed to set up."""
+    done = batch_sh(tmp_path, "--weights", "w", "--input", "in", "--output", "o.jsonl")
+    assert done.returncode == 0, done.stderr
+    command = launched(done)
+    assert command[:3] == ["mpirun", "-n", "1"] and command[-2:] == ["--device", "auto"]
+    assert "found no GPU" in done.stderr
+
+
+def test_batch_sh_with_a_broken_nvidia_driver_does_not_ask_for_a_gpu(tmp_path):
+    done = batch_sh(tmp_path, "--input", "in", "--output", "o.jsonl",
+                    nvidia_smi='echo "NVIDIA-SMI has failed because it could not communicate with the driver"; exit 9')
+    assert launched(done)[-2:] == ["--device", "auto"]
+
+
+def test_batch_sh_runs_one_rank_per_gpu_found(tmp_path):
+    command = launched(batch_sh(tmp_path, "--input", "in", "--output", "o.jsonl", nvidia_smi=TWO_GPUS))
+    assert command[:3] == ["mpirun", "-n", "2"] and command[-2:] == ["--device", "gpu"]
+
+
+def test_batch_sh_keeps_the_device_it_is_given(tmp_path):
+    for device in (["--device", "cpu"], ["--device=gpu:1"]):
+        command = launched(batch_sh(tmp_path, "--input", "in", "--output", "o", *device, nvidia_smi=TWO_GPUS))
+        assert command.count("--device") + sum(a.startswith("--device=") for a in command) == 1
+        assert command[-len(device):] == device
+
+
+def test_batch_sh_with_a_hostfile_asks_each_rank_for_its_gpu(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# two machines\nnode1:4\nnode2:4\n")
+    command = launched(batch_sh(tmp_path, "--hostfile", str(hosts), "--input", "in", "--output", "o"))
+    assert command[:3] == ["mpirun", "-n", "8"] and command[-2:] == ["--device", "gpu"]
+
+
+# ---- systemd ------------------------------------------------------------------------------------------------------
+UNIT = (DEPLOY / "vggserve.service").read_text()
+INSTALL_STEPS = [line.removeprefix("#   ") for line in UNIT.splitlines() if line.startswith("#   ")]
+
+
+def unit_settings(name: str) -> list[str]:
+    """The values of `name=` lines (not comments) in the unit, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", UNIT)
+    return [line.split("=", 1)[1].strip() for line in text.splitlines() if line.startswith(f"{name}=")]
+
+
+def test_unit_names_no_group_a_host_may_lack():
+    """`SupplementaryGroups=video render` stops the unit on hosts without a render group (status 216/GROUP)."""
+    assert unit_settings("SupplementaryGroups") == []
+    step = [line for line in INSTALL_STEPS if line.startswith("for group in")]
+    assert len(step) == 1 and "getent group" in step[0] and "usermod -aG" in step[0]
+
+
+def test_unit_install_step_adds_the_user_only_to_groups_that_exist(tmp_path):
+    """Runs the documented `for group in video render ...` step with stand-in getent and usermod."""
+    step = next(line for line in INSTALL_STEPS if line.startswith("for group in"))
+    log = tmp_path / "usermod.log"
+    folder = fake_bin(tmp_path / "bin", getent='[ "$2" = video ]', usermod=f'echo "$*" >> {log}')
+    done = subprocess.run(["bash", "-c", step], env={"PATH": f"{folder}:/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=30)
+    assert log.read_text() == "-aG video vggserve\n", done.stderr
+
+
+def test_unit_documentation_is_a_file_the_install_steps_create():
+    """`Documentation=file:///opt/vggserve/docs/serving.md` named a file that pip never creates."""
+    (documentation,) = unit_settings("Documentation")
+    target = documentation.removeprefix("file://")
+    installs = [line.split() for line in INSTALL_STEPS if line.startswith("install ") and line.split()[-1] == target]
+    assert len(installs) == 1, documentation
+    assert (ROOT / installs[0][-2]).is_file()
+
+
+def test_unit_install_steps_cover_the_opencl_driver_and_the_weights():
+    steps = "\n".join(INSTALL_STEPS)
+    assert "pocl-opencl-icd" in steps and "nvidia" in steps.lower()
+    weights = next(v for v in unit_settings("Environment") if v.startswith("VGGSERVE_WEIGHTS="))
+    path = weights.split("=", 1)[1]
+    placing = [line for line in INSTALL_STEPS if line.startswith("install ") and line.endswith(" " + path)]
+    assert len(placing) == 1 and "-o vggserve" in placing[0], "the weights are placed and readable by the user"
+    assert "vggserve devices" in steps and f"weights info {path}" in steps  # checked as the service user
+    assert "--create-home" in next(line for line in INSTALL_STEPS if line.startswith("useradd "))
+
+
+def test_unit_stops_after_the_drain():
+    (exec_start,) = unit_settings("ExecStart")
+    drain = int(re.search(r"--drain-timeout (\d+)", exec_start).group(1))
+    assert int(unit_settings("TimeoutStopSec")[0]) > drain
+
+
+# ---- nginx --------------------------------------------------------------------------------------------------------
+NGINX = (DEPLOY / "nginx.conf").read_text()
+
+
+def nginx_returns() -> dict[int, dict]:
+    """status -> the JSON body of each `return <status> '<body>'` in a named location that an error_page uses."""
+    pages = dict(re.findall(r"error_page (\d+) = (@\w+);", NGINX))
+    bodies = {}
+    for status, location in pages.items():
+        block = re.search(rf"location {location} \{{(.*?)\}}\n", NGINX, re.S).group(1)
+        assert "default_type application/json;" in block, location
+        returned, body = re.search(r"return (\d+) '(.*?)';", block).groups()
+        assert returned == status, location
+        bodies[int(status)] = json.loads(body)
+    return bodies
+
+
+def test_nginx_answers_its_own_errors_in_the_service_shape():
+    bodies = nginx_returns()
+    assert set(bodies) == {413, 502, 504}
+    for body in bodies.values():
+        assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    assert "proxy_intercept_errors on" not in NGINX  # the service's own errors pass through
+
+
+def deadline_cap() -> tuple[re.Pattern, re.Pattern, int]:
+    passed, capped, cap = re.search(r'"~(\^0\*\(.*?\)\$)"\s+\$http_x_request_timeout_ms;.*?\n\s+"~(.*?)"\s+(\d+);',
+                                    NGINX, re.S).groups()
+    return re.compile(passed), re.compile(capped), int(cap)
+
+
+def test_nginx_caps_the_deadline_header_below_its_read_timeout():
+    """`proxy_read_timeout 65s` was shorter than the 600 s a client may ask for with X-Request-Timeout-Ms."""
+    from vggserve.serving.settings import MAX_TIMEOUT_MS
+
+    passed, capped, cap = deadline_cap()
+    read_timeout_s = int(re.search(r"proxy_read_timeout (\d+)s;", NGINX).group(1))
+    assert cap < read_timeout_s * 1000 and cap <= MAX_TIMEOUT_MS
+    assert "proxy_set_header X-Request-Timeout-Ms $vggserve_request_timeout_ms;" in NGINX
+
+    def forwarded(value: str) -> str:  # nginx tries a map's regular expressions in order; the first match wins
+        return value if passed.match(value) else str(cap) if capped.match(value) else value
+
+    for value in ("1", "999", "30000", "059999", "60000"):
+        assert forwarded(value) == value
+    for value in ("60001", "99999", "600000", "10000000000"):
+        assert forwarded(value) == "60000"
+    for value in ("0", "-5", "abc", "1.5"):  # left for the service to refuse with its own 422
+        assert forwarded(value) == value
+    (exec_start,) = unit_settings("ExecStart")
+    assert int(re.search(r"--request-timeout-ms (\d+)", exec_start).group(1)) <= cap  # the default deadline too
+
+
+class _Upstream(http.server.BaseHTTPRequestHandler):
+    """Stands in for the service behind nginx: /echo reports the deadline header it got, /slow answers late,
+    /own504 is the service's own deadline error."""
+
+    def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(3)
+        if self.path == "/own504":
+            self._send(504, {"error": {"code": "deadline_exceeded", "message": "waited too long"}})
+        else:
+            self._send(200, {"timeout": self.headers.get("X-Request-Timeout-Ms")})
+
+    def _send(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def nginx_in_front(tmp_path):
+    """(nginx URL, upstream server) with deploy/nginx.conf included as documented; only the addresses and
+    proxy_read_timeout (1 s instead of 65 s, for the 504) are changed."""
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (apt-get install nginx-light); the static checks above still ran")
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=upstream.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    port = free_port()
+    snippet = (NGINX.replace("listen 80;", f"listen 127.0.0.1:{port};")
+               .replace("server 127.0.0.1:8000;", f"server 127.0.0.1:{upstream.server_address[1]};")
+               .replace("proxy_read_timeout 65s;", "proxy_read_timeout 1s;"))
+    (tmp_path / "vggserve.conf").write_text(snippet)
+    user = "user root;" if os.geteuid() == 0 else ""
+    temp = " ".join(f"{kind}_temp_path {tmp_path}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                         "scgi"))
+    (tmp_path / "nginx.conf").write_text(
+        f"{user} pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; events {{}}\n"
+        f"http {{ access_log off; {temp} include {tmp_path}/vggserve.conf; }}\n")
+    checked = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    process = subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+                               stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield url, upstream
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def test_nginx_in_front_caps_the_deadline_and_answers_its_errors_in_json(nginx_in_front):
+    import httpx
+
+    url, upstream = nginx_in_front
+    for sent, received in (("1500", "1500"), ("600000", "60000"), ("abc", "abc"), (None, None)):
+        headers = {} if sent is None else {"X-Request-Timeout-Ms": sent}
+        r = httpx.get(f"{url}/echo", headers=headers, timeout=10)
+        assert r.status_code == 200 and r.json() == {"timeout": received}, sent
+    r = httpx.get(f"{url}/own504", timeout=10)  # the service's own error passes through as it is
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
+    r = httpx.get(f"{url}/slow", timeout=10)
+    assert r.status_code == 504 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == "gateway_timeout"
+    r = httpx.post(f"{url}/classify", content=b"\0" * (21 << 20), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    upstream.shutdown()
+    upstream.server_close()
+    r = httpx.get(f"{url}/echo", timeout=10)
+    assert r.status_code == 502 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["code"] == "bad_gateway" and r.headers["retry-after"] == "5"
+
+
+# ---- Docker -------------------------------------------------------------------------------------------------------
+DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
+
+
+def entrypoint(tmp_path, *args) -> list[str]:
+    """What deploy/docker-entrypoint.sh runs for `docker run IMAGE args...` (stand-ins print their arguments)."""
+    folder = fake_bin(tmp_path / "bin", vggserve='echo vggserve "$@"', mpiexec='echo mpiexec "$@"')
+    done = subprocess.run(["sh", str(DEPLOY / "docker-entrypoint.sh"), *args], capture_output=True, text=True,
+                          env={"PATH": f"{folder}:/usr/bin:/bin"}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_docker_image_runs_the_service_by_default_and_any_command_on_request(tmp_path):
+    serve = ["vggserve", "serve", "--host", "0.0.0.0", "--port", "8000"]
+    assert entrypoint(tmp_path) == serve
+    options = ["--weights", "/w", "--device", "auto"]
+    assert entrypoint(tmp_path, *options) == [*serve, *options]
+    assert entrypoint(tmp_path, "serve", "--port", "9000") == [*serve, "--port", "9000"]
+    assert entrypoint(tmp_path, "batch", "--input", "/in") == ["vggserve", "batch", "--input", "/in"]
+    launch = ["mpiexec", "-n", "2", "vggserve", "batch"]
+    assert entrypoint(tmp_path, *launch) == launch
+
+
+def test_docker_entrypoint_knows_every_vggserve_command():
+    from vggserve.cli import SUBCOMMANDS
+
+    script = (DEPLOY / "docker-entrypoint.sh").read_text()
+    named = set(re.search(r"^\s+(batch\|[\w|-]+)\)$", script, re.M).group(1).split("|")) | {"serve"}
+    assert set(SUBCOMMANDS) <= named
+
+
+def test_docker_image_has_mpi_for_batch_jobs_and_a_home_for_its_user():
+    assert re.search(r'pip install "/src\[mpich\]"', DOCKERFILE)
+    assert "--create-home --home-dir /var/lib/vggserve" in DOCKERFILE
+    assert 'ENTRYPOINT ["vggserve-entrypoint"]' in DOCKERFILE
+
+
+def dockerignore_keeps(path: str) -> bool:
+    """Docker's .dockerignore rule: the last pattern that matches the path or one of its parent folders decides;
+    `*` stays within a path element, `**` crosses them, `!` takes a path back in."""
+    kept = True
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated, pattern = line.startswith("!"), line.lstrip("!").rstrip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+        parts = path.split("/")
+        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            kept = negated
+    return kept
+
+
+def test_docker_build_context_holds_the_package_and_not_weights_git_or_outputs():
+    """Without a .dockerignore, `COPY .` took weights/ (over 1 GB after the quickstart), .git and run outputs."""
+    for path in ("pyproject.toml", "README.md", "vggserve/__init__.py", "vggserve/data/imagenet_classes.txt",
+                 "vggserve/cli/batch.py", "kernels/conv_gemm.cl", "deploy/docker-entrypoint.sh"):
+        assert dockerignore_keeps(path), path
+        assert (ROOT / path).exists(), path
+    for path in ("weights/vgg16-random-seed0.safetensors", ".git/HEAD", ".venv/bin/python", "loadtest-out/summary.csv",
+                 "results.jsonl", "vggserve/__pycache__/cli.cpython-311.pyc", "tests/test_cli.py", "benchmarks/x.py"):
+        assert not dockerignore_keeps(path), path
+    copied = re.findall(r"^COPY (\S+) ", DOCKERFILE, re.M)
+    assert copied == ["."], "the context rules above assume one COPY of the whole context"
