@@ -50,7 +50,8 @@ def torch_timer(device: str, iterations: int):
                 w, b = torch.randn(cout, cin, 3, 3, device=dev), torch.randn(cout, device=dev)
                 f = lambda: torch.relu(torch.nn.functional.conv2d(x, w, b, padding=1))  # noqa: E731
             else:
-                x, w, b = torch.randn(batch, cin, device=dev), torch.randn(cout, cin, device=dev), torch.randn(cout, device=dev)
+                x, w = torch.randn(batch, cin, device=dev), torch.randn(cout, cin, device=dev)
+                b = torch.randn(cout, device=dev)
                 f = lambda: torch.nn.functional.linear(x, w, b)  # noqa: E731
             for _ in range(2):
                 f()
@@ -66,8 +67,8 @@ def torch_timer(device: str, iterations: int):
 
 def table(runs, sparsities):
     """The printed table: per layer shape and sparsity, dense and each sparse kernel's ms and speed-up."""
-    lines = [f"{'shape':>14s} {'layers':<22s} {'sparsity':>8s} {'dense ms':>9s} {'codegen':>16s} {'compressed/csr':>16s}"
-             f" {'torch ms':>9s} {'build s':>8s} {'bin MB':>7s}"]
+    lines = [f"{'shape':>14s} {'layers':<22s} {'sparsity':>8s} {'dense ms':>9s} {'codegen':>16s}"
+             f" {'compressed/csr':>16s} {'torch ms':>9s} {'build s':>8s} {'bin MB':>7s}"]
     for r in runs:
         names = ",".join(n.split(".")[-1] for n in r.layers)
         for s in sparsities:
@@ -83,7 +84,8 @@ def table(runs, sparsities):
 
             cg = pts.get("sparse_codegen")
             other = "sparse_csr" if r.kind == "fc" else "sparse_compressed"
-            lines.append(f"{r.shape:>14s} {names:<22s} {s:8.2f} {r.dense_ms:9.3f} {cell('sparse_codegen')} {cell(other)}"
+            lines.append(f"{r.shape:>14s} {names:<22s} {s:8.2f} {r.dense_ms:9.3f} {cell('sparse_codegen')}"
+                         f" {cell(other)}"
                          f" {r.torch_ms if r.torch_ms is not None else float('nan'):9.3f}"
                          f" {cg.build_s if cg and cg.build_s is not None else float('nan'):8.1f}"
                          f" {cg.binary_bytes / 1e6 if cg and cg.binary_bytes else float('nan'):7.2f}")

@@ -1,4 +1,5 @@
-"""The layouts the sparse kernels read (vggserve/ops/sparse_formats.py), decoded back to the dense weights; no device."""
+"""The layouts the sparse kernels read (vggserve/ops/sparse_formats.py), decoded back to the dense weights (no
+device)."""
 
 import re
 

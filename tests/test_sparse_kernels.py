@@ -42,7 +42,8 @@ CODEGEN = [
 
 def pid(p):
     return "{ALGO}_px{SP_PX}_g{SP_OCG}_wg{SP_WG}".format(**p) + (
-        "_mem{SP_MEM}_ch{SP_CHUNK}_skip{SP_SKIP_ZERO}_bl{SP_BRANCHLESS}".format(**p) if p["ALGO"] == sc.COMPRESSED else "")
+        "_mem{SP_MEM}_ch{SP_CHUNK}_skip{SP_SKIP_ZERO}_bl{SP_BRANCHLESS}".format(**p)
+        if p["ALGO"] == sc.COMPRESSED else "")
 
 
 @pytest.fixture(scope="module")

@@ -121,7 +121,7 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
         relu = relu_of.get(names[0], True)
         layer = LayerSpec("conv3x3" if lkind == "conv" else "fc", cin, cout, size, relu=relu)
         xshape = (batch, cin, size, size) if lkind == "conv" else (batch, cin)
-        x = np.maximum(rng.standard_normal(xshape, dtype=np.float32), 0)  # ReLU outputs, as every layer but the first gets
+        x = np.maximum(rng.standard_normal(xshape, dtype=np.float32), 0)  # ReLU outputs, as most layers get
         src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
         dst = cl.Buffer(ctx, MF.READ_WRITE, 4 * batch * cout * size * size)
         op, run = _dense_layer(model, names[0])

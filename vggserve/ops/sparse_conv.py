@@ -205,7 +205,8 @@ def sparse_conv(ctx, cache, params: dict, weight: np.ndarray, bias: np.ndarray, 
 
 CANDIDATES = {  # tunables the sparse tuner tries per device kind, over the default
     ("cpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g} for px in (16, 8) for g in (16, 8, 24)],
-    ("gpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g, "SP_WG": wg} for px in (1, 2) for g in (16, 8, 32) for wg in (64, 128)],
+    ("gpu", CODEGEN): [{"SP_PX": px, "SP_OCG": g, "SP_WG": wg}
+                       for px in (1, 2) for g in (16, 8, 32) for wg in (64, 128)],
     ("cpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g, "SP_SKIP_ZERO": z, "SP_BRANCHLESS": int(g > 1)}
                           for px in (16, 8) for g in (1, 2, 4) for z in (0, 1)],
     ("gpu", COMPRESSED): [{"SP_PX": px, "SP_OCG": g, "SP_MEM": mem, "SP_SKIP_ZERO": z}
