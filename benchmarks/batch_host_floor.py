@@ -29,7 +29,7 @@ import batch_scaling  # noqa: E402
 
 
 class InstantModel:
-    """Resizes on its 'device' (takes RawImages); submit copies the images like the engine's staging, then is done."""
+    """Resizes on its 'device' (takes image inputs); submit copies the images like the engine's staging, then is done."""
 
     resizes_on_device = True
     preprocessing = "torchvision"

@@ -137,7 +137,7 @@ class ChunkRunner:
 
     Decoding runs in `decode_procs` decode processes (vggserve.decoding.pool; the batch job's default), or with
     decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode).
-    `on_device`: whether to hand the model RawImages to resize on its device (default: when the model can).
+    `on_device`: whether to hand the model image inputs to resize on its device (default: when the model can).
 
     With a model that resizes on its device, two chunks are on the device at once: `run_next` puts the next
     submitted chunk on the device (once its decoding is done) before it reads the current chunk's results, so the
