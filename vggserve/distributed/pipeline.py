@@ -24,7 +24,7 @@ from ..decoding.stages import StageClock
 from ..predictions import result_lines, top_k as top_k_predictions
 from .store import error_line
 
-IN_FLIGHT_CHUNKS = 4  # chunks a rank holds decoded at most (its tokens, and one started on the device early)
+IN_FLIGHT_CHUNKS = 6  # chunks a rank holds decoded at most (workqueue.TOKENS, and one more: sizes shared memory)
 
 
 @dataclass
