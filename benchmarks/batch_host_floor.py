@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     for old in ("results.jsonl", "results.errors.jsonl"):
         (folder.parent / old).unlink(missing_ok=True)
     store = ResultStore(folder.parent / "results.jsonl")
+    store.start()
     progress = tqdm(total=len(chunks) * args.batch_size, unit="img", file=open(os.devnull, "w"), mininterval=2.0)
     try:
         runner.submit(chunks[0])  # the processes start and warm up on the first chunk, untimed
