@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     print(f"CPU ms per image: front ends {fronts:.2f} (decode {cpu.get('decode_wall', 0.0):.2f} wall in their "
           f"threads), engine process {cpu.get('engine_process', 0.0):.2f}, load generator "
           f"{cpu.get('load_generator', 0.0):.2f}; all {total:.2f}: 8,000 images/s would take {8 * total:.1f} cores")
+    print("engine process's busiest threads, CPU ms per image: " + ", ".join(
+        f"{name} {ms:.2f}" for name, ms in result["engine_threads_cpu_ms_per_image"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
