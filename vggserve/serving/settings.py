@@ -21,7 +21,7 @@ def default_preprocess_threads(http_workers: int = 1, cpus: int | None = None) -
     processes (`http_workers` > 1, each with threads of its own), twice each one's share of the cores, at least 2.
 
     Every front end with a thread per core oversubscribed the host (8 front ends x 16 threads on 16 cores): the
-    front ends then spent about 15% more CPU per image switching between threads (BENCHMARKS.md)."""
+    front ends then spent 7 to 17% more CPU per image switching between threads (BENCHMARKS.md)."""
     cpus = cpus if cpus is not None else os.cpu_count() or 2
     share = 2 * cpus // http_workers if http_workers > 1 else cpus
     return max(2, min(16, share))

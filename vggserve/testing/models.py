@@ -2,7 +2,8 @@
 
 `ReferenceModel` computes real VGG16 scores with the float32 numpy reference (slow but exact); `SlowModel`
 returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose; `PipelinedModel` is a
-SlowModel with the engine's `submit` (batches in flight, gated results, failures). `crash_on_marker` is a
+SlowModel with the engine's `submit` (batches in flight, gated results, failures); `InstantModel` a device that
+takes no time, for benchmarks of the host side. `crash_on_marker` is a
 preprocessing-process task whose worker dies on a marker upload (`service.preprocess_task = crash_on_marker`).
 """
 
@@ -172,9 +173,10 @@ def crash_on_marker(data: bytes, mode: str, max_pixels: int, formats, decode: st
 
 
 class InstantModel:
-    """A device that takes no time (or `seconds_per_batch`), with the engine's interface: it resizes on its 'device' (takes image inputs as
-    well as crops and tensors), `submit` copies every input into a staging array as the engine copies into its
-    pinned staging, and the batch is done at once. Its probabilities are softmax rows of random logits (no ties), so
+    """A device that takes no time (or `seconds_per_batch`), with the engine's interface: it resizes on its 'device'
+    (takes image inputs as well as crops and tensors), `submit` copies every input into a staging array as the engine
+    copies into its pinned staging, and the batch is done then (or once the device has had its time). Its
+    probabilities are softmax rows of random logits (no ties), so
     top-k costs what it costs on real scores. For benchmarks of the host side: the batch job's rank
     (benchmarks/batch_host_floor.py) and the service's processes (benchmarks/serve_host_floor.py)."""
 
