@@ -252,8 +252,9 @@ class DecodePool:
                     self._check_times(now)
                     next_check = now + self._check_every
                 self._dispatch()
-                spent, cpu = time.thread_time() - cpu, time.thread_time()
-                self._stages["link"] = self._stages.get("link", 0.0) + spent
+                spent = time.thread_time()
+                self._stages["link"] = self._stages.get("link", 0.0) + spent - cpu
+                cpu = spent
                 self.clock.add(self._stages)
                 self._stages = {}
         except BaseException as exc:  # a bug here must not leave the consumer waiting forever
