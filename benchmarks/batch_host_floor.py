@@ -3,60 +3,37 @@ time, and the CPU milliseconds each image costs by stage.
 
     python benchmarks/batch_host_floor.py --images 1024 --batch-size 32 --decode-procs 7
     python benchmarks/batch_host_floor.py --decode-procs 0 --decode-threads 8     # decoding on threads instead
+    python benchmarks/batch_host_floor.py --decode-procs 1 --replay               # the rank's own ceiling
 
-The rank's ChunkRunner (decode processes or threads, shared memory, result lines) runs chunks of --batch-size
-500x375 JPEGs (batch_scaling.py's) on an instant model: `submit` copies every image into a staging array, as the
+One rank runs as in `vggserve batch -n 1` (its Coordinator and Worker, ChunkRunner, decode processes or threads,
+shared memory, result lines, the output file and a progress bar) over chunks of --batch-size 500x375 JPEGs
+(batch_scaling.py's) on an instant model: `submit` copies every image into a staging array, as the
 engine copies into its pinned staging, and answers at once. images/s is then the host's ceiling for one rank;
 CPU ms per image (decoding.stages) says where the time goes, summed over the rank and its decode processes, and
 how many cores a rate of 8,000 images/s would need.
+
+With --replay each decode process decodes one image and then answers every image with a copy of it
+(vggserve.testing.decoding): they keep up with any rank, so images/s is the ceiling of the rank's own process, the
+figure that decides whether one rank can feed a fast GPU (on a machine of few cores, give it --decode-procs 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
-import numpy as np
+from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import batch_scaling  # noqa: E402
-
-
-class InstantModel:
-    """Resizes on its 'device' (takes RawImages); submit copies the images like the engine's staging, then is done."""
-
-    resizes_on_device = True
-    preprocessing = "torchvision"
-    device_name = "instant stand-in"
-
-    def __init__(self, max_batch_size: int):
-        self.max_batch_size = max_batch_size
-        self.staging = np.empty(64 << 20, np.uint8)
-
-    def resize_matches_pillow(self) -> bool:
-        return True
-
-    def submit(self, images, want="probabilities"):
-        offset = 0
-        for image in images:
-            pixels = getattr(image, "pixels", image)
-            np.copyto(self.staging[offset:offset + pixels.nbytes], np.asarray(pixels).reshape(-1))
-            offset += pixels.nbytes
-        return Done(len(images))
-
-
-class Done:
-    def __init__(self, n: int):
-        self.rows = np.full((n, 1000), 1e-3, np.float32)
-
-    def result(self):
-        return self.rows
 
 
 def main(argv=None) -> int:
@@ -66,43 +43,69 @@ def main(argv=None) -> int:
     p.add_argument("--decode-procs", type=int, default=None, help="default: the batch job's auto")
     p.add_argument("--decode-threads", type=int, default=2)
     p.add_argument("--decode", choices=("exact", "fast"), default="exact")
+    p.add_argument("--replay", action="store_true",
+                   help="decode processes answer from a copy after the first decode: measures the rank alone")
+    p.add_argument("--replay-ms", type=float, default=0.0,
+                   help="with --replay: each image also takes this long asleep in its decode process (the wall time "
+                        "of a decode, without its CPU: 15 processes decoding at 2.3 ms each on 2 cores)")
+    p.add_argument("--device-ms", type=float, default=0.0,
+                   help="the stand-in device takes this long per batch (default 0: instant)")
+    p.add_argument("--repeat", type=int, default=1, help="go over the images this many times (default 1)")
     p.add_argument("--workdir", default=None)
     args = p.parse_args(argv)
     from vggserve.decoding.pool import default_procs
+    from vggserve.distributed.coordinator import Coordinator
+    from vggserve.distributed.job import _recorder
+    from vggserve.distributed.mpi import world
     from vggserve.distributed.pipeline import ChunkRunner, RankStats
+    from vggserve.distributed.store import ResultStore
+    from vggserve.distributed.workqueue import CoordinatorLink
+    from vggserve.testing.models import InstantModel
     from vggserve.distributed.summary import format_stages
+
+    if args.replay:
+        from vggserve.decoding import worker
+        from vggserve.testing.decoding import REPLAY, REPLAY_MS
+
+        worker.DEFAULT_TASK = REPLAY
+        os.environ[REPLAY_MS] = str(args.replay_ms)
 
     procs = default_procs() if args.decode_procs is None else args.decode_procs
     folder = Path(args.workdir or tempfile.mkdtemp(prefix="vggserve-floor-")) / "images"
     batch_scaling.make_images(folder, args.images, (500, 375))
     paths = sorted(str(path) for path in folder.glob("*.jpg"))
-    chunks = [paths[i:i + args.batch_size] for i in range(0, len(paths), args.batch_size)]
-    runner = ChunkRunner(InstantModel(args.batch_size), decode_threads=args.decode_threads, decode_procs=procs,
+    chunks = [paths[i:i + args.batch_size] for i in range(0, len(paths), args.batch_size)] * args.repeat
+    model = InstantModel(max_batch_size=args.batch_size, seconds_per_batch=args.device_ms / 1000)
+    runner = ChunkRunner(model, decode_threads=args.decode_threads, decode_procs=procs,
                          decode=args.decode)
     stats = RankStats(0, "instant", clock=runner.clock, decoder=runner.decoder)
+    for old in ("results.jsonl", "results.errors.jsonl"):
+        (folder.parent / old).unlink(missing_ok=True)
+    store = ResultStore(folder.parent / "results.jsonl")
+    store.start()
+    progress = tqdm(total=len(chunks) * args.batch_size, unit="img", file=open(os.devnull, "w"), mininterval=2.0)
     try:
         runner.submit(chunks[0])  # the processes start and warm up on the first chunk, untimed
         runner.run_next()
         runner.clock.seconds.clear()
         started = time.perf_counter()
-        ahead = 3
-        for chunk in chunks[:ahead]:
-            runner.submit(chunk)
-        for index in range(len(chunks)):
-            runner.run_timed(stats)
-            if index + ahead < len(chunks):
-                runner.submit(chunks[index + ahead])
+        Coordinator(CoordinatorLink(world()), runner, stats, deque(chunks), _recorder(store, progress)).run()
         wall = time.perf_counter() - started
     finally:
         runner.close()
+        store.close()
+        progress.close()
     cpu = stats.cpu_ms_per_image()
     # with decode processes, read/decode/copy ran in them; on threads they are part of the rank process's time
     decoding = sum(cpu.get(stage, 0.0) for stage in ("read", "decode", "copy")) if procs else 0.0
     total = decoding + cpu.get("rank_process", 0.0)
     rate = stats.images / wall
+    device = f"a device of {args.device_ms:g} ms per batch" if args.device_ms else "an instant device"
+    if args.replay:
+        device += f" (replayed decodes{f' of {args.replay_ms:g} ms asleep' if args.replay_ms else ''})"
     where = f"{procs} decode process{'es' if procs != 1 else ''}" if procs else f"{args.decode_threads} decode threads"
     print(f"batch host floor: {stats.images} 500x375 JPEGs, batch {args.batch_size}, {where}, --decode {args.decode}: "
-          f"{rate:.0f} images/s with an instant device")
+          f"{rate:.0f} images/s with {device}")
     print(f"CPU ms per image: {format_stages(cpu)}")
     print(f"host CPU per image: {total:.2f} ms (decode processes {decoding:.2f} + rank process "
           f"{cpu.get('rank_process', 0.0):.2f}): 8,000 images/s would take {8 * total:.1f} cores")

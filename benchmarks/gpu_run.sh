@@ -21,6 +21,9 @@
 #             $SPARSITIES, dense vs the sparse kernels (and cuDNN), the generated kernel up to $CODEGEN_MAX_NNZ
 #             non-zeros (default 60000: raise it once the build times it prints allow), the whole network pruned to 90%;
 #             curves stored for the engine's kernel choice (copied to $OUT/tuned.json); JSON and PNG in $OUT
+#   hostfloor the host side alone on this host's cores (no GPU): benchmarks/batch_host_floor.py (one rank with its
+#             decode processes; the rank alone with --replay; 15 decode processes and a device at the FP16 and FP32
+#             engines' pace, emulated) and benchmarks/serve_host_floor.py (8 front ends on an instant engine)
 set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-tests tune compare bench winograd serve loadtest}
@@ -93,5 +96,13 @@ PY
           --workdir /tmp/host --json "$OUT/host-$p.json" 2>&1 | grep -v Warning | tail -9 | tee -a "$LOG"; done
         timeout 300 python3 benchmarks/decoders.py --workdir /tmp/decoders --json "$OUT/decoders.json" 2>&1 \
           | tail -40 | tee -a "$LOG" ;;
+  hostfloor) for args in "--images 4096 --workdir /tmp/floor" \
+                         "--images 256 --repeat 32 --decode-procs 1 --replay --workdir /tmp/floor256" \
+                         "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 6.5 --workdir /tmp/floor256" \
+                         "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 12.7 --workdir /tmp/floor256"; do
+               timeout 200 python3 benchmarks/batch_host_floor.py --batch-size 32 $args 2>&1 | tail -3 | tee -a "$LOG"
+             done
+             timeout 200 python3 benchmarks/serve_host_floor.py --http-workers 8 --client-procs 4 --concurrency 128 \
+               --duration 15 --json "$OUT/serve-floor.json" 2>&1 | tail -3 | tee -a "$LOG" ;;
   esac
 done

@@ -22,7 +22,8 @@
    a 2 MP JPEG and six are 500x375 (vggserve.decoding.corpus's photo-like pictures); --decode is passed to the
    server (exact or fast). CPU per image is measured over the window from /proc: the server's engine process, its
    other processes (HTTP front ends) and the load generator's processes; and the front ends' decode time (wall
-   seconds in their threads, from /metrics).
+   seconds in their threads, from /metrics); and the engine process's busiest threads (one near a full core is
+   that process's ceiling: its GIL, or a driver thread spinning while it waits for the device).
    --precision is passed to the engine timing and to the server where this build's model accepts it.
 3. Prints both, their ratios (the target is >= 0.90 of the one-batch-at-a-time figure), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles, with the client; --json FILE writes the same as JSON. Exit status
@@ -153,6 +154,35 @@ def process_tree_cpu(root: int) -> dict[int, float]:
         grown = bool(below)
         tree |= below
     return {pid: stats[pid][1] for pid in tree if pid in stats}
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """{thread id: (thread name, CPU seconds so far)} of process `pid`, from /proc (empty if it is gone)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    threads = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            head, rest = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = rest.split()
+        threads[int(tid)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
+    return threads
+
+
+def busiest_threads(before: dict, after: dict, images: float, top: int = 6) -> list[list]:
+    """[[thread name, CPU ms per image], ...] of the `top` threads that spent the most between two thread_cpu
+    readings: one thread near 1000 / (ms per image) images/s is a process's ceiling (the GIL, or a driver that
+    spins while it waits for the device)."""
+    spent = [(name, cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in after.items()]
+    spent.sort(key=lambda entry: -entry[1])
+    return [[name, round(1000 * seconds / images, 3)] for name, seconds in spent[:top]]
 
 
 def engine_images_per_second(weights: str, device: str, batch: int, seconds: float,
@@ -337,8 +367,10 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
         w.start()
     time.sleep(max(0.0, start_at + warmup - time.time()))
     before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
+    threads0 = thread_cpu(server_pid) if server_pid else {}
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
+    threads1 = thread_cpu(server_pid) if server_pid else {}
     (images0, batches0, decode0, decoded0), (images1, batches1, decode1, decoded1) = before, after
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
@@ -360,6 +392,7 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
         cpu_ms["engine_process"] = 1000 * spent.get(server_pid, 0.0) / images
         cpu_ms["other_server_processes"] = 1000 * sum(v for pid, v in spent.items() if pid != server_pid) / images
     return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses, "cpu_ms_per_image": cpu_ms,
+            "engine_threads_cpu_ms_per_image": busiest_threads(threads0, threads1, images),
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
@@ -448,6 +481,9 @@ def main(argv=None) -> int:
           + ", ".join(f"{k} {v:.1f}" for k, v in lat.items() if v is not None), flush=True)
     print("cpu     : ms per image: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}"
                                                   for k, v in service["cpu_ms_per_image"].items()), flush=True)
+    if service["engine_threads_cpu_ms_per_image"]:
+        print("threads : the engine process's busiest, CPU ms per image: " + ", ".join(
+            f"{name} {ms:.2f}" for name, ms in service["engine_threads_cpu_ms_per_image"]), flush=True)
     if "engine_images_per_s" in out:
         out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
         out["ratio_to_streamed"] = service["images_per_s"] / out["engine_streamed_images_per_s"]

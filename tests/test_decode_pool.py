@@ -1,7 +1,11 @@
 """Decode processes (vggserve.decoding.pool) and their shared-memory ring (vggserve.ipc.ring): the same answers as
-decoding in this process, nothing lost when a process crashes or hangs, memory given back."""
+decoding in this process, in the chunk's order, nothing lost when a process crashes or hangs (whichever image of
+its parcel it was on), memory given back."""
 
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +14,10 @@ from image_corpus import EXPECTED, Bad, build_corpus
 from PIL import Image
 
 from vggserve.decoding import DecodeJob, decode_input, make_decoder
+from vggserve.decoding import pool as pool_module
 from vggserve.decoding import worker as worker_module
 from vggserve.decoding.pool import DecodePool, DecodePoolError
+from vggserve.ipc.frames import FrameReader, frame
 from vggserve.ipc.ring import Block, RegionWriter, Ring
 from vggserve.modelinput import ModelInput
 
@@ -54,14 +60,14 @@ def faults(monkeypatch):
 def test_decode_processes_answer_as_decoding_here_and_give_every_block_back(corpus, on_device):
     pool = make_decoder(DecodeJob("torchvision", on_device), procs=2)
     try:
-        futures = {name: pool.submit(path) for name, path in corpus.items()}
-        answers = {name: future.result(timeout=120) for name, future in futures.items()}
+        decoding = pool.start(corpus.values())
+        answers = dict(zip(corpus, decoding.result(timeout=120)))
         for name, path in corpus.items():
             assert_same_answer(answers[name], decode_input(path, "torchvision", on_device=on_device), name)
         bad = {name for name, e in EXPECTED.items() if isinstance(e, Bad)} | {"missing.jpg"}
         assert {name for name, (_, problem) in answers.items() if problem} == bad
         assert pool.ring.live_blocks() == len(corpus) - len(bad) and pool.inline == 0
-        pool.release(futures.values())
+        pool.release(decoding)
         assert pool.ring.live_blocks() == 0
         assert {"read", "decode", "link"} <= set(pool.clock.seconds)
     finally:
@@ -72,42 +78,105 @@ def test_jpegs_are_decoded_straight_into_shared_memory(corpus):
     """A 500x375 JPEG's image input is the decoded array itself: nothing is copied in the process."""
     pool = make_decoder(DecodeJob("torchvision", True), procs=1)
     try:
-        futures = [pool.submit(corpus[f"photo{i}.jpg"]) for i in range(3)]
-        assert all(f.result(timeout=120)[0].form == "image" for f in futures)
+        answers = pool.start([corpus[f"photo{i}.jpg"] for i in range(3)]).result(timeout=120)
+        assert all(x.form == "image" for x, _ in answers)
         assert pool.clock.seconds.get("copy", 0.0) == 0.0
     finally:
         pool.close()
 
 
-def test_a_crashing_process_is_replaced_and_only_its_image_is_an_error(corpus, faults, tmp_path):
+@pytest.fixture(params=["shared memory", "no shared memory"])
+def ring_mode(request, monkeypatch):
+    """With the ring, a process gets parcels of several images and says in the ring's header which one it is on;
+    without it (no /dev/shm), parcels are of one image. The image a process dies or hangs on is found either way."""
+    if request.param == "no shared memory":
+        monkeypatch.setattr(pool_module, "_make_ring", lambda procs, nbytes: None)
+    return request.param
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 4])
+def test_a_crashing_process_is_replaced_and_only_its_image_is_an_error(corpus, faults, tmp_path, ring_mode,
+                                                                      position):
     crash = tmp_path / "crash.jpg"
     crash.write_bytes(Path(corpus["photo0.jpg"]).read_bytes())
-    sources = [corpus["photo1.jpg"], str(crash), corpus["photo2.jpg"], corpus["photo3.jpg"], corpus["notes.txt"]]
+    sources = [corpus["photo1.jpg"], corpus["photo2.jpg"], corpus["photo3.jpg"], corpus["notes.txt"]]
+    sources.insert(position, str(crash))  # first, inside or last of a parcel, or in the second parcel
     pool = DecodePool(1, DecodeJob("torchvision", True))  # one process: the images after the crash were queued on it
     try:
-        answers = [f.result(timeout=120) for f in [pool.submit(s) for s in sources]]
+        answers = pool.start(sources).result(timeout=120)
         assert pool.restarts == 1
+        if ring_mode == "shared memory":
+            pool.release(pool.start([]))
     finally:
         pool.close()
-    assert answers[1][0] is None and answers[1][1][1] == "DecodeProcessDied"
-    assert f"file '{crash}'" in answers[1][1][0] and "killed by signal 9" in answers[1][1][0]
+    assert answers[position][0] is None and answers[position][1][1] == "DecodeProcessDied"
+    assert f"file '{crash}'" in answers[position][1][0] and "killed by signal 9" in answers[position][1][0]
     for source, answer in zip(sources, answers):
         if source != str(crash):
             assert_same_answer(answer, decode_input(source, "torchvision", on_device=True), source)
 
 
-def test_a_hanging_process_is_killed_after_the_timeout_and_the_rest_goes_on(corpus, faults, tmp_path):
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_a_hanging_process_is_killed_after_the_timeout_and_the_rest_goes_on(corpus, faults, tmp_path, ring_mode,
+                                                                           position):
     hang = tmp_path / "hang.png"
     hang.write_bytes(Path(corpus["gray.png"]).read_bytes())
-    sources = [str(hang), corpus["photo0.jpg"], corpus["photo4.jpg"]]
+    sources = [corpus["photo0.jpg"], corpus["photo4.jpg"]]
+    sources.insert(position, str(hang))
     pool = DecodePool(1, DecodeJob("torchvision", True), timeout_s=1.0)
     try:
-        answers = [f.result(timeout=120) for f in [pool.submit(s) for s in sources]]
+        answers = pool.start(sources).result(timeout=120)
         assert pool.restarts == 1
     finally:
         pool.close()
-    assert answers[0][1][1] == "DecodeTimeout" and "longer than 1 s" in answers[0][1][0]
-    assert all(problem is None for _, problem in answers[1:])
+    assert answers[position][1][1] == "DecodeTimeout" and "longer than 1 s" in answers[position][1][0]
+    assert [problem is None for _, problem in answers] == [i != position for i in range(3)]
+
+
+def test_a_process_that_dies_between_images_is_replaced_without_losing_any(corpus, monkeypatch):
+    """Killed while it waits for work (the OOM killer, an operator): nothing is an error, later chunks go on."""
+    pool = DecodePool(2, DecodeJob("torchvision", True))
+    try:
+        first = pool.start([corpus[f"photo{i}.jpg"] for i in range(5)])
+        first.result(timeout=120)
+        pool._procs[0].popen.kill()
+        later = pool.start([corpus[f"photo{i}.jpg"] for i in range(5)] * 2)
+        answers = later.result(timeout=120)
+        assert all(problem is None for _, problem in answers) and pool.restarts == 1
+        for index, answer in enumerate(answers):
+            assert_same_answer(answer, first.result()[index % 5], f"photo{index % 5}.jpg")
+    finally:
+        pool.close()
+
+
+def test_chunks_in_flight_together_each_get_their_own_answers_in_order(corpus):
+    names = [name for name in corpus if name.endswith((".jpg", ".png"))]
+    rng = np.random.default_rng(3)
+    chunks = [list(rng.choice(names, size=int(rng.integers(0, 12)))) for _ in range(8)]
+    pool = DecodePool(3, DecodeJob("torchvision", True))
+    try:
+        decodings = [pool.start(corpus[name] for name in chunk) for chunk in chunks]
+        want = {name: decode_input(corpus[name], "torchvision", on_device=True) for name in names}
+        for chunk, decoding in zip(chunks, decodings):
+            answers = decoding.result(timeout=120)
+            assert len(answers) == len(chunk)
+            for name, answer in zip(chunk, answers):
+                assert_same_answer(answer, want[name], name)
+            pool.release(decoding)
+        assert pool.ring.live_blocks() == 0
+        assert pool.start([]).done()
+    finally:
+        pool.close()
+
+
+def test_closing_the_pool_fails_the_chunks_still_waiting(corpus, faults, tmp_path):
+    hang = tmp_path / "hang.png"
+    hang.write_bytes(Path(corpus["gray.png"]).read_bytes())
+    pool = DecodePool(1, DecodeJob("torchvision", True))
+    waiting = pool.start([str(hang), corpus["photo0.jpg"]])
+    pool.close()
+    with pytest.raises(DecodePoolError, match="closed"):
+        waiting.result(timeout=30)
 
 
 def test_processes_that_cannot_start_fail_the_pool_instead_of_every_image(corpus, monkeypatch):
@@ -115,9 +184,9 @@ def test_processes_that_cannot_start_fail_the_pool_instead_of_every_image(corpus
     pool = DecodePool(1, DecodeJob("torchvision", True))
     try:
         with pytest.raises(DecodePoolError, match="before they are ready"):
-            pool.submit(corpus["photo0.jpg"]).result(timeout=120)
+            pool.start([corpus["photo0.jpg"]]).result(timeout=120)
         with pytest.raises(DecodePoolError):
-            pool.submit(corpus["photo1.jpg"]).result(timeout=5)
+            pool.start([corpus["photo1.jpg"]]).result(timeout=5)
     finally:
         pool.close()
 
@@ -126,17 +195,16 @@ def test_a_full_ring_sends_pixels_inline_and_the_answers_stay_right(corpus):
     """Held blocks fill the region (8 MB): later images come pickled, equal all the same."""
     pool = DecodePool(1, DecodeJob("torchvision", True), in_flight=1)
     try:
-        futures = [pool.submit(corpus["photo0.jpg"]) for _ in range(20)]  # 20 x 562 KB > 8 MB
-        answers = [f.result(timeout=120) for f in futures]
+        decoding = pool.start([corpus["photo0.jpg"]] * 20)  # 20 x 562 KB > 8 MB
         want = decode_input(corpus["photo0.jpg"], "torchvision", on_device=True)
-        for answer in answers:
+        for answer in decoding.result(timeout=120):
             assert_same_answer(answer, want, "photo0.jpg")
         assert 0 < pool.inline < 20
-        pool.release(futures)
+        pool.release(decoding)
         assert pool.ring.live_blocks() == 0
         inline = pool.inline
-        later = pool.submit(corpus["photo0.jpg"])
-        assert_same_answer(later.result(timeout=120), want, "after release")
+        later = pool.start([corpus["photo0.jpg"]])
+        assert_same_answer(later.result(timeout=120)[0], want, "after release")
         assert pool.inline == inline and pool.ring.live_blocks() == 1  # room again: shared
     finally:
         pool.close()
@@ -188,6 +256,53 @@ def test_a_new_writer_continues_after_the_blocks_its_predecessor_reported():
     finally:
         second.close()
         ring.close()
+
+
+def test_a_writer_says_how_many_images_it_has_begun_and_since_when():
+    ring = Ring(2, 4096)
+    writer = RegionWriter(ring.writer_spec(1))
+    try:
+        assert ring.progress(1)[0] == 0
+        before = time.monotonic()
+        writer.begin()
+        writer.begin()
+        begun, since = ring.progress(1)
+        assert begun == 2 and before <= since <= time.monotonic() and ring.progress(0)[0] == 0
+        assert RegionWriter(ring.writer_spec(1)).begin is not None and ring.progress(1)[0] == 0  # a new writer: 0
+    finally:
+        writer.close()
+        ring.close()
+
+
+def test_frames_are_read_whole_however_the_bytes_arrive():
+    """Several messages in one read, one message over several reads, and those sent before the end of file."""
+    from multiprocessing.connection import Connection
+
+    ours, theirs = socket.socketpair()
+    reader, sender = FrameReader(ours), Connection(theirs.detach())
+    try:
+        assert reader.read() == ([], False)
+        messages = [("ready", 1), [("error", ("bad", "ImageError"), {})], list(range(5))]
+        for message in messages:
+            sender.send(message)
+        assert reader.read() == (messages, False)
+        data = frame(np.arange(100_000))  # 800 KB: more than one read's worth, sent in two parts
+        with socket.socket(fileno=os.dup(sender.fileno())) as raw:
+            raw.sendall(data[:1000])
+            assert reader.read() == ([], False)
+            rest = threading.Thread(target=raw.sendall, args=(data[1000:],))  # more than the socket holds
+            rest.start()
+            got = []
+            while not got:
+                got = reader.read()[0]
+            rest.join()
+        assert len(got) == 1 and np.array_equal(got[0], np.arange(100_000))
+        sender.send("last")
+        sender.close()
+        assert reader.read()[0] == ["last"]
+        assert reader.read() == ([], True)  # the end of file: the socket stays readable until it is read
+    finally:
+        ours.close()
 
 
 @pytest.mark.parametrize("cpus, allowed, local_ranks, want", [

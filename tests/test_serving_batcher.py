@@ -103,3 +103,24 @@ def test_close_fails_waiting_images_and_releases_workers():
     assert item.future.exception(timeout=1) is error
     with pytest.raises(DeadlineExceeded):
         queue.admit(1)
+
+
+def test_a_worker_filling_a_batch_is_woken_by_the_first_image_and_the_full_batch_only():
+    """Not once per image: 32 submits wake a waiting worker twice, and it takes all 32 at once, long before
+    max_wait."""
+    queue = BatchQueue(64, Metrics())
+    wakes = []
+    notify_all = queue._cond.notify_all
+    queue._cond.notify_all = lambda: (wakes.append(len(queue)), notify_all())
+    got = []
+    taker = threading.Thread(target=lambda: got.append(queue.take_batch(32, max_wait_s=30)))
+    taker.start()
+    submit(queue, 1)
+    deadline = time.monotonic() + 10
+    while not queue._filling and time.monotonic() < deadline:  # the worker waits for the batch to fill
+        time.sleep(0.001)
+    for _ in range(31):
+        submit(queue, 1)
+    taker.join(10)
+    assert not taker.is_alive() and len(got[0]) == 32
+    assert wakes == [1, 32]

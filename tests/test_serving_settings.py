@@ -74,3 +74,21 @@ def test_serve_device_all_on_a_machine_without_gpu_exits_3_with_one_line(tiny_we
     assert done.returncode == 3, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--device cpu" in lines[0] and "serving on" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("cpus, fronts, want", [(16, 1, 16), (2, 1, 2), (64, 1, 16), (16, 8, 4), (16, 2, 16),
+                                                (2, 2, 2), (4, 8, 2)])
+def test_decode_threads_by_default_are_a_share_of_the_cores_per_front_end(cpus, fronts, want):
+    """One process: a thread per core (2..16); each of N front ends: twice its share of the cores, at least 2."""
+    from vggserve.serving.settings import default_preprocess_threads
+
+    assert default_preprocess_threads(fronts, cpus) == want
+
+
+def test_settings_resolve_the_thread_default_from_the_front_ends_and_keep_a_given_number(monkeypatch):
+    monkeypatch.setattr("vggserve.serving.settings.os.cpu_count", lambda: 16)
+    assert Settings().preprocess_threads == 16
+    assert Settings(http_workers=8, max_queue=256).preprocess_threads == 4
+    assert Settings(http_workers=8, preprocess_threads=12).preprocess_threads == 12
+    with pytest.raises(SettingsError, match="--preprocess-threads must be an integer from 1 to 256"):
+        Settings(preprocess_threads=0)

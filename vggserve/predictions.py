@@ -1,4 +1,15 @@
-"""From scores to the predictions users see: softmax and top-k with labels."""
+"""From scores to the predictions users see: softmax, top-k with labels, and the batch job's result lines.
+
+    top_k(probabilities, 5)            [[{"index", "label", "probability"}, ...], ...] per row
+    result_lines(paths, probabilities, 5)   the JSON lines of results.jsonl, as result_line(path, top_k(...)[i])
+
+Ties are broken towards the lower class index, as a stable sort of -p would, so results are reproducible. The
+order is found for a whole batch at once (`top_k_order`): a partition picks each row's k best, and only those k are
+sorted; rows where the k-th value is tied with a value outside the k (or that hold a NaN) take the full stable
+sort, so the answer is the full sort's in every case.
+"""
+
+import json
 
 import numpy as np
 
@@ -13,15 +24,72 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[dict]]:
-    """For each row, the k most probable classes, highest first: [{"index", "label", "probability"}]."""
+def top_k_order(probabilities: np.ndarray, k: int) -> np.ndarray:
+    """(N, k) class indices of each row's k most probable, highest first, the lower index first among ties:
+    `np.argsort(-p, axis=1, kind="stable")[:, :k]`, without sorting whole rows."""
+    neg = -np.atleast_2d(probabilities)
+    rows, classes = neg.shape
+    if k >= classes or rows == 0:
+        return np.argsort(neg, axis=1, kind="stable")[:, :k]
+    best = np.sort(np.argpartition(neg, k - 1, axis=1)[:, :k], axis=1)  # each row's k best, by index
+    values = np.take_along_axis(neg, best, axis=1)
+    kth = values.max(axis=1, keepdims=True)  # NaN when a NaN is among them
+    order = np.take_along_axis(best, np.argsort(values, axis=1, kind="stable"), axis=1)
+    unsure = np.count_nonzero(neg <= kth, axis=1) != k  # a tie across the k-th place, or a NaN picked
+    if unsure.any():
+        order[unsure] = np.argsort(neg[unsure], axis=1, kind="stable")[:, :k]
+    return order
+
+
+def _checked(probabilities: np.ndarray, k: int) -> np.ndarray:
     probs = np.atleast_2d(probabilities)
     if not 1 <= k <= probs.shape[1]:
         raise ValueError(f"top_k must be between 1 and {probs.shape[1]}, got {k}")
+    return probs
+
+
+def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[dict]]:
+    """For each row, the k most probable classes, highest first: [{"index", "label", "probability"}]."""
+    probs = _checked(probabilities, k)
     labels = imagenet_labels()
-    # stable sort on -p keeps the lower index first among ties, so results are reproducible
-    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    order = top_k_order(probs, k)
+    chosen = np.take_along_axis(probs, order, axis=1).tolist()  # Python floats: float(row[i])
     return [
-        [{"index": int(i), "label": labels[int(i)], "probability": float(row[i])} for i in idx]
-        for row, idx in zip(probs, order)
+        [{"index": i, "label": labels[i], "probability": p} for i, p in zip(idx, values)]
+        for idx, values in zip(order.tolist(), chosen)
     ]
+
+
+def result_lines(images: list[str], probabilities: np.ndarray, k: int) -> list[str]:
+    """The results.jsonl line of each image (row i is images[i]'s): exactly `result_line(image, top_k(row, k)[0])`,
+    that is `json.dumps({"image": image, "predictions": [...]})`, written from a template."""
+    probs = _checked(probabilities, k)
+    if len(images) != len(probs):
+        raise ValueError(f"{len(images)} images for {len(probs)} rows of probabilities")
+    order = top_k_order(probs, k)
+    chosen = np.take_along_axis(probs, order, axis=1).tolist()
+    labels = _json_labels()
+    lines = []
+    for image, idx, values in zip(images, order.tolist(), chosen):
+        entries = ", ".join(f'{{"index": {i}, "label": {labels[i]}, "probability": {_json_float(p)}}}'
+                            for i, p in zip(idx, values))
+        lines.append(f'{{"image": {json.dumps(image)}, "predictions": [{entries}]}}')
+    return lines
+
+
+_LABELS_JSON: list = []
+
+
+def _json_labels() -> tuple[str, ...]:
+    if not _LABELS_JSON:
+        _LABELS_JSON.append(tuple(json.dumps(label) for label in imagenet_labels()))
+    return _LABELS_JSON[0]
+
+
+def _json_float(value: float) -> str:
+    """A float as json.dumps writes it: repr, and NaN / Infinity / -Infinity for the others."""
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
+    return repr(value)

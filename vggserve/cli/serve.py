@@ -46,7 +46,8 @@ def register(subparsers) -> None:
                    help="largest image in pixels, from its header; larger ones get 413 (default 40000000)")
     p.add_argument("--max-files", type=int, default=16, help="files per POST /classify/batch (default 16)")
     p.add_argument("--preprocess-threads", type=int, default=None,
-                   help="threads decoding and preprocessing images (default: one per core, 2..16)")
+                   help="threads decoding and preprocessing images, in each process (default: one per core, 2..16; "
+                        "with --http-workers N, twice each front end's share of the cores, at least 2)")
     p.add_argument("--preprocess-procs", type=int, default=None, metavar="N",
                    help="worker processes decoding images, past the GIL (default 0: in the threads only)")
     p.add_argument("--http-workers", default=None, metavar="N",
@@ -76,15 +77,15 @@ def register(subparsers) -> None:
 
 
 def _settings(args, **overrides):
-    from ..serving.settings import (API_KEY_ENV, Settings, default_preprocess_procs, default_preprocess_threads,
-                                    default_http_workers, parse_devices, parse_http_workers)
+    from ..serving.settings import (API_KEY_ENV, Settings, default_preprocess_procs, default_http_workers,
+                                    parse_devices, parse_http_workers)
 
     values = dict(
         weights=str(args.weights) if args.weights else None, host=args.host, port=args.port,
         devices=parse_devices(args.device), max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue, request_timeout_ms=args.request_timeout_ms, max_body_bytes=args.max_body_bytes,
         max_pixels=args.max_pixels, max_files=args.max_files,
-        preprocess_threads=args.preprocess_threads or default_preprocess_threads(),
+        preprocess_threads=args.preprocess_threads,  # None: the default for the number of processes
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         warmup=not args.no_warmup, resize_on=args.resize_on, decode=args.decode, precision=args.precision,

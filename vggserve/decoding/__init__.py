@@ -10,7 +10,9 @@ Modules:
     stages   CPU time per image by stage (read, decode, copy, link, stage, result)
 
     decoder = make_decoder(DecodeJob(mode="torchvision", on_device=True), procs=7)
-    future = decoder.submit("photo.jpg"); pixels, problem = future.result(); ...; decoder.release([future])
+    decoding = decoder.start(["a.jpg", "b.jpg"])
+    for pixels, problem in decoding.result(): ...
+    decoder.release(decoding)
 """
 
 from .decode import DECODE_MODES, check_decode, decode_input, decode_pixels, model_input

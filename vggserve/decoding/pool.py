@@ -1,22 +1,27 @@
 """Decoding past the GIL: a pool of decode processes whose pixels come back through shared memory.
 
     pool = DecodePool(procs=7, job=DecodeJob(mode="torchvision", on_device=True))
-    future = pool.submit("photo.jpg")        # a path (or an upload's bytes)
-    pixels, problem = future.result()        # as decode.decode_input answers: (model input, None) or (None, problem)
-    ...                                      # pixels is a view of shared memory: copy it (model.submit does)
-    pool.release([future])                   # then give its block back
+    decoding = pool.start(["a.jpg", "b.jpg"])   # a chunk of paths (or uploads' bytes)
+    answers = decoding.result()                 # one per source, in order: (model input, None) or (None, problem)
+    ...                                         # the inputs are views of shared memory: copy them (model.submit does)
+    pool.release(decoding)                      # then give their blocks back
     pool.close()
 
 Each process (worker.py) owns a region of one shared-memory segment (vggserve.ipc.ring), decodes straight into
 it where it can (libjpeg-turbo writes a JPEG's pixels there) or copies the model input there, and answers with a
-few numbers; only paths and those answers are pickled. A supervisor thread sends every process at most DEPTH
-sources at a time (so a slow 12 MP photo holds up no more than its own process), reads the answers and completes
-the futures.
+few numbers per image; only paths and those answers are pickled. A supervisor thread deals the waiting sources to
+the processes in parcels of up to PARCEL sources (one message each way per parcel), at most DEPTH ahead of each
+process's answers (so a slow 12 MP photo holds up no more than its own process); it reads every answer waiting on
+a process's socket at once (vggserve.ipc.frames), and wakes the consumer once per chunk, when the chunk's last
+answer is in. So the consumer's process spends a few microseconds per image on the link, and wakes up about once
+per parcel rather than once per image.
 
 A process that dies while decoding (a crash in a decoder, the OOM killer) or takes longer than `timeout_s` on one
-image (it is killed) is replaced by a new one on the same region: that image is answered as an error
-(DecodeProcessDied / DecodeTimeout) and the images queued behind it go to the new process. A pool whose new
-processes die before they are ready (a broken installation) raises DecodePoolError from every pending future.
+image (it is killed) is replaced by a new one on the same region: the image it was on (the ring's header says which
+of its parcel: `Ring.progress`) is answered as an error (DecodeProcessDied / DecodeTimeout), and the others sent to
+it and not answered go to the new process. Without shared memory, parcels are of one source, so the image is the
+oldest one not answered. A pool whose new processes die before they are ready (a broken installation) raises
+DecodePoolError from every waiting chunk.
 """
 
 from __future__ import annotations
@@ -25,18 +30,16 @@ import collections
 import dataclasses
 import logging
 import os
+import selectors
 import socket
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import VggserveError
+from ..ipc.frames import FrameReader, frame
 from ..ipc.ring import Block, Ring
 from ..modelinput import RAW_LIMIT_BYTES, ModelInput
 from . import worker
@@ -45,10 +48,12 @@ from .worker import DecodeJob, WorkerStart
 
 log = logging.getLogger("vggserve.decoding")
 
-DEPTH = 3  # sources sent to one process ahead of its answers
+DEPTH = 6  # sources sent to one process ahead of its answers: two parcels
+PARCEL = 3  # sources sent to a process in one message, answered in one message
 DEFAULT_TIMEOUT_S = 60.0  # longest decode of one image before its process is killed
 START_TIMEOUT_S = 120.0  # longest start of a process (imports on a loaded machine)
 START_FAILURES = 3  # processes in a row dying before they are ready: the pool is broken
+CHECK_EVERY_S = 0.25  # how often the supervisor looks for processes that hang (at most a quarter of the timeout)
 TYPICAL_BYTES = 600_000  # a 500x375 image input (562 KB) or a float32 input (602 KB)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
@@ -77,17 +82,60 @@ def region_bytes(procs: int, in_flight: int) -> int:
     return max(2 * RAW_LIMIT_BYTES, -(-3 * in_flight // (2 * procs)) * TYPICAL_BYTES)
 
 
-class _Process:
-    """One decode process seen from the pool: its connection and the sources sent to it, oldest first."""
+class Decoding:
+    """A chunk of sources on its way through the pool. `result()` waits for every answer and returns them in the
+    sources' order; `blocks`: the shared memory its inputs lie in (`DecodePool.release` gives it back)."""
 
-    def __init__(self, region: int, popen: subprocess.Popen, conn: Connection, started: float):
+    def __init__(self, count: int):
+        self.answers: list = [None] * count
+        self.blocks: list[Block] = []
+        self._left = count  # answers still to come (the supervisor's thread only)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        if count == 0:
+            self._done.set()
+
+    def result(self, timeout: float | None = None) -> list:
+        """[(model input, None) or (None, (reason, type name))], one per source; raises DecodePoolError when the
+        pool broke or closed first, TimeoutError after `timeout` seconds."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the decoding was not finished within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self.answers
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _answer(self, index: int, answer: tuple) -> None:
+        if self._error is None:
+            self.answers[index] = answer
+            self._left -= 1
+            if self._left == 0:
+                self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+
+class _Process:
+    """One decode process seen from the pool: its socket and the sources sent to it, oldest first."""
+
+    def __init__(self, region: int, popen: subprocess.Popen, sock: socket.socket, started: float):
         self.region = region
         self.popen = popen
-        self.conn = conn
+        self.sock = sock
+        self.frames = FrameReader(sock)
         self.started = started
         self.ready = False
-        self.sent: collections.deque = collections.deque()  # (future, source)
-        self.busy_since: float | None = None  # when it began the oldest source sent to it
+        self.sent: collections.deque = collections.deque()  # (decoding, index, source) not answered yet
+        self.answered = 0  # answers received from it (its ring header counts the images it has begun)
+        self.busy_since: float | None = None  # when its oldest source not answered began, at the latest
+
+    def send(self, message) -> None:
+        self.sock.sendall(frame(message))
 
     def describe_exit(self) -> str:
         try:
@@ -109,14 +157,20 @@ class DecodePool:
         self.restarts = 0  # processes replaced after dying or hanging
         self.inline = 0  # answers whose pixels came pickled (no room in shared memory)
         self.ring = _make_ring(procs, region_bytes(procs, in_flight))
+        # without the ring's header a process cannot say which source of a parcel it is on: parcels of one
+        self._parcel, self._depth = (PARCEL, DEPTH) if self.ring is not None else (1, DEPTH // PARCEL)
         self._lock = threading.Lock()
-        self._waiting: collections.deque = collections.deque()  # (future, source) not yet sent
-        self._blocks: dict[Future, Block] = {}
-        self._start_failures = 0
+        self._waiting: collections.deque = collections.deque()  # (decoding, index, source) not yet sent
+        self._stages: dict[str, float] = {}  # the processes' stage seconds, added to `clock` once per wake-up
+        self._start_failures = 0  # processes in a row that died before they were ready
+        self._idle_deaths = 0  # ready processes in a row that died with images sent to them, before beginning one
         self._broken: BaseException | None = None
         self._closing = False
+        self._check_every = min(CHECK_EVERY_S, self.timeout_s / 4)
+        self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._procs = [self._launch(region) for region in range(procs)]
         self._thread = threading.Thread(target=self._supervise, name="vggserve-decode-pool", daemon=True)
         self._thread.start()
@@ -126,33 +180,33 @@ class DecodePool:
         return len(self._procs)
 
     # ---- the consumer's side ----------------------------------------------------------------------------------
-    def submit(self, source) -> Future:
-        """Decode `source` (a path or bytes) in a process; the future's result is (model input, None) or (None,
-        (reason, type name)), or DecodePoolError when no process can run."""
-        future: Future = Future()
+    def start(self, sources) -> Decoding:
+        """Decode `sources` (paths or bytes) in the processes; see Decoding."""
+        sources = list(sources)
+        decoding = Decoding(len(sources))
         with self._lock:
             if self._broken is not None:
-                future.set_exception(self._broken)
-                return future
-            self._waiting.append((future, source))
-        self._wake()
-        return future
+                decoding._fail(self._broken)
+                return decoding
+            self._waiting.extend((decoding, index, source) for index, source in enumerate(sources))
+        if sources:
+            self._wake()
+        return decoding
 
-    def release(self, futures) -> None:
-        """The model inputs of `futures` have been copied (or dropped): their shared memory may be reused."""
-        for future in futures:
-            with self._lock:
-                block = self._blocks.pop(future, None)
-            if block is not None:
-                self.ring.free(block)
+    def release(self, decoding: Decoding) -> None:
+        """The model inputs of `decoding` have been copied (or dropped): their shared memory may be reused."""
+        blocks, decoding.blocks = decoding.blocks, []
+        if blocks:
+            self.ring.free_many(blocks)
 
     def close(self) -> None:
-        """Stop the processes; pending futures are cancelled."""
+        """Stop the processes; chunks still waiting raise DecodePoolError."""
         self._closing = True
         self._wake()
         self._thread.join(timeout=30)
         if self.ring is not None:
             self.ring.close()
+        self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -174,111 +228,131 @@ class DecodePool:
             raise DecodePoolError(f"cannot start a decode process: {exc}") from exc
         finally:
             theirs.close()
-        conn = Connection(ours.detach())
+        proc = _Process(region, popen, ours, time.monotonic())
         spec = self.ring.writer_spec(region) if self.ring is not None else None
-        conn.send(WorkerStart(self.job, spec, os.getpid()))
-        return _Process(region, popen, conn, time.monotonic())
+        try:
+            proc.send(WorkerStart(self.job, spec, os.getpid()))
+        except OSError:  # it died at once: its end of file is read next
+            pass
+        self._selector.register(ours, selectors.EVENT_READ, proc)
+        return proc
 
     def _supervise(self) -> None:
         cpu = time.thread_time()
+        next_check = time.monotonic() + self._check_every
         try:
             while not self._closing:
-                self._step()
-                now = time.thread_time()
-                self.clock.add({"link": now - cpu})
-                cpu = now
+                for key, _ in self._selector.select(self._check_every):
+                    if key.data is None:
+                        self._drain_wake()
+                    else:
+                        self._receive(key.data)
+                now = time.monotonic()
+                if now >= next_check:
+                    self._check_times(now)
+                    next_check = now + self._check_every
+                self._dispatch()
+                spent = time.thread_time()
+                self._stages["link"] = self._stages.get("link", 0.0) + spent - cpu
+                cpu = spent
+                self.clock.add(self._stages)
+                self._stages = {}
         except BaseException as exc:  # a bug here must not leave the consumer waiting forever
             log.exception("the decode pool's supervisor failed")
             self._fail_all(DecodePoolError(f"the decode pool failed: {exc}"))
         finally:
             self._stop_processes()
 
-    def _step(self) -> None:
-        conns = {p.conn: p for p in self._procs}
-        for ready in wait([*conns, self._wake_r], timeout=self._next_check()):
-            if ready is self._wake_r:
-                try:
-                    while self._wake_r.recv(4096):
-                        pass
-                except BlockingIOError:
-                    pass
-            else:
-                self._receive(conns[ready])
-        self._check_times()
-        self._dispatch()
-
-    def _next_check(self) -> float | None:
-        """Seconds until the next process would be overdue (None: no process is busy)."""
-        now, due = time.monotonic(), []
-        for proc in self._procs:
-            if proc.sent:
-                if not proc.ready:
-                    due.append(proc.started + START_TIMEOUT_S)
-                elif proc.busy_since is not None:
-                    due.append(proc.busy_since + self.timeout_s)
-        return max(0.0, min(due) - now) + 0.01 if due else None
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _receive(self, proc: _Process) -> None:
-        try:
-            answer = proc.conn.recv()
-        except (EOFError, OSError):
-            self._replace(proc, proc.describe_exit(), "DecodeProcessDied", "died")
+        """Every answer `proc` has sent; its replacement if it has gone."""
+        if proc not in self._procs:  # replaced earlier in this wake-up
             return
-        if answer[0] == "ready":
+        answers, closed = proc.frames.read()
+        for answer in answers:
+            self._answered(proc, answer)
+        if closed:
+            self._replace(proc, proc.describe_exit(), "DecodeProcessDied", "died")
+
+    def _answered(self, proc: _Process, message) -> None:
+        if isinstance(message, tuple):  # ("ready", pid)
             proc.ready, self._start_failures = True, 0
             proc.busy_since = time.monotonic() if proc.sent else None
             return
-        future, source = proc.sent.popleft()
+        for answer in message:
+            self._answer(proc, proc.sent.popleft(), answer)
+        proc.answered += len(message)
+        self._idle_deaths = 0
         proc.busy_since = time.monotonic() if proc.sent else None
-        if future.cancelled():
-            if answer[0] == "shared":
-                self.ring.take(answer[2], answer[3], answer[4])
-                self.ring.free(answer[2])
-            return
-        self.clock.add(answer[-1])
-        future.set_result(self._decoded(future, answer))
 
-    def _decoded(self, future: Future, answer: tuple):
+    def _answer(self, proc: _Process, item: tuple, answer: tuple) -> None:
+        decoding, index, _ = item
         kind = answer[0]
-        if kind == "error":
-            return None, answer[2]
-        if kind == "inline":
+        stages = self._stages
+        for stage, seconds in answer[-1].items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
+        if kind == "shared":
+            _, start, end, shape, dtype, form, _ = answer
+            block = Block(proc.region, start, end)
+            pixels = self.ring.take(block, shape, dtype)
+            if decoding.done():  # the pool broke or closed: nobody will release it
+                self.ring.free(block)
+                return
+            decoding.blocks.append(block)
+            decoding._answer(index, (ModelInput(form, pixels), None))
+        elif kind == "inline":
             self.inline += 1
-            _, _, pixels, form, _ = answer
+            decoding._answer(index, (ModelInput(answer[2], answer[1]), None))
         else:
-            _, _, block, shape, dtype, form, _ = answer
-            pixels = self.ring.take(block, shape, np.dtype(dtype))
-            with self._lock:
-                self._blocks[future] = block
-        return ModelInput(form, pixels), None
+            decoding._answer(index, (None, answer[1]))
 
-    def _check_times(self) -> None:
-        now = time.monotonic()
+    def _current(self, proc: _Process) -> tuple[int, float | None]:
+        """(index in proc.sent of the source it is decoding, when it began it): from the ring's header, or without
+        a ring the oldest (parcels are of one source then). The index is out of range between sources."""
+        if self.ring is None:
+            return 0, proc.busy_since
+        begun, began_at = self.ring.progress(proc.region)
+        return begun - proc.answered - 1, began_at
+
+    def _check_times(self, now: float) -> None:
         for proc in list(self._procs):
             if not proc.sent:
                 continue
             if not proc.ready and now - proc.started > START_TIMEOUT_S:
                 proc.popen.kill()
                 self._replace(proc, f"it did not start within {START_TIMEOUT_S:.0f} s", "DecodeProcessDied", "died")
-            elif proc.ready and proc.busy_since is not None and now - proc.busy_since > self.timeout_s:
+                continue
+            index, since = self._current(proc)
+            if proc.ready and 0 <= index < len(proc.sent) and since is not None and now - since > self.timeout_s:
                 proc.popen.kill()
                 self._replace(proc, f"it took longer than {self.timeout_s:g} s and was killed", "DecodeTimeout",
                               "hung")
 
     def _replace(self, proc: _Process, why: str, kind: str, verb: str) -> None:
         """`proc` is gone: fail the source it was decoding (if it had started), requeue the others, start another."""
-        proc.conn.close()
+        self._selector.unregister(proc.sock)
+        proc.sock.close()
         if proc.popen.poll() is None:
             proc.popen.kill()
         proc.popen.wait()
         sent = list(proc.sent)
-        if proc.ready and sent:
-            future, source = sent.pop(0)
+        proc.sent.clear()
+        at = self._current(proc)[0] if proc.ready and sent else -1
+        if 0 <= at < len(sent):
+            decoding, index, source = sent.pop(at)
             log.error("a decode process %s on %s (%s); a new one takes its place", verb, _name(source), why)
-            if not future.cancelled():
-                future.set_result((None, (f"the decode process {verb} on {_name(source)} ({why}); the image is "
-                                          "skipped and a new process took its place", kind)))
-        elif not proc.ready:
+            decoding._answer(index, (None, (f"the decode process {verb} on {_name(source)} ({why}); the image is "
+                                            "skipped and a new process took its place", kind)))
+        elif sent:  # before it began any of the images sent to it: none is to blame
+            self._idle_deaths += 1
+            log.error("a decode process died before it began its images (%s); a new one takes its place", why)
+        if not proc.ready:
             self._start_failures += 1
         with self._lock:
             self._waiting.extendleft(reversed(sent))
@@ -288,30 +362,42 @@ class DecodePool:
             self._fail_all(DecodePoolError(f"decode processes die before they are ready ({why}, "
                                            f"{self._start_failures} in a row); see the messages above"))
             return
+        if self._idle_deaths >= START_FAILURES:
+            self._fail_all(DecodePoolError(f"decode processes die before they begin an image ({why}, "
+                                           f"{self._idle_deaths} in a row); see the messages above"))
+            return
         self.restarts += 1
         self._procs[self._procs.index(proc)] = self._launch(proc.region)
 
     def _dispatch(self) -> None:
-        """Send waiting sources to the least busy processes, DEPTH at most each."""
-        while True:
-            with self._lock:
-                if not self._waiting or self._broken is not None:
-                    return
-                proc = min(self._procs, key=lambda p: (len(p.sent), not p.ready))
-                if len(proc.sent) >= DEPTH:
-                    return
-                future, source = self._waiting.popleft()
-            if future.cancelled():
-                continue
-            try:
-                proc.conn.send((id(future), source))
-            except OSError:  # it died: its EOF is read next
-                with self._lock:
-                    self._waiting.appendleft((future, source))
+        """Deal waiting sources to the processes with room, a parcel each at most, one source per process and round
+        (ready processes before starting ones), so that a chunk is spread over every process."""
+        given: dict[_Process, list] = {}
+        with self._lock:
+            if not self._waiting or self._broken is not None:
                 return
-            if proc.ready and not proc.sent:
-                proc.busy_since = time.monotonic()
-            proc.sent.append((future, source))
+            room = [(proc, min(self._parcel, self._depth - len(proc.sent)))
+                    for proc in sorted(self._procs, key=lambda p: not p.ready)]
+            for level in range(self._parcel):
+                for proc, space in room:
+                    while self._waiting and self._waiting[0][0].done():  # failed: nobody waits for it
+                        self._waiting.popleft()
+                    if not self._waiting:
+                        break
+                    if space > level:
+                        item = self._waiting.popleft()
+                        if proc.ready and not proc.sent:
+                            proc.busy_since = time.monotonic()
+                        proc.sent.append(item)
+                        given.setdefault(proc, []).append(item)
+        for proc, items in given.items():
+            try:
+                proc.send([source for _, _, source in items])
+            except OSError:  # it died: its end of file is read next; these go to the next process
+                for _ in items:
+                    proc.sent.pop()
+                with self._lock:
+                    self._waiting.extendleft(reversed(items))
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
@@ -320,14 +406,13 @@ class DecodePool:
             self._waiting.clear()
         for proc in self._procs:
             proc.sent.clear()
-        for future, _ in pending:
-            if not future.done():
-                future.set_exception(error)
+        for decoding, _, _ in pending:
+            decoding._fail(error)
 
     def _stop_processes(self) -> None:
         for proc in self._procs:
             try:
-                proc.conn.send(None)
+                proc.send(None)
             except OSError:
                 pass
         deadline = time.monotonic() + 2.0
@@ -337,12 +422,15 @@ class DecodePool:
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()
-            proc.conn.close()
+            proc.sock.close()
+        closed = DecodePoolError("the decode pool was closed before this decoding finished")
         with self._lock:
             pending = list(self._waiting) + [item for proc in self._procs for item in proc.sent]
             self._waiting.clear()
-        for future, _ in pending:
-            future.cancel()
+            if self._broken is None:
+                self._broken = closed
+        for decoding, _, _ in pending:
+            decoding._fail(closed)
 
 
 def _make_ring(procs: int, nbytes: int) -> Ring | None:

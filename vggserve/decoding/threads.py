@@ -1,4 +1,4 @@
-"""Decoding on threads of this process: the same interface as `DecodePool` (submit, release, close, clock), for
+"""Decoding on threads of this process: the same interface as `DecodePool` (start, release, close, clock), for
 `--decode-procs 0` and for callers that decode a few images only. Pillow and libjpeg-turbo release the GIL while
 they decode, but the rest of each image's work holds it: threads of one process keep up with a slow device only."""
 
@@ -26,13 +26,28 @@ class ThreadDecoder:
         limits = (("max_pixels", job.max_pixels), ("formats", job.formats))
         self._limits = {name: value for name, value in limits if value is not None}
 
-    def submit(self, source) -> Future:
-        """A future of (model input, None) or (None, (reason, type name))."""
-        return self._pool.submit(decode_input, source, self.job.mode, on_device=self.job.on_device,
-                                 decode=self.job.decode, clock=self.clock, **self._limits)
+    def start(self, sources) -> "ThreadDecoding":
+        """Decode `sources` on the threads; `result()` answers as `DecodePool.start`'s."""
+        return ThreadDecoding([self._pool.submit(decode_input, source, self.job.mode, on_device=self.job.on_device,
+                                                 decode=self.job.decode, clock=self.clock, **self._limits)
+                               for source in sources])
 
-    def release(self, futures) -> None:
+    def release(self, decoding) -> None:
         """Nothing to give back: the inputs are ordinary arrays."""
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ThreadDecoding:
+    """A chunk decoding on threads: one future per source."""
+
+    def __init__(self, futures: list[Future]):
+        self.futures = futures
+
+    def result(self, timeout: float | None = None) -> list:
+        """[(model input, None) or (None, (reason, type name))], one per source, in order."""
+        return [future.result(timeout) for future in self.futures]
+
+    def done(self) -> bool:
+        return all(future.done() for future in self.futures)

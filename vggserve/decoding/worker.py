@@ -2,14 +2,17 @@
 of the pool's shared memory, and answers with where the pixels lie.
 
 Started by the pool as a fresh interpreter (`python -c ...` with the socket's descriptor as argument: no OpenCL
-context, MPI state or threads inherited), it receives a `WorkerStart`, says ("ready", pid), then answers each
-(seq, source) in order with one of
+context, MPI state or threads inherited), it receives a `WorkerStart`, says ("ready", pid), then receives lists of
+sources and answers each list with one message: the list of its sources' answers, in order, each one of
 
-    ("shared", seq, Block, shape, dtype, form, stage seconds)  the model input lies in the pool's shared memory
-    ("inline", seq, array, form, stage seconds)               no room there: the array itself (pickled)
-    ("error", seq, (reason, type name), stage seconds)        the image could not be decoded
+    ("shared", start, end, shape, dtype, form, stage seconds)  the model input lies in its region of the pool's
+                                                               shared memory, at positions [start, end)
+    ("inline", array, form, stage seconds)                     no room there: the array itself (pickled)
+    ("error", (reason, type name), stage seconds)              the image could not be decoded
 
-`form`: the `modelinput.ModelInput` form of the array (image, crop or tensor). It ends when the pool sends
+`form`: the `modelinput.ModelInput` form of the array (image, crop or tensor). Before each source it notes in the
+ring's header that it begins one (`RegionWriter.begin`), so the pool knows which source of a list it died or hung
+on. It ends when the pool sends
 None or closes the socket, and dies with the process that started it (Linux: PR_SET_PDEATHSIG). SIGINT is
 ignored: a Ctrl+C in the terminal reaches the whole process group, and the pool stops its processes itself.
 """
@@ -75,7 +78,11 @@ class Decoder:
         self.task = _resolve(start.job.task)
         self.writer = RegionWriter(start.region) if start.region is not None else None
 
-    def answer(self, seq: int, source):
+    def begin(self) -> None:
+        if self.writer is not None:
+            self.writer.begin()
+
+    def answer(self, source):
         clock = StageClock()
         taken: list = []  # the block the decoder asked for, if any: [(block, array)]
 
@@ -91,10 +98,10 @@ class Decoder:
         except Exception as exc:  # an unreadable image: answered, never fatal
             for block, _ in taken:
                 self.writer.undo(block)
-            return ("error", seq, problem_of(exc), clock.seconds)
+            return ("error", problem_of(exc), clock.seconds)
         form, pixels = result.form, result.array
         if taken and _same_memory(pixels, taken[0][1]):
-            return ("shared", seq, taken[0][0], pixels.shape, pixels.dtype.str, form, clock.seconds)
+            return _shared(taken[0][0], pixels, form, clock)
         for block, _ in taken:  # decoded elsewhere after all (another library, a turned image)
             self.writer.undo(block)
         with clock("copy"):
@@ -102,8 +109,12 @@ class Decoder:
             if got is not None:
                 np.copyto(got[1], pixels)
         if got is None:
-            return ("inline", seq, pixels, form, clock.seconds)
-        return ("shared", seq, got[0], pixels.shape, pixels.dtype.str, form, clock.seconds)
+            return ("inline", pixels, form, clock.seconds)
+        return _shared(got[0], pixels, form, clock)
+
+
+def _shared(block, pixels: np.ndarray, form: str, clock: StageClock) -> tuple:
+    return ("shared", block.start, block.end, pixels.shape, pixels.dtype.str, form, clock.seconds)
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
@@ -138,8 +149,11 @@ def serve(conn: Connection) -> None:
             return
         if message is None:
             return
-        seq, source = message
-        conn.send(decoder.answer(seq, source))
+        answers = []
+        for source in message:
+            decoder.begin()
+            answers.append(decoder.answer(source))
+        conn.send(answers)
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ The protocol is workqueue.py's. Rank 0's main thread makes every MPI call: it an
 records the results. Rank 0's own chunks are classified by a `Worker` on a helper thread that makes no MPI calls
 and talks to the coordinator through a `LocalLink` (two in-process queues). So a worker's report is answered
 within a few milliseconds (mpi.sleep_until's longest sleep), also while rank 0's device is in a long chunk or
-its decode threads are behind; and the own Worker is fed the same way as any other rank.
+its decode threads are behind; rank 0's own reports wake the main thread at once (an Event), so a one-rank job
+waits for no poll; and the own Worker is fed the same way as any other rank.
 
 That needs MPI_THREAD_FUNNELED or above (mpi.helper_threads_allowed), which the decode threads assume already.
 Below it (`threaded=False`), the main thread steps its own Worker itself and answers every waiting report
@@ -40,6 +41,7 @@ class LocalLink:
     def __init__(self):
         self.chunks: queue.SimpleQueue = queue.SimpleQueue()
         self.reports: queue.SimpleQueue = queue.SimpleQueue()
+        self.arrived = threading.Event()  # a report was put: wakes the coordinator at once
         self.stopped = False
 
     # the Worker's side
@@ -56,6 +58,7 @@ class LocalLink:
         if self.stopped:
             raise Stopped
         self.reports.put(report)
+        self.arrived.set()
 
     def close(self) -> None:
         pass
@@ -112,7 +115,7 @@ class Coordinator:
                 if not self.threaded and self.own.ready():
                     self.own.step()
                     continue
-                sleep_until(self._something_to_answer)
+                sleep_until(self._something_to_answer, wake=self.local.arrived)
         except BaseException:
             self.local.stop()  # the caller aborts every rank, or closes the model (which waits for the chunk)
             raise

@@ -178,11 +178,16 @@ def _local_rank_from_environment() -> int | None:
     return None
 
 
-def sleep_until(done) -> None:
-    """Return once `done()` is true, polling it with sleeps growing from 0.2 ms to 5 ms."""
+def sleep_until(done, wake=None) -> None:
+    """Return once `done()` is true, polling it with sleeps growing from 0.2 ms to 5 ms. `wake`: a threading.Event
+    that cuts a sleep short (set by a thread of this process when it makes `done()` true: no wait for the poll)."""
     delay = _FIRST_SLEEP
     while not done():
-        time.sleep(delay)
+        if wake is None:
+            time.sleep(delay)
+        else:
+            wake.wait(delay)
+            wake.clear()
         delay = min(delay * 2, _LONGEST_SLEEP)
 
 

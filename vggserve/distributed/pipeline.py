@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..decoding import DecodeJob, make_decoder
 from ..decoding.stages import StageClock
-from ..predictions import top_k as top_k_predictions
-from .store import error_line, result_line
+from ..predictions import result_lines, top_k as top_k_predictions
+from .store import error_line
 
-IN_FLIGHT_CHUNKS = 4  # chunks a rank holds decoded at most (its tokens, and one started on the device early)
+IN_FLIGHT_CHUNKS = 6  # chunks a rank holds decoded at most (workqueue.TOKENS, and one more: sizes shared memory)
 
 
 @dataclass
@@ -137,7 +136,7 @@ class ChunkRunner:
 
     Decoding runs in `decode_procs` decode processes (vggserve.decoding.pool; the batch job's default), or with
     decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode).
-    `on_device`: whether to hand the model RawImages to resize on its device (default: when the model can).
+    `on_device`: whether to hand the model image inputs to resize on its device (default: when the model can).
 
     With a model that resizes on its device, two chunks are on the device at once: `run_next` puts the next
     submitted chunk on the device (once its decoding is done) before it reads the current chunk's results, so the
@@ -155,7 +154,7 @@ class ChunkRunner:
         self.decoder = make_decoder(DecodeJob(model.preprocessing, self.on_device, decode), decode_procs,
                                     decode_threads, decode_timeout_s, in_flight)
         self.clock = self.decoder.clock  # the decoder's stages, and this runner's "stage" and "result"
-        self._queue: deque[tuple[list[str], list[Future]]] = deque()
+        self._queue: deque[tuple[list[str], object]] = deque()  # (paths, the decoder's Decoding)
         self._ahead: tuple | None = None  # _start's answer for _queue[0], put on the device early by run_next
 
     @property
@@ -164,40 +163,36 @@ class ChunkRunner:
         return len(self._queue)
 
     def submit(self, paths: list[str]) -> None:
-        self._queue.append((list(paths), [self.decoder.submit(path) for path in paths]))
+        self._queue.append((list(paths), self.decoder.start(paths)))
 
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         entry = self._queue.popleft()
         if not self.on_device:
-            paths, futures = entry
-            good_paths, pixels, failed = split_decoded(paths, (f.result() for f in futures))
+            paths, decoding = entry
+            good_paths, pixels, failed = split_decoded(paths, decoding.result())
             with self.clock("stage"):
-                probabilities = probabilities_of(self.model, pixels) if pixels else None
-            self.decoder.release(futures)
-            with self.clock("result"):
-                predictions = top_k_predictions(probabilities, self.top_k) if pixels else []
+                rows = probabilities_of(self.model, pixels) if pixels else None
+            self.decoder.release(decoding)
         else:
             started, self._ahead = self._ahead or self._start(entry), None
             good_paths, failed, pending = started
             if self._queue:  # the next chunk goes on the device before this one's results are read
                 self._ahead = self._start(self._queue[0])
             rows = _rows(pending) if pending else None
-            with self.clock("result"):
-                predictions = top_k_predictions(rows, self.top_k) if pending else []
         with self.clock("result"):
-            return ChunkOutcome([result_line(path, preds) for path, preds in zip(good_paths, predictions, strict=True)],
+            return ChunkOutcome(result_lines(good_paths, rows, self.top_k) if good_paths else [],
                                 [error_line(path, *problem) for path, problem in failed])
 
     def _start(self, entry) -> tuple[list[str], list, list]:
         """Wait for a chunk's decoding and start its readable images on the device: (their paths, the failures,
         the model's Pendings: one per max_batch_size images, none when nothing is readable). The decoded pixels
         are released once the model has copied them."""
-        paths, futures = entry
-        good_paths, pixels, failed = split_decoded(paths, (f.result() for f in futures))
+        paths, decoding = entry
+        good_paths, pixels, failed = split_decoded(paths, decoding.result())
         with self.clock("stage"):
             pending = _submit_in_batches(self.model, pixels)
-        self.decoder.release(futures)
+        self.decoder.release(decoding)
         return good_paths, failed, pending
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:

@@ -16,8 +16,11 @@ classifying), or a report on its way to rank 0. Rank 0 starts by dealing TOKENS 
 round, rank 0 included, so every rank gets work when there are at least as many chunks as ranks. It answers
 each report with a chunk while chunks last, and with None afterwards; a None retires the token. A rank ends
 when all its tokens are retired; since its report always reaches rank 0 before its token is retired, rank 0
-has every result once all tokens are retired. With three tokens a rank holds a chunk being classified and the
-next one being decoded while its request for another travels.
+has every result once all tokens are retired. With five tokens a rank holds a chunk on its device, the next one
+staged behind it and three more decoding (or on their way): at the device's pace, its decode processes always have
+a chunk to work on while the device computes one. With three, 15 decode processes and a device of 32-image batches
+kept the device busy about 0.73 of the time, with five 0.93 (`benchmarks/batch_host_floor.py --replay-ms
+--device-ms`, which stands in for both with sleeps; BENCHMARKS.md).
 
 Chunks hold `chunk_size(...)` paths: the batch size, or fewer for a small job, so that it is still spread over
 every rank (3 images over 2 ranks are 3 chunks of one image).
@@ -32,7 +35,7 @@ from .pipeline import ChunkRunner, RankStats
 
 TAG_CHUNK = 41
 TAG_REPORT = 42
-TOKENS = 3  # per rank: see the module docstring
+TOKENS = 5  # per rank: see the module docstring
 CHUNKS_PER_RANK = 4  # a job with fewer full chunks per rank than this is cut into smaller chunks
 
 

@@ -4,7 +4,8 @@ writes an image's pixels into a block of its own region and sends only where the
 One segment, made and owned by the consumer (`Ring`), holds one region per decode process, after a header with
 one 64-byte line per region:
 
-    [ released 0 | released 1 | ... ][ region 0 ............ ][ region 1 ............ ] ...
+    [ line 0 | line 1 | ... ][ region 0 ............ ][ region 1 ............ ] ...
+    line: released (int64, written by the consumer), begun (int64) and began_at (float64, written by the writer)
 
 Positions in a region are counted in bytes since the region was made, and only grow; position p lies at byte
 p % size of the region. The region's writer (`RegionWriter`, in the decode process) takes blocks one after the
@@ -17,14 +18,21 @@ the writer writes pixels, and the consumer reads a block only after the writer's
 
 A writer that dies is replaced by a new one on the same region, starting after the last block the consumer was
 told about (`Ring.writer_spec`): blocks the consumer still holds stay intact.
+
+The writer also says what it is doing without a message: before each image it stores the time
+(`time.monotonic()`, one clock for every process of the machine) and then counts the image in `begun`
+(`RegionWriter.begin`); `Ring.progress` reads both. A process that answers several images in one message can so be
+told which image it died or hung on.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,9 +53,8 @@ class RegionSpec:
     start: int
 
 
-@dataclass(frozen=True)
-class Block:
-    """Positions [start, end) of region `region`."""
+class Block(NamedTuple):
+    """Positions [start, end) of region `region` (a tuple: made and compared for every image)."""
 
     region: int
     start: int
@@ -63,7 +70,8 @@ def _nbytes(shape: tuple, dtype) -> int:
 
 
 class Ring:
-    """The consumer's side: the segment, each region's live blocks, the `released` counters."""
+    """The consumer's side: the segment, each region's live blocks, the `released` counters, the writers'
+    progress."""
 
     def __init__(self, regions: int, region_bytes: int):
         if regions < 1:
@@ -80,6 +88,8 @@ class Ring:
         self._segment = segment
         self._released = np.ndarray((regions,), np.int64, self.mapping, 0, (LINE,))
         self._released[:] = 0
+        self._begun = np.ndarray((regions,), np.int64, self.mapping, 8, (LINE,))
+        self._began_at = np.ndarray((regions,), np.float64, self.mapping, 16, (LINE,))
         self._live: list[deque] = [deque() for _ in range(regions)]  # [block, freed], in allocation order
         self._reported = [0] * regions  # end of the last block reported per region
         self._lock = threading.Lock()
@@ -103,17 +113,28 @@ class Ring:
 
     def free(self, block: Block) -> None:
         """The consumer is done with the block's pixels; the writer may reuse them once the older ones are free."""
+        self.free_many((block,))
+
+    def free_many(self, blocks) -> None:
+        """`free` for several blocks at once (a chunk's)."""
         with self._lock:
-            live = self._live[block.region]
-            for entry in live:
-                if entry[0] == block:
-                    entry[1] = True
-                    break
-            released = None
-            while live and live[0][1]:
-                released = live.popleft()[0].end
-            if released is not None:
-                self._released[block.region] = released
+            touched = set()
+            for block in blocks:
+                for entry in self._live[block.region]:
+                    if entry[0] == block:
+                        entry[1] = True
+                        touched.add(block.region)
+                        break
+            for region in touched:
+                live, released = self._live[region], None
+                while live and live[0][1]:
+                    released = live.popleft()[0].end
+                if released is not None:
+                    self._released[region] = released
+
+    def progress(self, region: int) -> tuple[int, float]:
+        """(images the region's current writer has begun, time.monotonic() when it began the latest)."""
+        return int(self._begun[region]), float(self._began_at[region])
 
     def live_blocks(self) -> int:
         with self._lock:
@@ -121,7 +142,7 @@ class Ring:
 
     def close(self) -> None:
         """Unlink the segment; the mapping goes when no view of it is left."""
-        self._released = None
+        self._released = self._begun = self._began_at = None
         self.mapping = None
         try:
             self._segment.unlink()
@@ -136,6 +157,9 @@ class RegionWriter:
         self.spec = spec
         self.mapped = Mapped(spec.name)
         self._released = np.ndarray((1,), np.int64, self.mapped.memory, spec.counter_offset)
+        self._begun = np.ndarray((1,), np.int64, self.mapped.memory, spec.counter_offset + 8)
+        self._began_at = np.ndarray((1,), np.float64, self.mapped.memory, spec.counter_offset + 16)
+        self._begun[0] = 0  # a new writer: nothing begun yet (before it says it is ready)
         self.head = spec.start
         self._last: tuple[Block, int] | None = None  # the latest block and the head before it
 
@@ -152,6 +176,11 @@ class RegionWriter:
         offset = self.spec.data_offset + start % size
         return block, np.ndarray(shape, dtype, self.mapped.memory, offset)
 
+    def begin(self) -> None:
+        """Note that the next image starts now (for `Ring.progress`)."""
+        self._began_at[0] = time.monotonic()
+        self._begun[0] += 1
+
     def undo(self, block: Block) -> None:
         """Give back the latest block (its answer will not mention it)."""
         if self._last is not None and self._last[0] == block:
@@ -159,5 +188,5 @@ class RegionWriter:
             self._last = None
 
     def close(self) -> None:
-        self._released = None
+        self._released = self._begun = self._began_at = None
         self.mapped.close()  # unmapped once no view is left

@@ -16,9 +16,15 @@ class SettingsError(VggserveError):
     exit_code = 2
 
 
-def default_preprocess_threads() -> int:
-    """Decode/preprocess threads: one per core, at least 2, at most 16."""
-    return max(2, min(16, os.cpu_count() or 2))
+def default_preprocess_threads(http_workers: int = 1, cpus: int | None = None) -> int:
+    """Decode/preprocess threads of each serving process: one per core, at least 2, at most 16; with HTTP front-end
+    processes (`http_workers` > 1, each with threads of its own), twice each one's share of the cores, at least 2.
+
+    Every front end with a thread per core oversubscribed the host (8 front ends x 16 threads on 16 cores): the
+    front ends then spent 7 to 17% more CPU per image switching between threads (BENCHMARKS.md)."""
+    cpus = cpus if cpus is not None else os.cpu_count() or 2
+    share = 2 * cpus // http_workers if http_workers > 1 else cpus
+    return max(2, min(16, share))
 
 
 def default_preprocess_procs() -> int:
@@ -115,7 +121,7 @@ class Settings:
     max_body_bytes: int = 20 * 1024 * 1024  # larger request bodies get 413 before they are read
     max_pixels: int = 40_000_000  # larger images (width x height from the header) get 413
     max_files: int = 16  # files per POST /classify/batch
-    preprocess_threads: int = field(default_factory=default_preprocess_threads)
+    preprocess_threads: int | None = None  # None: default_preprocess_threads(http_workers)
     # worker processes decoding images (0: decode in the threads above); see vggserve.serving.scheduling.procpool
     preprocess_procs: int = field(default_factory=default_preprocess_procs)
     drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight requests may take before exit
@@ -135,6 +141,8 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.preprocess_threads is None and isinstance(self.http_workers, int):
+            object.__setattr__(self, "preprocess_threads", default_preprocess_threads(self.http_workers))
         for f in fields(self):
             if f.name in _BOUNDS:
                 self._check_range(f.name, getattr(self, f.name))

@@ -2,7 +2,8 @@
 
 `ReferenceModel` computes real VGG16 scores with the float32 numpy reference (slow but exact); `SlowModel`
 returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose; `PipelinedModel` is a
-SlowModel with the engine's `submit` (batches in flight, gated results, failures). `crash_on_marker` is a
+SlowModel with the engine's `submit` (batches in flight, gated results, failures); `InstantModel` a device that
+takes no time, for benchmarks of the host side. `crash_on_marker` is a
 preprocessing-process task whose worker dies on a marker upload (`service.preprocess_task = crash_on_marker`).
 """
 
@@ -169,3 +170,76 @@ def crash_on_marker(data: bytes, mode: str, max_pixels: int, formats, decode: st
     if bytes(data[:len(CRASH_MARKER)]) == CRASH_MARKER:
         os._exit(70)
     return decode_and_crop(data, mode, max_pixels, formats, decode)
+
+
+class InstantModel:
+    """A device that takes no time (or `seconds_per_batch`), with the engine's interface: it resizes on its 'device'
+    (takes image inputs as well as crops and tensors), `submit` copies every input into a staging array as the engine
+    copies into its pinned staging, and the batch is done then (or once the device has had its time). Its
+    probabilities are softmax rows of random logits (no ties), so
+    top-k costs what it costs on real scores. For benchmarks of the host side: the batch job's rank
+    (benchmarks/batch_host_floor.py) and the service's processes (benchmarks/serve_host_floor.py)."""
+
+    resizes_on_device = True
+    preprocessing = "torchvision"
+    precision = "fp32"
+
+    def __init__(self, device: str = "cpu", max_batch_size: int = 32, seconds_per_batch: float = 0.0):
+        self.device_name = f"instant stand-in ({device})"
+        self.max_batch_size = max_batch_size
+        self.seconds_per_batch = seconds_per_batch  # a device that takes this long per batch, one after the other
+        self.weights_info = {"path": None, "format": "memory", "sha256": None}
+        self.staging = np.empty(max_batch_size * (4 << 20), np.uint8)
+        self.batches = 0
+        self._free_at = 0.0  # when the 'device' has finished the batches submitted so far
+
+    def resize_matches_pillow(self) -> bool:
+        return True
+
+    def submit(self, inputs, want: str = "probabilities", pinned: bool = True) -> "Instant":
+        offset = 0
+        for x in inputs:
+            array = np.ascontiguousarray(getattr(x, "array", x)).reshape(-1).view(np.uint8)
+            np.copyto(self.staging[offset:offset + array.nbytes], array)
+            offset += array.nbytes
+        self.batches += 1
+        rows = instant_scores(len(inputs), self.batches)
+        self._free_at = max(time.monotonic(), self._free_at) + self.seconds_per_batch
+        return Instant(np.log(rows) if want == "logits" else rows, self._free_at)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return self.submit(x, "logits").result()
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        return self.submit(x).result()
+
+    def close(self) -> None:
+        pass
+
+
+class Instant:
+    """InstantModel's batch: done at `ready_at` (time.monotonic())."""
+
+    def __init__(self, rows: np.ndarray, ready_at: float = 0.0):
+        self.rows = rows
+        self.ready_at = ready_at
+
+    def result(self) -> np.ndarray:
+        time.sleep(max(0.0, self.ready_at - time.monotonic()))
+        return self.rows
+
+    def done(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+
+_SCORES: list = []
+
+
+def instant_scores(n: int, batch: int) -> np.ndarray:
+    """n softmax rows of random logits (a table of 256 made once), starting at a place that moves with `batch`."""
+    if not _SCORES:
+        logits = np.random.default_rng(1).normal(0, 3, (256, NUM_CLASSES))
+        _SCORES.append(softmax(logits))
+    table = _SCORES[0]
+    start = (batch * 37) % max(1, len(table) - n)
+    return table[start:start + n].copy() if n <= len(table) else np.resize(table, (n, NUM_CLASSES))

@@ -42,6 +42,7 @@ from ..scheduling.batcher import Admission
 from ..scheduling.errors import SchedulingError, Unavailable, shutting_down
 from ..metrics import Metrics
 from ...ipc.shm import Arena, Shared, make_arena
+from ..threadnames import name_this_thread
 
 log = logging.getLogger("vggserve.serving")
 
@@ -85,6 +86,7 @@ class Link:
             pass
 
     def _write(self) -> None:
+        name_this_thread()
         while True:
             message = self._outbox.get()
             batch = []
@@ -103,6 +105,7 @@ class Link:
                 return
 
     def _read(self) -> None:
+        name_this_thread()
         try:
             while True:
                 for message in self.conn.recv():

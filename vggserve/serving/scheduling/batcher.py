@@ -85,6 +85,7 @@ class BatchQueue(Admission):
         self._cond = threading.Condition()
         super().__init__(capacity, metrics, self._cond)
         self._items: deque[Item] = deque()
+        self._filling: list[int] = []  # the batch sizes that workers waiting for a batch to fill want
 
     def __len__(self) -> int:
         return len(self._items)
@@ -98,7 +99,9 @@ class BatchQueue(Admission):
                 raise self._closed
             self._items.append(item)
             self._note_length()
-            self._cond.notify_all()
+            # wake the workers only when one can act: a first image, or enough for a batch (not 31 times a batch)
+            if len(self._items) == 1 or len(self._items) >= min(self._filling, default=1):
+                self._cond.notify_all()
         return item
 
     def withdraw(self, item: Item, error: SchedulingError) -> bool:
@@ -127,11 +130,15 @@ class BatchQueue(Admission):
                 if not self._items:
                     return None
                 fill_by = self._items[0].enqueued + max_wait_s
-                while 0 < len(self._items) < max_size and self._closed is None:
-                    remaining = fill_by - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
+                self._filling.append(max_size)
+                try:
+                    while 0 < len(self._items) < max_size and self._closed is None:
+                        remaining = fill_by - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                finally:
+                    self._filling.remove(max_size)
                 batch: list[Item] = []
                 now = time.monotonic()
                 while self._items and len(batch) < max_size:

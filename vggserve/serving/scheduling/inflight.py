@@ -16,6 +16,7 @@ import threading
 import time
 
 import numpy as np
+from ..threadnames import name_this_thread
 
 DEPTH = 2  # batches in flight at once; VGG16 has two staging slots
 
@@ -67,6 +68,7 @@ class InflightRunner:
             return
 
     def _complete(self) -> None:
+        name_this_thread()
         worker = self.worker
         while (entry := self._handoff.get()) is not None:
             batch, pending, want, taken, submitted = entry

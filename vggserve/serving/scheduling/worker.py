@@ -25,6 +25,7 @@ from ..metrics import Metrics
 from .batcher import BatchQueue, Item, Outcome
 from .devicestats import device_figures
 from .errors import InferenceFailed
+from ..threadnames import name_this_thread
 
 log = logging.getLogger("vggserve.serving")
 
@@ -81,6 +82,7 @@ class DeviceWorker:
         self._set("failed", f"{type(exc).__name__}: {exc}")
 
     def _run(self) -> None:
+        name_this_thread()
         model = None
         try:
             self._set("loading")

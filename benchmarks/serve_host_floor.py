@@ -1,0 +1,86 @@
+"""The service's host side alone: images/s and CPU milliseconds per image of each of its processes, with a device
+that takes no time.
+
+    python benchmarks/serve_host_floor.py --http-workers 2 --duration 10
+    python benchmarks/serve_host_floor.py --http-workers 8 --client-procs 4 --duration 20     # a 16-core host
+
+`vggserve serve` runs with --http-workers front-end processes on an instant stand-in engine
+(vggserve.testing.models.InstantModel: it takes decoded images as the GPU engine does, copies them into a staging
+array and answers at once), driven at saturation by serve_saturation.py's raw-HTTP client processes with one
+500x375 JPEG (POST /classify). Printed: images/s, and the CPU ms per image of the engine process, of the front ends
+together, and of the load generator, measured over the window from /proc (serve_saturation.drive). On a machine of
+few cores every process competes for them, so images/s is low; the CPU per image of each process is the figure
+that carries over to a larger host: cores needed = images/s x CPU ms per image / 1000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import serve_saturation  # noqa: E402
+
+SERVER = """
+import sys
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+from vggserve.testing.models import InstantModel
+
+settings = Settings(port=PORT, devices=("cpu",), http_workers=FRONTS, max_batch_size=BATCH, max_wait_ms=WAIT,
+                    max_queue=QUEUE, decode=DECODE, preprocess_threads=THREADS)
+sys.exit(run_server(settings, lambda device: InstantModel(device, BATCH), log_level="warning"))
+"""
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--http-workers", type=int, default=2, help="front-end processes (default 2)")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
+    p.add_argument("--client-procs", type=int, default=1, help="load-generating processes (default 1)")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--preprocess-threads", type=int, default=None,
+                   help="decoding threads per front end (default: the server's)")
+    p.add_argument("--decode", choices=("exact", "fast"), default="exact")
+    p.add_argument("--image", default=None, help="JPEG to send (default: serve_saturation's 500x375)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from vggserve.testing.servers import ServerProcess
+
+    queue = max(256, 2 * args.concurrency) * args.http_workers
+    code = SERVER
+    for name, value in (("FRONTS", args.http_workers), ("BATCH", args.max_batch_size), ("WAIT", args.max_wait_ms),
+                        ("QUEUE", queue), ("DECODE", repr(args.decode)),
+                        ("THREADS", args.preprocess_threads)):
+        code = code.replace(name, str(value))
+    body = Path(args.image).read_bytes() if args.image else serve_saturation.synthetic_jpeg()
+    with ServerProcess.python_code(code) as server:
+        server.wait_ready(120)
+        result = serve_saturation.drive(server.url, [body], args.concurrency, args.client_procs, args.warmup,
+                                        args.duration, server_pid=server.proc.pid)
+    cpu = result["cpu_ms_per_image"]
+    fronts = cpu.get("other_server_processes", 0.0)
+    total = fronts + cpu.get("engine_process", 0.0) + cpu.get("load_generator", 0.0)
+    print(f"serve host floor: {result['images_per_s']:.0f} images/s with an instant device, {args.http_workers} "
+          f"front ends, batch {args.max_batch_size} (mean {result['mean_batch']:.1f}), {args.concurrency} in "
+          f"flight, statuses {result['statuses']}")
+    print(f"CPU ms per image: front ends {fronts:.2f} (decode {cpu.get('decode_wall', 0.0):.2f} wall in their "
+          f"threads), engine process {cpu.get('engine_process', 0.0):.2f}, load generator "
+          f"{cpu.get('load_generator', 0.0):.2f}; all {total:.2f}: 8,000 images/s would take {8 * total:.1f} cores")
+    print("engine process's busiest threads, CPU ms per image: " + ", ".join(
+        f"{name} {ms:.2f}" for name, ms in result["engine_threads_cpu_ms_per_image"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
