@@ -150,7 +150,7 @@ def test_measured_curves_are_stored_and_then_used(tiny_tensors, tmp_path, monkey
     assert set(curves["64x64x14"]) == {CODEGEN, COMPRESSED} and len(curves["64x64x14"][CODEGEN]) == 1
     sparse_tuning.store(label, curves, 2)
     stored = sparse_table(params_for(kind, label), kind)["curves"]
-    assert stored == {"2": curves}
+    assert stored["2"] == curves  # beside any curves shipped for this device at other batches
 
 
 def test_crossover_is_where_the_kernel_wins_from_on():
@@ -197,7 +197,26 @@ def test_tune_sparse_stores_curves_the_engine_then_uses(tiny_tensors, tmp_path, 
     assert set(out["curves"]) == {"64x64x14", "512x512x1"}
     assert set(out["curves"]["64x64x14"]) == {CODEGEN, COMPRESSED} and set(out["curves"]["512x512x1"]) == {CSR}
     info = devs.resolve(TEST_DEVICE)
-    assert params_for(info.kind, info.label)["sparse"]["curves"] == {"1": out["curves"]}
+    assert params_for(info.kind, info.label)["sparse"]["curves"]["1"] == out["curves"]
+
+
+def test_measured_curves_add_to_the_shipped_ones(tmp_path, monkeypatch):
+    import json
+
+    from vggserve.runtime import params as params_module
+
+    shipped, user = tmp_path / "shipped.json", tmp_path / "cache" / "tuned.json"
+    user.parent.mkdir()
+    shipped.write_text(json.dumps({"dev": {"sparse": {"curves": {
+        "64": {"a": {CODEGEN: [[0.9, 0.8]]}, "b": {CODEGEN: [[0.9, 1.5]]}}}, "crossover": {CSR: 0.6}}}}))
+    user.write_text(json.dumps({"dev": {"sparse": {"curves": {
+        "64": {"a": {CODEGEN: [[0.9, 1.2]]}}, "1": {"c": {CSR: [[0.9, 3.0]]}}}}}}))
+    monkeypatch.setattr(params_module, "shipped_file", lambda: shipped)
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(user.parent))
+    got = params_module.params_for("gpu", "dev")["sparse"]
+    assert got["curves"] == {"64": {"a": {CODEGEN: [[0.9, 1.2]]}, "b": {CODEGEN: [[0.9, 1.5]]}},
+                             "1": {"c": {CSR: [[0.9, 3.0]]}}}
+    assert got["crossover"] == {CSR: 0.6}
 
 
 def test_sparsity_is_counted_only_where_a_sample_shows_zeros(rng):
