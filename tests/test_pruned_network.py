@@ -93,13 +93,18 @@ def table(**tuned):
 
 
 def test_default_crossovers_decide_without_measurements():
-    t = table()
-    assert choose(t, "conv3x3", "512x512x14", 64, 0.5, 10).algo == DENSE
-    assert choose(t, "conv3x3", "512x512x14", 64, 0.85, 10).algo == CODEGEN
-    assert choose(t, "conv3x3", "512x512x14", 64, 0.85, 10**7).algo == DENSE  # codegen too big to build, compressed
-    assert choose(t, "conv3x3", "512x512x14", 64, 0.97, 10**7).algo == COMPRESSED  # past its own crossover
-    assert choose(t, "fc", "25088x4096x1", 1, 0.9, 10**7).algo == CSR
-    assert choose(t, "fc", "25088x4096x1", 1, 0.3, 10**7).algo == DENSE
+    cpu = sparse_table({}, "cpu")
+    assert choose(cpu, "conv3x3", "512x512x14", 1, 0.3, 10).algo == DENSE
+    assert choose(cpu, "conv3x3", "512x512x14", 1, 0.6, 10).algo == CODEGEN
+    assert choose(cpu, "conv3x3", "512x512x14", 1, 0.6, 10**7).algo == DENSE  # codegen too big to build
+    assert choose(cpu, "conv3x3", "512x512x14", 1, 0.85, 10**7).algo == COMPRESSED  # past its own crossover
+    assert choose(cpu, "fc", "25088x4096x1", 1, 0.9, 10**7).algo == CSR
+    assert choose(cpu, "fc", "25088x4096x1", 1, 0.3, 10**7).algo == DENSE
+    gpu = table()  # the H100's measurements: codegen from 0.95, the compressed kernel never, CSR from 0.5
+    assert choose(gpu, "conv3x3", "512x512x14", 64, 0.9, 10).algo == DENSE
+    assert choose(gpu, "conv3x3", "512x512x14", 64, 0.97, 10).algo == CODEGEN
+    assert choose(gpu, "conv3x3", "512x512x14", 64, 0.999, 10**7).algo == DENSE
+    assert choose(gpu, "fc", "25088x4096x1", 1, 0.6, 10**7).algo == CSR
 
 
 def test_tuned_curves_override_the_defaults_and_pick_the_fastest():
@@ -110,7 +115,7 @@ def test_tuned_curves_override_the_defaults_and_pick_the_fastest():
     c = choose(t, "conv3x3", "256x256x56", 1, 0.9, 10)
     assert c.algo == CODEGEN and "1.40x tuned" in c.reason and "1.10x tuned" in c.reason
     assert choose(t, "conv3x3", "256x256x56", 2, 0.99, 10).algo == COMPRESSED  # batch 2 uses batch 1's curves
-    assert choose(t, "conv3x3", "512x512x14", 1, 0.85, 10).algo == CODEGEN  # no curve: default crossover 0.8
+    assert choose(t, "conv3x3", "512x512x14", 1, 0.97, 10).algo == CODEGEN  # no curve: default crossover 0.95
 
 
 def test_speedup_interpolates_and_is_unknown_below_the_measured_range():
@@ -120,7 +125,10 @@ def test_speedup_interpolates_and_is_unknown_below_the_measured_range():
     assert speedup_at(curve, 0.4999999) == 1.0  # a layer pruned to 0.5, as its zeros measure it
     t = table(curves={"1": {"8x8x8": {CODEGEN: [[0.99, 5.0]]}}})  # codegen measured only from 0.99 on
     c = choose(t, "conv3x3", "8x8x8", 1, 0.97, 10)
-    assert c.algo == COMPRESSED and "not measured this dense" in c.reason  # compressed: GPU default crossover 0.95
+    assert c.algo == DENSE and "not measured this dense" in c.reason  # the compressed kernel: never by default
+    c = choose(sparse_table({"sparse": {"curves": {"1": {"8x8x8": {CODEGEN: [[0.99, 5.0]]}}}}}, "cpu"),
+               "conv3x3", "8x8x8", 1, 0.97, 10)
+    assert c.algo == COMPRESSED and "not measured this dense" in c.reason  # CPU default crossover 0.8
 
 
 # ---- the measurement that tunes the choice ----------------------------------------------------------------------
