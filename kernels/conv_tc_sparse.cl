@@ -68,6 +68,8 @@
 #define MI (WTM / 16)
 #define NJ (WTN / 8)
 #define X_ITERS (BN * XCH / THREADS)
+#define W_ITERS ((BM * WCH + THREADS - 1) / THREADS)   /* the last one partial */
+#define M_ITERS ((BM / 16 * MCH + THREADS - 1) / THREADS)
 #define META_CHUNKS (BM / 16 * MCH)
 #define X_CHUNKS (BN * XCH)
 #define W_CHUNKS (BM * WCH)
@@ -152,21 +154,22 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
             const int ok_ = (amask[i] >> tap) & 1;                                                        \
             CP_ASYNC16(sx_ + sx_row0 + i * THREADS, in + (ok_ ? aoff[i] + delta : 0), ok_);               \
         }                                                                                                 \
-        for (int e = tid; e < W_CHUNKS; e += THREADS) {                                                   \
-            const int r_ = e / WCH, c_ = e - r_ * WCH;                                                    \
-            CP_ASYNC16(sw_ + WSWZ(r_, c_), wtile + (size_t)r_ * Kpad + c_ * 16, 1);                       \
+        for (int i = 0; i < W_ITERS; ++i) {                                                               \
+            const int e_ = tid + i * THREADS, r_ = e_ / WCH, c_ = e_ - r_ * WCH;                          \
+            if (e_ < W_CHUNKS) CP_ASYNC16(sw_ + WSWZ(r_, c_), wtile + (size_t)r_ * Kpad + c_ * 16, 1);    \
         }                                                                                                 \
-        for (int e = tid; e < META_CHUNKS; e += THREADS) {                                                \
-            const int r16_ = e / MCH, q_ = e - r16_ * MCH;                                                \
-            CP_ASYNC16(sm_ + e, mbase + ((size_t)r16_ * (Kpad / 32) + (t_) * KSTEPS) * 4 + q_, 1);        \
+        for (int i = 0; i < M_ITERS; ++i) {                                                               \
+            const int e_ = tid + i * THREADS, r16_ = e_ / MCH, q_ = e_ - r16_ * MCH;                      \
+            if (e_ < META_CHUNKS)                                                                         \
+                CP_ASYNC16(sm_ + e_, mbase + ((size_t)r16_ * (Kpad / 32) + (t_) * KSTEPS) * 4 + q_, 1);   \
         }                                                                                                 \
         wtile += KB / 2;                                                                                  \
         ci += BK;                                                                                         \
-        delta += BK;                                                                                      \
-        if (ci >= Cpad) {                                                                                 \
-            do { ci -= Cpad; ++tap; } while (ci >= Cpad);                                                 \
-            delta = ((tap / 3 - 1) * W + (tap % 3 - 1)) * Cpad + ci;                                      \
+        while (ci >= Cpad) {                                                                              \
+            ci -= Cpad;                                                                                   \
+            ++tap;                                                                                        \
         }                                                                                                 \
+        delta = ((tap / 3 - 1) * W + (tap % 3 - 1)) * Cpad + ci;                                          \
     }
 
     float acc[MI][NJ][4];
