@@ -122,6 +122,7 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
     const int c = tid % XCH;
     int aoff[X_ITERS];
     uint amask[X_ITERS];
+#pragma unroll
     for (int i = 0; i < X_ITERS; ++i) {
         const int p = p0 + tid / XCH + i * (THREADS / XCH);
         const int b = p / HW, yx = p - b * HW;
@@ -150,7 +151,7 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
     {                                                                                                     \
         __local uint4 *sx_ = smem + (stage) * STAGE_CHUNKS;                                               \
         __local uint4 *sw_ = sx_ + X_CHUNKS, *sm_ = sw_ + W_CHUNKS;                                       \
-        for (int i = 0; i < X_ITERS; ++i) {                                                               \
+        _Pragma("unroll") for (int i = 0; i < X_ITERS; ++i) {                                             \
             const int ok_ = (amask[i] >> tap) & 1;                                                        \
             CP_ASYNC16(sx_ + sx_row0 + i * THREADS, in + (ok_ ? aoff[i] + delta : 0), ok_);               \
         }                                                                                                 \
@@ -173,8 +174,11 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
     }
 
     float acc[MI][NJ][4];
+#pragma unroll
     for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
         for (int nj = 0; nj < NJ; ++nj)
+#pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.0f;
 
     for (int s = 0; s < STAGES - 1; ++s) {
