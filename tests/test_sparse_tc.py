@@ -247,3 +247,25 @@ def test_probe_script_runs_under_emulation(tmp_path, monkeypatch):
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
     code = mma_sp_probe.main(["--device", TEST_DEVICE, "--one-at-a-time", "--json", str(tmp_path / "p.json")])
     assert code == 0 and (tmp_path / "p.json").exists()
+
+
+def test_benchmark_runs_one_shape_under_emulation(tmp_path, monkeypatch, capsys):
+    """benchmarks/sparse_tc.py end to end on one small shape and one tile (the GPU run times them all)."""
+    import json
+
+    import sparse_tc
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    tile = {"BM": 32, "BN": 32, "WARPS_M": 1, "WARPS_N": 2, "STAGES": 2, "KB": 64}
+    code = sparse_tc.main(["--device", TEST_DEVICE, "--batch", "1", "--width", "0.0625", "--shapes", "16x32x28",
+                           "--candidates", json.dumps([tile]), "--iterations", "1", "--network-batches", "",
+                           "--json", str(tmp_path / "s.json"), "--store"])
+    assert code == 0
+    out = json.loads((tmp_path / "s.json").read_text())
+    point = out["layers"][0]["points"][0]
+    assert point["err"] < 2e-3 and point["ms"] > 0 and out["best_params"] == tile
+    stored = json.loads((tmp_path / "tuned.json").read_text())
+    entry = next(iter(stored.values()))["sparse"]
+    assert entry["params"][NAME] == tile and NAME in entry["curves"]["1"]["16x32x28"]
+    assert "16x32x28" in capsys.readouterr().out
