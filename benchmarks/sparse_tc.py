@@ -78,32 +78,18 @@ def table(runs) -> str:
 def network(tensors, info, batches, iterations):
     """Dense FP16 vs every conv pruned 2:4, FP16: images/s (both models loaded, timed passes alternating) and the
     kernel each layer got."""
+    from sparse_vs_dense import alternating
     from vggserve.model.vgg16 import VGG16
     from vggserve.weights.prune import prune
 
     pruned = prune(tensors, None, pattern="2:4", layers="conv").tensors
     out = []
     for n in batches:
-        x = np.random.default_rng(1).standard_normal((n, 3, 224, 224)).astype(np.float32)
-        row, models, times = {"batch": n}, {}, {"dense": [], "2:4": []}
-        try:
-            for label, weights in (("dense", tensors), ("2:4", pruned)):
-                t0 = time.perf_counter()
-                models[label] = VGG16.load(weights, device=info.spec, max_batch_size=n, precision="fp16")
-                row[f"{label}_load_s"] = round(time.perf_counter() - t0, 2)
-                models[label].logits(x)
-            for _ in range(iterations):
-                for label, model in models.items():
-                    t = time.perf_counter()
-                    model.logits(x)
-                    times[label].append(time.perf_counter() - t)
-            row["kernels"] = [(k["name"], k["kernel"]) for k in models["2:4"].kernel_plan()
-                              if not k["name"].startswith("pool")]
-        finally:
-            for model in models.values():
-                model.close()
-        for label in models:
-            row[f"{label}_images_per_s"] = n / float(np.median(times[label]))
+        row = {"batch": n}
+        row.update(alternating({"dense": lambda: VGG16.load(tensors, device=info.spec, max_batch_size=n,
+                                                            precision="fp16"),
+                                "2:4": lambda: VGG16.load(pruned, device=info.spec, max_batch_size=n,
+                                                          precision="fp16")}, n, iterations, "2:4"))
         row["speedup"] = row["2:4_images_per_s"] / row["dense_images_per_s"]
         print(f"network FP16 batch {n}: dense {row['dense_images_per_s']:.1f} img/s, 2:4 "
               f"{row['2:4_images_per_s']:.1f} img/s, x{row['speedup']:.2f} (target 1.5x)", flush=True)

@@ -20,11 +20,10 @@ from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import tc_weights
 from vggserve.ops.tensorcore_sparse import (DEFAULT, NAME, SparseTensorCoreLayer, compressed_weights, local_mem,
                                             valid)
-from vggserve.runtime import caps as device_caps, devices as devs
-from vggserve.runtime.programs import ProgramCache
 from vggserve.weights.prune import is_2_4, prune, prune_2_4, prune_unstructured
 
 from conftest import TEST_DEVICE
+from test_tensorcore import tc_env  # noqa: F401 - the fixture: tensor cores, native or emulated
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import mma_sp_probe  # noqa: E402
@@ -47,19 +46,6 @@ SHAPES = [  # (n, cin, cout, h, w): channels and pixels off the tiles, conv1's 3
 
 def params_of(cfg):
     return dict(zip(("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB"), cfg), ALGO=NAME)
-
-
-@pytest.fixture(scope="module")
-def tc_env():
-    """(ctx, queue, cache, caps) with tensor cores: native on an NVIDIA GPU, else emulated."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VGGSERVE_EMULATE_MMA", "1")
-    info = devs.resolve(TEST_DEVICE)
-    device = devs.cl_device(info)
-    caps = device_caps.of(device, info.kind, info.label)
-    ctx = cl.Context([device])
-    yield ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device), caps
-    mp.undo()
 
 
 def f64(a):
