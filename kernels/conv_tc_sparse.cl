@@ -10,7 +10,7 @@
  * is this order); the host compresses them at load (ops/sparse24.py):
  *   wv:   Npad x Kpad/2 FP16, the two kept values of every chunk                     wv[n * Kpad/2 + k/2]
  *   meta: (Npad/16) x (Kpad/32) x 16 uints, word 2g + h = the metadata register of thread h of quad g for one
- *         m16n8k32 step (mma.clh's banner)                                          meta[((n/16) * Kpad/32 + k/32) * 16 + ...]
+ *         m16n8k32 step (mma.clh's banner)                     meta[((n / 16) * Kpad/32 + k / 32) * 16 + 2g + h]
  *   in:   NHWC, Cpad channels per pixel (Cpad a multiple of 8, pad channels zero)    in[p * Cpad + ci]
  *   bias: Npad floats (zero past the layer's channels); out: NHWC FP16, Cstore channels   out[p * Cstore + n]
  * so the weights move half the bytes of dense (plus 1/16 for the metadata), all by 16-byte cp.async.
