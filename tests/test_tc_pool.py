@@ -16,15 +16,15 @@ from vggserve.ops import precision as precisions, registry
 from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import HaloLayer, halo_pools, halo_valid, rna_tf32
 
-from test_tensorcore import rel_err, stored, tc_env  # noqa: F401 - tc_env is a fixture
+from conftest import TEST_DEVICE
+from test_tensorcore import rel_err, small_tensors, stored, tc_env  # noqa: F401 - fixtures
 
 MF = cl.mem_flags
 TC_PRECISIONS = [precisions.FP16, precisions.TF32]
 KEYS = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
 POOL_CONFIGS = [  # (TH, TW, BN, WARPS_M, WARPS_N, STAGES): both fragment layouts (TW 8; TW 16 and 32)
     (8, 8, 32, 2, 1, 2),      # TW = 8: the window's rows are the two halves of one fragment
-    (8, 16, 64, 2, 2, 3),     # TW = 16: fragments mi and mi + 1
-    (12, 16, 64, 2, 2, 3),    # the FP16 winner's shape for the 224x224 layers, three fragment pairs per warp
+    (8, 16, 64, 2, 2, 3),     # TW = 16: fragments mi and mi + 1, two pairs per warp
     (4, 32, 32, 2, 1, 2),     # TW = 32: fragments mi and mi + 2
 ]
 POOL_SHAPES = [  # (n, cin, cout, h, w): odd sides (the last row/column dropped), sides 1 and 3, odd batch,
@@ -105,3 +105,56 @@ def test_a_tile_that_cannot_fuse_is_refused(tc_env, rng):
     with pytest.raises(ValueError, match="cannot fuse"):
         HaloLayer(ctx, cache, params_of((12, 16, 64, 4, 1, 3)), precisions.FP16, layer,
                   np.zeros((16, 8, 3, 3), np.float32), np.zeros(16, np.float32), BuildEnv(caps=caps, max_batch=1))
+
+
+# ---- the whole network: the engine fuses each conv + pool pair where the chosen entry can ---------------------
+NET_TILE = params_of((8, 16, 64, 2, 2, 3))
+
+
+def halo_table(spec, pooled_entry: dict | None) -> dict:
+    """A tuned FP16 table putting every 3x3 layer on NET_TILE; with pooled_entry, the "+pool" winners too."""
+    from vggserve.runtime.params import shape_key
+
+    table, size = {}, 224
+    for c in spec.convs:
+        table[shape_key(c.cin, c.cout, size)] = dict(NET_TILE)
+        if c.pool_after:
+            if pooled_entry is not None:
+                table[shape_key(c.cin, c.cout, size, pool=True)] = {**NET_TILE, **pooled_entry}
+            size //= 2
+    return {"conv_by_batch_fp16": {"2": table}}
+
+
+def test_whole_fp16_network_fuses_the_poolings(small_tensors, monkeypatch):
+    """Fused (the shape's entry, no "+pool" one: fusion is the default) against unfused ("+pool" entries saying
+    FUSE_POOL 0) and float64: the same logits bit for bit, within the FP16 bound of the reference."""
+    from vggserve import VGG16
+    from vggserve.engine import engine as engine_module
+    from vggserve.model.reference import reference_logits
+    from vggserve.weights.spec import infer_width, vgg16_spec
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    spec = vgg16_spec(infer_width(small_tensors))
+    x = np.random.default_rng(7).standard_normal((3, 3, 224, 224)).astype(np.float32)
+    original = engine_module.params_for
+    runs = {}
+    for label, pooled_entry in (("fused", None), ("unfused", {"FUSE_POOL": 0})):
+        table = halo_table(spec, pooled_entry)
+        monkeypatch.setattr(engine_module, "params_for", lambda kind, name, t=table: {**original(kind, name), **t})
+        with VGG16.load(small_tensors, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
+            runs[label] = (model.logits(x), model.kernel_plan())  # two chunks: 2 + 1 images
+    fused, plan = runs["fused"]
+    unfused, plain_plan = runs["unfused"]
+    pooled = [c.name for c in spec.convs if c.pool_after]
+    names = [k["name"] for k in plan]
+    assert [n for n in names if "pool" in n] == [f"{n}+pool" for n in pooled], names
+    assert all("tc_halo" in k["kernel"] and "max-pool in the store" in k["kernel"]
+               for k in plan if k["name"].endswith("+pool"))
+    plain_names = [k["name"] for k in plain_plan]
+    assert [n for n in plain_names if "pool" in n] == [f"pool after {n}" for n in pooled]
+    assert len(plain_names) == len(names) + len(pooled)
+    assert "followed by a pool" in next(k["kernel"] for k in plain_plan if k["name"] == pooled[0])
+    np.testing.assert_array_equal(fused, unfused)
+    ref = reference_logits(small_tensors, x)
+    assert not np.isnan(fused).any() and rel_err(fused, ref) < 1e-2
+    np.testing.assert_array_equal(fused.argmax(1), ref.argmax(1))
