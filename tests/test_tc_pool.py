@@ -158,3 +158,36 @@ def test_whole_fp16_network_fuses_the_poolings(small_tensors, monkeypatch):
     ref = reference_logits(small_tensors, x)
     assert not np.isnan(fused).any() and rel_err(fused, ref) < 1e-2
     np.testing.assert_array_equal(fused.argmax(1), ref.argmax(1))
+
+
+def test_tuner_times_fused_and_unfused_for_a_pooled_shape(monkeypatch, tmp_path):
+    """A shape a pool follows is its own table entry: unfused candidates pay the pooling kernel, fused ones are
+    checked against the pooled reference, and the winner says FUSE_POOL; the engine reads it back."""
+    from vggserve import tuning
+    from vggserve.runtime import caps as device_caps, devices as devs
+    from vggserve.runtime import params as params_module
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    info = devs.resolve(TEST_DEVICE)
+    device = devs.cl_device(info)
+    caps = device_caps.of(device, info.kind, info.label)
+    assert tuning.fusion_possible(caps, precisions.FP16)
+    assert not tuning.fusion_possible(caps, precisions.FP32)  # the portable family: no "+pool" entries
+    keys = [s[0] for s in tuning.layer_shapes(batch=1, width=0.125, pooled=True)]
+    assert "64x64x14" in keys and "64x64x14+pool" in keys  # features.24/26, then features.28
+    assert "8x8x224+pool" in keys and "8x8x224" not in keys  # features.2 only ever comes before a pool
+    assert [s[0] for s in tuning.layer_shapes(batch=1, width=0.125)].count("8x8x224") == 1  # unchanged
+    shapes = [s for s in tuning.layer_shapes(batch=1, width=0.125, pooled=True) if s[0] == "64x64x14+pool"]
+    winners, trials = tuning.tune(info, device, batch=1, limit=1, repeats=1, shapes=shapes, progress=lambda _: None,
+                                  precision="fp16")
+    fused = [t for t in trials if t.params.get("FUSE_POOL") == 1]
+    unfused = [t for t in trials if t.params.get("FUSE_POOL") == 0]
+    assert fused and unfused and all(t.ok for t in trials)
+    assert {t.params["ALGO"] for t in fused} == {"tc_halo"} and "tc_gemm" in {t.params["ALGO"] for t in unfused}
+    win = winners["64x64x14+pool"]
+    assert win["FUSE_POOL"] in (0, 1) and win == min((t for t in trials if t.ok), key=lambda t: t.ms).params
+    table = {"conv": {}, "conv_by_batch_fp16": {"1": {"64x64x14+pool": win, "64x64x14": {"ALGO": "tc_gemm"}}}}
+    assert params_module.conv_params_for(table, 64, 64, 14, 1, "fp16", pool=True) == win
+    assert params_module.conv_params_for(table, 64, 64, 14, 1, "fp16") == {"ALGO": "tc_gemm"}
+    del table["conv_by_batch_fp16"]["1"]["64x64x14+pool"]  # a table from before fusion: the shape's own entry
+    assert params_module.conv_params_for(table, 64, 64, 14, 1, "fp16", pool=True) == {"ALGO": "tc_gemm"}
