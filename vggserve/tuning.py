@@ -63,8 +63,9 @@ def layer_shapes(batch: int, width: float = 1.0, pooled: bool = False) -> list[t
     return shapes
 
 
-class _Bench:
-    """Random weights, input and an output buffer for one layer shape, laid out for a family."""
+class LayerBench:
+    """Random weights, input and an output buffer for one layer shape, laid out for a family (with layer.pool, also
+    a buffer for the pooled image: `pooled`, `pooled_shape`)."""
 
     def __init__(self, ctx, family, prec, layer: LayerSpec, batch: int, rng):
         ks = layer.ks
@@ -93,7 +94,7 @@ class _Bench:
             self.pooled = cl.Buffer(ctx, MF.READ_WRITE, max(1, nbytes))
 
 
-class _PoolStep:
+class PoolStep:
     """The separate pooling kernel (nhwc.cl maxpool_nhwc) with a layer's enqueue signature."""
 
     def __init__(self, pool, channels: int):
@@ -103,14 +104,14 @@ class _PoolStep:
         return self.pool.enqueue(queue, src, dst, n, self.channels, h, w)
 
 
-def _maxpool_nhwc(flat: np.ndarray, batch: int, size: int) -> np.ndarray:
+def maxpool_nhwc(flat: np.ndarray, batch: int, size: int) -> np.ndarray:
     """numpy's 2x2/2 max-pool (floor) of a flat NHWC activation."""
     a = flat.reshape(batch, size, size, -1)[:, :size // 2 * 2, :size // 2 * 2]
     h = size // 2
     return a.reshape(batch, h, 2, h, 2, -1).max(axis=(2, 4)).reshape(-1)
 
 
-def _time(queue, op, bench, batch, size, repeats, src=None, dst=None, out_shape=None):
+def time_op(queue, op, bench, batch, size, repeats, src=None, dst=None, out_shape=None):
     """(median ms, output as float32) of op on bench's input (or src) into bench's output buffer (or dst)."""
     src = bench.src if src is None else src
     dst, out_shape = (bench.dst, bench.out_shape) if dst is None else (dst, out_shape)
@@ -159,7 +160,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     for key, cin, cout, size, ks in shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec)):
         pool = key.endswith(POOL_SUFFIX)
         layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
-        bench = _Bench(ctx, family, prec, replace(layer, pool=pool), batch, rng)
+        bench = LayerBench(ctx, family, prec, replace(layer, pool=pool), batch, rng)
 
         def build(algo, p):
             extra = {"first": False} if family == "portable" else {}
@@ -171,15 +172,15 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                 return GemmLayer(ctx, program, tiles, bench.weight, bench.bias, storage=prec.storage)
             return algo.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env, **extra)
 
-        _, ref = _time(queue, build(default_algo, reference), bench, batch, size, 1)
+        _, ref = time_op(queue, build(default_algo, reference), bench, batch, size, 1)
         scale = max(float(np.abs(ref).max()), 1e-30)
         pool_ms = 0.0
         if pool:  # the separate pooling kernel, timed once on the reference's output: unfused candidates pay it
-            pool_ms, pooled = _time(queue, _PoolStep(nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(prec)),
+            pool_ms, pooled = time_op(queue, PoolStep(nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(prec)),
                                                                       prec), bench.channels),
                                     bench, batch, size, repeats, src=bench.dst, dst=bench.pooled,
                                     out_shape=bench.pooled_shape)
-            pooled_ref = _maxpool_nhwc(ref, batch, size)
+            pooled_ref = maxpool_nhwc(ref, batch, size)
             if not np.array_equal(pooled, pooled_ref):
                 raise RuntimeError(f"{key}: the pooling kernel disagrees with numpy on the reference's output")
         best = None
@@ -196,11 +197,11 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                 continue
             cands = algo.candidates(caps, prec, layer)
             for p in cands[:limit] if algo.name != "winograd" else cands:
-                ms, out = _time(queue, build(algo, p), bench, batch, size, repeats)
+                ms, out = time_op(queue, build(algo, p), bench, batch, size, repeats)
                 judge({**p, "FUSE_POOL": 0} if pool else p, ms + pool_ms, out, ref)
                 if pool and algo.fuses_pool(p):
                     fused = algo.make(ctx, cache, p, prec, replace(layer, pool=True), bench.weight, bench.bias, env)
-                    ms, out = _time(queue, fused, bench, batch, size, repeats, dst=bench.pooled,
+                    ms, out = time_op(queue, fused, bench, batch, size, repeats, dst=bench.pooled,
                                     out_shape=bench.pooled_shape)
                     judge({**p, "FUSE_POOL": 1}, ms, out, pooled_ref)
         winners[key] = best[1]
