@@ -191,3 +191,14 @@ def test_tuner_times_fused_and_unfused_for_a_pooled_shape(monkeypatch, tmp_path)
     assert params_module.conv_params_for(table, 64, 64, 14, 1, "fp16") == {"ALGO": "tc_gemm"}
     del table["conv_by_batch_fp16"]["1"]["64x64x14+pool"]  # a table from before fusion: the shape's own entry
     assert params_module.conv_params_for(table, 64, 64, 14, 1, "fp16", pool=True) == {"ALGO": "tc_gemm"}
+
+
+def test_tune_takes_shape_keys_and_names_the_valid_ones(monkeypatch, capsys):
+    from vggserve.cli import main
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    rc = main(["tune", "--device", TEST_DEVICE, "--precision", "fp16", "--batch-size", "1", "--shapes",
+               "1x2x3+pool", "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1].startswith("vggserve: error: unknown shape 1x2x3+pool at fp16")
+    assert "512x512x14+pool" in err[-1] and "64x64x224+pool" in err[-1]

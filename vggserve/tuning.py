@@ -22,6 +22,7 @@ import pyopencl as cl
 
 from dataclasses import replace
 
+from .errors import VggserveError
 from .ops import nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
@@ -135,12 +136,14 @@ def fusion_possible(caps, prec) -> bool:
 
 
 def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=None, progress=print,
-         winograd_too: bool = False, precision: str = "fp32") -> tuple[dict, list]:
+         winograd_too: bool = False, precision: str = "fp32", only=None) -> tuple[dict, list]:
     """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...]).
 
     Candidates: for each registered algorithm that computes the layer on this device at this precision, its first
     `limit` candidates (Winograd's only with winograd_too). A winner that is not the portable GEMM carries
     "ALGO" (e.g. "winograd", with "WINO_M": 4 for F(4x4); "tc_gemm"); the engine then runs that layer on it.
+    only: the shape keys to tune, of `shapes` (default: VGG16's, `layer_shapes`); one that is not there is a
+    VggserveError naming those that are.
     """
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
@@ -156,8 +159,15 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     reference = dict(REFERENCE) if family == "portable" else default_algo.default(caps, prec)
     tol = TOLERANCE[prec.name]
     rng = np.random.default_rng(0)
+    shapes = shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec))
+    if only is not None:
+        unknown = sorted(set(only) - {s[0] for s in shapes})
+        if unknown:
+            raise VggserveError(f"unknown shape {', '.join(unknown)} at {prec.name}: choose from "
+                             f"{', '.join(s[0] for s in shapes)}")
+        shapes = [s for s in shapes if s[0] in only]
     winners, trials = {}, []
-    for key, cin, cout, size, ks in shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec)):
+    for key, cin, cout, size, ks in shapes:
         pool = key.endswith(POOL_SUFFIX)
         layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
         bench = LayerBench(ctx, family, prec, replace(layer, pool=pool), batch, rng)
