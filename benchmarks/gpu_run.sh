@@ -23,6 +23,10 @@
 #             curves stored for the engine's kernel choice (copied to $OUT/tuned.json); JSON and PNG in $OUT
 #   tcpool    benchmarks/tc_pool.py at batch $POOL_BATCH (default 64), FP16 and TF32: the five conv + pool pairs fused
 #             (conv_tc_halo.cl POOL=1) against the convolution plus the pooling kernel, then the whole network both ways
+#   sparse24  benchmarks/mma_sp_probe.py (one mma.sp against numpy: the documented fragment/metadata convention, or
+#             which alternative the hardware follows), tests/test_sparse_tc.py on the GPU, then benchmarks/sparse_tc.py
+#             at batch $SPARSE24_BATCH (default 64): every conv shape, dense FP16 vs each 2:4 tile (and cuDNN FP16), the
+#             best tile stored for the engine's choice, the whole network pruned 2:4 vs dense at FP16; JSON in $OUT
 #   hostfloor the host side alone on this host's cores (no GPU): benchmarks/batch_host_floor.py (one rank with its
 #             decode processes; the rank alone with --replay; 15 decode processes and a device at the FP16 and FP32
 #             engines' pace, emulated) and benchmarks/serve_host_floor.py (8 front ends on an instant engine)
@@ -44,7 +48,7 @@ for stage in $STAGES; do
   case $stage in
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
            tests/test_tensorcore.py tests/test_tc_pool.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
-           tests/test_warmstart.py tests/test_sparse_kernels.py tests/test_pruned_network.py \
+           tests/test_warmstart.py tests/test_sparse_kernels.py tests/test_pruned_network.py tests/test_sparse_tc.py \
            -k "not device_specs" 2>&1 \
            | tail -3 | tee -a "$LOG" ;;
   tune) for p in ${TUNE_PRECISIONS:-fp32}; do for b in 64 1; do
@@ -86,6 +90,14 @@ PY
             cp /tmp/lt-closed/throughput.png "$OUT/lt_closed_throughput.png" 2>/dev/null
             cp /tmp/lt-closed/latency.png "$OUT/lt_closed_latency.png" 2>/dev/null
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
+  sparse24) timeout 60 python3 benchmarks/mma_sp_probe.py --device gpu --json "$OUT/mma_sp_probe.json" 2>&1 \
+              | grep -v Warning | tee -a "$LOG" | tail -4
+            VGGSERVE_TEST_DEVICE=gpu timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_tc.py 2>&1 \
+              | tail -3 | tee -a "$LOG"
+            timeout ${SPARSE24_TIMEOUT:-300} python3 benchmarks/sparse_tc.py --device gpu --batch ${SPARSE24_BATCH:-64} \
+              --network-batches ${SPARSE24_BATCH:-64} --store --json "$OUT/sparse24.json" 2>&1 | grep -v Warning \
+              | tee -a "$LOG"
+            cp /tmp/vgcache/tuned.json "$OUT/tuned.json" ;;
   sparse) for b in ${SPARSE_BATCHES:-64 1}; do timeout ${SPARSE_TIMEOUT:-560} python3 benchmarks/sparse_vs_dense.py \
             --device gpu --batch $b --sparsities ${SPARSITIES:-0,0.5,0.7,0.8,0.9,0.95,0.99} \
             --codegen-max-nnz ${CODEGEN_MAX_NNZ:-60000} --network-batches $b --store --json "$OUT/sparse$b.json" \

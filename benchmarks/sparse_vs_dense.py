@@ -117,6 +117,33 @@ def plot(runs, path, title):
     fig.savefig(path, dpi=110)
 
 
+def alternating(loaders: dict, n: int, iterations: int, plan_of: str) -> dict:
+    """Load every model (label -> loader), one untimed pass each, then `iterations` timed passes of n images
+    alternating between them (a change in the machine's load hits all alike): {label_load_s, label_images_per_s,
+    "kernels": [(layer, kernel and why)] of model `plan_of`}."""
+    x = np.random.default_rng(1).standard_normal((n, 3, 224, 224)).astype(np.float32)
+    row, models, times = {}, {}, {label: [] for label in loaders}
+    try:
+        for label, load in loaders.items():
+            t0 = time.perf_counter()
+            models[label] = load()
+            row[f"{label}_load_s"] = round(time.perf_counter() - t0, 2)
+            models[label].logits(x)
+        for _ in range(iterations):
+            for label, model in models.items():
+                t = time.perf_counter()
+                model.logits(x)
+                times[label].append(time.perf_counter() - t)
+        row["kernels"] = [(k["name"], k["kernel"]) for k in models[plan_of].kernel_plan()
+                          if not k["name"].startswith("pool")]
+    finally:
+        for model in models.values():
+            model.close()
+    for label in models:
+        row[f"{label}_images_per_s"] = n / float(np.median(times[label]))
+    return row
+
+
 def network(args, tensors, info, batches):
     """The engine on dense weights vs on weights with every layer pruned to --network-sparsity: images/s (both
     models loaded, their timed passes alternating, so that a change in the machine's load hits both alike) and the
@@ -127,26 +154,10 @@ def network(args, tensors, info, batches):
     pruned = prune(tensors, args.network_sparsity).tensors
     out = []
     for n in batches:
-        x = np.random.default_rng(1).standard_normal((n, 3, 224, 224)).astype(np.float32)
-        row, models, times = {"batch": n, "sparsity": args.network_sparsity}, {}, {"dense": [], "sparse": []}
-        try:
-            for label, weights in (("dense", tensors), ("sparse", pruned)):
-                t0 = time.perf_counter()
-                models[label] = VGG16.load(weights, device=info.spec, max_batch_size=n)
-                row[f"{label}_load_s"] = time.perf_counter() - t0
-                models[label].logits(x)
-            for _ in range(args.network_iterations):
-                for label, model in models.items():
-                    t = time.perf_counter()
-                    model.logits(x)
-                    times[label].append(time.perf_counter() - t)
-            row["kernels"] = [(k["name"], k["kernel"]) for k in models["sparse"].kernel_plan()
-                              if not k["name"].startswith("pool")]
-        finally:
-            for model in models.values():
-                model.close()
-        for label in models:
-            row[f"{label}_images_per_s"] = n / float(np.median(times[label]))
+        row = {"batch": n, "sparsity": args.network_sparsity}
+        row.update(alternating({"dense": lambda: VGG16.load(tensors, device=info.spec, max_batch_size=n),
+                                "sparse": lambda: VGG16.load(pruned, device=info.spec, max_batch_size=n)},
+                               n, args.network_iterations, "sparse"))
         row["speedup"] = row["sparse_images_per_s"] / row["dense_images_per_s"]
         print(f"network batch {n} at {args.network_sparsity:.2f}: dense {row['dense_images_per_s']:.2f} img/s, "
               f"sparse {row['sparse_images_per_s']:.2f} img/s, x{row['speedup']:.2f} (load dense "

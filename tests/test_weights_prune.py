@@ -59,19 +59,32 @@ def test_global_uses_one_threshold_over_all_layers(rng):
     assert zeroed.max() <= kept.min()
 
 
-@pytest.mark.parametrize("shape", [(5, 3, 3, 3), (7, 16, 3, 3), (9, 10), (3, 6)])  # K = 27, 144, 10, 6
+@pytest.mark.parametrize("shape", [(5, 3, 3, 3), (7, 16, 3, 3), (4, 10, 3, 3), (9, 10), (3, 6)])
 def test_2_4_keeps_the_two_largest_of_every_group_of_four_along_k(rng, shape):
+    """Groups: 4 consecutive input channels of one tap for a convolution (the tensor-core kernels' K order,
+    (ky*3 + kx)*Cpad + ci), 4 consecutive inputs for a fully connected layer; a short last group zero-padded."""
     w = rng.standard_normal(shape).astype(np.float32)
     out = prune_2_4(w)
     assert out.shape == w.shape and is_2_4(out) and not is_2_4(w)
-    k = int(np.prod(shape[1:]))
-    w2, o2 = w.reshape(shape[0], k), out.reshape(shape[0], k)
-    for m in range(shape[0]):
-        for g in range(0, k, 4):
+    rows = (lambda a: a.transpose(0, 2, 3, 1).reshape(-1, shape[1])) if len(shape) == 4 else (lambda a: a)
+    w2, o2 = rows(w), rows(out)
+    for m in range(w2.shape[0]):
+        for g in range(0, shape[1], 4):
             group, got = w2[m, g:g + 4], o2[m, g:g + 4]
             keep = np.sort(np.argsort(-np.abs(group), kind="stable")[:2])
             assert np.flatnonzero(got).tolist() == keep.tolist()
             assert np.array_equal(got[keep], group[keep])
+
+
+def test_2_4_of_a_convolution_is_2_4_in_the_tensor_core_k_order(rng):
+    from vggserve.ops import precision, sparse24
+    from vggserve.ops.tensorcore import tc_weights
+
+    w = prune_2_4(rng.standard_normal((6, 13, 3, 3)).astype(np.float32))
+    laid = tc_weights(w, cpad=16, npad=16, kpad=160, precision=precision.FP16)  # k = (ky*3 + kx)*16 + ci
+    assert sparse24.is_2_4(laid)
+    flat = w.reshape(6, -1)  # the (Cin, 3, 3) flatten order mixes taps: not 2:4 there
+    assert not is_2_4(flat)
 
 
 def test_2_4_partial_last_group_counts_as_zero_padded():

@@ -7,6 +7,11 @@ magnitude-pruned copies of the same weights, and times them all with OpenCL prof
 to last launch's end, median).
 `curves` turns the runs into the speed-up curves `sparse_select` reads, `store` writes them to the tuned-parameter
 file (so the engine uses them with no flag). benchmarks/sparse_vs_dense.py and `vggserve tune --sparse` use it.
+
+`measure_2_4` is the FP16 tensor-core counterpart: per conv shape, the engine's dense FP16 layer against every tile
+candidate of the 2:4 kernel (tc_sparse24) on 2:4-pruned weights; `best_2_4` picks the one candidate that wins most
+(geometric mean over the shapes) and its one-point curves (benchmarks/sparse_tc.py, `vggserve tune --sparse
+--precision fp16`).
 """
 
 import json
@@ -17,11 +22,12 @@ import numpy as np
 import pyopencl as cl
 
 from .model.reference import conv3x3_relu
-from .ops import registry
+from .ops import nhwc, registry
 from .ops.registry import BuildEnv, LayerSpec
-from .ops.sparse_select import CODEGEN, COMPRESSED, CSR
+from .ops.launch import round_up
+from .ops.sparse_select import CODEGEN, COMPRESSED, CSR, TC_SPARSE24
 from .runtime.params import shape_key, tuned_file
-from .weights.prune import prune_unstructured
+from .weights.prune import prune_2_4, prune_unstructured
 from .weights.spec import INPUT_SIZE, vgg16_spec
 
 MF = cl.mem_flags
@@ -40,6 +46,7 @@ class Point:
     binary_bytes: int | None = None
     weight_bytes: int | None = None  # bytes of the sparse weight format
     note: str = ""
+    params: dict | None = None  # the kernel's tunables, where several were tried (2:4)
 
 
 @dataclass
@@ -171,6 +178,88 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
     return runs
 
 
+def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bool = True, shapes=None,
+                torch_time=None, progress=print, candidates=None, on_layer=None) -> list[LayerRun]:
+    """Dense FP16 vs the 2:4 kernel per conv shape (`shapes`: a subset of keys) at `batch` images, on the weights of
+    `tensors` pruned 2:4. model: a VGG16 at FP16 on tensor cores, profile=True, max_batch_size >= batch.
+    candidates: tc_sparse24 parameter sets (default: the entry's candidates for the device). One Point per
+    candidate, its tunables in `params`."""
+    algo = registry.get(TC_SPARSE24)
+    ctx, queue, cache = model.context, model.queue, model.program_cache
+    env = BuildEnv(caps=model.caps, max_batch=batch, tables=model.params)
+    rng = np.random.default_rng(0)
+    runs = []
+    for key, names, lkind, cin, cout, size in layer_shapes(model.spec.width):
+        if lkind != "conv" or (shapes and key not in shapes):
+            continue
+        weight, bias = prune_2_4(tensors[f"{names[0]}.weight"]), tensors[f"{names[0]}.bias"]
+        layer = LayerSpec("conv3x3", cin, cout, size)
+        cpad, cstore = round_up(cin, 8), round_up(cout, 8)
+        x = np.zeros((batch, size, size, cpad), np.float16)  # NHWC, ReLU outputs, as most layers get
+        x[..., :cin] = np.maximum(rng.standard_normal((batch, size, size, cin), dtype=np.float32), 0)
+        src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
+        dst = cl.Buffer(ctx, MF.READ_WRITE, 2 * batch * size * size * cstore)
+        op, run = _dense_layer(model, names[0])
+        dense_ms = timed(queue, lambda: run(queue, src, dst, batch, size), iterations)
+        pool_ms = 0.0  # where the engine fused the pooling into the dense layer, the 2:4 one pays the pooling kernel
+        if getattr(getattr(op, "layer", None), "pool", False):
+            pool = nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(model.precision)), model.precision)
+            pooled = cl.Buffer(ctx, MF.READ_WRITE, max(1, 2 * batch * (size // 2) ** 2 * cstore))
+            pool_ms = timed(queue, lambda: pool.enqueue(queue, dst, pooled, batch, cstore, size, size), iterations)
+            pooled.release()
+        lr = LayerRun(key, names, "conv", cin, cout, size, batch, dense_ms, op.describe())
+        if torch_time is not None:
+            lr.torch_ms = torch_time("conv", cin, cout, size, batch)
+        progress(f"{key:>14s} {','.join(names)}: dense FP16 {dense_ms:.3f} ms ({lr.dense_algo})"
+                 + (f" with its pooling fused (the 2:4 layer pays the pooling kernel, {pool_ms:.3f} ms)" if pool_ms else "")
+                 + (f", torch {lr.torch_ms:.3f} ms" if lr.torch_ms is not None else ""))
+        ref = None
+        if check:
+            x0 = x[:1, :, :, :cin].astype(np.float64).transpose(0, 3, 1, 2)
+            ref = conv3x3_relu(x0, weight.astype(np.float16).astype(np.float64), bias.astype(np.float64))
+        sparsity = 1.0 - np.count_nonzero(weight) / weight.size
+        for params in candidates or algo.candidates(model.caps, model.precision, layer):
+            point = Point(round(sparsity, 4), TC_SPARSE24, None, nnz=int(np.count_nonzero(weight)),
+                          params={k: v for k, v in params.items() if k != "ALGO"})
+            sp = algo.make(ctx, cache, params, model.precision, layer, weight, bias, env)
+            call = lambda: sp.enqueue(queue, src, dst, batch, size, size)  # noqa: E731
+            point.weight_bytes, point.note = sp.format_bytes, sp.describe()
+            point.ms = timed(queue, call, iterations)
+            point.speedup = dense_ms / (point.ms + pool_ms) if point.ms > 0 else None
+            if ref is not None:
+                out = np.empty((batch, size, size, cstore), np.float16)
+                cl.enqueue_copy(queue, out, dst)
+                got = out[:1, :, :, :cout].astype(np.float64).transpose(0, 3, 1, 2)
+                point.err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+            lr.points.append(point)
+            progress(f"{'':>14s}   2:4 {point.ms:9.3f} ms  x{point.speedup:5.2f}"
+                     + (f"  err {point.err:.1e}" if point.err is not None else "") + f"  {point.note}")
+            sp = call = None
+        src.release()
+        dst.release()
+        runs.append(lr)
+        if on_layer is not None:
+            on_layer(runs)
+    return runs
+
+
+def best_2_4(runs: list[LayerRun]) -> tuple[dict | None, dict]:
+    """(tunables, curves) of the tc_sparse24 candidate with the highest geometric-mean speed-up over the shapes
+    where it ran: its curves {shape: {TC_SPARSE24: [[sparsity, speed-up]]}} are what sparse_select reads."""
+    by_params: dict = {}
+    for r in runs:
+        for p in r.points:
+            if p.algo == TC_SPARSE24 and p.speedup:
+                by_params.setdefault(json.dumps(p.params, sort_keys=True), {})[r.shape] = p
+    if not by_params:
+        return None, {}
+    shapes = max(len(v) for v in by_params.values())
+    complete = {k: v for k, v in by_params.items() if len(v) == shapes}
+    best = max(complete, key=lambda k: float(np.mean([np.log(p.speedup) for p in complete[k].values()])))
+    chosen = complete[best]
+    return json.loads(best), {s: {TC_SPARSE24: [[p.sparsity, round(p.speedup, 4)]]} for s, p in chosen.items()}
+
+
 def curves(runs: list[LayerRun]) -> dict:
     """{shape: {algo: [[sparsity, speed-up], ...]}} of the points that ran (the curves sparse_select reads)."""
     out: dict = {}
@@ -190,15 +279,19 @@ def crossover(curve: list) -> float | None:
     return None
 
 
-def store(device_label: str, measured: dict, batch: int) -> None:
-    """Merge the curves measured at `batch` into the tuned-parameter file under this device's name."""
+def store(device_label: str, measured: dict, batch: int, params: dict | None = None) -> None:
+    """Merge the curves measured at `batch` into the tuned-parameter file under this device's name; params:
+    {algo: tunables} for the sparse entries (as `sparse_table` reads them)."""
     path = tuned_file()
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
         table = {}
     entry = table.setdefault(device_label, {}).setdefault("sparse", {})
-    entry.setdefault("curves", {}).setdefault(str(batch), {}).update(measured)
+    for shape, per_algo in measured.items():
+        entry.setdefault("curves", {}).setdefault(str(batch), {}).setdefault(shape, {}).update(per_algo)
+    if params:
+        entry.setdefault("params", {}).update(params)
     table[device_label]["tuned_on"] = time.strftime("%Y-%m-%d")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1, sort_keys=True))

@@ -13,7 +13,8 @@ def register(subparsers) -> None:
                    help="also time Winograd F(2x2,3x3) and F(4x4,3x3) candidates on the 3x3 layers (docs/winograd.md)")
     p.add_argument("--sparse", action="store_true",
                    help="instead: time the sparse kernels against the dense layers at sparsities 0..0.99 per layer "
-                        "shape and store where each wins (the engine's choice for pruned weights, docs/sparse.md)")
+                        "shape and store where each wins (the engine's choice for pruned weights, docs/sparse.md); "
+                        "with --precision fp16 on tensor cores: the 2:4 kernel's tiles on 2:4 weights")
     p.add_argument("--shapes", default=None,
                    help="comma list of the shape keys to tune, e.g. 512x512x14+pool (default: every VGG16 shape; "
                         "CINxCOUTxSIZE, with +pool for a convolution that a pooling follows, at FP16/TF32)")
@@ -55,6 +56,8 @@ def _sparse(args, info) -> int:
     from ..weights.init import init_weights
 
     tensors = init_weights(seed=0)
+    if args.precision == "fp16":
+        return _sparse_2_4(args, info, tensors)
     limit = sparse_table(params_for(info.kind, info.label), info.kind)["codegen_max_nnz"]
     note(f"vggserve: timing sparse kernels on {info.label} at batch {args.batch_size} (codegen up to {limit:,} "
          "non-zeros)")
@@ -71,3 +74,31 @@ def _sparse(args, info) -> int:
     if args.json:
         print(json.dumps({"device": info.label, "batch_size": args.batch_size, "curves": curves}))
     return 0
+
+
+def _sparse_2_4(args, info, tensors) -> int:
+    """The 2:4 tensor-core kernel's tiles against the dense FP16 layers; the best tile and its curves stored."""
+    from .. import sparse_tuning
+    from ..model.vgg16 import VGG16
+    from ..ops.sparse_select import TC_SPARSE24
+    from ..runtime.params import tuned_file
+
+    note(f"vggserve: timing the 2:4 tensor-core kernel on {info.label} at batch {args.batch_size}, FP16")
+    with VGG16(tensors, device=info.spec, max_batch_size=args.batch_size, profile=True, precision="fp16") as model:
+        if model.family != "tensorcore":
+            note("vggserve: this device has no tensor cores: nothing to tune at FP16 2:4")
+            return 1
+        runs = sparse_tuning.measure_2_4(model, tensors, args.batch_size, iterations=args.repeats, check=False,
+                                         progress=note)
+    params, curves = sparse_tuning.best_2_4(runs)
+    for shape, per_algo in curves.items():
+        note(f"{shape:>14s} 2:4 x{per_algo[TC_SPARSE24][0][1]:.2f} over dense FP16")
+    note(f"best 2:4 tile: {params}")
+    if not args.dry_run and params:
+        sparse_tuning.store(info.label, curves, args.batch_size, {TC_SPARSE24: params})
+        note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
+    if args.json:
+        print(json.dumps({"device": info.label, "batch_size": args.batch_size, "precision": "fp16",
+                          "params": params, "curves": curves}))
+    return 0
+

@@ -100,7 +100,7 @@ class VGG16(Engine):
         one win (sparse_select), else the tuned or default dense one. pool: a 2x2 max-pool follows the layer."""
         p, why = self._layer_params(layer, pool)
         sparse = sparse_select.for_layer(self.params, self.caps, self.precision, layer, weight, self.max_batch_size)
-        if sparse.algo != sparse_select.DENSE and self.family == "portable":
+        if sparse.algo != sparse_select.DENSE and registry.get(sparse.algo).family == self.family:
             algo = registry.get(sparse.algo)
             tuned = sparse_select.sparse_table(self.params, self.caps.kind)["params"].get(sparse.algo, {})
             return algo, {**algo.default(self.caps, self.precision), **tuned}, sparse.reason

@@ -11,8 +11,8 @@ An entry (an `Algorithm`) declares everything the engine and the tuner need to k
   returns a layer object with `enqueue(queue, src, dst, n, h, w)` and `flops(n, h, w)`;
 - `fuses_pool(params)`: whether this configuration can take the 2x2/2 max-pool that follows a layer into its store
   (`LayerSpec.pool`; the output is then the pooled image); `pool_fused` says whether a layer runs that way;
-- `sparse`: an entry for pruned weights (ops/sparse_conv.py, sparse_fc.py), which the engine takes only where a
-  layer's measured sparsity makes it win (ops/sparse_select.py) and the dense tuner leaves out.
+- `sparse`: an entry for pruned weights (ops/sparse_conv.py, sparse_fc.py, tensorcore_sparse.py), which the engine
+  takes only where a layer's measured sparsity makes it win (ops/sparse_select.py) and the dense tuner leaves out.
 A new algorithm is one module that registers one entry; nothing else changes.
 """
 
@@ -112,7 +112,7 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 def _load_all() -> None:
     """Import every module that registers an entry (each registers itself on import)."""
-    from . import gemm, sparse_conv, sparse_fc, tensorcore, winograd  # noqa: F401
+    from . import gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_sparse, winograd  # noqa: F401
 
 
 def get(name: str) -> Algorithm:

@@ -10,6 +10,9 @@ where its speed-up at the layer's sparsity is above 1, the fastest of them; else
 measured curve for the shape, a kernel counts as winning from its default crossover sparsity on.
 The generated kernel is considered only where the layer's non-zeros are at most "codegen_max_nnz": its build
 time grows with them (PoCL: ~5 ms a non-zero; docs/sparse.md).
+At FP16 on tensor cores the candidate is the 2:4 kernel (TC_SPARSE24, ops/tensorcore_sparse.py), for convolutions
+whose weights are 2:4 in the tensor-core K order (weights.prune.is_2_4); its curve has one point, at the layer's
+sparsity (0.5 when every group of 4 holds 2; conv1, 3 channels a tap, keeps 2 of 3: 0.33, below its crossover).
 """
 
 import math
@@ -21,16 +24,23 @@ DENSE = "dense"
 CODEGEN = "sparse_codegen"
 COMPRESSED = "sparse_compressed"
 CSR = "sparse_csr"
+TC_SPARSE24 = "tc_sparse24"
 CONV_ALGOS = (CODEGEN, COMPRESSED)
 FC_ALGOS = (CSR,)
 
 # Untuned defaults. CPU (PoCL, measured on a 2-core AVX-512 Xeon at batch 1, BENCHMARKS.md): the generated kernel
 # beat the tuned dense layers wherever it was built (from 0.5 sparsity on), the compressed one from 0.7-0.9
 # (median 0.8), CSR FC layers from 0.5-0.9 (fc1 0.8); codegen is limited to 20 k non-zeros (a ~2 minute first
-# build). GPU: placeholders until measured with `vggserve tune --sparse` (the GPU run's curves replace them).
+# build). GPU (an H100 against the FP32 engine's Winograd layers, batches 64 and 1, BENCHMARKS.md): the generated
+# kernel wins on most layers from 0.95, the compressed one never did (1.01: never chosen by default), CSR from 0.5;
+# NVIDIA's compiler takes ~1.8 ms per non-zero (108 s for 59 k), so codegen stops at 30 k (under a minute).
+# Measured curves (shipped for the H100, or `vggserve tune --sparse`) replace these per layer shape.
+# 2:4 (tensor cores, FP16): taken for any 2:4 layer at least 0.45 sparse (a group of 4 keeps 2; a per-tap last group
+# shorter than 4, Cin not a multiple of 4, keeps up to 2 of fewer) until `vggserve tune --sparse --precision fp16`
+# measures it per shape; conv1 (2 of 3 kept, 0.33) stays dense.
 DEFAULTS = {
-    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.8}, "codegen_max_nnz": 20_000},
-    "gpu": {"crossover": {CODEGEN: 0.8, COMPRESSED: 0.95, CSR: 0.7}, "codegen_max_nnz": 300_000},
+    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.8, TC_SPARSE24: 0.45}, "codegen_max_nnz": 20_000},
+    "gpu": {"crossover": {CODEGEN: 0.95, COMPRESSED: 1.01, CSR: 0.5, TC_SPARSE24: 0.45}, "codegen_max_nnz": 30_000},
 }
 
 
@@ -73,9 +83,11 @@ def _curves_for(table: dict, shape: str, batch: int) -> dict:
     return by_batch[nearest]
 
 
-def choose(table: dict, kind: str, shape: str, batch: int, sparsity: float, nnz: int) -> Choice:
-    """The kernel for one layer ("conv3x3" or "fc") of shape key `shape` ("CINxCOUTxSIZE"), run at `batch`."""
-    algos = CONV_ALGOS if kind == "conv3x3" else FC_ALGOS
+def choose(table: dict, kind: str, shape: str, batch: int, sparsity: float, nnz: int, algos=None) -> Choice:
+    """The kernel for one layer ("conv3x3" or "fc") of shape key `shape` ("CINxCOUTxSIZE"), run at `batch`, among
+    `algos` (default: the FP32 sparse kernels of that kind)."""
+    if algos is None:
+        algos = CONV_ALGOS if kind == "conv3x3" else FC_ALGOS
     curves = _curves_for(table, shape, batch)
     best, best_x, why = DENSE, 1.0, []
     for algo in algos:
@@ -113,11 +125,20 @@ def measured(weight: np.ndarray) -> tuple[float, int]:
 
 
 def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: int) -> Choice:
-    """The engine's choice for one layer (registry.LayerSpec) from its weights' measured sparsity. The sparse
-    kernels are FP32 and NCHW: any other precision, and unpruned weights, stay dense."""
-    if precision.name != "fp32":
+    """The engine's choice for one layer (registry.LayerSpec) from its weights' measured sparsity. FP32: the sparse
+    kernels (NCHW); FP16 on tensor cores: the 2:4 kernel for 2:4 convolutions; anything else, and unpruned weights,
+    stay dense."""
+    tc24 = precision.name == "fp16" and caps.tensor_cores and layer.kind == "conv3x3"
+    if precision.name != "fp32" and not tc24:
         return Choice(DENSE, 0.0, "")
     sparsity, nnz = measured(weight)
     if nnz == weight.size:  # unpruned
         return Choice(DENSE, 0.0, "")
-    return choose(sparse_table(tables, caps.kind), layer.kind, layer.shape_key, batch, sparsity, nnz)
+    table = sparse_table(tables, caps.kind)
+    if tc24:
+        from ..weights.prune import is_2_4
+
+        if not is_2_4(weight):
+            return Choice(DENSE, sparsity, f"sparsity {sparsity:.3f}, not 2:4 (FP16 has no unstructured kernel)")
+        return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz, algos=(TC_SPARSE24,))
+    return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz)

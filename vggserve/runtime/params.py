@@ -90,6 +90,16 @@ def params_for(kind: str, device_name: str) -> dict:
                 if role.startswith("conv_by_batch"):
                     for batch, table in values.items():
                         params.setdefault(role, {}).setdefault(batch, {}).update(table)
+                elif role == "sparse":  # curves per batch and shape: the user's measurements add to the shipped ones
+                    merged = params.setdefault(role, {})
+                    for key, value in values.items():
+                        if key == "curves":
+                            for batch, shapes in value.items():
+                                merged.setdefault(key, {}).setdefault(batch, {}).update(shapes)
+                        elif isinstance(value, dict):
+                            merged.setdefault(key, {}).update(value)
+                        else:
+                            merged[key] = value
                 else:
                     params.setdefault(role, {}).update(values)
     return params

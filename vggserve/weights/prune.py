@@ -3,10 +3,14 @@
 Patterns:
   unstructured  the smallest |w| are zeroed, exactly round(S * count) of them (ties broken by position, so the
                 result is reproducible);
-  2:4           in every group of 4 consecutive weights along the input dimension (K = Cin*3*3 in the order a conv
-                weight (M, Cin, 3, 3) flattens per output channel; in_features for a fully connected layer), the 2
-                smallest |w| are zeroed. A last group shorter than 4 (conv1: K = 27) counts as padded with zeros,
-                as the tensor-core kernels pad K, so it keeps its 2 largest.
+  2:4           in every group of 4 consecutive weights along the input dimension, the 2 smallest |w| are zeroed.
+                For a convolution (M, Cin, 3, 3) the groups are 4 consecutive input channels of one tap (ky, kx):
+                the order of the tensor-core kernels' K = (ky*3 + kx)*Cpad + ci, whose 2:4 kernel
+                (kernels/conv_tc_sparse.cl) needs its chunks of 4 consecutive k to be 2:4. (Groups of 4 in the
+                (Cin, 3, 3) flatten order would mix taps and channels, and are not groups in the kernel's order.)
+                For a fully connected layer: 4 consecutive in_features. A last group shorter than 4 (conv1's 3
+                channels per tap) counts as padded with zeros, as the kernels pad channels, so it keeps its 2
+                largest.
 Scopes (unstructured only):
   layer   (default) every selected layer loses the same fraction S of its weights;
   global  one magnitude threshold over all selected layers, so the fraction differs per layer.
@@ -55,14 +59,23 @@ def layer_sparsities(tensors: dict) -> dict[str, float]:
 
 
 def is_2_4(weight: np.ndarray) -> bool:
-    """Whether every group of 4 consecutive weights along K (last group zero-padded) has at most 2 non-zeros."""
+    """Whether every group of 4 (see the module doc; last group of a row zero-padded) has at most 2 non-zeros."""
     groups = _groups_of_4(weight)
     return bool((np.count_nonzero(groups, axis=2) <= 2).all())
 
 
+def _rows(weight: np.ndarray) -> np.ndarray:
+    """The weights as rows whose consecutive 4s are the 2:4 groups: (M, Cin) as they are, (M, Cin, kh, kw) as
+    (M * kh * kw, Cin) (input channels of one tap)."""
+    w = np.asarray(weight)
+    if w.ndim == 4:
+        return w.transpose(0, 2, 3, 1).reshape(-1, w.shape[1])
+    return w.reshape(w.shape[0], -1)
+
+
 def _groups_of_4(weight: np.ndarray) -> np.ndarray:
-    """(M, K...) -> (M, ceil(K/4), 4), K zero-padded to a multiple of 4."""
-    w2 = np.asarray(weight).reshape(weight.shape[0], -1)
+    """(rows, ceil(K/4), 4) of `_rows`, each row zero-padded to a multiple of 4."""
+    w2 = _rows(weight)
     k = w2.shape[1]
     padded = np.zeros((w2.shape[0], -(-k // 4) * 4), dtype=w2.dtype)
     padded[:, :k] = w2
@@ -70,14 +83,19 @@ def _groups_of_4(weight: np.ndarray) -> np.ndarray:
 
 
 def prune_2_4(weight: np.ndarray) -> np.ndarray:
-    """A copy of `weight` with the 2 smallest |w| of every group of 4 along K zeroed (ties: the later one goes)."""
+    """A copy of `weight` with the 2 smallest |w| of every group of 4 zeroed (ties: the later one goes)."""
     groups = _groups_of_4(weight)
     order = np.argsort(-np.abs(groups), axis=2, kind="stable")  # per group, largest first
     keep = np.zeros(groups.shape, dtype=bool)
     np.put_along_axis(keep, order[:, :, :2], True, axis=2)
-    k = int(np.prod(weight.shape[1:]))
-    out = np.where(keep, groups, 0).reshape(weight.shape[0], -1)[:, :k]
-    return np.ascontiguousarray(out.reshape(weight.shape), dtype=weight.dtype)
+    k = weight.shape[1]
+    rows = np.where(keep, groups, 0).reshape(groups.shape[0], -1)[:, :k]
+    if weight.ndim == 4:
+        m, _, kh, kw = weight.shape
+        out = rows.reshape(m, kh, kw, k).transpose(0, 3, 1, 2)
+    else:
+        out = rows.reshape(weight.shape)
+    return np.ascontiguousarray(out, dtype=weight.dtype)
 
 
 def _smallest(magnitudes: np.ndarray, count: int) -> np.ndarray:

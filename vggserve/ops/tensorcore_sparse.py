@@ -1,0 +1,122 @@
+"""2:4 structured sparsity on sparse tensor cores (kernels/conv_tc_sparse.cl, mma.sp m16n8k32): the host of one 3x3
+convolution with 2:4 weights, FP16 in the tensor-core family (NHWC in and out, like tc_gemm and tc_halo), and its
+registry entry "tc_sparse24" (sparse: the engine takes it only for weights that are 2:4 in the kernel's K order, and
+where ops/sparse_select.py says it wins; docs/sparse.md).
+
+At load the weights are laid out in the tensor-core K order (tensorcore.tc_weights: k = (ky*3 + kx)*Cpad + ci,
+rows padded to BM, K to the k-tile) and compressed (ops/sparse24.py): the kept values (Npad x Kpad/2 FP16) and
+the mma.sp metadata words.
+"""
+
+import numpy as np
+import pyopencl as cl
+
+from . import sparse24
+from .launch import Launch, round_up, upload
+from .precision import FP16, Precision
+from .registry import Algorithm, BuildEnv, LayerSpec, register
+from .tensorcore import padded_bias, tc_weights, vec
+
+NAME = "tc_sparse24"
+KERNEL_FILE = "conv_tc_sparse.cl"
+TUNABLES = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
+# BM channels x BN pixels, warps, stages, activation bytes per k-tile. The default's per-warp tile (64 channels x 32
+# pixels, 16 mma.sp per 32 k) mirrors tc_gemm's default, with half its k-steps; untimed until the GPU run.
+DEFAULT = {"ALGO": NAME, "BM": 128, "BN": 128, "WARPS_M": 2, "WARPS_N": 4, "STAGES": 3, "KB": 64}
+TILES = [(128, 128, 2, 4, 3, 64), (128, 128, 2, 2, 3, 64), (128, 256, 2, 4, 2, 64), (64, 128, 2, 2, 4, 64),
+         (128, 64, 2, 2, 4, 64), (64, 64, 2, 2, 3, 128), (256, 128, 4, 2, 2, 64)]
+
+
+def local_mem(params: dict) -> int:
+    kb = params["KB"]
+    return params["STAGES"] * (params["BN"] * kb + params["BM"] * kb // 2 + params["BM"] * kb // 16)
+
+
+def valid(params: dict) -> bool:
+    """conv_tc_sparse.cl's shape rules (its #error line)."""
+    bm, bn, wm, wn, kb = (params[k] for k in ("BM", "BN", "WARPS_M", "WARPS_N", "KB"))
+    threads = 32 * wm * wn
+    return (kb in (64, 128) and params["STAGES"] >= 2 and bm % wm == 0 and bn % wn == 0 and (bm // wm) % 16 == 0
+            and (bn // wn) % 8 == 0 and (bn * kb // 16) % threads == 0)
+
+
+def compressed_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values, metadata) of (M, C, 3, 3) 2:4 weights for conv_tc_sparse.cl; ValueError if they are not 2:4 in the
+    K order (ky*3 + kx)*cpad + ci (weights prune --pattern 2:4 makes them so)."""
+    return sparse24.compress(tc_weights(weight, cpad, npad, kpad, FP16))
+
+
+class SparseTensorCoreLayer:
+    """One 3x3 convolution with 2:4 weights on conv_tc_sparse.cl. Input: NHWC FP16 with `cpad` channels; output:
+    NHWC FP16 with `cstore` = round_up(cout, 8) channels, bias and ReLU fused."""
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv):
+        if not precision.half or layer.kind != "conv3x3" or layer.last:
+            raise ValueError(f"{NAME} computes FP16 3x3 convolutions only, not {layer.kind} at {precision.name}")
+        self.p, self.layer = dict(params), layer
+        v = vec(precision)
+        self.cpad = round_up(layer.cin, v)
+        self.cstore = round_up(layer.cout, v)
+        self.kpad = round_up(9 * self.cpad, params["KB"] // 2)
+        self.npad = round_up(layer.cout, params["BM"])
+        self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
+        self.groups_m = self.npad // params["BM"]
+        values, meta = compressed_weights(weight, self.cpad, self.npad, self.kpad)
+        self.format_bytes = values.nbytes + meta.nbytes
+        self.wv = upload(ctx, values, np.float16)
+        self.meta = upload(ctx, meta, np.uint32)
+        self.bias = padded_bias(ctx, bias, self.npad)
+        defines = {**{k: params[k] for k in TUNABLES}, "RELU": int(layer.relu), **env.caps.mma_define}
+        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_tc_sparse"))
+
+    def enqueue(self, queue, src, dst, n: int, h: int, w: int):
+        npix = n * h * w
+        groups = -(-npix // self.p["BN"]) * self.groups_m
+        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wv, self.meta, self.bias, dst,
+                           self.cpad, h, w, npix, self.cstore, self.kpad, self.groups_m)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        """The dense convolution's (so GFLOP/s compare with the dense layers'; the tensor cores do half)."""
+        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
+
+    def describe(self) -> str:
+        p = self.p
+        return (f"{NAME} (mma.sp 2:4) {p['BM']} channels x {p['BN']} pixels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
+                f"{p['STAGES']} stages {p['KB']}-byte rows")
+
+
+class SparseTensorCore(Algorithm):
+    name = NAME
+    family = "tensorcore"
+    kinds = ("conv3x3",)
+    precisions = ("fp16",)
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+    sparse = True
+
+    def available(self, caps, precision):
+        return caps.tensor_cores and precision.name in self.precisions
+
+    def default(self, caps, precision):
+        return dict(DEFAULT)
+
+    def candidates(self, caps, precision, layer):
+        out = []
+        for tile in TILES:
+            p = {"ALGO": NAME, **dict(zip(TUNABLES, tile))}
+            if valid(p) and self.fits(p, caps, precision):
+                out.append(p)
+        return out
+
+    def local_mem(self, params, precision):
+        return local_mem(params)
+
+    def work_group_size(self, params):
+        return 32 * params["WARPS_M"] * params["WARPS_N"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return SparseTensorCoreLayer(ctx, cache, {**DEFAULT, **params}, precision, layer, weight, bias, env)
+
+
+ALGORITHM = register(SparseTensorCore())
