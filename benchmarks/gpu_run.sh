@@ -21,6 +21,8 @@
 #             $SPARSITIES, dense vs the sparse kernels (and cuDNN), the generated kernel up to $CODEGEN_MAX_NNZ
 #             non-zeros (default 60000: raise it once the build times it prints allow), the whole network pruned to 90%;
 #             curves stored for the engine's kernel choice (copied to $OUT/tuned.json); JSON and PNG in $OUT
+#   tcpool    benchmarks/tc_pool.py at batch $POOL_BATCH (default 64), FP16 and TF32: the five conv + pool pairs fused
+#             (conv_tc_halo.cl POOL=1) against the convolution plus the pooling kernel, then the whole network both ways
 #   sparse24  benchmarks/mma_sp_probe.py (one mma.sp against numpy: the documented fragment/metadata convention, or
 #             which alternative the hardware follows), tests/test_sparse_tc.py on the GPU, then benchmarks/sparse_tc.py
 #             at batch $SPARSE24_BATCH (default 64): every conv shape, dense FP16 vs each 2:4 tile (and cuDNN FP16), the
@@ -45,7 +47,7 @@ for stage in $STAGES; do
   say "$stage"
   case $stage in
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
-           tests/test_tensorcore.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
+           tests/test_tensorcore.py tests/test_tc_pool.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
            tests/test_warmstart.py tests/test_sparse_kernels.py tests/test_pruned_network.py tests/test_sparse_tc.py \
            -k "not device_specs" 2>&1 \
            | tail -3 | tee -a "$LOG" ;;
@@ -108,6 +110,8 @@ PY
           --workdir /tmp/host --json "$OUT/host-$p.json" 2>&1 | grep -v Warning | tail -9 | tee -a "$LOG"; done
         timeout 300 python3 benchmarks/decoders.py --workdir /tmp/decoders --json "$OUT/decoders.json" 2>&1 \
           | tail -40 | tee -a "$LOG" ;;
+  tcpool) timeout 300 python3 benchmarks/tc_pool.py --device gpu --batch ${POOL_BATCH:-64} --precisions fp16,tf32 \
+            --network --json "$OUT/tc_pool.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
   hostfloor) for args in "--images 4096 --workdir /tmp/floor" \
                          "--images 256 --repeat 32 --decode-procs 1 --replay --workdir /tmp/floor256" \
                          "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 6.5 --workdir /tmp/floor256" \

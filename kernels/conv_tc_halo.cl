@@ -8,6 +8,7 @@
  *   in:   NHWC, Cpad channels per pixel                                 in[p * Cpad + ci]
  *   wt:   Npad x (9 * CpadK)                                            wt[n * 9 * CpadK + tap * CpadK + ci]
  *   out:  NHWC, Cstore channels per pixel                               out[p * Cstore + n]
+ *         (POOL = 1: of the pooled image, (H/2) x (W/2) pixels per image)
  *
  * A work-group computes a TH x TW block of one image's output pixels (BM = TH * TW rows of the GEMM) for BN output
  * channels. Its K loop walks steps (chunk, tap): for each chunk of CK channels it fetches the (TH + 2) x (TW + 2)
@@ -23,6 +24,18 @@
  * issued STAGES - 1 steps ahead (STAGES - 1 < 9), while chunk j - 1 runs on the other buffer.
  * Warps, fragments, epilogue (bias, ReLU, two channels per store) as conv_tc.cl; rows past the image are not
  * stored. MMA_EMULATE = 1 runs the same on any OpenCL device (mma.clh).
+ *
+ * POOL = 1 fuses the 2x2, stride-2 max-pool that follows the layer into the store: out becomes NHWC of
+ * (H/2) x (W/2) pixels (floor: a trailing odd row or column is dropped, as torch's MaxPool2d(2, 2)). A block starts
+ * at an even pixel (TH even, TW a multiple of 8), so each 2x2 window lies within one block, and within one warp:
+ * an accumulator fragment holds rows g and g + 8 of 16 GEMM rows (lane 4g + t4), i.e.
+ *   TW = 8:            two image rows of 8 pixels: the window's upper pair is (g, g ^ 1) of half 0, the lower the
+ *                      same of half 1;
+ *   TW = 16, 32, ...:  16 pixels of one image row: the row below is fragment mi + TW/16 of the same warp (when the
+ *                      warp's rows WTM are a multiple of 2 * TW);
+ * pixel g ^ 1 sits in lane ^ 4, read with one shfl.sync.bfly per value (its model: local memory). The max is taken
+ * before the bias and the ReLU (both monotonic and per channel, so this equals pooling the stored outputs, bit for
+ * bit), and even-g lanes store one pixel of the pooled output.
  */
 
 #ifndef TH
@@ -55,6 +68,9 @@
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
+#ifndef POOL
+#define POOL 0      /* 1: a 2x2/2 max-pool fused into the store (TH even; TW 8, or a multiple of 16 with WTM of 2*TW) */
+#endif
 
 #include "mma.clh"  /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
 
@@ -75,6 +91,38 @@
 #define SWZ(r, c) ((r) * 4 + ((c) ^ (((r) >> 1) & 3)))
 #if TW % 8 || WTM % 16 || WTN % 16 || (BN * CHUNKS) % THREADS
 #error "tile shape: TW a multiple of 8, WTM and WTN of 16, BN*4 of the work-group size"
+#endif
+#if POOL && (TH % 2 || !(TW == 8 || (TW % 16 == 0 && WTM % (2 * TW) == 0)))
+#error "POOL: TH even, and TW 8 or a multiple of 16 with WTM a multiple of 2*TW"
+#endif
+
+#if POOL  /* the value of lane ^ 4: fragment row g ^ 1, the pixel beside this one */
+#if MMA_EMULATE
+inline float2 pool_neighbour(float2 v, __local uint *x, int lane) {
+    x[lane * 6] = as_uint(v.x);
+    x[lane * 6 + 1] = as_uint(v.y);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const float2 r = (float2)(as_float(x[(lane ^ 4) * 6]), as_float(x[(lane ^ 4) * 6 + 1]));
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+#define NEIGHBOUR(v) pool_neighbour((v), xch, lane)
+#else
+inline float shfl_xor4(float v) {
+    uint r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 4, 0x1f, 0xffffffff;\n" : "=r"(r) : "r"(as_uint(v)));
+    return as_float(r);
+}
+#define NEIGHBOUR(v) ((float2)(shfl_xor4((v).x), shfl_xor4((v).y)))
+#endif
+#if TW == 8
+#define POOL_PAIRS MI    /* (upper, lower) fragment pairs per warp */
+#define POOL_HALVES 1
+#else
+#define ROWF (TW / 16)   /* fragments per image row */
+#define POOL_PAIRS (MI / 2)
+#define POOL_HALVES 2
+#endif
 #endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -180,6 +228,39 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     }
 
     const int g = lane >> 2, t4 = lane & 3;
+#if POOL
+    /* every lane runs every shuffle (uniform control flow); the tests decide only the stores */
+    const int OH = H / 2, OW = W / 2;
+    const size_t pimg = (size_t)b * OH * OW;
+#pragma unroll
+    for (int q = 0; q < POOL_PAIRS; ++q)
+#pragma unroll
+        for (int h = 0; h < POOL_HALVES; ++h) {
+#if TW == 8
+            const int mt = q, mb = q, et = 0, eb = 2;    /* rows g and g + 8 of one fragment */
+#else
+            const int mt = (q / ROWF) * 2 * ROWF + q % ROWF, mb = mt + ROWF, et = 2 * h, eb = 2 * h;
+#endif
+            const int r = wm * WTM + mt * 16 + g + 8 * h;  /* the window's upper-left pixel when g is even */
+            const int oy = (y0 + r / TW) >> 1, ox = (x0 + r % TW) >> 1;
+            const int ok = (g & 1) == 0 && oy < OH && ox < OW;
+            const size_t p = pimg + (size_t)oy * OW + ox;
+#pragma unroll
+            for (int nj = 0; nj < NJ; ++nj) {
+                const int n = n0 + wn * WTN + nj * 8 + 2 * t4;
+                float2 v = fmax((float2)(acc[mt][nj][et], acc[mt][nj][et + 1]),
+                                (float2)(acc[mb][nj][eb], acc[mb][nj][eb + 1]));
+                v = fmax(v, NEIGHBOUR(v));
+                if (ok && n < Cstore) {
+                    v += (float2)(bias[n], bias[n + 1]);
+#if RELU
+                    v = fmax(v, (float2)(0.0f));
+#endif
+                    STORE2(out, p * Cstore + n, v);
+                }
+            }
+        }
+#else
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -199,4 +280,5 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
                 STORE2(out, p * Cstore + n, v);
             }
         }
+#endif
 }

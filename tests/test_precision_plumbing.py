@@ -108,4 +108,6 @@ def test_tuned_winners_are_stored_and_read_per_precision(tmp_path, monkeypatch, 
     assert "conv_by_batch" not in stored  # the FP32 table is untouched
     with VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=1, precision="fp16") as model:
         hows = {p["name"]: p["kernel"] for p in model.kernel_plan()}
-    assert "tuned for this shape (conv_by_batch_fp16)" in hows["features.28"]
+    # on tensor cores (a GPU run) a tc_halo winner takes the pooling after features.28 into its store
+    how = hows.get("features.28") or hows["features.28+pool"]
+    assert "tuned for this shape (conv_by_batch_fp16)" in how

@@ -6,6 +6,11 @@ candidate's output is compared with its family's reference (the portable 64x64/4
 default, both checked against numpy by the test suite); a candidate that differs is never chosen. Winners are
 stored per device and precision in the JSON file `params.tuned_file()`, which `params_for` reads, so the engine
 picks them up with no flags.
+
+Where an algorithm of the family can fuse the 2x2 max-pool into a convolution's store (`Algorithm.fuses_pool`:
+tc_halo), the shapes a pool follows are tuned as their own entries, "CINxCOUTxSIZE+pool": every candidate is timed
+unfused (the convolution plus the separate pooling kernel) and, where it can, fused, against the pooled reference;
+the winner says "FUSE_POOL": 1 or 0 (`runtime.params.conv_params_for`, `registry.pool_fused`).
 """
 
 import json
@@ -15,12 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from .ops import precision as precisions, registry
+from dataclasses import replace
+
+from .errors import VggserveError
+from .ops import nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.tensorcore import rna_tf32, vec
 from .runtime import caps as device_caps
-from .runtime.params import params_for, shape_key, table_key, tuned_file
+from .runtime.params import POOL_SUFFIX, params_for, shape_key, table_key, tuned_file
 from .runtime.programs import ProgramCache
 from .weights.spec import INPUT_SIZE, vgg16_spec
 
@@ -37,12 +45,13 @@ class Trial:
     ok: bool
 
 
-def layer_shapes(batch: int, width: float = 1.0) -> list[tuple[str, int, int, int, int]]:
-    """(key, cin, cout, size, ks) of every distinct GEMM in VGG16 at this batch (convolutions, then the FC GEMMs)."""
+def layer_shapes(batch: int, width: float = 1.0, pooled: bool = False) -> list[tuple[str, int, int, int, int]]:
+    """(key, cin, cout, size, ks) of every distinct GEMM in VGG16 at this batch (convolutions, then the FC GEMMs).
+    pooled: a convolution that a 2x2 max-pool follows is its own shape, keyed "CINxCOUTxSIZE+pool"."""
     spec = vgg16_spec(width)
     seen, shapes, size = set(), [], INPUT_SIZE
     for c in spec.convs:
-        key = shape_key(c.cin, c.cout, size)
+        key = shape_key(c.cin, c.cout, size, pool=pooled and c.pool_after)
         if key not in seen:
             seen.add(key)
             shapes.append((key, c.cin, c.cout, size, 3))
@@ -55,8 +64,9 @@ def layer_shapes(batch: int, width: float = 1.0) -> list[tuple[str, int, int, in
     return shapes
 
 
-class _Bench:
-    """Random weights, input and an output buffer for one layer shape, laid out for a family."""
+class LayerBench:
+    """Random weights, input and an output buffer for one layer shape, laid out for a family (with layer.pool, also
+    a buffer for the pooled image: `pooled`, `pooled_shape`)."""
 
     def __init__(self, ctx, family, prec, layer: LayerSpec, batch: int, rng):
         ks = layer.ks
@@ -74,33 +84,66 @@ class _Bench:
         else:
             cout = layer.cout
             x = rng.standard_normal((batch, layer.cin, s, s), dtype=np.float32).astype(prec.storage)
+        self.channels = cout
         self.out_shape = (batch * s * s * cout,)
         self.out_dtype = prec.storage
         self.src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
         self.dst = cl.Buffer(ctx, MF.READ_WRITE, int(np.prod(self.out_shape)) * np.dtype(prec.storage).itemsize)
+        if layer.pool:  # the pooled image: what a fused candidate writes, and the separate pooling kernel
+            self.pooled_shape = (batch * (s // 2) ** 2 * cout,)
+            nbytes = int(np.prod(self.pooled_shape)) * np.dtype(prec.storage).itemsize
+            self.pooled = cl.Buffer(ctx, MF.READ_WRITE, max(1, nbytes))
 
 
-def _time(queue, op, bench, batch, size, repeats):
-    cl.enqueue_fill_buffer(queue, bench.dst, np.uint8(0xFF), 0, bench.dst.size)  # NaN: unwritten outputs fail
-    op.enqueue(queue, bench.src, bench.dst, batch, size, size)
+class PoolStep:
+    """The separate pooling kernel (nhwc.cl maxpool_nhwc) with a layer's enqueue signature."""
+
+    def __init__(self, pool, channels: int):
+        self.pool, self.channels = pool, channels
+
+    def enqueue(self, queue, src, dst, n, h, w):
+        return self.pool.enqueue(queue, src, dst, n, self.channels, h, w)
+
+
+def maxpool_nhwc(flat: np.ndarray, batch: int, size: int) -> np.ndarray:
+    """numpy's 2x2/2 max-pool (floor) of a flat NHWC activation."""
+    a = flat.reshape(batch, size, size, -1)[:, :size // 2 * 2, :size // 2 * 2]
+    h = size // 2
+    return a.reshape(batch, h, 2, h, 2, -1).max(axis=(2, 4)).reshape(-1)
+
+
+def time_op(queue, op, bench, batch, size, repeats, src=None, dst=None, out_shape=None):
+    """(median ms, output as float32) of op on bench's input (or src) into bench's output buffer (or dst)."""
+    src = bench.src if src is None else src
+    dst, out_shape = (bench.dst, bench.out_shape) if dst is None else (dst, out_shape)
+    cl.enqueue_fill_buffer(queue, dst, np.uint8(0xFF), 0, dst.size)  # NaN: unwritten outputs fail
+    op.enqueue(queue, src, dst, batch, size, size)
     queue.finish()
     times = []
     for _ in range(repeats):
-        first, last = first_last(op.enqueue(queue, bench.src, bench.dst, batch, size, size))
+        first, last = first_last(op.enqueue(queue, src, dst, batch, size, size))
         last.wait()
         times.append((last.profile.end - first.profile.start) * 1e-6)
-    out = np.empty(bench.out_shape, bench.out_dtype)
-    cl.enqueue_copy(queue, out, bench.dst)
+    out = np.empty(out_shape, bench.out_dtype)
+    cl.enqueue_copy(queue, out, dst)
     return float(np.median(times)), out.astype(np.float32)
 
 
+def fusion_possible(caps, prec) -> bool:
+    """Whether any candidate of this family on a 3x3 layer can fuse the pooling that follows it."""
+    layer = LayerSpec("conv3x3", 64, 64, 56)
+    return any(a.fuses_pool(p) for a in registry.for_layer(caps, prec, layer) for p in a.candidates(caps, prec, layer))
+
+
 def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=None, progress=print,
-         winograd_too: bool = False, precision: str = "fp32") -> tuple[dict, list]:
+         winograd_too: bool = False, precision: str = "fp32", only=None) -> tuple[dict, list]:
     """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...]).
 
     Candidates: for each registered algorithm that computes the layer on this device at this precision, its first
     `limit` candidates (Winograd's only with winograd_too). A winner that is not the portable GEMM carries
     "ALGO" (e.g. "winograd", with "WINO_M": 4 for F(4x4); "tc_gemm"); the engine then runs that layer on it.
+    only: the shape keys to tune, of `shapes` (default: VGG16's, `layer_shapes`); one that is not there is a
+    VggserveError naming those that are.
     """
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
@@ -116,10 +159,18 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     reference = dict(REFERENCE) if family == "portable" else default_algo.default(caps, prec)
     tol = TOLERANCE[prec.name]
     rng = np.random.default_rng(0)
+    shapes = shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec))
+    if only is not None:
+        unknown = sorted(set(only) - {s[0] for s in shapes})
+        if unknown:
+            raise VggserveError(f"unknown shape {', '.join(unknown)} at {prec.name}: choose from "
+                             f"{', '.join(s[0] for s in shapes)}")
+        shapes = [s for s in shapes if s[0] in only]
     winners, trials = {}, []
-    for key, cin, cout, size, ks in shapes or layer_shapes(batch):
+    for key, cin, cout, size, ks in shapes:
+        pool = key.endswith(POOL_SUFFIX)
         layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
-        bench = _Bench(ctx, family, prec, layer, batch, rng)
+        bench = LayerBench(ctx, family, prec, replace(layer, pool=pool), batch, rng)
 
         def build(algo, p):
             extra = {"first": False} if family == "portable" else {}
@@ -131,21 +182,41 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                 return GemmLayer(ctx, program, tiles, bench.weight, bench.bias, storage=prec.storage)
             return algo.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env, **extra)
 
-        _, ref = _time(queue, build(default_algo, reference), bench, batch, size, 1)
+        _, ref = time_op(queue, build(default_algo, reference), bench, batch, size, 1)
         scale = max(float(np.abs(ref).max()), 1e-30)
+        pool_ms = 0.0
+        if pool:  # the separate pooling kernel, timed once on the reference's output: unfused candidates pay it
+            pool_ms, pooled = time_op(queue, PoolStep(nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(prec)),
+                                                                      prec), bench.channels),
+                                    bench, batch, size, repeats, src=bench.dst, dst=bench.pooled,
+                                    out_shape=bench.pooled_shape)
+            pooled_ref = maxpool_nhwc(ref, batch, size)
+            if not np.array_equal(pooled, pooled_ref):
+                raise RuntimeError(f"{key}: the pooling kernel disagrees with numpy on the reference's output")
         best = None
+
+        def judge(p, ms, out, want):
+            nonlocal best
+            ok = bool(np.all(np.isfinite(out)) and (out.size == 0 or np.abs(out - want).max() / scale < tol))
+            trials.append(Trial(key, p, ms, ok))
+            if ok and (best is None or ms < best[0]):
+                best = (ms, p)
+
         for algo in registry.for_layer(caps, prec, layer):
             if algo.name == "winograd" and not winograd_too:
                 continue
             cands = algo.candidates(caps, prec, layer)
             for p in cands[:limit] if algo.name != "winograd" else cands:
-                ms, out = _time(queue, build(algo, p), bench, batch, size, repeats)
-                ok = bool(np.all(np.isfinite(out)) and np.abs(out - ref).max() / scale < tol)
-                trials.append(Trial(key, p, ms, ok))
-                if ok and (best is None or ms < best[0]):
-                    best = (ms, p)
+                ms, out = time_op(queue, build(algo, p), bench, batch, size, repeats)
+                judge({**p, "FUSE_POOL": 0} if pool else p, ms + pool_ms, out, ref)
+                if pool and algo.fuses_pool(p):
+                    fused = algo.make(ctx, cache, p, prec, replace(layer, pool=True), bench.weight, bench.bias, env)
+                    ms, out = time_op(queue, fused, bench, batch, size, repeats, dst=bench.pooled,
+                                    out_shape=bench.pooled_shape)
+                    judge({**p, "FUSE_POOL": 1}, ms, out, pooled_ref)
         winners[key] = best[1]
-        ref_ms = next((t.ms for t in trials if t.shape == key and t.params == reference), float("nan"))
+        ref_ms = next((t.ms for t in trials if t.shape == key and not t.params.get("FUSE_POOL")
+                       and {k: v for k, v in t.params.items() if k != "FUSE_POOL"} == reference), float("nan"))
         progress(f"{key:>14s} batch {batch} {prec.name}: best {best[0]:8.3f} ms {best[1]}  "
                  f"(reference {ref_ms:8.3f} ms)")
     return winners, trials

@@ -15,6 +15,9 @@ def register(subparsers) -> None:
                    help="instead: time the sparse kernels against the dense layers at sparsities 0..0.99 per layer "
                         "shape and store where each wins (the engine's choice for pruned weights, docs/sparse.md); "
                         "with --precision fp16 on tensor cores: the 2:4 kernel's tiles on 2:4 weights")
+    p.add_argument("--shapes", default=None,
+                   help="comma list of the shape keys to tune, e.g. 512x512x14+pool (default: every VGG16 shape; "
+                        "CINxCOUTxSIZE, with +pool for a convolution that a pooling follows, at FP16/TF32)")
     p.add_argument("--dry-run", action="store_true", help="report, but do not store the winners")
     p.add_argument("--json", action="store_true", help="print winners and every trial as JSON")
     add_device_args(p, batch_default=16)
@@ -31,8 +34,9 @@ def run(args) -> int:
         return _sparse(args, info)
     note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, {args.candidates} candidates "
          f"per shape and algorithm")
+    only = None if args.shapes is None else [k.strip() for k in args.shapes.split(",") if k.strip()]
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
-                                  progress=note, winograd_too=args.winograd, precision=args.precision)
+                                  progress=note, winograd_too=args.winograd, precision=args.precision, only=only)
     if not args.dry_run:
         tuning.store(info.label, winners, args.batch_size, args.precision)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")

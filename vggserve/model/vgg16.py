@@ -11,9 +11,12 @@ batch and precision, else its family's default; on pruned weights, a sparse entr
 sparsity makes it win (ops/sparse_select.py, docs/sparse.md). The family follows the precision and the device
 (`registry.family_for`): the portable kernels on NCHW storage (FP32, or FP16 storage with FP32 math), or the
 tensor-core kernels on NHWC storage (TF32, FP16). Weights are re-laid out for the kernels once, at load.
+A convolution followed by a 2x2 max-pool runs as one step ("features.2+pool") where its entry can fuse the pooling
+into its store (`registry.pool_fused`: tc_halo at FP16 and TF32); the pooling step then disappears.
 """
 
 import time
+from dataclasses import replace
 from functools import partial
 
 from ..engine.engine import Engine, Step, StartupTimes  # noqa: F401 - re-exported
@@ -24,7 +27,7 @@ from ..ops.precision import storage_defines
 from ..ops.registry import BuildEnv, LayerSpec
 from ..ops.relayout import KERNEL_FILE as RELAYOUT_FILE, DeviceRelayout, defines as relayout_defines
 from ..ops.tensorcore import nhwc_fc_weights, vec
-from ..runtime.params import conv_params_for, table_key
+from ..runtime.params import conv_params_for, shape_key, table_key
 from ..weights.spec import INPUT_SIZE, POOLED_SIZE, infer_width, vgg16_spec
 
 
@@ -76,23 +79,26 @@ class VGG16(Engine):
         return {"path": None if loaded.path is None else str(loaded.path), "format": loaded.format,
                 "key_scheme": loaded.key_scheme, "width": loaded.width, "sha256": loaded.sha256}
 
-    def _layer_params(self, layer: LayerSpec) -> tuple[dict, str]:
-        """(parameters, where they came from) for one layer."""
+    def _layer_params(self, layer: LayerSpec, pool: bool = False) -> tuple[dict, str]:
+        """(parameters, where they came from) for one layer; pool: a 2x2 max-pool follows it."""
         default = registry.get(registry.DEFAULT_ALGO[self.family]).default(self.caps, self.precision)
         key = table_key(self.precision.name)
         tuned = self.params.get(key, {})
         p = conv_params_for(self.params, layer.cin, layer.cout, layer.size, self.max_batch_size,
-                            self.precision.name, default=default)
-        if tuned and any(layer.shape_key in t for t in tuned.values()):
+                            self.precision.name, default=default, pool=pool)
+        pooled_key = shape_key(layer.cin, layer.cout, layer.size, pool=True)
+        if pool and tuned and any(pooled_key in t for t in tuned.values()):
+            why = f"tuned for this shape followed by a pool ({key})"
+        elif tuned and any(layer.shape_key in t for t in tuned.values()):
             why = f"tuned for this shape ({key})"
         else:
             why = "family default (no tuned entry)"
         return p, why
 
-    def _choose(self, layer: LayerSpec, weight) -> tuple:
+    def _choose(self, layer: LayerSpec, weight, pool: bool = False) -> tuple:
         """(registry entry, parameters, why) for one layer: a sparse entry if the weights' measured sparsity makes
-        one win (sparse_select), else the tuned or default dense one."""
-        p, why = self._layer_params(layer)
+        one win (sparse_select), else the tuned or default dense one. pool: a 2x2 max-pool follows the layer."""
+        p, why = self._layer_params(layer, pool)
         sparse = sparse_select.for_layer(self.params, self.caps, self.precision, layer, weight, self.max_batch_size)
         if sparse.algo != sparse_select.DENSE and registry.get(sparse.algo).family == self.family:
             algo = registry.get(sparse.algo)
@@ -122,14 +128,21 @@ class VGG16(Engine):
             new_pool = partial(MaxPool, cache.build(POOL_FILE, storage_defines(prec)), {})
         for i, c in enumerate(self.spec.convs):
             layer = LayerSpec("conv3x3", c.cin, c.cout, size, relu=True)
-            algo, p, why = self._choose(layer, tensors[f"{c.name}.weight"])
+            algo, p, why = self._choose(layer, tensors[f"{c.name}.weight"], pool=c.pool_after)
+            fused = c.pool_after and registry.pool_fused(algo, p)
+            if fused:  # the pooling happens in the convolution's store
+                layer = replace(layer, pool=True)
             extra = {} if tc else {"first": i == 0}
             op = algo.make(ctx, cache, p, prec, layer, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], env,
                            **extra)
             self.convs.append((c, op))
             chans = round_up(c.cout, vec(prec)) if tc else c.cout
-            steps.append(Step(c.name, partial(_run_sized, op, size), partial(_sized_flops, op, size),
-                              size * size * chans * item, f"{op.describe()} ({why})"))
+            run, flops = partial(_run_sized, op, size), partial(_sized_flops, op, size)
+            if fused:
+                size //= 2
+                steps.append(Step(f"{c.name}+pool", run, flops, size * size * chans * item, f"{op.describe()} ({why})"))
+                continue
+            steps.append(Step(c.name, run, flops, size * size * chans * item, f"{op.describe()} ({why})"))
             if c.pool_after:  # a kernel object per pooling step: its arguments then never change between calls
                 run = partial(_run_pool, new_pool(), chans, size)
                 size //= 2

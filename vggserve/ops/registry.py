@@ -9,6 +9,8 @@ An entry (an `Algorithm`) declares everything the engine and the tuner need to k
 - `local_mem(params, precision)`: its one local-memory formula (`fits` checks it against the device);
 - `make(ctx, cache, params, precision, layer, weight, bias, env)`: re-lays the weights out, builds its program and
   returns a layer object with `enqueue(queue, src, dst, n, h, w)` and `flops(n, h, w)`;
+- `fuses_pool(params)`: whether this configuration can take the 2x2/2 max-pool that follows a layer into its store
+  (`LayerSpec.pool`; the output is then the pooled image); `pool_fused` says whether a layer runs that way;
 - `sparse`: an entry for pruned weights (ops/sparse_conv.py, sparse_fc.py, tensorcore_sparse.py), which the engine
   takes only where a layer's measured sparsity makes it win (ops/sparse_select.py) and the dense tuner leaves out.
 A new algorithm is one module that registers one entry; nothing else changes.
@@ -32,6 +34,7 @@ class LayerSpec:
     size: int = 1  # image side (1 for fc)
     relu: bool = True
     last: bool = False  # writes the logits: float32 whatever the precision
+    pool: bool = False  # a 2x2, stride-2 max-pool fused into the store: writes the (size/2)^2 pooled image
 
     @property
     def ks(self) -> int:
@@ -89,6 +92,10 @@ class Algorithm:
         return (self.local_mem(params, precision) <= caps.local_mem
                 and self.work_group_size(params) <= caps.max_work_group)
 
+    def fuses_pool(self, params: dict) -> bool:
+        """Whether `make` accepts a layer with `pool=True` under these parameters."""
+        return False
+
     def make(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias, env: BuildEnv):
         raise NotImplementedError
 
@@ -139,6 +146,13 @@ def choose(params: dict, family: str, kind: str) -> Algorithm:
     if algo.family != family or kind not in algo.kinds:
         algo = get(DEFAULT_ALGO[family])
     return algo
+
+
+def pool_fused(algo: Algorithm, params: dict) -> bool:
+    """Whether a convolution followed by a 2x2 max-pool runs fused: where the entry can under these parameters,
+    unless they say "FUSE_POOL": 0 (a tuned table whose winner was the separate pooling kernel). Tables without the
+    key (all written before fusion existed) fuse wherever the entry can."""
+    return bool(params.get("FUSE_POOL", 1)) and algo.fuses_pool(params)
 
 
 def for_layer(caps, precision: Precision, layer: LayerSpec, sparse: bool = False) -> list[Algorithm]:

@@ -230,6 +230,12 @@ def halo_local_mem(params: dict) -> int:
     return HALO_ROW * (2 * (params["TH"] + 2) * (params["TW"] + 2) + params["STAGES"] * params["BN"])
 
 
+def halo_pools(params: dict) -> bool:
+    """conv_tc_halo.cl's POOL rule: blocks start at even pixels and a 2x2 window's four pixels are in one warp."""
+    tw, wtm = params["TW"], params["TH"] * params["TW"] // params["WARPS_M"]
+    return halo_valid(params) and params["TH"] % 2 == 0 and (tw == 8 or (tw % 16 == 0 and wtm % (2 * tw) == 0))
+
+
 def halo_valid(params: dict) -> bool:
     th, tw, bn, wm, wn = (params[k] for k in ("TH", "TW", "BN", "WARPS_M", "WARPS_N"))
     threads, bm = 32 * wm * wn, th * tw
@@ -238,10 +244,14 @@ def halo_valid(params: dict) -> bool:
 
 
 class HaloLayer:
-    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks."""
+    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks. With
+    `layer.pool`, the 2x2/2 max-pool that follows is fused into the store: the output is the (h/2) x (w/2) image."""
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv):
+        if layer.pool and not halo_pools(params):
+            raise ValueError(f"tc_halo {params}: this tile cannot fuse the pooling (TH even; TW 8, or a multiple of 16 "
+                             "with each warp's rows a multiple of 2*TW)")
         self.p, self.layer = dict(params), layer
         v = vec(precision)
         self.ck = HALO_ROW // precision.itemsize
@@ -254,7 +264,7 @@ class HaloLayer:
         self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
         defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
-                   "OUT_F32": int(layer.last), **env.caps.mma_define}
+                   "OUT_F32": int(layer.last), "POOL": int(layer.pool), **env.caps.mma_define}
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
@@ -270,7 +280,7 @@ class HaloLayer:
     def describe(self) -> str:
         p = self.p
         return (f"tc_halo {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
-                f"{p['STAGES']} stages")
+                f"{p['STAGES']} stages{', 2x2 max-pool in the store' if self.layer.pool else ''}")
 
 
 class TensorCoreHalo(_TensorCoreAlgorithm):
@@ -285,6 +295,9 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
 
     def valid(self, params):
         return halo_valid(params)
+
+    def fuses_pool(self, params):
+        return halo_pools(params)
 
     def local_mem(self, params, precision):
         return halo_local_mem(params)

@@ -31,7 +31,7 @@ def table_key(precision: str = "fp32") -> str:
 
 
 def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1, precision: str = "fp32",
-                    default: dict | None = None) -> dict:
+                    default: dict | None = None, pool: bool = False) -> dict:
     """The parameters for one layer: tuned winners for its shape if any, else `default` (else the device's
     portable default).
 
@@ -39,17 +39,28 @@ def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1
     table tuned at the batch nearest (in ratio) to `batch` is used, because the best tiles for 1 image and for 64
     differ. Shape keys are "CINxCOUTxSIZE" (size = image side; 1 for fully connected layers). A winner carries
     "ALGO" when it is not the portable GEMM (ops/registry.py).
+
+    pool: the layer is followed by a 2x2 max-pool. A table may hold a separate winner for that case under
+    "CINxCOUTxSIZE+pool" (`vggserve tune` writes one where an algorithm can fuse the pooling into its store; it says
+    "FUSE_POOL": 1 or 0); without one, the shape's own entry applies, fused where its algorithm can
+    (`registry.pool_fused`).
     """
     fallback = dict(default if default is not None else params["conv"])
     tables = params.get(table_key(precision), {})
     if not tables:
         return fallback
     nearest = min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))
-    return dict(tables[nearest].get(shape_key(cin, cout, size), fallback))
+    table = tables[nearest]
+    if pool and shape_key(cin, cout, size, pool=True) in table:
+        return dict(table[shape_key(cin, cout, size, pool=True)])
+    return dict(table.get(shape_key(cin, cout, size), fallback))
 
 
-def shape_key(cin: int, cout: int, size: int) -> str:
-    return f"{cin}x{cout}x{size}"
+POOL_SUFFIX = "+pool"  # a tuned-table key's suffix: the winner for the shape when a 2x2 max-pool follows it
+
+
+def shape_key(cin: int, cout: int, size: int, pool: bool = False) -> str:
+    return f"{cin}x{cout}x{size}{POOL_SUFFIX if pool else ''}"
 
 
 def tuned_file() -> Path:
