@@ -49,8 +49,8 @@ for stage in $STAGES; do
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
            tests/test_tensorcore.py tests/test_tc_pool.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
            tests/test_warmstart.py tests/test_sparse_kernels.py tests/test_pruned_network.py tests/test_sparse_tc.py \
-           -k "not device_specs" 2>&1 \
-           | tail -3 | tee -a "$LOG" ;;
+           -k "not device_specs" -rf 2>&1 \
+           | grep -E "^(FAILED|ERROR)|passed|failed" | tail -25 | tee -a "$LOG" ;;
   tune) for p in ${TUNE_PRECISIONS:-fp32}; do for b in 64 1; do
           timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --precision $p --candidates ${CANDIDATES:-40} \
             $([ $p = fp32 ] && echo --winograd) 2>&1 | grep -v Warning | tee -a "$LOG" | tail -13; done; done
