@@ -14,6 +14,7 @@ import pyopencl as cl
 
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
 from ..ops.resize import place_images
+from ..runtime.hostcopy import copy_into
 
 MF = cl.mem_flags
 S = INPUT_SIZE
@@ -49,7 +50,7 @@ class Slot:
         else:
             host, dev = self.host_input[:n], self.input
         if pinned:
-            np.copyto(host, x)
+            copy_into(host, x)
         return cl.enqueue_copy(copy_queue, dev, host if pinned else x, is_blocking=False)
 
     def stage_images(self, copy_queue, crops: dict, raws: list) -> list:

@@ -1,11 +1,11 @@
 """Weights from the file's layout to the portable kernels' A layout (k-major, zero-padded): on the host
 (`relayout`) or on the device (`DeviceRelayout`, kernels/relayout.cl)."""
 
-import os
 
 import numpy as np
 import pyopencl as cl
 
+from ..runtime.hostcopy import copy_into
 from .launch import MF, round_up
 
 KERNEL_FILE = "relayout.cl"
@@ -32,7 +32,6 @@ class DeviceRelayout:
 
     TILE, ROWS = 32, 8
     STAGE_FLOATS = 4 << 20  # two halves of 8 MB of pinned memory that the raw weights pass through
-    COPY_THREADS = 4  # host copies into the pinned halves: one core copies at 7 GB/s on the H100's host
 
     def __init__(self, ctx, queue, program, storage=np.float32):
         """program: relayout.cl built with `defines(storage)`; transposed weights are stored as `storage`."""
@@ -42,17 +41,10 @@ class DeviceRelayout:
         self.wino_kernels = {2: cl.Kernel(program, "winograd_weights"), 4: cl.Kernel(program, "winograd4_weights")}
         self._stage = None  # (buffer, pinned array), made on first use
         self._copies = [None, None]  # the last upload from each half
-        self._pool = None  # copying threads (numpy lets go of the GIL while it copies), made on first use
-        self._threads = max(1, min(self.COPY_THREADS, os.cpu_count() or 1))
 
     def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst[:] = src, split over the copying threads."""
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="vggserve-upload")
-        step = -(-src.size // self._threads)
-        list(self._pool.map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]), range(0, src.size, step)))
+        copy_into(dst, src)
 
     def upload(self, array: np.ndarray):
         """A device copy of `array` (float32) made through pinned memory: chunk i+1 is copied into one half while
@@ -75,11 +67,8 @@ class DeviceRelayout:
         return dst
 
     def close(self) -> None:
-        """Wait for every upload and give the pinned memory and the copying threads back."""
+        """Wait for every upload and give the pinned memory back (the copying threads are shared: runtime/hostcopy.py)."""
         self.queue.finish()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
         if self._stage is not None:
             buf, array = self._stage
             array.base.release(self.queue)

@@ -1,0 +1,39 @@
+"""Large host copies into pinned staging memory, split over a few threads.
+
+One core copies at about 7 GB/s on the H100's host, so a batch of 64 float32 inputs (38.5 MB) takes ~5.5 ms on one
+thread: longer than the DMA that follows it, and in the way of two batches in flight. numpy lets go of the GIL
+while it copies, so a few threads copy in parallel.
+"""
+
+import os
+import threading
+
+import numpy as np
+
+THREADS = 4            # at most this many copying threads (never more than the cores)
+MIN_SPLIT = 4 << 20    # bytes below which one thread copies (a thread hop costs more than it saves)
+
+_pool = None
+_lock = threading.Lock()
+
+
+def _executor():
+    global _pool
+    with _lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max(1, min(THREADS, os.cpu_count() or 1)), thread_name_prefix="vggserve-copy")
+        return _pool
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src (same shape; src is cast to dst's dtype as np.copyto does), split along the first axis over
+    the copying threads when it is large."""
+    threads = max(1, min(THREADS, os.cpu_count() or 1))
+    if src.nbytes < MIN_SPLIT or threads == 1 or dst.ndim == 0 or dst.shape[0] < 2:
+        np.copyto(dst, src)
+        return
+    rows = dst.shape[0]
+    step = -(-rows // threads)
+    list(_executor().map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]), range(0, rows, step)))
