@@ -19,8 +19,7 @@ from . import sparse24
 from .launch import Launch, round_up, upload
 from .precision import FP16, Precision
 from .registry import Algorithm, BuildEnv, LayerSpec, register
-from .tensorcore import (HALO_ROW, HALO_TILES, HALO_TUNABLES, _TensorCoreAlgorithm, padded_bias, tc_weights,
-                         vec)
+from .tensorcore import HALO_ROW, HALO_TUNABLES, _TensorCoreAlgorithm, padded_bias, tc_weights, vec
 
 NAME = "tc_sparse24"
 KERNEL_FILE = "conv_tc_sparse.cl"
@@ -131,11 +130,11 @@ ALGORITHM = register(SparseTensorCore())
 HALO_NAME = "tc_halo_sparse24"
 HALO_FILE = "conv_tc_halo_sparse.cl"
 # the tunables mean what tc_halo's do (TH x TW pixels, BN channels; WARPS_M along the pixels), so its tiles carry
-# over: tc_halo's own candidates (its H100 FP16 winners at batch 64 among them: 8x16 x 128 and 64, 12x16 x 64) and a
-# few with more channels per warp, which the sparse kernel's halved A fragments leave registers for
+# over: its H100 FP16 winners at batch 64 (8x16 x 128 and 64 channels, 12x16 x 64), its other 128-channel shapes,
+# and three the sparse kernel's halved A fragments leave registers for (ptxas sm_90: 123-225 registers, no spills)
 HALO_DEFAULT = {"ALGO": HALO_NAME, "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 3}
-HALO_SPARSE_TILES = HALO_TILES + [(8, 16, 128, 4, 1, 3), (8, 16, 128, 2, 2, 4), (8, 8, 128, 1, 2, 4),
-                                  (16, 16, 64, 4, 2, 2), (8, 32, 64, 4, 2, 2)]
+HALO_SPARSE_TILES = [(8, 16, 128, 2, 2, 3), (12, 16, 64, 2, 2, 3), (8, 16, 64, 2, 2, 4), (8, 16, 128, 2, 4, 3),
+                     (16, 8, 128, 2, 2, 3), (8, 16, 128, 4, 1, 3), (8, 16, 128, 2, 2, 4), (16, 16, 64, 4, 2, 2)]
 SPARSE_ROW = 36  # bytes per output channel and step: 32 of kept values + 4 of metadata
 
 
