@@ -53,14 +53,16 @@ def f64(a):
     return np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
 
 
-def run_layer(tc_env, cfg, shape, weight, rng):
-    """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs) of conv_tc_sparse.cl."""
+def run_layer(tc_env, cfg, shape, weight, rng, layer_cls=SparseTensorCoreLayer):
+    """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs, the layer) of conv_tc_sparse.cl
+    with params_of(cfg), or of layer_cls (another 2:4 layer) with the parameters cfg."""
     ctx, queue, cache, caps = tc_env
     n, cin, cout, h, w = shape
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
-    op = SparseTensorCoreLayer(ctx, cache, params_of(cfg), FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
-                               BuildEnv(caps=caps, max_batch=n))
+    params = params_of(cfg) if layer_cls is SparseTensorCoreLayer else cfg
+    op = layer_cls(ctx, cache, params, FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
+                   BuildEnv(caps=caps, max_batch=n))
     xin = np.zeros((n, h, w, op.cpad), np.float16)
     xin[..., :cin] = x.transpose(0, 2, 3, 1)
     src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)

@@ -20,9 +20,8 @@ from vggserve.ops.tensorcore_sparse import (HALO_DEFAULT, HALO_NAME, HALO_TUNABL
                                             halo_local_mem, halo_valid)
 from vggserve.weights.prune import is_2_4, prune_unstructured
 
-from test_sparse_tc import check, f64, weights_2_4
+from test_sparse_tc import check, run_layer as run_sparse_layer, weights_2_4
 from test_tensorcore import tc_env  # noqa: F401 - the fixture: tensor cores, native or emulated
-from vggserve.model.reference import conv3x3_relu
 
 MF = cl.mem_flags
 CONFIGS = [  # (TH, TW, BN, WARPS_M, WARPS_N, STAGES): 1-2 warps each way, 2-4 stages, blocks of 16-32 pixels
@@ -44,23 +43,8 @@ def params_of(cfg):
 
 
 def run_layer(tc_env, params, shape, weight, rng):
-    """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs, the layer)."""
-    ctx, queue, cache, caps = tc_env
-    n, cin, cout, h, w = shape
-    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
-    op = HaloSparseLayer(ctx, cache, params, FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
-                         BuildEnv(caps=caps, max_batch=n))
-    xin = np.zeros((n, h, w, op.cpad), np.float16)
-    xin[..., :cin] = x.transpose(0, 2, 3, 1)
-    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
-    out = np.full((n * h * w, op.cstore), np.nan, np.float16)
-    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
-    op.enqueue(queue, src, dst, n, h, w)
-    cl.enqueue_copy(queue, out, dst)
-    queue.finish()
-    got = out.astype(np.float64).reshape(n, h, w, op.cstore)
-    return got, conv3x3_relu(f64(x), f64(weight), bias.astype(np.float64)), op
+    """test_sparse_tc.run_layer on conv_tc_halo_sparse.cl."""
+    return run_sparse_layer(tc_env, params, shape, weight, rng, layer_cls=HaloSparseLayer)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "{}x{}_n{}_w{}x{}_s{}".format(*c))

@@ -50,27 +50,45 @@ def compressed_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int) -> t
     return sparse24.compress(tc_weights(weight, cpad, npad, kpad, FP16))
 
 
-class SparseTensorCoreLayer:
-    """One 3x3 convolution with 2:4 weights on conv_tc_sparse.cl. Input: NHWC FP16 with `cpad` channels; output:
-    NHWC FP16 with `cstore` = round_up(cout, 8) channels, bias and ReLU fused."""
+class _Compressed24:
+    """What both 2:4 layers share: FP16 3x3 convolutions only, NHWC FP16 in with `cpad` channels and out with
+    `cstore` = round_up(cout, 8), the compressed weights and padded bias uploaded, the dense convolution's flops."""
 
-    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv):
+    name = ""
+
+    def _setup(self, params: dict, precision: Precision, layer: LayerSpec) -> None:
         if not precision.half or layer.kind != "conv3x3" or layer.last:
-            raise ValueError(f"{NAME} computes FP16 3x3 convolutions only, not {layer.kind} at {precision.name}")
+            raise ValueError(f"{self.name} computes FP16 3x3 convolutions only, not {layer.kind} at {precision.name}")
         self.p, self.layer = dict(params), layer
-        v = vec(precision)
-        self.cpad = round_up(layer.cin, v)
-        self.cstore = round_up(layer.cout, v)
-        self.kpad = round_up(9 * self.cpad, params["KB"] // 2)
-        self.npad = round_up(layer.cout, params["BM"])
+        self.cpad = round_up(layer.cin, vec(precision))
+        self.cstore = round_up(layer.cout, vec(precision))
         self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
-        self.groups_m = self.npad // params["BM"]
-        values, meta = compressed_weights(weight, self.cpad, self.npad, self.kpad)
+
+    def _upload(self, ctx, weight, bias, cpad: int, kpad: int) -> None:
+        """The weights in the K order (ky*3 + kx)*cpad + ci, npad x kpad, compressed; the bias padded to npad."""
+        values, meta = compressed_weights(weight, cpad, self.npad, kpad)
         self.format_bytes = values.nbytes + meta.nbytes
         self.wv = upload(ctx, values, np.float16)
         self.meta = upload(ctx, meta, np.uint32)
         self.bias = padded_bias(ctx, bias, self.npad)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        """The dense convolution's (so GFLOP/s compare with the dense layers'; the tensor cores do half)."""
+        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
+
+
+class SparseTensorCoreLayer(_Compressed24):
+    """One 3x3 convolution with 2:4 weights on conv_tc_sparse.cl (see _Compressed24)."""
+
+    name = NAME
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv):
+        self._setup(params, precision, layer)
+        self.kpad = round_up(9 * self.cpad, params["KB"] // 2)
+        self.npad = round_up(layer.cout, params["BM"])
+        self.groups_m = self.npad // params["BM"]
+        self._upload(ctx, weight, bias, self.cpad, self.kpad)
         defines = {**{k: params[k] for k in TUNABLES}, "RELU": int(layer.relu), **env.caps.mma_define}
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_tc_sparse"))
 
@@ -79,10 +97,6 @@ class SparseTensorCoreLayer:
         groups = -(-npix // self.p["BN"]) * self.groups_m
         return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wv, self.meta, self.bias, dst,
                            self.cpad, h, w, npix, self.cstore, self.kpad, self.groups_m)
-
-    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
-        """The dense convolution's (so GFLOP/s compare with the dense layers'; the tensor cores do half)."""
-        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
 
     def describe(self) -> str:
         p = self.p
@@ -150,27 +164,19 @@ def halo_valid(params: dict) -> bool:
             and (bn // wn) % 16 == 0)
 
 
-class HaloSparseLayer:
-    """One 3x3 convolution with 2:4 weights on conv_tc_halo_sparse.cl. Input: NHWC FP16 with `cpad` channels;
-    output: NHWC FP16 with `cstore` = round_up(cout, 8) channels, bias and ReLU fused."""
+class HaloSparseLayer(_Compressed24):
+    """One 3x3 convolution with 2:4 weights on conv_tc_halo_sparse.cl (see _Compressed24); its taps padded to
+    whole chunks of 32 channels (cpadk)."""
+
+    name = HALO_NAME
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv):
-        if not precision.half or layer.kind != "conv3x3" or layer.last:
-            raise ValueError(f"{HALO_NAME} computes FP16 3x3 convolutions only, not {layer.kind} at {precision.name}")
-        self.p, self.layer = dict(params), layer
-        v = vec(precision)
-        self.cpad = round_up(layer.cin, v)
+        self._setup(params, precision, layer)
         self.cpadk = round_up(self.cpad, HALO_ROW // precision.itemsize)
-        self.cstore = round_up(layer.cout, v)
         self.npad = round_up(layer.cout, params["BN"])
-        self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
         self.groups_n = self.npad // params["BN"]
-        values, meta = compressed_weights(weight, self.cpadk, self.npad, 9 * self.cpadk)
-        self.format_bytes = values.nbytes + meta.nbytes
-        self.wv = upload(ctx, values, np.float16)
-        self.meta = upload(ctx, meta, np.uint32)
-        self.bias = padded_bias(ctx, bias, self.npad)
+        self._upload(ctx, weight, bias, self.cpadk, 9 * self.cpadk)
         defines = {**{k: params[k] for k in HALO_TUNABLES}, "RELU": int(layer.relu), **env.caps.mma_define}
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo_sparse"))
 
@@ -180,10 +186,6 @@ class HaloSparseLayer:
         groups = n * tiles_x * tiles_y * self.groups_n
         return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wv, self.meta, self.bias, dst,
                            self.cpad, self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
-
-    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
-        """The dense convolution's (as SparseTensorCoreLayer's)."""
-        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
 
     def describe(self) -> str:
         p = self.p
