@@ -24,9 +24,10 @@
 #   tcpool    benchmarks/tc_pool.py at batch $POOL_BATCH (default 64), FP16 and TF32: the five conv + pool pairs fused
 #             (conv_tc_halo.cl POOL=1) against the convolution plus the pooling kernel, then the whole network both ways
 #   sparse24  benchmarks/mma_sp_probe.py (one mma.sp against numpy: the documented fragment/metadata convention, or
-#             which alternative the hardware follows), tests/test_sparse_tc.py on the GPU, then benchmarks/sparse_tc.py
-#             at batch $SPARSE24_BATCH (default 64): every conv shape, dense FP16 vs each 2:4 tile (and cuDNN FP16), the
-#             best tile stored for the engine's choice, the whole network pruned 2:4 vs dense at FP16; JSON in $OUT
+#             which alternative the hardware follows), tests/test_sparse_tc*.py on the GPU, then benchmarks/sparse_tc.py
+#             at batch $SPARSE24_BATCH (default 64): every conv shape, dense FP16 vs each tile of both 2:4 kernels
+#             (tc_sparse24, tc_halo_sparse24; and cuDNN FP16), each kernel's best tile stored for the engine's choice,
+#             the whole network pruned 2:4 vs dense at FP16 (logits, streamed, per-layer device times); JSON in $OUT
 #   hostfloor the host side alone on this host's cores (no GPU): benchmarks/batch_host_floor.py (one rank with its
 #             decode processes; the rank alone with --replay; 15 decode processes and a device at the FP16 and FP32
 #             engines' pace, emulated) and benchmarks/serve_host_floor.py (8 front ends on an instant engine)
@@ -49,7 +50,7 @@ for stage in $STAGES; do
   tests) VGGSERVE_TEST_DEVICE=gpu timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
            tests/test_tensorcore.py tests/test_tc_pool.py tests/test_engine.py tests/test_cli.py tests/test_winograd.py tests/test_resize.py tests/test_engine_raw_images.py \
            tests/test_warmstart.py tests/test_sparse_kernels.py tests/test_pruned_network.py tests/test_sparse_tc.py \
-           -k "not device_specs" -rf 2>&1 \
+           tests/test_sparse_tc_halo.py -k "not device_specs" -rf 2>&1 \
            | grep -E "^(FAILED|ERROR)|passed|failed" | tail -25 | tee -a "$LOG" ;;
   tune) for p in ${TUNE_PRECISIONS:-fp32}; do for b in 64 1; do
           timeout 300 python3 -m vggserve tune --device gpu --batch-size $b --precision $p --candidates ${CANDIDATES:-40} \
@@ -92,7 +93,8 @@ PY
             (cd /tmp && tar czf "$OUT/loadtest.tgz" lt-closed lt-open) ;;
   sparse24) timeout 60 python3 benchmarks/mma_sp_probe.py --device gpu --json "$OUT/mma_sp_probe.json" 2>&1 \
               | grep -v Warning | tee -a "$LOG" | tail -4
-            VGGSERVE_TEST_DEVICE=gpu timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_tc.py 2>&1 \
+            VGGSERVE_TEST_DEVICE=gpu timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_tc.py \
+              tests/test_sparse_tc_halo.py 2>&1 \
               | tail -3 | tee -a "$LOG"
             timeout ${SPARSE24_TIMEOUT:-300} python3 benchmarks/sparse_tc.py --device gpu --batch ${SPARSE24_BATCH:-64} \
               --network-batches ${SPARSE24_BATCH:-64} --store --json "$OUT/sparse24.json" 2>&1 | grep -v Warning \

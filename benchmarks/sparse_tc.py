@@ -6,13 +6,16 @@ at one batch, then the whole network pruned 2:4 against the dense one, at FP16.
 
 Per distinct conv shape (CINxCOUTxSIZE), on random He weights pruned 2:4 (weights prune --pattern 2:4's rule: 2 of
 every 4 input channels of a tap): the engine's dense FP16 layer exactly as VGG16 builds it (the tuned tc_gemm or
-tc_halo), every tile candidate of the 2:4 kernel (kernels/conv_tc_sparse.cl: ms, speed-up, max relative error on the
-first image against float64 on the FP16-rounded operands), and, when torch is importable, cuDNN's dense FP16
-convolution (channels_last) at the same shape. The best candidate (geometric mean over the shapes) is the 2:4
-entry's tile; --store writes it and its per-shape speed-ups to the tuned-parameter file, so the engine takes the
-2:4 kernel exactly where it measured faster. Then the whole network at each of --network-batches: FP16 images/s on
-dense weights and on the same weights with every conv pruned 2:4, and the kernel each layer got (the engine's own
-choice, no flags). Writes a table and --json (after every layer: a run cut short keeps what it measured).
+tc_halo), every tile candidate of both 2:4 kernels (tc_sparse24, kernels/conv_tc_sparse.cl, and tc_halo_sparse24,
+kernels/conv_tc_halo_sparse.cl: ms, speed-up, max relative error on the first image against float64 on the
+FP16-rounded operands), and, when torch is importable, cuDNN's dense FP16 convolution (channels_last) at the same
+shape. Per kernel the best candidate (geometric mean over the shapes) is its tile; --store writes them and their
+per-shape speed-ups to the tuned-parameter file, so the engine takes, per shape, the faster 2:4 kernel exactly where
+it measured faster than dense. Then the whole network at each of --network-batches: FP16 images/s on dense weights
+and on the same weights with every conv pruned 2:4, by logits() and streamed (batches submitted back to back), the
+per-layer device times of both models (profiled, as `vggserve bench` prints them) and the kernel each layer got
+(the engine's own choice, no flags). Writes tables and --json (after every layer: a run cut short keeps what it
+measured).
 """
 
 import argparse
@@ -60,24 +63,44 @@ def torch_fp16_timer(device: str, iterations: int):
 
 
 def table(runs) -> str:
-    lines = [f"{'shape':>14s} {'layers':<16s} {'dense FP16 ms':>13s} {'2:4 ms':>8s} {'x dense':>8s} "
-             f"{'cuDNN ms':>9s} {'x cuDNN':>8s} {'err':>8s}  best tile / dense kernel"]
+    """Per shape and 2:4 kernel, its best tile against the dense FP16 layer (and cuDNN)."""
+    lines = [f"{'shape':>14s} {'layers':<16s} {'dense FP16 ms':>13s} {'2:4 kernel':>16s} {'2:4 ms':>8s} "
+             f"{'x dense':>8s} {'cuDNN ms':>9s} {'x cuDNN':>8s} {'err':>8s}  best tile / dense kernel"]
     for r in runs:
-        pts = [p for p in r.points if p.ms is not None]
-        if not pts:
-            continue
-        best = min(pts, key=lambda p: p.ms)
-        cudnn = r.torch_ms if r.torch_ms is not None else float("nan")
         names = ",".join(n.split(".")[-1] for n in r.layers)
-        lines.append(f"{r.shape:>14s} {names:<16s} {r.dense_ms:13.3f} {best.ms:8.3f} {best.speedup:8.2f} "
-                     f"{cudnn:9.3f} {cudnn / best.ms:8.2f} {best.err if best.err is not None else float('nan'):8.1e}"
-                     f"  {best.params} / {r.dense_algo}")
+        cudnn = r.torch_ms if r.torch_ms is not None else float("nan")
+        for algo in dict.fromkeys(p.algo for p in r.points):
+            pts = [p for p in r.points if p.ms is not None and p.algo == algo]
+            if not pts:
+                continue
+            best = min(pts, key=lambda p: p.ms)
+            err = best.err if best.err is not None else float("nan")
+            lines.append(f"{r.shape:>14s} {names:<16s} {r.dense_ms:13.3f} {algo:>16s} {best.ms:8.3f} "
+                         f"{best.speedup:8.2f} {cudnn:9.3f} {cudnn / best.ms:8.2f} {err:8.1e}  {best.params} / "
+                         f"{r.dense_algo}")
+    return "\n".join(lines)
+
+
+def layer_table(row) -> str:
+    """Per-layer device milliseconds of both models (profiled passes, as `vggserve bench` prints them), the 2:4
+    model's over the dense one's, and the kernel each got."""
+    dense, sparse = dict(row["layers"]["dense"]), dict(row["layers"]["2:4"])
+    plans = row["plans"]
+    lines = [f"   {'layer':22s} {'dense ms':>9s} {'2:4 ms':>9s} {'2:4/dense':>9s}  dense kernel | 2:4 kernel"]
+    for name in dict.fromkeys(list(dense) + list(sparse)):
+        d, s = dense.get(name, float("nan")), sparse.get(name, float("nan"))
+        kd, ks = plans["dense"].get(name, ""), plans["2:4"].get(name, "")
+        lines.append(f"   {name:22s} {d:9.3f} {s:9.3f} {s / d if d else float('nan'):9.2f}  "
+                     f"{kd.split(' (')[0].split(';')[0]} | {ks.split(';')[0]}")
+    total_d, total_s = sum(dense.values()), sum(sparse.values())
+    lines.append(f"   {'sum of kernels':22s} {total_d:9.3f} {total_s:9.3f} {total_s / total_d:9.2f}")
     return "\n".join(lines)
 
 
 def network(tensors, info, batches, iterations):
-    """Dense FP16 vs every conv pruned 2:4, FP16: images/s (both models loaded, timed passes alternating) and the
-    kernel each layer got."""
+    """Dense FP16 vs every conv pruned 2:4, FP16: images/s by logits() (both models loaded with profile=True, timed
+    passes alternating) and streamed (batches submitted back to back, two in flight), the per-layer device times of
+    both (where the 2:4 network wins or loses its time) and the kernel each layer got."""
     from sparse_vs_dense import alternating
     from vggserve.model.vgg16 import VGG16
     from vggserve.weights.prune import prune
@@ -87,14 +110,17 @@ def network(tensors, info, batches, iterations):
     for n in batches:
         row = {"batch": n}
         row.update(alternating({"dense": lambda: VGG16.load(tensors, device=info.spec, max_batch_size=n,
-                                                            precision="fp16"),
+                                                            precision="fp16", profile=True),
                                 "2:4": lambda: VGG16.load(pruned, device=info.spec, max_batch_size=n,
-                                                          precision="fp16")}, n, iterations, "2:4"))
+                                                          precision="fp16", profile=True)},
+                               n, iterations, "2:4", detail=True))
         row["speedup"] = row["2:4_images_per_s"] / row["dense_images_per_s"]
+        row["streamed_speedup"] = row["2:4_streamed_images_per_s"] / row["dense_streamed_images_per_s"]
         print(f"network FP16 batch {n}: dense {row['dense_images_per_s']:.1f} img/s, 2:4 "
-              f"{row['2:4_images_per_s']:.1f} img/s, x{row['speedup']:.2f} (target 1.5x)", flush=True)
-        for name, how in row["kernels"]:
-            print(f"   {name:14s} {how}")
+              f"{row['2:4_images_per_s']:.1f} img/s, x{row['speedup']:.2f} (target 1.5x); streamed: dense "
+              f"{row['dense_streamed_images_per_s']:.1f} img/s, 2:4 {row['2:4_streamed_images_per_s']:.1f} img/s, "
+              f"x{row['streamed_speedup']:.2f}", flush=True)
+        print(layer_table(row), flush=True)
         out.append(row)
     return out
 
@@ -106,7 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=float, default=1.0, help="channel width of the network (1 = VGG16)")
     ap.add_argument("--shapes", default="", help="comma-separated CINxCOUTxSIZE keys (default: every conv shape)")
     ap.add_argument("--iterations", type=int, default=5, help="timed calls per kernel (median)")
-    ap.add_argument("--candidates", default="", help="JSON list of tc_sparse24 tunables (default: the entry's)")
+    ap.add_argument("--candidates", default="",
+                    help="JSON list of 2:4 tunables, each naming its kernel in ALGO (default tc_sparse24); default: "
+                         "both 2:4 entries' candidates")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 check of the first image")
     ap.add_argument("--network-batches", default="64", help="whole-network batches ('' for none)")
     ap.add_argument("--network-iterations", type=int, default=5)
@@ -143,13 +171,16 @@ def main(argv=None) -> int:
                                          on_layer=lambda r: save(layers=sparse_tuning.as_json(r)))
     print(table(runs))
     params, curves = sparse_tuning.best_2_4(runs)
-    print(f"best 2:4 tile over the shapes: {params}")
+    for algo, p in params.items():
+        print(f"best {algo} tile over the shapes: {p}")
     for shape, c in curves.items():
-        print(f"  {shape:>14s} x{c[TC_SPARSE24][0][1]:.2f} over dense FP16 with it")
+        print(f"  {shape:>14s} " + ", ".join(f"{algo} x{pts[0][1]:.2f}" for algo, pts in c.items())
+              + " over dense FP16 with them")
     save(best_params=params, curves=curves)
     if args.store and params:
-        sparse_tuning.store(info.label, curves, args.batch, {TC_SPARSE24: params})
-        print(f"stored for {info.label} at batch {args.batch}: the engine takes 2:4 where it measured faster")
+        sparse_tuning.store(info.label, curves, args.batch, params)
+        print(f"stored for {info.label} at batch {args.batch}: the engine takes the faster 2:4 kernel where it "
+              f"measured faster than dense")
     batches = [int(b) for b in args.network_batches.split(",") if b.strip()]
     save(network=network(tensors, info, batches, args.network_iterations))
     return 0

@@ -117,12 +117,16 @@ def plot(runs, path, title):
     fig.savefig(path, dpi=110)
 
 
-def alternating(loaders: dict, n: int, iterations: int, plan_of: str) -> dict:
+def alternating(loaders: dict, n: int, iterations: int, plan_of: str, detail: bool = False) -> dict:
     """Load every model (label -> loader), one untimed pass each, then `iterations` timed passes of n images
     alternating between them (a change in the machine's load hits all alike): {label_load_s, label_images_per_s,
-    "kernels": [(layer, kernel and why)] of model `plan_of`}."""
+    "kernels": [(layer, kernel and why)] of model `plan_of`}. detail (models loaded with profile=True): also
+    label_streamed_images_per_s (`iterations` batches submitted back to back, two in flight, each upload overlapping
+    the previous batch's kernels, as `vggserve bench` and compare_torch.py's streamed figure), alternating by rounds,
+    "layers": {label: [(layer, median device ms of 3 profiled passes)]} and "plans": {label: {layer: kernel}}."""
     x = np.random.default_rng(1).standard_normal((n, 3, 224, 224)).astype(np.float32)
     row, models, times = {}, {}, {label: [] for label in loaders}
+    streamed = {label: [] for label in loaders}
     try:
         for label, load in loaders.items():
             t0 = time.perf_counter()
@@ -134,6 +138,19 @@ def alternating(loaders: dict, n: int, iterations: int, plan_of: str) -> dict:
                 t = time.perf_counter()
                 model.logits(x)
                 times[label].append(time.perf_counter() - t)
+        if detail:
+            for _ in range(3):
+                for label, model in models.items():
+                    t = time.perf_counter()
+                    for p in [model.submit(x) for _ in range(iterations)]:
+                        p.result()
+                    streamed[label].append((time.perf_counter() - t) / iterations)
+            row["layers"], row["plans"] = {}, {}
+            for label, model in models.items():
+                row["plans"][label] = {k["name"]: k["kernel"] for k in model.kernel_plan()}
+                passes = [model.layer_times(x) for _ in range(3)]
+                row["layers"][label] = [(name, round(float(np.median([p[i][1] for p in passes])), 4))
+                                        for i, (name, _, _) in enumerate(passes[0])]
         row["kernels"] = [(k["name"], k["kernel"]) for k in models[plan_of].kernel_plan()
                           if not k["name"].startswith("pool")]
     finally:
@@ -141,6 +158,8 @@ def alternating(loaders: dict, n: int, iterations: int, plan_of: str) -> dict:
             model.close()
     for label in models:
         row[f"{label}_images_per_s"] = n / float(np.median(times[label]))
+        if detail:
+            row[f"{label}_streamed_images_per_s"] = n / float(np.median(streamed[label]))
     return row
 
 

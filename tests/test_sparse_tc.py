@@ -53,14 +53,16 @@ def f64(a):
     return np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
 
 
-def run_layer(tc_env, cfg, shape, weight, rng):
-    """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs) of conv_tc_sparse.cl."""
+def run_layer(tc_env, cfg, shape, weight, rng, layer_cls=SparseTensorCoreLayer):
+    """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs, the layer) of conv_tc_sparse.cl
+    with params_of(cfg), or of layer_cls (another 2:4 layer) with the parameters cfg."""
     ctx, queue, cache, caps = tc_env
     n, cin, cout, h, w = shape
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
-    op = SparseTensorCoreLayer(ctx, cache, params_of(cfg), FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
-                               BuildEnv(caps=caps, max_batch=n))
+    params = params_of(cfg) if layer_cls is SparseTensorCoreLayer else cfg
+    op = layer_cls(ctx, cache, params, FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
+                   BuildEnv(caps=caps, max_batch=n))
     xin = np.zeros((n, h, w, op.cpad), np.float16)
     xin[..., :cin] = x.transpose(0, 2, 3, 1)
     src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
@@ -168,17 +170,20 @@ def test_the_choice_takes_2_4_only_for_2_4_convolutions_at_fp16(tc_env, rng):
     caps = tc_env[3]
     conv = LayerSpec("conv3x3", 64, 64, 56)
     w24 = weights_2_4(rng, 64, 64)
-    assert sel.for_layer({}, caps, FP16, conv, w24, 64).algo == sel.TC_SPARSE24
+    untuned = sel.TC_HALO_SPARSE24 if caps.kind == "cpu" else sel.TC_SPARSE24  # GPUs: halo never until measured
+    assert sel.for_layer({}, caps, FP16, conv, w24, 64).algo == untuned
     unstructured = sel.for_layer({}, caps, FP16, conv, prune_unstructured(rng.random((64, 64, 3, 3)), 0.6), 64)
     assert unstructured.algo == sel.DENSE and "not 2:4" in unstructured.reason
     assert sel.for_layer({}, caps, FP16, conv, rng.random((64, 64, 3, 3)), 64).algo == sel.DENSE  # unpruned
     conv1 = LayerSpec("conv3x3", 3, 64, 224)  # 2 of 3 channels kept per tap: 0.33 sparse, below the crossover
     assert sel.for_layer({}, caps, FP16, conv1, weights_2_4(rng, 64, 3), 64).algo == sel.DENSE
     assert sel.for_layer({}, caps, precisions.TF32, conv, w24, 64).algo == sel.DENSE  # mma.sp here is FP16 only
-    slower = {"sparse": {"curves": {"64": {conv.shape_key: {sel.TC_SPARSE24: [[0.5, 0.8]]}}}}}
+    slower = {"sparse": {"curves": {"64": {conv.shape_key: {sel.TC_SPARSE24: [[0.5, 0.8]],
+                                                            sel.TC_HALO_SPARSE24: [[0.5, 0.7]]}}}}}
     choice = sel.for_layer(slower, caps, FP16, conv, w24, 64)
     assert choice.algo == sel.DENSE and "0.80x tuned" in choice.reason
-    faster = {"sparse": {"curves": {"64": {conv.shape_key: {sel.TC_SPARSE24: [[0.5, 1.7]]}}}}}
+    faster = {"sparse": {"curves": {"64": {conv.shape_key: {sel.TC_SPARSE24: [[0.5, 1.7]],
+                                                            sel.TC_HALO_SPARSE24: [[0.5, 1.2]]}}}}}
     assert sel.for_layer(faster, caps, FP16, conv, w24, 64).algo == sel.TC_SPARSE24
 
 
@@ -189,12 +194,16 @@ def small_tensors():
     return init_weights(seed=3, width=0.0625)
 
 
-def test_pruned_2_4_network_at_fp16_matches_float64(small_tensors, monkeypatch):
-    """weights prune --pattern 2:4, then the FP16 engine: every conv but conv1 on the 2:4 kernel, logits within the
-    FP16 bound of the float64 reference on the same pruned weights."""
+@pytest.mark.parametrize("kernel", [NAME, sel.TC_HALO_SPARSE24])
+def test_pruned_2_4_network_at_fp16_matches_float64(small_tensors, monkeypatch, kernel):
+    """weights prune --pattern 2:4, then the FP16 engine: every conv but conv1 on one 2:4 kernel (the other's default
+    crossover set out of reach), logits within the FP16 bound of the float64 reference on the same pruned weights."""
     from vggserve import VGG16
 
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    for kind in ("cpu", "gpu"):
+        for algo in sel.TC24_ALGOS:
+            monkeypatch.setitem(sel.DEFAULTS[kind]["crossover"], algo, 0.45 if algo == kernel else 1.01)
     pruned = prune(small_tensors, None, pattern="2:4", layers="conv").tensors
     x = np.random.default_rng(5).standard_normal((3, 3, 224, 224)).astype(np.float32)
     with VGG16.load(pruned, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
@@ -207,9 +216,9 @@ def test_pruned_2_4_network_at_fp16_matches_float64(small_tensors, monkeypatch):
     np.testing.assert_array_equal(out.argmax(1), ref.argmax(1))
     convs = [name for name in plan if name.startswith("features")]
     assert len(convs) == 13
-    assert not plan[convs[0]].startswith(NAME) and "loses" in plan[convs[0]]  # conv1: 3 channels, dense
-    assert all(plan[name].startswith(NAME) and "sparsity 0.500" in plan[name] for name in convs[1:])
-    assert all(NAME not in how for name, how in plan.items() if name.startswith("classifier"))
+    assert not plan[convs[0]].startswith(sel.TC24_ALGOS) and "loses" in plan[convs[0]]  # conv1: 3 channels, dense
+    assert all(plan[name].startswith(kernel) and "sparsity 0.500" in plan[name] for name in convs[1:])
+    assert all("sparse24" not in how for name, how in plan.items() if name.startswith("classifier"))
 
 
 # ---- the probe --------------------------------------------------------------------------------------------------
@@ -250,8 +259,29 @@ def test_benchmark_runs_one_shape_under_emulation(tmp_path, monkeypatch, capsys)
     assert code == 0
     out = json.loads((tmp_path / "s.json").read_text())
     point = out["layers"][0]["points"][0]
-    assert point["err"] < 2e-3 and point["ms"] > 0 and out["best_params"] == tile
+    assert point["err"] < 2e-3 and point["ms"] > 0 and out["best_params"] == {NAME: tile}
     stored = json.loads((tmp_path / "tuned.json").read_text())
     entry = next(iter(stored.values()))["sparse"]
     assert entry["params"][NAME] == tile and NAME in entry["curves"]["1"]["16x32x28"]
     assert "16x32x28" in capsys.readouterr().out
+
+
+def test_network_timer_reports_streamed_and_per_layer_times(small_tensors):
+    """The network comparison's timer with detail: logits() and streamed images/s, per-layer device times and the
+    kernel plans of both models, and the per-layer table sparse_tc.py prints (here on two small dense FP32 models:
+    the FP16 ones run emulated, too slow for this)."""
+    import sparse_tc
+    from sparse_vs_dense import alternating
+
+    from vggserve import VGG16
+
+    load = lambda: VGG16.load(small_tensors, device=TEST_DEVICE, max_batch_size=1, profile=True)  # noqa: E731
+    row = alternating({"dense": load, "2:4": load}, 1, 1, "2:4", detail=True)
+    for label in ("dense", "2:4"):
+        assert row[f"{label}_images_per_s"] > 0 and row[f"{label}_streamed_images_per_s"] > 0
+        names = [name for name, _ in row["layers"][label]]
+        assert "features.0" in names and "classifier.6" in names
+        assert all(ms >= 0 for _, ms in row["layers"][label])
+        assert set(names) <= set(row["plans"][label])
+    text = sparse_tc.layer_table(row)
+    assert "features.28" in text and "sum of kernels" in text

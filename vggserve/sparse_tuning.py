@@ -9,9 +9,9 @@ to last launch's end, median).
 file (so the engine uses them with no flag). benchmarks/sparse_vs_dense.py and `vggserve tune --sparse` use it.
 
 `measure_2_4` is the FP16 tensor-core counterpart: per conv shape, the engine's dense FP16 layer against every tile
-candidate of the 2:4 kernel (tc_sparse24) on 2:4-pruned weights; `best_2_4` picks the one candidate that wins most
-(geometric mean over the shapes) and its one-point curves (benchmarks/sparse_tc.py, `vggserve tune --sparse
---precision fp16`).
+candidate of both 2:4 kernels (tc_sparse24, tc_halo_sparse24) on 2:4-pruned weights; `best_2_4` picks, per kernel,
+the one candidate that wins most (geometric mean over the shapes) and its one-point curves, so the engine takes per
+shape the faster kernel where it beats dense (benchmarks/sparse_tc.py, `vggserve tune --sparse --precision fp16`).
 """
 
 import json
@@ -25,7 +25,7 @@ from .model.reference import conv3x3_relu
 from .ops import nhwc, registry
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.launch import round_up
-from .ops.sparse_select import CODEGEN, COMPRESSED, CSR, TC_SPARSE24
+from .ops.sparse_select import CODEGEN, COMPRESSED, CSR, TC24_ALGOS, TC_SPARSE24
 from .runtime.params import shape_key, tuned_file
 from .weights.prune import prune_2_4, prune_unstructured
 from .weights.spec import INPUT_SIZE, vgg16_spec
@@ -180,11 +180,10 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
 
 def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bool = True, shapes=None,
                 torch_time=None, progress=print, candidates=None, on_layer=None) -> list[LayerRun]:
-    """Dense FP16 vs the 2:4 kernel per conv shape (`shapes`: a subset of keys) at `batch` images, on the weights of
+    """Dense FP16 vs the 2:4 kernels per conv shape (`shapes`: a subset of keys) at `batch` images, on the weights of
     `tensors` pruned 2:4. model: a VGG16 at FP16 on tensor cores, profile=True, max_batch_size >= batch.
-    candidates: tc_sparse24 parameter sets (default: the entry's candidates for the device). One Point per
-    candidate, its tunables in `params`."""
-    algo = registry.get(TC_SPARSE24)
+    candidates: parameter sets, each naming its kernel in "ALGO" (default: both 2:4 entries' candidates for the
+    device). One Point per candidate, its kernel in `algo` and its tunables in `params`."""
     ctx, queue, cache = model.context, model.queue, model.program_cache
     env = BuildEnv(caps=model.caps, max_batch=batch, tables=model.params)
     rng = np.random.default_rng(0)
@@ -218,8 +217,11 @@ def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bo
             x0 = x[:1, :, :, :cin].astype(np.float64).transpose(0, 3, 1, 2)
             ref = conv3x3_relu(x0, weight.astype(np.float16).astype(np.float64), bias.astype(np.float64))
         sparsity = 1.0 - np.count_nonzero(weight) / weight.size
-        for params in candidates or algo.candidates(model.caps, model.precision, layer):
-            point = Point(round(sparsity, 4), TC_SPARSE24, None, nnz=int(np.count_nonzero(weight)),
+        sets = candidates or [p for name in TC24_ALGOS
+                              for p in registry.get(name).candidates(model.caps, model.precision, layer)]
+        for params in sets:
+            algo = registry.get(params.get("ALGO", TC_SPARSE24))
+            point = Point(round(sparsity, 4), algo.name, None, nnz=int(np.count_nonzero(weight)),
                           params={k: v for k, v in params.items() if k != "ALGO"})
             sp = algo.make(ctx, cache, params, model.precision, layer, weight, bias, env)
             call = lambda: sp.enqueue(queue, src, dst, batch, size, size)  # noqa: E731
@@ -243,21 +245,27 @@ def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bo
     return runs
 
 
-def best_2_4(runs: list[LayerRun]) -> tuple[dict | None, dict]:
-    """(tunables, curves) of the tc_sparse24 candidate with the highest geometric-mean speed-up over the shapes
-    where it ran: its curves {shape: {TC_SPARSE24: [[sparsity, speed-up]]}} are what sparse_select reads."""
-    by_params: dict = {}
-    for r in runs:
-        for p in r.points:
-            if p.algo == TC_SPARSE24 and p.speedup:
-                by_params.setdefault(json.dumps(p.params, sort_keys=True), {})[r.shape] = p
-    if not by_params:
-        return None, {}
-    shapes = max(len(v) for v in by_params.values())
-    complete = {k: v for k, v in by_params.items() if len(v) == shapes}
-    best = max(complete, key=lambda k: float(np.mean([np.log(p.speedup) for p in complete[k].values()])))
-    chosen = complete[best]
-    return json.loads(best), {s: {TC_SPARSE24: [[p.sparsity, round(p.speedup, 4)]]} for s, p in chosen.items()}
+def best_2_4(runs: list[LayerRun]) -> tuple[dict, dict]:
+    """({algo: tunables}, curves): per 2:4 kernel that ran, its candidate with the highest geometric-mean speed-up
+    over the shapes where it ran, and their curves {shape: {algo: [[sparsity, speed-up]]}} (what sparse_select
+    reads: per shape it takes the faster kernel, if faster than dense)."""
+    params: dict = {}
+    out: dict = {}
+    for name in TC24_ALGOS:
+        by_params: dict = {}
+        for r in runs:
+            for p in r.points:
+                if p.algo == name and p.speedup:
+                    by_params.setdefault(json.dumps(p.params, sort_keys=True), {})[r.shape] = p
+        if not by_params:
+            continue
+        shapes = max(len(v) for v in by_params.values())
+        complete = {k: v for k, v in by_params.items() if len(v) == shapes}
+        best = max(complete, key=lambda k: float(np.mean([np.log(p.speedup) for p in complete[k].values()])))
+        params[name] = json.loads(best)
+        for shape, p in complete[best].items():
+            out.setdefault(shape, {})[name] = [[p.sparsity, round(p.speedup, 4)]]
+    return params, out
 
 
 def curves(runs: list[LayerRun]) -> dict:

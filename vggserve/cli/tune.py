@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("--sparse", action="store_true",
                    help="instead: time the sparse kernels against the dense layers at sparsities 0..0.99 per layer "
                         "shape and store where each wins (the engine's choice for pruned weights, docs/sparse.md); "
-                        "with --precision fp16 on tensor cores: the 2:4 kernel's tiles on 2:4 weights")
+                        "with --precision fp16 on tensor cores: the 2:4 kernels' tiles on 2:4 weights")
     p.add_argument("--shapes", default=None,
                    help="comma list of the shape keys to tune, e.g. 512x512x14+pool (default: every VGG16 shape; "
                         "CINxCOUTxSIZE, with +pool for a convolution that a pooling follows, at FP16/TF32)")
@@ -77,10 +77,9 @@ def _sparse(args, info) -> int:
 
 
 def _sparse_2_4(args, info, tensors) -> int:
-    """The 2:4 tensor-core kernel's tiles against the dense FP16 layers; the best tile and its curves stored."""
+    """The 2:4 tensor-core kernels' tiles against the dense FP16 layers; each one's best tile and its curves stored."""
     from .. import sparse_tuning
     from ..model.vgg16 import VGG16
-    from ..ops.sparse_select import TC_SPARSE24
     from ..runtime.params import tuned_file
 
     note(f"vggserve: timing the 2:4 tensor-core kernel on {info.label} at batch {args.batch_size}, FP16")
@@ -92,10 +91,11 @@ def _sparse_2_4(args, info, tensors) -> int:
                                          progress=note)
     params, curves = sparse_tuning.best_2_4(runs)
     for shape, per_algo in curves.items():
-        note(f"{shape:>14s} 2:4 x{per_algo[TC_SPARSE24][0][1]:.2f} over dense FP16")
-    note(f"best 2:4 tile: {params}")
+        note(f"{shape:>14s} 2:4 " + ", ".join(f"{algo} x{c[0][1]:.2f}" for algo, c in per_algo.items())
+             + " over dense FP16")
+    note(f"best 2:4 tiles: {params}")
     if not args.dry_run and params:
-        sparse_tuning.store(info.label, curves, args.batch_size, {TC_SPARSE24: params})
+        sparse_tuning.store(info.label, curves, args.batch_size, params)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
     if args.json:
         print(json.dumps({"device": info.label, "batch_size": args.batch_size, "precision": "fp16",

@@ -10,9 +10,10 @@ where its speed-up at the layer's sparsity is above 1, the fastest of them; else
 measured curve for the shape, a kernel counts as winning from its default crossover sparsity on.
 The generated kernel is considered only where the layer's non-zeros are at most "codegen_max_nnz": its build
 time grows with them (PoCL: ~5 ms a non-zero; docs/sparse.md).
-At FP16 on tensor cores the candidate is the 2:4 kernel (TC_SPARSE24, ops/tensorcore_sparse.py), for convolutions
-whose weights are 2:4 in the tensor-core K order (weights.prune.is_2_4); its curve has one point, at the layer's
-sparsity (0.5 when every group of 4 holds 2; conv1, 3 channels a tap, keeps 2 of 3: 0.33, below its crossover).
+At FP16 on tensor cores the candidates are the two 2:4 kernels (TC_SPARSE24 and TC_HALO_SPARSE24,
+ops/tensorcore_sparse.py), for convolutions whose weights are 2:4 per tap (weights.prune.is_2_4); a curve has one
+point, at the layer's sparsity (0.5 when every group of 4 holds 2; conv1, 3 channels a tap, keeps 2 of 3: 0.33,
+below the crossovers), and the faster of the two per shape is taken.
 """
 
 import math
@@ -25,6 +26,8 @@ CODEGEN = "sparse_codegen"
 COMPRESSED = "sparse_compressed"
 CSR = "sparse_csr"
 TC_SPARSE24 = "tc_sparse24"
+TC_HALO_SPARSE24 = "tc_halo_sparse24"
+TC24_ALGOS = (TC_HALO_SPARSE24, TC_SPARSE24)  # on a tie (untuned defaults) the first
 CONV_ALGOS = (CODEGEN, COMPRESSED)
 FC_ALGOS = (CSR,)
 
@@ -37,10 +40,13 @@ FC_ALGOS = (CSR,)
 # Measured curves (shipped for the H100, or `vggserve tune --sparse`) replace these per layer shape.
 # 2:4 (tensor cores, FP16): taken for any 2:4 layer at least 0.45 sparse (a group of 4 keeps 2; a per-tap last group
 # shorter than 4, Cin not a multiple of 4, keeps up to 2 of fewer) until `vggserve tune --sparse --precision fp16`
-# measures it per shape; conv1 (2 of 3 kept, 0.33) stays dense.
+# measures it per shape; conv1 (2 of 3 kept, 0.33) stays dense. The halo-tile 2:4 kernel likewise on the CPU (the
+# emulated one, first on a tie), but on GPUs never until measured: tc_sparse24 has shipped H100 curves, it has none.
 DEFAULTS = {
-    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.8, TC_SPARSE24: 0.45}, "codegen_max_nnz": 20_000},
-    "gpu": {"crossover": {CODEGEN: 0.95, COMPRESSED: 1.01, CSR: 0.5, TC_SPARSE24: 0.45}, "codegen_max_nnz": 30_000},
+    "cpu": {"crossover": {CODEGEN: 0.5, COMPRESSED: 0.8, CSR: 0.8, TC_SPARSE24: 0.45, TC_HALO_SPARSE24: 0.45},
+            "codegen_max_nnz": 20_000},
+    "gpu": {"crossover": {CODEGEN: 0.95, COMPRESSED: 1.01, CSR: 0.5, TC_SPARSE24: 0.45, TC_HALO_SPARSE24: 1.01},
+            "codegen_max_nnz": 30_000},
 }
 
 
@@ -126,8 +132,8 @@ def measured(weight: np.ndarray) -> tuple[float, int]:
 
 def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: int) -> Choice:
     """The engine's choice for one layer (registry.LayerSpec) from its weights' measured sparsity. FP32: the sparse
-    kernels (NCHW); FP16 on tensor cores: the 2:4 kernel for 2:4 convolutions; anything else, and unpruned weights,
-    stay dense."""
+    kernels (NCHW); FP16 on tensor cores: the faster 2:4 kernel for 2:4 convolutions; anything else, and unpruned
+    weights, stay dense."""
     tc24 = precision.name == "fp16" and caps.tensor_cores and layer.kind == "conv3x3"
     if precision.name != "fp32" and not tc24:
         return Choice(DENSE, 0.0, "")
@@ -140,5 +146,5 @@ def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: i
 
         if not is_2_4(weight):
             return Choice(DENSE, sparsity, f"sparsity {sparsity:.3f}, not 2:4 (FP16 has no unstructured kernel)")
-        return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz, algos=(TC_SPARSE24,))
+        return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz, algos=TC24_ALGOS)
     return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz)
