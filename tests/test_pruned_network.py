@@ -219,11 +219,12 @@ def test_measured_curves_add_to_the_shipped_ones(tmp_path, monkeypatch):
     shipped.write_text(json.dumps({"dev": {"sparse": {"curves": {
         "64": {"a": {CODEGEN: [[0.9, 0.8]]}, "b": {CODEGEN: [[0.9, 1.5]]}}}, "crossover": {CSR: 0.6}}}}))
     user.write_text(json.dumps({"dev": {"sparse": {"curves": {
-        "64": {"a": {CODEGEN: [[0.9, 1.2]]}}, "1": {"c": {CSR: [[0.9, 3.0]]}}}}}}))
+        "64": {"a": {CODEGEN: [[0.9, 1.2]]}, "b": {"tc_sparse24": [[0.5, 1.1]]}}, "1": {"c": {CSR: [[0.9, 3.0]]}}}}}}))
     monkeypatch.setattr(params_module, "shipped_file", lambda: shipped)
     monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(user.parent))
     got = params_module.params_for("gpu", "dev")["sparse"]
-    assert got["curves"] == {"64": {"a": {CODEGEN: [[0.9, 1.2]]}, "b": {CODEGEN: [[0.9, 1.5]]}},
+    assert got["curves"] == {"64": {"a": {CODEGEN: [[0.9, 1.2]]},
+                                    "b": {CODEGEN: [[0.9, 1.5]], "tc_sparse24": [[0.5, 1.1]]}},
                              "1": {"c": {CSR: [[0.9, 3.0]]}}}
     assert got["crossover"] == {CSR: 0.6}
 

@@ -95,7 +95,8 @@ def params_for(kind: str, device_name: str) -> dict:
                     for key, value in values.items():
                         if key == "curves":
                             for batch, shapes in value.items():
-                                merged.setdefault(key, {}).setdefault(batch, {}).update(shapes)
+                                for shape, algos in shapes.items():  # per kernel: 2:4 and FP32 curves coexist
+                                    merged.setdefault(key, {}).setdefault(batch, {}).setdefault(shape, {}).update(algos)
                         elif isinstance(value, dict):
                             merged.setdefault(key, {}).update(value)
                         else:
