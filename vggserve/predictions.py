@@ -10,6 +10,7 @@ sort, so the answer is the full sort's in every case.
 """
 
 import json
+from functools import lru_cache
 
 import numpy as np
 
@@ -77,13 +78,9 @@ def result_lines(images: list[str], probabilities: np.ndarray, k: int) -> list[s
     return lines
 
 
-_LABELS_JSON: list = []
-
-
+@lru_cache(maxsize=1)
 def _json_labels() -> tuple[str, ...]:
-    if not _LABELS_JSON:
-        _LABELS_JSON.append(tuple(json.dumps(label) for label in imagenet_labels()))
-    return _LABELS_JSON[0]
+    return tuple(json.dumps(label) for label in imagenet_labels())
 
 
 def _json_float(value: float) -> str:

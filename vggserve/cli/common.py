@@ -39,12 +39,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-NUM_CLASSES = 1000
-
-
 def top_k(text: str) -> int:
     """--top-k: 1..1000 (the number of classes); anything else is a usage error (exit status 2) like any bad flag."""
     import argparse
+
+    from ..weights.spec import NUM_CLASSES
 
     value = positive_int(text)
     if value > NUM_CLASSES:

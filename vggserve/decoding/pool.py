@@ -400,8 +400,14 @@ class DecodePool:
                     self._waiting.extendleft(reversed(items))
 
     def _fail_all(self, error: BaseException) -> None:
+        self._fail_pending(error, replace_broken=True)
+
+    def _fail_pending(self, error: BaseException, replace_broken: bool) -> None:
+        """Fail every chunk with a source waiting or sent and not answered; the pool is broken by `error` from now
+        on (or by the error it already had, unless `replace_broken`)."""
         with self._lock:
-            self._broken = error
+            if replace_broken or self._broken is None:
+                self._broken = error
             pending = list(self._waiting) + [item for proc in self._procs for item in proc.sent]
             self._waiting.clear()
         for proc in self._procs:
@@ -423,14 +429,8 @@ class DecodePool:
                 proc.popen.kill()
                 proc.popen.wait()
             proc.sock.close()
-        closed = DecodePoolError("the decode pool was closed before this decoding finished")
-        with self._lock:
-            pending = list(self._waiting) + [item for proc in self._procs for item in proc.sent]
-            self._waiting.clear()
-            if self._broken is None:
-                self._broken = closed
-        for decoding, _, _ in pending:
-            decoding._fail(closed)
+        self._fail_pending(DecodePoolError("the decode pool was closed before this decoding finished"),
+                           replace_broken=False)
 
 
 def _make_ring(procs: int, nbytes: int) -> Ring | None:

@@ -23,8 +23,7 @@ class ThreadDecoder:
         self.threads = max(1, threads)
         self.clock = StageClock()
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="decode")
-        limits = (("max_pixels", job.max_pixels), ("formats", job.formats))
-        self._limits = {name: value for name, value in limits if value is not None}
+        self._limits = job.limits
 
     def start(self, sources) -> "ThreadDecoding":
         """Decode `sources` on the threads; `result()` answers as `DecodePool.start`'s."""

@@ -51,6 +51,11 @@ class DecodeJob:
     formats: tuple | None = None  # None: open_image's default
     task: str | None = None
 
+    @property
+    def limits(self) -> dict:
+        """The `model_input` keywords this job sets: max_pixels and formats, where not None."""
+        return {k: v for k, v in (("max_pixels", self.max_pixels), ("formats", self.formats)) if v is not None}
+
 
 @dataclass(frozen=True)
 class WorkerStart:
@@ -61,8 +66,7 @@ class WorkerStart:
 
 def decode_task(source, job: DecodeJob, allocate, clock):
     """The model input for `source`, as `decoding.model_input` makes it."""
-    limits = {k: v for k, v in (("max_pixels", job.max_pixels), ("formats", job.formats)) if v is not None}
-    return model_input(source, job.mode, job.on_device, job.decode, allocate=allocate, clock=clock, **limits)
+    return model_input(source, job.mode, job.on_device, job.decode, allocate=allocate, clock=clock, **job.limits)
 
 
 def _resolve(task: str):
