@@ -23,7 +23,7 @@ from vggserve.ops.tensorcore_sparse import (DEFAULT, NAME, SparseTensorCoreLayer
 from vggserve.weights.prune import is_2_4, prune, prune_2_4, prune_unstructured
 
 from conftest import TEST_DEVICE
-from test_tensorcore import tc_env  # noqa: F401 - the fixture: tensor cores, native or emulated
+from test_tensorcore import small_tensors, tc_env  # noqa: F401 - fixtures: width-1/16 weights; tensor cores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import mma_sp_probe  # noqa: E402
@@ -185,13 +185,6 @@ def test_the_choice_takes_2_4_only_for_2_4_convolutions_at_fp16(tc_env, rng):
     faster = {"sparse": {"curves": {"64": {conv.shape_key: {sel.TC_SPARSE24: [[0.5, 1.7]],
                                                             sel.TC_HALO_SPARSE24: [[0.5, 1.2]]}}}}}
     assert sel.for_layer(faster, caps, FP16, conv, w24, 64).algo == sel.TC_SPARSE24
-
-
-@pytest.fixture(scope="module")
-def small_tensors():
-    from vggserve.weights.init import init_weights
-
-    return init_weights(seed=3, width=0.0625)
 
 
 @pytest.mark.parametrize("kernel", [NAME, sel.TC_HALO_SPARSE24])

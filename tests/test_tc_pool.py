@@ -16,8 +16,9 @@ from vggserve.ops import precision as precisions, registry
 from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import HaloLayer, halo_pools, halo_valid, rna_tf32
 
+from clbuffers import rel_err
 from conftest import TEST_DEVICE
-from test_tensorcore import rel_err, small_tensors, stored, tc_env  # noqa: F401 - fixtures
+from test_tensorcore import small_tensors, stored, tc_env  # noqa: F401 - fixtures
 
 MF = cl.mem_flags
 TC_PRECISIONS = [precisions.FP16, precisions.TF32]

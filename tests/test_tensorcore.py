@@ -19,6 +19,7 @@ from vggserve.ops.tensorcore import (DEFAULT, TensorCoreLayer, nhwc_fc_weights, 
 from vggserve.runtime import caps as device_caps, devices as devs
 from vggserve.runtime.programs import ProgramCache
 
+from clbuffers import rel_err
 from conftest import TEST_DEVICE
 
 MF = cl.mem_flags
@@ -52,10 +53,6 @@ def tc_env():
 def stored(a, prec):
     """What the device holds of a float array: float16, or float32 rounded to TF32."""
     return a.astype(np.float16).astype(np.float64) if prec.half else rna_tf32(a).astype(np.float64)
-
-
-def rel_err(out, ref):
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 def params_of(cfg):
