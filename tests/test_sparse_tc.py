@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
 import pytest
 
 from vggserve.model.reference import conv3x3_relu, reference_logits
@@ -23,12 +22,11 @@ from vggserve.ops.tensorcore_sparse import (DEFAULT, NAME, SparseTensorCoreLayer
 from vggserve.weights.prune import is_2_4, prune, prune_2_4, prune_unstructured
 
 from conftest import TEST_DEVICE
-from test_tensorcore import small_tensors, tc_env  # noqa: F401 - fixtures: width-1/16 weights; tensor cores
+from test_tensorcore import enqueue_on, nhwc_input, small_tensors, tc_env  # noqa: F401 - fixtures
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import mma_sp_probe  # noqa: E402
 
-MF = cl.mem_flags
 FP16 = precisions.FP16
 BOUND_FP16 = 1e-2  # test_tensorcore.py's FP16 bound on logits
 CONFIGS = [  # (BM channels, BN pixels, WARPS_M, WARPS_N, STAGES, KB): 2-4 warps, 2-4 stages, both row widths
@@ -56,21 +54,15 @@ def f64(a):
 def run_layer(tc_env, cfg, shape, weight, rng, layer_cls=SparseTensorCoreLayer):
     """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs, the layer) of conv_tc_sparse.cl
     with params_of(cfg), or of layer_cls (another 2:4 layer) with the parameters cfg."""
-    ctx, queue, cache, caps = tc_env
+    ctx, _, cache, caps = tc_env
     n, cin, cout, h, w = shape
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     params = params_of(cfg) if layer_cls is SparseTensorCoreLayer else cfg
     op = layer_cls(ctx, cache, params, FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
                    BuildEnv(caps=caps, max_batch=n))
-    xin = np.zeros((n, h, w, op.cpad), np.float16)
-    xin[..., :cin] = x.transpose(0, 2, 3, 1)
-    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
-    out = np.full((n * h * w, op.cstore), np.nan, np.float16)
-    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
-    op.enqueue(queue, src, dst, n, h, w)
-    cl.enqueue_copy(queue, out, dst)
-    queue.finish()
+    out = enqueue_on(tc_env, op, nhwc_input(x, op.cpad, FP16), np.full((n * h * w, op.cstore), np.nan, np.float16),
+                     n, h, w)
     got = out.astype(np.float64).reshape(n, h, w, op.cstore)
     return got, conv3x3_relu(f64(x), f64(weight), bias.astype(np.float64)), op
 
