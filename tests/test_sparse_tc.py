@@ -130,18 +130,25 @@ def test_sparse_tensor_core_layer_matches_numpy(tc_env, rng, cfg, shape):
     check(got, ref, shape[2])
 
 
+def check_sparser_than_2_4(run, rng, shape, sparsity, zero_filters):
+    """Groups with fewer than 2 non-zeros (zeros fill the kept slots), the filters zero_filters all zero, at sparsity
+    1.0 a whole layer zero; run(shape, weight) is run_layer on one 2:4 kernel and tile."""
+    cout, cin = shape[2], shape[1]
+    w = prune_unstructured(weights_2_4(rng, cout, cin), sparsity)
+    w[zero_filters] = 0
+    assert is_2_4(w)
+    got, ref, _ = run(shape, w)
+    check(got, ref, cout)
+    for f in zero_filters:  # bias + ReLU only
+        assert np.allclose(got[..., f], ref[:, f], atol=1e-3)
+    if sparsity == 1.0:
+        assert np.allclose(got[..., :cout].transpose(0, 3, 1, 2), ref, atol=1e-3)
+
+
 @pytest.mark.parametrize("sparsity", [0.9, 0.99, 1.0])
 def test_sparser_than_2_4_and_all_zero_filters(tc_env, rng, sparsity):
-    """Groups with fewer than 2 non-zeros (zeros fill the kept slots), whole filters zero, a whole layer zero."""
-    shape = (2, 24, 19, 5, 6)
-    w = prune_unstructured(weights_2_4(rng, 19, 24), sparsity)
-    w[3] = 0
-    w[11:14] = 0
-    assert is_2_4(w)
-    got, ref, _ = run_layer(tc_env, CONFIGS[0], shape, w, rng)
-    check(got, ref, 19)
-    if sparsity == 1.0:  # bias + ReLU only
-        assert np.allclose(got[..., :19].transpose(0, 3, 1, 2), ref, atol=1e-3)
+    check_sparser_than_2_4(lambda shape, w: run_layer(tc_env, CONFIGS[0], shape, w, rng), rng, (2, 24, 19, 5, 6),
+                           sparsity, [3, 11, 12, 13])
 
 
 def test_every_candidate_is_a_valid_shape_that_fits(tc_env):
