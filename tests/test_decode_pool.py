@@ -211,29 +211,34 @@ def test_a_full_ring_sends_pixels_inline_and_the_answers_stay_right(corpus):
 
 
 # ---- the ring alone ---------------------------------------------------------------------------------------------
-def test_ring_blocks_wrap_around_and_are_reused_only_once_released():
+@pytest.fixture
+def ring_writer():
+    """A ring of 2 regions of 4096 bytes and a writer on region 1, both closed after the test."""
     ring = Ring(2, 4096)
     writer = RegionWriter(ring.writer_spec(1))
-    try:
-        blocks = []
-        for value in range(3):  # 3 x 1280 bytes (aligned) of 4096
-            block, array = writer.allocate((1280,), np.uint8)
-            array[:] = value
-            blocks.append(ring.take(block, (1280,), np.uint8) is not None and block)
-        assert writer.allocate((1280,), np.uint8) is None  # full
-        ring.free(blocks[1])  # out of order: nothing is reusable until the oldest is free
-        assert writer.allocate((1280,), np.uint8) is None
-        ring.free(blocks[0])
-        block, array = writer.allocate((1280,), np.uint8)  # wraps to the region's start
-        assert block.start % ring.region_bytes == 0 and block.start == ring.region_bytes
-        array[:] = 9
-        view = ring.take(block, (1280,), np.uint8)
-        assert (view == 9).all()
-        third = np.ndarray((1280,), np.uint8, ring.mapping, ring.regions * 64 + ring.region_bytes + 2560)
-        assert (third == 2).all()  # the live third block was not touched
-    finally:
-        writer.close()
-        ring.close()
+    yield ring, writer
+    writer.close()
+    ring.close()
+
+
+def test_ring_blocks_wrap_around_and_are_reused_only_once_released(ring_writer):
+    ring, writer = ring_writer
+    blocks = []
+    for value in range(3):  # 3 x 1280 bytes (aligned) of 4096
+        block, array = writer.allocate((1280,), np.uint8)
+        array[:] = value
+        blocks.append(ring.take(block, (1280,), np.uint8) is not None and block)
+    assert writer.allocate((1280,), np.uint8) is None  # full
+    ring.free(blocks[1])  # out of order: nothing is reusable until the oldest is free
+    assert writer.allocate((1280,), np.uint8) is None
+    ring.free(blocks[0])
+    block, array = writer.allocate((1280,), np.uint8)  # wraps to the region's start
+    assert block.start % ring.region_bytes == 0 and block.start == ring.region_bytes
+    array[:] = 9
+    view = ring.take(block, (1280,), np.uint8)
+    assert (view == 9).all()
+    third = np.ndarray((1280,), np.uint8, ring.mapping, ring.regions * 64 + ring.region_bytes + 2560)
+    assert (third == 2).all()  # the live third block was not touched
 
 
 def test_a_new_writer_continues_after_the_blocks_its_predecessor_reported():
@@ -258,20 +263,15 @@ def test_a_new_writer_continues_after_the_blocks_its_predecessor_reported():
         ring.close()
 
 
-def test_a_writer_says_how_many_images_it_has_begun_and_since_when():
-    ring = Ring(2, 4096)
-    writer = RegionWriter(ring.writer_spec(1))
-    try:
-        assert ring.progress(1)[0] == 0
-        before = time.monotonic()
-        writer.begin()
-        writer.begin()
-        begun, since = ring.progress(1)
-        assert begun == 2 and before <= since <= time.monotonic() and ring.progress(0)[0] == 0
-        assert RegionWriter(ring.writer_spec(1)).begin is not None and ring.progress(1)[0] == 0  # a new writer: 0
-    finally:
-        writer.close()
-        ring.close()
+def test_a_writer_says_how_many_images_it_has_begun_and_since_when(ring_writer):
+    ring, writer = ring_writer
+    assert ring.progress(1)[0] == 0
+    before = time.monotonic()
+    writer.begin()
+    writer.begin()
+    begun, since = ring.progress(1)
+    assert begun == 2 and before <= since <= time.monotonic() and ring.progress(0)[0] == 0
+    assert RegionWriter(ring.writer_spec(1)).begin is not None and ring.progress(1)[0] == 0  # a new writer: 0
 
 
 def test_frames_are_read_whole_however_the_bytes_arrive():

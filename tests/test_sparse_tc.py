@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
 import pytest
 
 from vggserve.model.reference import conv3x3_relu, reference_logits
@@ -23,12 +22,11 @@ from vggserve.ops.tensorcore_sparse import (DEFAULT, NAME, SparseTensorCoreLayer
 from vggserve.weights.prune import is_2_4, prune, prune_2_4, prune_unstructured
 
 from conftest import TEST_DEVICE
-from test_tensorcore import tc_env  # noqa: F401 - the fixture: tensor cores, native or emulated
+from test_tensorcore import enqueue_on, nhwc_input, small_tensors, tc_env  # noqa: F401 - fixtures
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import mma_sp_probe  # noqa: E402
 
-MF = cl.mem_flags
 FP16 = precisions.FP16
 BOUND_FP16 = 1e-2  # test_tensorcore.py's FP16 bound on logits
 CONFIGS = [  # (BM channels, BN pixels, WARPS_M, WARPS_N, STAGES, KB): 2-4 warps, 2-4 stages, both row widths
@@ -56,21 +54,15 @@ def f64(a):
 def run_layer(tc_env, cfg, shape, weight, rng, layer_cls=SparseTensorCoreLayer):
     """(NHWC output as float64, float64 NCHW reference on the FP16-rounded inputs, the layer) of conv_tc_sparse.cl
     with params_of(cfg), or of layer_cls (another 2:4 layer) with the parameters cfg."""
-    ctx, queue, cache, caps = tc_env
+    ctx, _, cache, caps = tc_env
     n, cin, cout, h, w = shape
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     params = params_of(cfg) if layer_cls is SparseTensorCoreLayer else cfg
     op = layer_cls(ctx, cache, params, FP16, LayerSpec("conv3x3", cin, cout, h), weight, bias,
                    BuildEnv(caps=caps, max_batch=n))
-    xin = np.zeros((n, h, w, op.cpad), np.float16)
-    xin[..., :cin] = x.transpose(0, 2, 3, 1)
-    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
-    out = np.full((n * h * w, op.cstore), np.nan, np.float16)
-    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
-    op.enqueue(queue, src, dst, n, h, w)
-    cl.enqueue_copy(queue, out, dst)
-    queue.finish()
+    out = enqueue_on(tc_env, op, nhwc_input(x, op.cpad, FP16), np.full((n * h * w, op.cstore), np.nan, np.float16),
+                     n, h, w)
     got = out.astype(np.float64).reshape(n, h, w, op.cstore)
     return got, conv3x3_relu(f64(x), f64(weight), bias.astype(np.float64)), op
 
@@ -138,18 +130,25 @@ def test_sparse_tensor_core_layer_matches_numpy(tc_env, rng, cfg, shape):
     check(got, ref, shape[2])
 
 
+def check_sparser_than_2_4(run, rng, shape, sparsity, zero_filters):
+    """Groups with fewer than 2 non-zeros (zeros fill the kept slots), the filters zero_filters all zero, at sparsity
+    1.0 a whole layer zero; run(shape, weight) is run_layer on one 2:4 kernel and tile."""
+    cout, cin = shape[2], shape[1]
+    w = prune_unstructured(weights_2_4(rng, cout, cin), sparsity)
+    w[zero_filters] = 0
+    assert is_2_4(w)
+    got, ref, _ = run(shape, w)
+    check(got, ref, cout)
+    for f in zero_filters:  # bias + ReLU only
+        assert np.allclose(got[..., f], ref[:, f], atol=1e-3)
+    if sparsity == 1.0:
+        assert np.allclose(got[..., :cout].transpose(0, 3, 1, 2), ref, atol=1e-3)
+
+
 @pytest.mark.parametrize("sparsity", [0.9, 0.99, 1.0])
 def test_sparser_than_2_4_and_all_zero_filters(tc_env, rng, sparsity):
-    """Groups with fewer than 2 non-zeros (zeros fill the kept slots), whole filters zero, a whole layer zero."""
-    shape = (2, 24, 19, 5, 6)
-    w = prune_unstructured(weights_2_4(rng, 19, 24), sparsity)
-    w[3] = 0
-    w[11:14] = 0
-    assert is_2_4(w)
-    got, ref, _ = run_layer(tc_env, CONFIGS[0], shape, w, rng)
-    check(got, ref, 19)
-    if sparsity == 1.0:  # bias + ReLU only
-        assert np.allclose(got[..., :19].transpose(0, 3, 1, 2), ref, atol=1e-3)
+    check_sparser_than_2_4(lambda shape, w: run_layer(tc_env, CONFIGS[0], shape, w, rng), rng, (2, 24, 19, 5, 6),
+                           sparsity, [3, 11, 12, 13])
 
 
 def test_every_candidate_is_a_valid_shape_that_fits(tc_env):
@@ -185,13 +184,6 @@ def test_the_choice_takes_2_4_only_for_2_4_convolutions_at_fp16(tc_env, rng):
     faster = {"sparse": {"curves": {"64": {conv.shape_key: {sel.TC_SPARSE24: [[0.5, 1.7]],
                                                             sel.TC_HALO_SPARSE24: [[0.5, 1.2]]}}}}}
     assert sel.for_layer(faster, caps, FP16, conv, w24, 64).algo == sel.TC_SPARSE24
-
-
-@pytest.fixture(scope="module")
-def small_tensors():
-    from vggserve.weights.init import init_weights
-
-    return init_weights(seed=3, width=0.0625)
 
 
 @pytest.mark.parametrize("kernel", [NAME, sel.TC_HALO_SPARSE24])

@@ -18,9 +18,8 @@ from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import HALO_TILES, tc_weights
 from vggserve.ops.tensorcore_sparse import (HALO_DEFAULT, HALO_NAME, HALO_TUNABLES, HaloSparseLayer,
                                             halo_local_mem, halo_valid)
-from vggserve.weights.prune import is_2_4, prune_unstructured
 
-from test_sparse_tc import check, run_layer as run_sparse_layer, weights_2_4
+from test_sparse_tc import check, check_sparser_than_2_4, run_layer as run_sparse_layer, weights_2_4
 from test_tensorcore import tc_env  # noqa: F401 - the fixture: tensor cores, native or emulated
 
 MF = cl.mem_flags
@@ -65,16 +64,8 @@ def test_the_default_tile_on_several_chunks_and_blocks(tc_env, rng):
 
 @pytest.mark.parametrize("sparsity", [0.9, 1.0])
 def test_sparser_than_2_4_and_all_zero_filters(tc_env, rng, sparsity):
-    shape = (3, 40, 19, 5, 6)
-    w = prune_unstructured(weights_2_4(rng, 19, 40), sparsity)
-    w[0] = 0
-    w[11:14] = 0
-    assert is_2_4(w)
-    got, ref, _ = run_layer(tc_env, params_of(CONFIGS[1]), shape, w, rng)
-    check(got, ref, 19)
-    assert np.allclose(got[..., 0], ref[:, 0], atol=1e-3)  # bias + ReLU only
-    if sparsity == 1.0:
-        assert np.allclose(got[..., :19].transpose(0, 3, 1, 2), ref, atol=1e-3)
+    check_sparser_than_2_4(lambda shape, w: run_layer(tc_env, params_of(CONFIGS[1]), shape, w, rng), rng,
+                           (3, 40, 19, 5, 6), sparsity, [0, 11, 12, 13])
 
 
 def test_weights_are_compressed_in_the_halo_k_order(tc_env, rng):

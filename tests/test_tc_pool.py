@@ -8,18 +8,17 @@ not touch (padding channels zero, nothing written past the pooled image).
 """
 
 import numpy as np
-import pyopencl as cl
 import pytest
 
 from vggserve.model.reference import conv3x3_relu, maxpool2x2
 from vggserve.ops import precision as precisions, registry
 from vggserve.ops.registry import BuildEnv, LayerSpec
-from vggserve.ops.tensorcore import HaloLayer, halo_pools, halo_valid, rna_tf32
+from vggserve.ops.tensorcore import HaloLayer, halo_pools, halo_valid
 
+from clbuffers import rel_err
 from conftest import TEST_DEVICE
-from test_tensorcore import rel_err, small_tensors, stored, tc_env  # noqa: F401 - fixtures
+from test_tensorcore import enqueue_on, nhwc_input, small_tensors, stored, tc_env  # noqa: F401 - fixtures
 
-MF = cl.mem_flags
 TC_PRECISIONS = [precisions.FP16, precisions.TF32]
 KEYS = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
 POOL_CONFIGS = [  # (TH, TW, BN, WARPS_M, WARPS_N, STAGES): both fragment layouts (TW 8; TW 16 and 32)
@@ -43,17 +42,13 @@ def params_of(cfg):
 
 def run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool):
     """The layer's output as float64 NHWC (pooled or not), and whether the slack after it stayed untouched."""
-    ctx, queue, cache, caps = tc_env
+    ctx, _, cache, caps = tc_env
     spec = LayerSpec("conv3x3", layer.cin, layer.cout, layer.size, relu=True, pool=pool)
     op = HaloLayer(ctx, cache, p, prec, spec, weight, bias, BuildEnv(caps=caps, max_batch=n))
     oh, ow = (h // 2, w // 2) if pool else (h, w)
     slack = 64  # elements past the output, which the kernel must leave alone
     out = np.full(n * oh * ow * op.cstore + slack, np.nan, prec.storage)
-    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
-    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
-    op.enqueue(queue, src, dst, n, h, w)
-    cl.enqueue_copy(queue, out, dst)
-    queue.finish()
+    enqueue_on(tc_env, op, xin, out, n, h, w)
     return out[:-slack].astype(np.float64).reshape(n, oh, ow, op.cstore), bool(np.isnan(out[-slack:]).all())
 
 
@@ -68,9 +63,7 @@ def test_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, cfg, 
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     cpad = -(-cin // (16 // prec.itemsize)) * (16 // prec.itemsize)
-    xin = np.zeros((n, h, w, cpad), np.float32)
-    xin[..., :cin] = x.transpose(0, 2, 3, 1)
-    xin = xin.astype(np.float16) if prec.half else rna_tf32(xin)
+    xin = nhwc_input(x, cpad, prec)
     layer = LayerSpec("conv3x3", cin, cout, h)
 
     fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool=True)

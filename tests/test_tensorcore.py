@@ -19,6 +19,7 @@ from vggserve.ops.tensorcore import (DEFAULT, TensorCoreLayer, nhwc_fc_weights, 
 from vggserve.runtime import caps as device_caps, devices as devs
 from vggserve.runtime.programs import ProgramCache
 
+from clbuffers import rel_err
 from conftest import TEST_DEVICE
 
 MF = cl.mem_flags
@@ -54,8 +55,23 @@ def stored(a, prec):
     return a.astype(np.float16).astype(np.float64) if prec.half else rna_tf32(a).astype(np.float64)
 
 
-def rel_err(out, ref):
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+def nhwc_input(x, cpad, prec):
+    """NCHW float32 x as a layer's NHWC input: channels zero-padded to cpad, rounded to prec's storage type."""
+    n, cin, h, w = x.shape
+    xin = np.zeros((n, h, w, cpad), np.float32)
+    xin[..., :cin] = x.transpose(0, 2, 3, 1)
+    return xin.astype(np.float16) if prec.half else rna_tf32(xin)
+
+
+def enqueue_on(tc_env, op, xin, out, n, h, w):
+    """Runs op on xin with out (NaN-poisoned by the caller) as its output buffer; returns out, read back."""
+    ctx, queue = tc_env[:2]
+    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
+    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
+    op.enqueue(queue, src, dst, n, h, w)
+    cl.enqueue_copy(queue, out, dst)
+    queue.finish()
+    return out
 
 
 def params_of(cfg):
@@ -65,7 +81,7 @@ def params_of(cfg):
 def run_layer(tc_env, prec, cfg, shape, rng, splits_target=None, make=None):
     """(NHWC output as float64, float64 reference in NCHW, the layer) of one tensor-core layer on random data:
     TensorCoreLayer with params_of(cfg), or make(ctx, cache, prec, layer, weight, bias, env)."""
-    ctx, queue, cache, caps = tc_env
+    ctx, _, cache, caps = tc_env
     n, cin, cout, h, w, ks = shape
     layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, h if ks == 3 else 1)
     weight = (rng.standard_normal((cout, cin, ks, ks)) / np.sqrt(cin * ks * ks)).astype(np.float32)
@@ -79,15 +95,8 @@ def run_layer(tc_env, prec, cfg, shape, rng, splits_target=None, make=None):
         op = TensorCoreLayer(ctx, cache, p, prec, layer, weight if ks == 3 else weight[:, :, 0, 0], bias, env)
     else:
         op = make(ctx, cache, prec, layer, weight, bias, env)
-    xin = np.zeros((n, h, w, op.cpad), np.float32)
-    xin[..., :cin] = x.transpose(0, 2, 3, 1)
-    xin = xin.astype(np.float16) if prec.half else rna_tf32(xin)
-    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=xin)
-    out = np.full((n * h * w, op.cstore), np.nan, prec.storage)
-    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
-    op.enqueue(queue, src, dst, n, h, w)
-    cl.enqueue_copy(queue, out, dst)
-    queue.finish()
+    out = enqueue_on(tc_env, op, nhwc_input(x, op.cpad, prec), np.full((n * h * w, op.cstore), np.nan, prec.storage),
+                     n, h, w)
     got = out.astype(np.float64).reshape(n, h, w, op.cstore)
     xq, wq = stored(x, prec), stored(weight, prec)
     if ks == 3:
