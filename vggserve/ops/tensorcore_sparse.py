@@ -18,7 +18,7 @@ import pyopencl as cl
 from . import sparse24
 from .launch import Launch, round_up, upload
 from .precision import FP16, Precision
-from .registry import Algorithm, BuildEnv, LayerSpec, register
+from .registry import BuildEnv, LayerSpec, register
 from .tensorcore import HALO_ROW, HALO_TUNABLES, _TensorCoreAlgorithm, padded_bias, tc_weights, vec
 
 NAME = "tc_sparse24"
@@ -104,34 +104,23 @@ class SparseTensorCoreLayer(_Compressed24):
                 f"{p['STAGES']} stages {p['KB']}-byte rows")
 
 
-class SparseTensorCore(Algorithm):
+class SparseTensorCore(_TensorCoreAlgorithm):
     name = NAME
-    family = "tensorcore"
     kinds = ("conv3x3",)
     precisions = ("fp16",)
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
     sparse = True
-
-    def available(self, caps, precision):
-        return caps.tensor_cores and precision.name in self.precisions
+    tiles, tile_keys = TILES, TUNABLES
 
     def default(self, caps, precision):
         return dict(DEFAULT)
 
-    def candidates(self, caps, precision, layer):
-        out = []
-        for tile in TILES:
-            p = {"ALGO": NAME, **dict(zip(TUNABLES, tile))}
-            if valid(p) and self.fits(p, caps, precision):
-                out.append(p)
-        return out
+    def valid(self, params):
+        return valid(params)
 
     def local_mem(self, params, precision):
         return local_mem(params)
-
-    def work_group_size(self, params):
-        return 32 * params["WARPS_M"] * params["WARPS_N"]
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return SparseTensorCoreLayer(ctx, cache, {**DEFAULT, **params}, precision, layer, weight, bias, env)
