@@ -168,19 +168,32 @@ def valid(params: dict) -> bool:
 
 
 class _TensorCoreAlgorithm(Algorithm):
-    """What the tensor-core entries share: they need tensor cores; a candidate is a tile tuple of TILE_KEYS,
-    kept where `valid` and where it fits the device."""
+    """What the tensor-core entries share: they need tensor cores; a candidate is a tile tuple of `tile_keys`,
+    kept where `valid` (the kernel's shape rules) and where it fits the device; the default is `default_params` and
+    the local memory is `local_mem_of(params)`, whatever the precision."""
 
     family = "tensorcore"
     precisions = ("fp16", "tf32")
     tiles: list = []
     tile_keys: tuple = ()
+    default_params: dict = {}
 
     def available(self, caps, precision):
         return caps.tensor_cores and precision.name in self.precisions
 
-    def valid(self, params: dict) -> bool:
+    def default(self, caps, precision):
+        return dict(self.default_params)
+
+    @staticmethod
+    def valid(params: dict) -> bool:
         raise NotImplementedError
+
+    @staticmethod
+    def local_mem_of(params: dict) -> int:
+        raise NotImplementedError
+
+    def local_mem(self, params, precision):
+        return self.local_mem_of(params)
 
     def candidates(self, caps, precision, layer):
         out = []
@@ -199,16 +212,8 @@ class TensorCoreGemm(_TensorCoreAlgorithm):
     kinds = ("conv3x3", "fc")
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
-    tiles, tile_keys = TILES, ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
-
-    def default(self, caps, precision):
-        return dict(DEFAULT)
-
-    def valid(self, params):
-        return valid(params)
-
-    def local_mem(self, params, precision):
-        return local_mem(params)
+    tiles, tile_keys, default_params = TILES, TUNABLES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
@@ -288,19 +293,11 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
     kinds = ("conv3x3",)
     tunables = HALO_TUNABLES
     kernel_file = HALO_FILE
-    tiles, tile_keys = HALO_TILES, HALO_TUNABLES
-
-    def default(self, caps, precision):
-        return dict(HALO_DEFAULT)
-
-    def valid(self, params):
-        return halo_valid(params)
+    tiles, tile_keys, default_params = HALO_TILES, HALO_TUNABLES, HALO_DEFAULT
+    valid, local_mem_of = staticmethod(halo_valid), staticmethod(halo_local_mem)
 
     def fuses_pool(self, params):
         return halo_pools(params)
-
-    def local_mem(self, params, precision):
-        return halo_local_mem(params)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)

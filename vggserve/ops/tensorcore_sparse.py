@@ -111,16 +111,8 @@ class SparseTensorCore(_TensorCoreAlgorithm):
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
     sparse = True
-    tiles, tile_keys = TILES, TUNABLES
-
-    def default(self, caps, precision):
-        return dict(DEFAULT)
-
-    def valid(self, params):
-        return valid(params)
-
-    def local_mem(self, params, precision):
-        return local_mem(params)
+    tiles, tile_keys, default_params = TILES, TUNABLES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return SparseTensorCoreLayer(ctx, cache, {**DEFAULT, **params}, precision, layer, weight, bias, env)
@@ -189,16 +181,8 @@ class HaloSparseTensorCore(_TensorCoreAlgorithm):
     tunables = HALO_TUNABLES
     kernel_file = HALO_FILE
     sparse = True
-    tiles, tile_keys = HALO_SPARSE_TILES, HALO_TUNABLES
-
-    def default(self, caps, precision):
-        return dict(HALO_DEFAULT)
-
-    def valid(self, params):
-        return halo_valid(params)
-
-    def local_mem(self, params, precision):
-        return halo_local_mem(params)
+    tiles, tile_keys, default_params = HALO_SPARSE_TILES, HALO_TUNABLES, HALO_DEFAULT
+    valid, local_mem_of = staticmethod(halo_valid), staticmethod(halo_local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloSparseLayer(ctx, cache, {**HALO_DEFAULT, **params}, precision, layer, weight, bias, env)
