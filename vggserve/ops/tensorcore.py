@@ -248,6 +248,16 @@ def halo_valid(params: dict) -> bool:
             and (bn // wn) % 16 == 0 and (bn * 4) % threads == 0 and params["STAGES"] - 1 < 9)
 
 
+def halo_enqueue(layer, queue, src, weights: tuple, dst, n: int, h: int, w: int):
+    """One launch of a halo kernel (conv_tc_halo.cl, conv_tc_halo_sparse.cl), whose arguments differ only in the
+    weight buffers: a work-group per TH x TW pixels of an image and BN channels."""
+    p = layer.p
+    tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
+    groups = n * tiles_x * tiles_y * layer.groups_n
+    return layer.kernel(queue, (groups * layer.threads,), (layer.threads,), src, *weights, layer.bias, dst, layer.cpad,
+                        layer.cpadk, h, w, layer.cstore, layer.groups_n, tiles_x, tiles_x * tiles_y)
+
+
 class HaloLayer:
     """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks. With
     `layer.pool`, the 2x2/2 max-pool that follows is fused into the store: the output is the (h/2) x (w/2) image."""
@@ -273,11 +283,7 @@ class HaloLayer:
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
-        p = self.p
-        tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
-        groups = n * tiles_x * tiles_y * self.groups_n
-        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wt, self.bias, dst, self.cpad,
-                           self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
+        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w)
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9

@@ -19,7 +19,7 @@ from . import sparse24
 from .launch import Launch, round_up, upload
 from .precision import FP16, Precision
 from .registry import BuildEnv, LayerSpec, register
-from .tensorcore import HALO_ROW, HALO_TUNABLES, _TensorCoreAlgorithm, padded_bias, tc_weights, vec
+from .tensorcore import HALO_ROW, HALO_TUNABLES, _TensorCoreAlgorithm, halo_enqueue, padded_bias, tc_weights, vec
 
 NAME = "tc_sparse24"
 KERNEL_FILE = "conv_tc_sparse.cl"
@@ -162,11 +162,7 @@ class HaloSparseLayer(_Compressed24):
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo_sparse"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
-        p = self.p
-        tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
-        groups = n * tiles_x * tiles_y * self.groups_n
-        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wv, self.meta, self.bias, dst,
-                           self.cpad, self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
+        return halo_enqueue(self, queue, src, (self.wv, self.meta), dst, n, h, w)
 
     def describe(self) -> str:
         p = self.p
