@@ -98,6 +98,40 @@ def _dense_layer(model, name):
     raise KeyError(name)
 
 
+def _dense_run(model, name, x, dst_bytes, batch, size, iterations):
+    """x uploaded (src), an output buffer of dst_bytes (dst), and the engine's dense op for layer `name` timed on
+    them: (src, dst, op, milliseconds)."""
+    ctx, queue = model.context, model.queue
+    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
+    dst = cl.Buffer(ctx, MF.READ_WRITE, dst_bytes)
+    op, run = _dense_layer(model, name)
+    return src, dst, op, timed(queue, lambda: run(queue, src, dst, batch, size), iterations)
+
+
+def _layer_run(key, names, kind, cin, cout, size, batch, dense_ms, op, torch_time) -> LayerRun:
+    lr = LayerRun(key, names, kind, cin, cout, size, batch, dense_ms, op.describe())
+    if torch_time is not None:
+        lr.torch_ms = torch_time(kind, cin, cout, size, batch)
+    return lr
+
+
+def _torch_note(lr: LayerRun) -> str:
+    return f", torch {lr.torch_ms:.3f} ms" if lr.torch_ms is not None else ""
+
+
+def _shape_done(runs: list, lr: LayerRun, src, dst, on_layer) -> None:
+    """Free the shape's buffers, keep its run, report the runs so far."""
+    src.release()
+    dst.release()
+    runs.append(lr)
+    if on_layer is not None:
+        on_layer(runs)
+
+
+def _relative_err(got, ref) -> float:
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
 def _reference(kind, x, weight, bias, relu):
     f64 = np.float64
     if kind == "conv":
@@ -129,15 +163,9 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
         layer = LayerSpec("conv3x3" if lkind == "conv" else "fc", cin, cout, size, relu=relu)
         xshape = (batch, cin, size, size) if lkind == "conv" else (batch, cin)
         x = np.maximum(rng.standard_normal(xshape, dtype=np.float32), 0)  # ReLU outputs, as most layers get
-        src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
-        dst = cl.Buffer(ctx, MF.READ_WRITE, 4 * batch * cout * size * size)
-        op, run = _dense_layer(model, names[0])
-        dense_ms = timed(queue, lambda: run(queue, src, dst, batch, size), iterations)
-        lr = LayerRun(key, names, lkind, cin, cout, size, batch, dense_ms, op.describe())
-        if torch_time is not None:
-            lr.torch_ms = torch_time(lkind, cin, cout, size, batch)
-        progress(f"{key:>14s} {','.join(names)}: dense {dense_ms:.3f} ms ({lr.dense_algo})"
-                 + (f", torch {lr.torch_ms:.3f} ms" if lr.torch_ms is not None else ""))
+        src, dst, op, dense_ms = _dense_run(model, names[0], x, 4 * batch * cout * size * size, batch, size, iterations)
+        lr = _layer_run(key, names, lkind, cin, cout, size, batch, dense_ms, op, torch_time)
+        progress(f"{key:>14s} {','.join(names)}: dense {dense_ms:.3f} ms ({lr.dense_algo})" + _torch_note(lr))
         for s in sparsities:
             w = prune_unstructured(weight, s)
             ref = _reference(lkind, x, w, bias, relu) if check else None
@@ -163,18 +191,14 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
                 if ref is not None:
                     out = np.empty((batch, cout, size, size) if lkind == "conv" else (batch, cout), np.float32)
                     cl.enqueue_copy(queue, out, dst)
-                    point.err = float(np.abs(out[:1] - ref).max() / max(np.abs(ref).max(), 1e-30))
+                    point.err = _relative_err(out[:1], ref)
                 lr.points.append(point)
                 progress(f"{'':>14s}   {s:5.2f} {algo.name:18s} {point.ms:9.3f} ms  x{point.speedup:6.2f}"
                          + (f"  err {point.err:.1e}" if point.err is not None else "")
                          + (f"  build {point.build_s:.1f} s, {point.binary_bytes / 1e6:.2f} MB"
                             if algo.name == CODEGEN else ""))
                 sp = call = None  # the layer's buffers go before the next one is built
-        src.release()
-        dst.release()
-        runs.append(lr)
-        if on_layer is not None:
-            on_layer(runs)
+        _shape_done(runs, lr, src, dst, on_layer)
     return runs
 
 
@@ -196,22 +220,18 @@ def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bo
         cpad, cstore = round_up(cin, 8), round_up(cout, 8)
         x = np.zeros((batch, size, size, cpad), np.float16)  # NHWC, ReLU outputs, as most layers get
         x[..., :cin] = np.maximum(rng.standard_normal((batch, size, size, cin), dtype=np.float32), 0)
-        src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
-        dst = cl.Buffer(ctx, MF.READ_WRITE, 2 * batch * size * size * cstore)
-        op, run = _dense_layer(model, names[0])
-        dense_ms = timed(queue, lambda: run(queue, src, dst, batch, size), iterations)
+        dst_bytes = 2 * batch * size * size * cstore
+        src, dst, op, dense_ms = _dense_run(model, names[0], x, dst_bytes, batch, size, iterations)
         pool_ms = 0.0  # where the engine fused the pooling into the dense layer, the 2:4 one pays the pooling kernel
         if getattr(getattr(op, "layer", None), "pool", False):
             pool = nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(model.precision)), model.precision)
             pooled = cl.Buffer(ctx, MF.READ_WRITE, max(1, 2 * batch * (size // 2) ** 2 * cstore))
             pool_ms = timed(queue, lambda: pool.enqueue(queue, dst, pooled, batch, cstore, size, size), iterations)
             pooled.release()
-        lr = LayerRun(key, names, "conv", cin, cout, size, batch, dense_ms, op.describe())
-        if torch_time is not None:
-            lr.torch_ms = torch_time("conv", cin, cout, size, batch)
+        lr = _layer_run(key, names, "conv", cin, cout, size, batch, dense_ms, op, torch_time)
         progress(f"{key:>14s} {','.join(names)}: dense FP16 {dense_ms:.3f} ms ({lr.dense_algo})"
                  + (f" with its pooling fused (the 2:4 layer pays the pooling kernel, {pool_ms:.3f} ms)" if pool_ms else "")
-                 + (f", torch {lr.torch_ms:.3f} ms" if lr.torch_ms is not None else ""))
+                 + _torch_note(lr))
         ref = None
         if check:
             x0 = x[:1, :, :, :cin].astype(np.float64).transpose(0, 3, 1, 2)
@@ -232,16 +252,12 @@ def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bo
                 out = np.empty((batch, size, size, cstore), np.float16)
                 cl.enqueue_copy(queue, out, dst)
                 got = out[:1, :, :, :cout].astype(np.float64).transpose(0, 3, 1, 2)
-                point.err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+                point.err = _relative_err(got, ref)
             lr.points.append(point)
             progress(f"{'':>14s}   2:4 {point.ms:9.3f} ms  x{point.speedup:5.2f}"
                      + (f"  err {point.err:.1e}" if point.err is not None else "") + f"  {point.note}")
             sp = call = None
-        src.release()
-        dst.release()
-        runs.append(lr)
-        if on_layer is not None:
-            on_layer(runs)
+        _shape_done(runs, lr, src, dst, on_layer)
     return runs
 
 

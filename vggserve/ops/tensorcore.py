@@ -168,19 +168,32 @@ def valid(params: dict) -> bool:
 
 
 class _TensorCoreAlgorithm(Algorithm):
-    """What the tensor-core entries share: they need tensor cores; a candidate is a tile tuple of TILE_KEYS,
-    kept where `valid` and where it fits the device."""
+    """What the tensor-core entries share: they need tensor cores; a candidate is a tile tuple of `tile_keys`,
+    kept where `valid` (the kernel's shape rules) and where it fits the device; the default is `default_params` and
+    the local memory is `local_mem_of(params)`, whatever the precision."""
 
     family = "tensorcore"
     precisions = ("fp16", "tf32")
     tiles: list = []
     tile_keys: tuple = ()
+    default_params: dict = {}
 
     def available(self, caps, precision):
         return caps.tensor_cores and precision.name in self.precisions
 
-    def valid(self, params: dict) -> bool:
+    def default(self, caps, precision):
+        return dict(self.default_params)
+
+    @staticmethod
+    def valid(params: dict) -> bool:
         raise NotImplementedError
+
+    @staticmethod
+    def local_mem_of(params: dict) -> int:
+        raise NotImplementedError
+
+    def local_mem(self, params, precision):
+        return self.local_mem_of(params)
 
     def candidates(self, caps, precision, layer):
         out = []
@@ -199,16 +212,8 @@ class TensorCoreGemm(_TensorCoreAlgorithm):
     kinds = ("conv3x3", "fc")
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
-    tiles, tile_keys = TILES, ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
-
-    def default(self, caps, precision):
-        return dict(DEFAULT)
-
-    def valid(self, params):
-        return valid(params)
-
-    def local_mem(self, params, precision):
-        return local_mem(params)
+    tiles, tile_keys, default_params = TILES, TUNABLES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
@@ -243,6 +248,16 @@ def halo_valid(params: dict) -> bool:
             and (bn // wn) % 16 == 0 and (bn * 4) % threads == 0 and params["STAGES"] - 1 < 9)
 
 
+def halo_enqueue(layer, queue, src, weights: tuple, dst, n: int, h: int, w: int):
+    """One launch of a halo kernel (conv_tc_halo.cl, conv_tc_halo_sparse.cl), whose arguments differ only in the
+    weight buffers: a work-group per TH x TW pixels of an image and BN channels."""
+    p = layer.p
+    tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
+    groups = n * tiles_x * tiles_y * layer.groups_n
+    return layer.kernel(queue, (groups * layer.threads,), (layer.threads,), src, *weights, layer.bias, dst, layer.cpad,
+                        layer.cpadk, h, w, layer.cstore, layer.groups_n, tiles_x, tiles_x * tiles_y)
+
+
 class HaloLayer:
     """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks. With
     `layer.pool`, the 2x2/2 max-pool that follows is fused into the store: the output is the (h/2) x (w/2) image."""
@@ -268,11 +283,7 @@ class HaloLayer:
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
-        p = self.p
-        tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
-        groups = n * tiles_x * tiles_y * self.groups_n
-        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wt, self.bias, dst, self.cpad,
-                           self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
+        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w)
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
@@ -288,19 +299,11 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
     kinds = ("conv3x3",)
     tunables = HALO_TUNABLES
     kernel_file = HALO_FILE
-    tiles, tile_keys = HALO_TILES, HALO_TUNABLES
-
-    def default(self, caps, precision):
-        return dict(HALO_DEFAULT)
-
-    def valid(self, params):
-        return halo_valid(params)
+    tiles, tile_keys, default_params = HALO_TILES, HALO_TUNABLES, HALO_DEFAULT
+    valid, local_mem_of = staticmethod(halo_valid), staticmethod(halo_local_mem)
 
     def fuses_pool(self, params):
         return halo_pools(params)
-
-    def local_mem(self, params, precision):
-        return halo_local_mem(params)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)

@@ -18,8 +18,8 @@ import pyopencl as cl
 from . import sparse24
 from .launch import Launch, round_up, upload
 from .precision import FP16, Precision
-from .registry import Algorithm, BuildEnv, LayerSpec, register
-from .tensorcore import HALO_ROW, HALO_TUNABLES, _TensorCoreAlgorithm, padded_bias, tc_weights, vec
+from .registry import BuildEnv, LayerSpec, register
+from .tensorcore import HALO_ROW, HALO_TUNABLES, _TensorCoreAlgorithm, halo_enqueue, padded_bias, tc_weights, vec
 
 NAME = "tc_sparse24"
 KERNEL_FILE = "conv_tc_sparse.cl"
@@ -104,34 +104,15 @@ class SparseTensorCoreLayer(_Compressed24):
                 f"{p['STAGES']} stages {p['KB']}-byte rows")
 
 
-class SparseTensorCore(Algorithm):
+class SparseTensorCore(_TensorCoreAlgorithm):
     name = NAME
-    family = "tensorcore"
     kinds = ("conv3x3",)
     precisions = ("fp16",)
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
     sparse = True
-
-    def available(self, caps, precision):
-        return caps.tensor_cores and precision.name in self.precisions
-
-    def default(self, caps, precision):
-        return dict(DEFAULT)
-
-    def candidates(self, caps, precision, layer):
-        out = []
-        for tile in TILES:
-            p = {"ALGO": NAME, **dict(zip(TUNABLES, tile))}
-            if valid(p) and self.fits(p, caps, precision):
-                out.append(p)
-        return out
-
-    def local_mem(self, params, precision):
-        return local_mem(params)
-
-    def work_group_size(self, params):
-        return 32 * params["WARPS_M"] * params["WARPS_N"]
+    tiles, tile_keys, default_params = TILES, TUNABLES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return SparseTensorCoreLayer(ctx, cache, {**DEFAULT, **params}, precision, layer, weight, bias, env)
@@ -181,11 +162,7 @@ class HaloSparseLayer(_Compressed24):
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo_sparse"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
-        p = self.p
-        tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
-        groups = n * tiles_x * tiles_y * self.groups_n
-        return self.kernel(queue, (groups * self.threads,), (self.threads,), src, self.wv, self.meta, self.bias, dst,
-                           self.cpad, self.cpadk, h, w, self.cstore, self.groups_n, tiles_x, tiles_x * tiles_y)
+        return halo_enqueue(self, queue, src, (self.wv, self.meta), dst, n, h, w)
 
     def describe(self) -> str:
         p = self.p
@@ -200,16 +177,8 @@ class HaloSparseTensorCore(_TensorCoreAlgorithm):
     tunables = HALO_TUNABLES
     kernel_file = HALO_FILE
     sparse = True
-    tiles, tile_keys = HALO_SPARSE_TILES, HALO_TUNABLES
-
-    def default(self, caps, precision):
-        return dict(HALO_DEFAULT)
-
-    def valid(self, params):
-        return halo_valid(params)
-
-    def local_mem(self, params, precision):
-        return halo_local_mem(params)
+    tiles, tile_keys, default_params = HALO_SPARSE_TILES, HALO_TUNABLES, HALO_DEFAULT
+    valid, local_mem_of = staticmethod(halo_valid), staticmethod(halo_local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloSparseLayer(ctx, cache, {**HALO_DEFAULT, **params}, precision, layer, weight, bias, env)
