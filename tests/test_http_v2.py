@@ -7,6 +7,7 @@ import base64
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -201,15 +202,18 @@ from vggserve.serving.settings import Settings
 
 settings = Settings(port=PORT, max_batch_size=2, max_wait_ms=20, max_queue=4, max_files=4, api_key="k3y",
                     preprocess_threads=2)
-sys.exit(run_server(settings, lambda device: SlowModel(device, 0.6, 2), log_level="warning"))
+sys.exit(run_server(settings, lambda device: SlowModel(device, 0.05, 2, hold_file=HOLD), log_level="warning"))
 """
 KEY = {"Authorization": "Bearer k3y"}  # tritonclient adds to the dict it is given: pass it copies
 
 
 @pytest.fixture(scope="module")
-def slow_server():
-    with running(ServerProcess.python_code(SLOW_SERVER)) as server:
+def slow_server(tmp_path_factory):
+    """While `server.hold` exists, every batch stays on the device (SlowModel's hold_file)."""
+    hold = tmp_path_factory.mktemp("slow_server") / "hold"
+    with running(ServerProcess.python_code(SLOW_SERVER.replace("HOLD", repr(str(hold))))) as server:
         server.wait_ready(60)
+        server.hold = hold
         yield server
 
 
@@ -224,35 +228,59 @@ def test_api_key_is_needed_except_for_health(slow_server):
     assert result.as_numpy("probabilities").shape == (1, 1000)
 
 
-def busy_requests(server, pool, count: int) -> list:
-    """`count` requests of two images each, sent with httpx from other threads (a tritonclient client is gevent's,
-    not for threads)."""
-    body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2],
-                        "data": [base64.b64encode(PNG).decode()] * 2}]}
-    return [pool.submit(httpx.post, server.url + "/v2/models/vgg16/infer", json=body, headers=KEY, timeout=60)
-            for _ in range(count)]
-
-
 def test_a_full_queue_is_429_and_a_passed_deadline_504(slow_server):
     client = client_for(slow_server)
     with ThreadPoolExecutor(3) as pool:
-        # --max-queue 4 counts the images waiting: one request of 2 images on the device, two waiting fill it
-        busy = busy_requests(slow_server, pool, 3)
-        wait_until(lambda: waiting(slow_server) == 4, 20, "four images waiting")
-        with pytest.raises(InferenceServerException) as full:
-            client.infer("vgg16", [image_input([PNG])], headers=dict(KEY))
-        assert full.value.status() == "429" and "queue is full" in full.value.message()
-        assert [f.result(timeout=30).status_code for f in busy] == [200] * 3
+        # --max-queue 4 counts the images waiting or being decoded: one request of 2 images held on the device
+        # (sent alone, so that it is there before the others arrive), two waiting fill it
+        with holding_the_device(slow_server):
+            busy = busy_requests(slow_server, pool, 1, on_the_device=True)
+            busy += busy_requests(slow_server, pool, 2)
+            wait_until(lambda: waiting(slow_server) == 4, 60, "four images waiting")
+            with pytest.raises(InferenceServerException) as full:
+                client.infer("vgg16", [image_input([PNG])], headers=dict(KEY))
+            assert full.value.status() == "429" and "queue is full" in full.value.message()
+        assert [f.result(timeout=60).status_code for f in busy] == [200] * 3
         # parameters.timeout (microseconds): a request that cannot reach a device within 100 ms
-        busy = busy_requests(slow_server, pool, 2)
-        wait_until(lambda: waiting(slow_server) == 2, 20, "two images waiting")
-        with pytest.raises(InferenceServerException) as late:
-            client.infer("vgg16", [image_input([PNG])], headers=dict(KEY), timeout=100_000)
-        assert late.value.status() == "504" and "deadline" in late.value.message()
-        assert [f.result(timeout=30).status_code for f in busy] == [200] * 2
+        with holding_the_device(slow_server):
+            busy = busy_requests(slow_server, pool, 1, on_the_device=True)
+            busy += busy_requests(slow_server, pool, 1)
+            wait_until(lambda: waiting(slow_server) == 2, 60, "two images waiting")
+            with pytest.raises(InferenceServerException) as late:
+                client.infer("vgg16", [image_input([PNG])], headers=dict(KEY), timeout=100_000)
+            assert late.value.status() == "504" and "deadline" in late.value.message()
+        assert [f.result(timeout=60).status_code for f in busy] == [200] * 2
+
+
+@contextmanager
+def holding_the_device(server):
+    """Holds every batch on the slow server's device (SlowModel's hold_file) until the block ends."""
+    server.hold.touch()
+    try:
+        yield
+    finally:
+        server.hold.unlink()
+
+
+def busy_requests(server, pool, count: int, on_the_device: bool = False) -> list:
+    """`count` requests of two images each, sent with httpx from other threads (a tritonclient client is gevent's,
+    not for threads). `on_the_device`: returns once their batch has left the queue (for the first request sent
+    while the device is held)."""
+    body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2],
+                        "data": [base64.b64encode(PNG).decode()] * 2}]}
+    taken = metric(server, "vggserve_batch_size_count")
+    sent = [pool.submit(httpx.post, server.url + "/v2/models/vgg16/infer", json=body, headers=KEY, timeout=120)
+            for _ in range(count)]
+    if on_the_device:
+        wait_until(lambda: metric(server, "vggserve_batch_size_count") > taken, 60, "a batch on the device")
+    return sent
 
 
 def waiting(server) -> float:
-    """Images waiting in the server's queue, from /metrics."""
+    return metric(server, "vggserve_queue_length")
+
+
+def metric(server, name: str) -> float:
+    """`name`'s value in the server's /metrics (the images waiting in its queue, for vggserve_queue_length)."""
     text = httpx.get(server.url + "/metrics", headers=KEY, timeout=10).text
-    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("vggserve_queue_length "))
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))

@@ -45,13 +45,16 @@ class ReferenceModel:
 
 class SlowModel:
     """Sleeps `seconds_per_batch` per batch and scores class (sum of the image's pixels) mod 1000 highest;
-    `fail_after` batches, raises RuntimeError (a dying device)."""
+    `fail_after` batches, raises RuntimeError (a dying device). With `hold_file`, a batch also waits on the device
+    for as long as that file exists: a test holds the device busy for exactly as long as it needs, however slow
+    the machine."""
 
     preprocessing = "torchvision"
 
     def __init__(self, device: str = "cpu", seconds_per_batch: float = 0.2, max_batch_size: int = 16,
-                 load_seconds: float = 0.0, fail_after: int | None = None):
+                 load_seconds: float = 0.0, fail_after: int | None = None, hold_file: str | None = None):
         time.sleep(load_seconds)
+        self.hold_file = hold_file
         self.device_name = f"sleeping stand-in ({device})"
         self.seconds_per_batch = seconds_per_batch
         self.max_batch_size = max_batch_size
@@ -64,6 +67,8 @@ class SlowModel:
             raise RuntimeError("simulated device failure")
         self.batch_sizes.append(len(x))
         time.sleep(self.seconds_per_batch)
+        while self.hold_file is not None and os.path.exists(self.hold_file):
+            time.sleep(0.01)
         return slow_model_logits(x)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
