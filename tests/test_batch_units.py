@@ -134,6 +134,34 @@ def test_second_job_on_the_same_output_is_refused_while_the_first_holds_it(tmp_p
     ResultStore(tmp_path / "results.jsonl").close()  # free again once the first is closed
 
 
+def test_a_job_refused_at_start_closes_cleanly_and_leaves_the_first_jobs_file_alone(tmp_path):
+    """The refused store kept the number of the descriptor it had closed: closing it raised EBADF (a traceback in
+    place of the one-line refusal), or closed whatever file had been given that number since."""
+    output = tmp_path / "results.jsonl"
+    first, second = ResultStore(output), ResultStore(output)
+    first.start()
+    with pytest.raises(OutputError, match="another batch job"):
+        second.start()
+    unrelated = os.open(tmp_path / "other", os.O_CREAT | os.O_WRONLY)  # may be given the number the refusal freed
+    second.close()
+    os.fstat(unrelated)  # still open
+    os.close(unrelated)
+    first.write([result_line("a.jpg", [])], [])
+    first.close()
+    assert [json.loads(line)["image"] for line in _lines(output)] == ["a.jpg"]
+
+
+def test_an_output_refused_for_a_corrupt_line_is_not_left_locked(tmp_path):
+    output = tmp_path / "results.jsonl"
+    output.write_text("garbage\n")
+    with pytest.raises(OutputError, match="results.jsonl:1"):
+        ResultStore(output)
+    output.write_text(result_line("a.jpg", []) + "\n")  # repaired: the same process may open it again
+    store = ResultStore(output)
+    assert store.done == {"a.jpg"}
+    store.close()
+
+
 def test_a_store_creates_nothing_until_the_job_starts(tmp_path):
     """A failed set-up (no GPU, bad weights) used to leave empty results.jsonl and results.errors.jsonl behind."""
     output = tmp_path / "new" / "deeper" / "results.jsonl"
