@@ -199,6 +199,30 @@ def test_retry_errors_forgets_recorded_errors_but_keeps_results(tmp_path):
     retry.close()
 
 
+def test_a_summary_that_could_not_be_written_is_refused_before_the_job_starts(tmp_path, tiny_weights_path):
+    """It used to be found out at the very end, as a NotADirectoryError traceback after every image was done."""
+    from vggserve.distributed.job import BatchOptions, make_plan
+
+    image = _touch(tmp_path / "in" / "a.png")
+    (tmp_path / "file").write_text("")
+    for summary, message in ((tmp_path / "file" / "s.json", "is not a folder"), (tmp_path, "is a folder")):
+        options = BatchOptions(input=str(image), output=str(tmp_path / "out" / "r.jsonl"),
+                               weights=str(tiny_weights_path), summary_path=str(summary))
+        with pytest.raises(OutputError, match=message):
+            make_plan(options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_summary_folder_is_made_and_a_failed_write_is_one_line(tmp_path):
+    from vggserve.distributed.job import _write_summary
+
+    _write_summary(tmp_path / "new" / "s.json", {"images": 1})
+    assert json.loads((tmp_path / "new" / "s.json").read_text()) == {"images": 1}
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="cannot write the summary"):
+        _write_summary(tmp_path / "file" / "s.json", {})
+
+
 # ---- chunk runner --------------------------------------------------------------------------------------------
 class ConstantModel:
     """Stands in for the engine: probability 1 on class (number of the call's rows), records batch sizes."""

@@ -72,7 +72,7 @@ class JsonlAppender:
         self._last_sync = time.monotonic()
         self._made_here = not (read and path.exists())
         if self._made_here:
-            _check_creatable(path)
+            check_creatable(path)
         else:
             self._open(os.O_RDWR | os.O_APPEND)
 
@@ -211,7 +211,7 @@ class ResultStore:
             self.results.close()
 
 
-def _check_creatable(path: Path) -> None:
+def check_creatable(path: Path) -> None:
     """OutputError now, rather than after the models are loaded, when `path` could not be created: its nearest
     existing folder is not a folder, or not writable."""
     folder = path.parent
