@@ -52,6 +52,16 @@ def test_missing_input_is_a_clear_error(tmp_path):
         list_inputs(str(tmp_path / "nowhere"))
 
 
+def test_an_input_naming_no_images_is_a_clear_error_not_an_empty_job(tmp_path):
+    """It used to say `nothing to do: all 0 images are already in results.jsonl` and exit 0."""
+    _touch(tmp_path / "photos" / "notes.txt")
+    with pytest.raises(InputError, match="no image files below it"):
+        list_inputs(str(tmp_path / "photos"))
+    listing = _touch(tmp_path / "list.txt", b"# nothing yet\n\n")
+    with pytest.raises(InputError, match="names no images"):
+        list_inputs(str(listing))
+
+
 # ---- device binding ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec, local_rank, local_size, expected", [
     ("gpu", 0, 4, "gpu:0"),
