@@ -400,6 +400,20 @@ def test_safetensors_header_that_is_not_json_is_unreadable(tmp_path):
         load_weights(path)
 
 
+@pytest.mark.parametrize("header, message", [
+    ({"__metadata__": ["a", "b"]}, r"__metadata__ is not a JSON object"),
+    ({"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, r"w: malformed safetensors header entry"),
+    ({"w": {"dtype": {"F32": 1}, "shape": [1], "data_offsets": [0, 4]}}, r"w: malformed safetensors header entry"),
+])
+def test_safetensors_header_of_the_wrong_json_types_is_a_weights_error(tmp_path, header, message):
+    """A list as __metadata__ or as a dtype used to be an AttributeError or TypeError traceback."""
+    text = json.dumps(header).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 4)
+    with pytest.raises(WeightsError, match=message):
+        load_weights(path)
+
+
 def test_missing_file_is_weights_not_found(tmp_path):
     with pytest.raises(WeightsNotFound, match="no such weights file"):
         load_weights(tmp_path / "nope.safetensors")

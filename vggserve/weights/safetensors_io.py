@@ -35,6 +35,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: unreadable safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise WeightsError(f"{path}: unreadable safetensors header (__metadata__ is not a JSON object)")
     base = 8 + header_len
     tensors = {key: _tensor(path, mapped, base, size, key, entry) for key, entry in header.items()}
     return tensors, {str(k): str(v) for k, v in metadata.items()}
@@ -43,7 +45,7 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
 def _tensor(path, mapped, base: int, size: int, key: str, entry) -> np.ndarray:
     try:
         dtype_name, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        if not all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)):
+        if not isinstance(dtype_name, str) or not all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)):
             raise ValueError
     except (KeyError, TypeError, ValueError):
         raise WeightsError(f"{path}: {key}: malformed safetensors header entry") from None
