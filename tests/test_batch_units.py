@@ -52,6 +52,16 @@ def test_missing_input_is_a_clear_error(tmp_path):
         list_inputs(str(tmp_path / "nowhere"))
 
 
+def test_an_input_naming_no_images_is_a_clear_error_not_an_empty_job(tmp_path):
+    """It used to say `nothing to do: all 0 images are already in results.jsonl` and exit 0."""
+    _touch(tmp_path / "photos" / "notes.txt")
+    with pytest.raises(InputError, match="no image files below it"):
+        list_inputs(str(tmp_path / "photos"))
+    listing = _touch(tmp_path / "list.txt", b"# nothing yet\n\n")
+    with pytest.raises(InputError, match="names no images"):
+        list_inputs(str(listing))
+
+
 # ---- device binding ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec, local_rank, local_size, expected", [
     ("gpu", 0, 4, "gpu:0"),
@@ -134,6 +144,34 @@ def test_second_job_on_the_same_output_is_refused_while_the_first_holds_it(tmp_p
     ResultStore(tmp_path / "results.jsonl").close()  # free again once the first is closed
 
 
+def test_a_job_refused_at_start_closes_cleanly_and_leaves_the_first_jobs_file_alone(tmp_path):
+    """The refused store kept the number of the descriptor it had closed: closing it raised EBADF (a traceback in
+    place of the one-line refusal), or closed whatever file had been given that number since."""
+    output = tmp_path / "results.jsonl"
+    first, second = ResultStore(output), ResultStore(output)
+    first.start()
+    with pytest.raises(OutputError, match="another batch job"):
+        second.start()
+    unrelated = os.open(tmp_path / "other", os.O_CREAT | os.O_WRONLY)  # may be given the number the refusal freed
+    second.close()
+    os.fstat(unrelated)  # still open
+    os.close(unrelated)
+    first.write([result_line("a.jpg", [])], [])
+    first.close()
+    assert [json.loads(line)["image"] for line in _lines(output)] == ["a.jpg"]
+
+
+def test_an_output_refused_for_a_corrupt_line_is_not_left_locked(tmp_path):
+    output = tmp_path / "results.jsonl"
+    output.write_text("garbage\n")
+    with pytest.raises(OutputError, match="results.jsonl:1"):
+        ResultStore(output)
+    output.write_text(result_line("a.jpg", []) + "\n")  # repaired: the same process may open it again
+    store = ResultStore(output)
+    assert store.done == {"a.jpg"}
+    store.close()
+
+
 def test_a_store_creates_nothing_until_the_job_starts(tmp_path):
     """A failed set-up (no GPU, bad weights) used to leave empty results.jsonl and results.errors.jsonl behind."""
     output = tmp_path / "new" / "deeper" / "results.jsonl"
@@ -169,6 +207,30 @@ def test_retry_errors_forgets_recorded_errors_but_keeps_results(tmp_path):
     retry.start()
     assert errors_path_for(output).read_text() == ""
     retry.close()
+
+
+def test_a_summary_that_could_not_be_written_is_refused_before_the_job_starts(tmp_path, tiny_weights_path):
+    """It used to be found out at the very end, as a NotADirectoryError traceback after every image was done."""
+    from vggserve.distributed.job import BatchOptions, make_plan
+
+    image = _touch(tmp_path / "in" / "a.png")
+    (tmp_path / "file").write_text("")
+    for summary, message in ((tmp_path / "file" / "s.json", "is not a folder"), (tmp_path, "is a folder")):
+        options = BatchOptions(input=str(image), output=str(tmp_path / "out" / "r.jsonl"),
+                               weights=str(tiny_weights_path), summary_path=str(summary))
+        with pytest.raises(OutputError, match=message):
+            make_plan(options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_summary_folder_is_made_and_a_failed_write_is_one_line(tmp_path):
+    from vggserve.distributed.job import _write_summary
+
+    _write_summary(tmp_path / "new" / "s.json", {"images": 1})
+    assert json.loads((tmp_path / "new" / "s.json").read_text()) == {"images": 1}
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="cannot write the summary"):
+        _write_summary(tmp_path / "file" / "s.json", {})
 
 
 # ---- chunk runner --------------------------------------------------------------------------------------------

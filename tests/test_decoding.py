@@ -12,7 +12,7 @@ from image_corpus import EXPECTED, Bad, build_corpus
 from PIL import Image
 
 from vggserve.decoding import check_decode, decode_input, decode_pixels, jpeg, model_input
-from vggserve.decoding.corpus import MIX, photo_like, write_mix
+from vggserve.decoding.corpus import MIX, Kind, photo_like, write_mix
 from vggserve.images import dct_scale, open_image
 from vggserve.modelinput import ModelInput, device_input
 from vggserve.preprocess import center_crop, load_and_preprocess
@@ -32,6 +32,46 @@ def awkward(tmp_path_factory):
 
 def pixels_of(decoded) -> np.ndarray:
     return decoded if isinstance(decoded, np.ndarray) else np.asarray(decoded)
+
+
+SMALL_KINDS = (Kind("plain", (64, 48), options=dict(quality=90)), Kind("turned", (64, 48), orientation=6),
+               Kind("png", (40, 30), fmt="PNG"))
+
+
+def test_write_mix_rewrites_files_of_another_scale_and_reuses_those_of_its_own(tmp_path):
+    """A folder written at scale 1 was reused as it was for scale 0.5 (and the other way round)."""
+    full = write_mix(tmp_path, scale=1.0, kinds=SMALL_KINDS)
+    sizes = {name: Image.open(path).size for name, path in full.items()}
+    assert sizes == {"plain.jpg": (64, 48), "turned.jpg": (48, 64), "png.png": (40, 30)}
+    half = write_mix(tmp_path, scale=0.5, kinds=SMALL_KINDS)
+    assert {name: Image.open(path).size for name, path in half.items()} == \
+        {"plain.jpg": (32, 24), "turned.jpg": (24, 32), "png.png": (20, 16)}  # 16: the smallest side
+    written = {name: path.stat().st_mtime_ns for name, path in half.items()}
+    assert {name: path.stat().st_mtime_ns for name, path in write_mix(tmp_path, 0.5, SMALL_KINDS).items()} == written
+
+
+def test_write_mix_killed_while_saving_leaves_nothing_for_the_next_run_to_reuse(tmp_path, monkeypatch):
+    """A file was saved in place: a run killed part way left a truncated JPEG that the next run reused."""
+    real_save = Image.Image.save
+
+    def killed_half_way(image, fp, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(image, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        if isinstance(fp, (str, bytes)) or hasattr(fp, "__fspath__"):
+            with open(fp, "wb") as handle:
+                handle.write(data[: len(data) // 2])
+        else:
+            fp.write(data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Image.Image, "save", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        write_mix(tmp_path, kinds=SMALL_KINDS[:1])
+    monkeypatch.setattr(Image.Image, "save", real_save)
+    files = write_mix(tmp_path, kinds=SMALL_KINDS[:1])
+    Image.open(files["plain.jpg"]).load()  # whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.jpg"]
 
 
 def test_simplejpeg_is_installed_and_adopted_here():

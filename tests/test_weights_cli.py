@@ -160,3 +160,20 @@ def test_converted_timm_and_keras_files_give_the_same_logits_as_their_source(tmp
         assert _run(capsys, "convert", str(src), str(dst))[0] == 0
         np.testing.assert_array_equal(reference_logits(load_weights(src).tensors, x),
                                       reference_logits(load_weights(dst).tensors, x))
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_leaves_no_temporary_file(tmp_path, capsys,
+                                                                                     tiny_weights_path):
+    """init, convert and prune used to end in a FileExistsError or IsADirectoryError traceback."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder").mkdir()
+    commands = [
+        ["init", "--seed", "0", "--width", "0.125", "--output", str(tmp_path / "file" / "w.safetensors")],
+        ["convert", str(tiny_weights_path), str(tmp_path / "folder")],
+        ["prune", "--sparsity", "0.5", str(tiny_weights_path), str(tmp_path / "file" / "p.safetensors")],
+    ]
+    for command in commands:
+        assert main(["weights", *command]) == 4, command
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("vggserve: error: ") and "cannot write" in err and "\n" not in err, err
+    assert list((tmp_path / "folder").iterdir()) == []

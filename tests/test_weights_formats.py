@@ -400,6 +400,49 @@ def test_safetensors_header_that_is_not_json_is_unreadable(tmp_path):
         load_weights(path)
 
 
+@pytest.mark.parametrize("header, message", [
+    ({"__metadata__": ["a", "b"]}, r"__metadata__ is not a JSON object"),
+    ({"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, r"w: malformed safetensors header entry"),
+    ({"w": {"dtype": {"F32": 1}, "shape": [1], "data_offsets": [0, 4]}}, r"w: malformed safetensors header entry"),
+])
+def test_safetensors_header_of_the_wrong_json_types_is_a_weights_error(tmp_path, header, message):
+    """A list as __metadata__ or as a dtype used to be an AttributeError or TypeError traceback."""
+    text = json.dumps(header).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 4)
+    with pytest.raises(WeightsError, match=message):
+        load_weights(path)
+
+
+@pytest.mark.parametrize("key, value", [("features.0.weight", np.nan), ("classifier.6.bias", np.inf),
+                                        ("classifier.0.weight", -np.inf)])
+def test_weights_that_are_not_finite_are_a_weights_error_naming_the_tensor(tmp_path, tiny_tensors, key, value):
+    """They used to load: NaN probabilities (printed as `NaN`, not JSON) or, behind a ReLU, silently wrong ones."""
+    bad = np.array(tiny_tensors[key])
+    bad.reshape(-1)[[0, 5]] = value
+    path = _save(tmp_path, {**tiny_tensors, key: bad})
+    with pytest.raises(WeightsError) as info:
+        load_weights(path)
+    assert str(info.value).startswith(f"{path}: {key}: 2 of {bad.size:,} values are NaN or infinite")
+    with pytest.raises(WeightsError, match="NaN or infinite"):
+        weights_from_tensors({**tiny_tensors, key: bad})
+
+
+def test_large_finite_weights_whose_sum_overflows_still_load(tiny_tensors):
+    big = np.full_like(tiny_tensors["classifier.0.weight"], 3e38)
+    with np.errstate(over="ignore"):
+        assert np.isinf(big.sum())
+    loaded = weights_from_tensors({**tiny_tensors, "classifier.0.weight": big})
+    assert loaded.tensors["classifier.0.weight"][0, 0] == np.float32(3e38)
+
+
+def test_float64_weights_too_large_for_float32_are_refused(tmp_path, tiny_tensors):
+    huge = tiny_tensors["features.0.bias"].astype(np.float64)
+    huge[3] = 1e300
+    with pytest.raises(WeightsError, match=r"features\.0\.bias: 1 of 8 values are NaN or infinite"):
+        weights_from_tensors({**tiny_tensors, "features.0.bias": huge})
+
+
 def test_missing_file_is_weights_not_found(tmp_path):
     with pytest.raises(WeightsNotFound, match="no such weights file"):
         load_weights(tmp_path / "nope.safetensors")

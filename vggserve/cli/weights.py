@@ -52,21 +52,22 @@ def register(subparsers) -> None:
     p.set_defaults(func=_where)
 
 
-def _width(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _width(text: str) -> float:
+    value = _number(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"width must be in (0, 1], got {value}")
     return value
 
 
 def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"sparsity must be between 0 and 1, got {value}")
     return value

@@ -11,6 +11,7 @@ JPEG. Pictures are synthetic but photo-like for a JPEG coder: smooth shading, ha
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,30 +70,52 @@ def photo_like(width: int, height: int, seed: int = 0) -> Image.Image:
 
 
 def write_mix(folder: str | Path, scale: float = 1.0, kinds=MIX) -> dict[str, Path]:
-    """Write every kind of the mix into `folder` (sides times `scale`), reusing files already there."""
+    """Write every kind of the mix into `folder` (sides times `scale`), reusing files already there when they have
+    the size asked for (a folder written at another scale is rewritten). Each file is written whole or not at all,
+    so a run killed while writing leaves no truncated file for the next one to reuse."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for k, kind in enumerate(kinds):
         width, height = (max(16, round(side * scale)) for side in kind.size)
+        stored = (height, width) if kind.orientation != 1 else (width, height)  # see _save
         for i in range(kind.count):
             name = f"{kind.name}_{i}.{'png' if kind.fmt == 'PNG' else 'jpg'}" if kind.count > 1 else \
                 f"{kind.name}.{'png' if kind.fmt == 'PNG' else 'jpg'}"
             path = folder / name
-            if not path.exists():
+            if _stored_size(path) != stored:
                 _save(photo_like(width, height, seed=100 * k + i), kind, path)
             files[name] = path
     return files
 
 
+def _stored_size(path: Path) -> tuple[int, int] | None:
+    """(width, height) in the file's header; None when there is no readable image file."""
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, ValueError):
+        return None
+
+
 def _save(image: Image.Image, kind: Kind, path: Path) -> None:
+    """Save under a temporary name beside `path`, then rename it into place."""
+    from ..tempfiles import temporary_beside
+
     options = dict(kind.options)
     if kind.orientation != 1:  # stored turned; the EXIF tag says how to show it
         image = image.transpose(Image.Transpose.ROTATE_90)
         exif = Image.Exif()
         exif[0x0112] = kind.orientation
         options["exif"] = exif
-    image.convert(kind.mode).save(path, kind.fmt, **options)
+    fd, temporary = temporary_beside(path)
+    try:
+        with open(fd, "wb") as handle:
+            image.convert(kind.mode).save(handle, kind.fmt, **options)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def sample_photos() -> list[np.ndarray]:

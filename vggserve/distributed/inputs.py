@@ -7,6 +7,9 @@
   missing files are reported in the errors file like unreadable ones.
 - A file with an image extension: that one image.
 
+A directory with no image file below it, or a list naming none, is an InputError (a mistyped --input should not
+look like a finished job).
+
 Each path is the image's identity in results.jsonl (its "image" field) and for resuming: rerun with the same
 `--input` spelling. Duplicate paths are kept once, at their first place.
 """
@@ -33,12 +36,17 @@ def is_image_name(name: str) -> bool:
 
 
 def list_inputs(source: str) -> list[str]:
-    """The image paths named by `source` (directory, list file or image file), without duplicates."""
+    """The image paths named by `source` (directory, list file or image file), without duplicates; never empty."""
     source = os.fspath(source)
     if os.path.isdir(source):
         paths = scan_directory(source)
+        if not paths:
+            raise InputError(f"--input {source}: no image files below it (extensions "
+                             f"{' '.join(sorted(IMAGE_EXTENSIONS))}, any case)")
     elif os.path.isfile(source):
         paths = [source] if is_image_name(source) else read_list_file(source)
+        if not paths:
+            raise InputError(f"--input {source}: the list file names no images")
     else:
         raise InputError(f"--input {source}: no such directory or file")
     return list(dict.fromkeys(paths))

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import describe
 from ..jsonfile import write_json_atomically
@@ -30,7 +31,7 @@ from .inputs import list_inputs
 from .coordinator import Coordinator
 from .mpi import abort_all, barrier, helper_threads_allowed, world
 from .pipeline import ChunkOutcome, ChunkRunner, RankStats
-from .store import ResultStore
+from .store import OutputError, ResultStore, check_creatable
 from .summary import format_summary, summarize
 from .workqueue import CoordinatorLink, chunk_size, chunked, work_for_coordinator
 
@@ -68,6 +69,8 @@ def make_plan(options: BatchOptions) -> Plan:
 
     weights = os.path.abspath(find_weights(options.weights))  # ranks on other machines may start elsewhere
     paths = list_inputs(options.input)
+    if options.summary_path:
+        _check_summary_path(Path(options.summary_path))
     store = ResultStore(options.output, retry_errors=options.retry_errors)
     todo = [path for path in paths if path not in store.done]
     return Plan(weights, store, todo, len(paths) - len(todo))
@@ -154,7 +157,7 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
                                 str(plan.store.output), str(plan.store.errors_path))
             print(format_summary(summary), flush=True)
             if options.summary_path:
-                write_json_atomically(options.summary_path, summary)
+                _write_summary(Path(options.summary_path), summary)
         return 0
     finally:
         runner.close()
@@ -164,6 +167,21 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
             plan.store.close()
         if progress is not None:
             progress.close()
+
+
+def _check_summary_path(path: Path) -> None:
+    """OutputError before any work when --summary could not be written at the end."""
+    if path.is_dir():
+        raise OutputError(f"--summary {path}: is a folder; name a file")
+    check_creatable(path)
+
+
+def _write_summary(path: Path, summary: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(path, summary)
+    except OSError as exc:
+        raise OutputError(f"cannot write the summary {path}: {exc.strerror or exc}") from exc
 
 
 def _decode_procs(setting: int | str, local_size: int) -> int:

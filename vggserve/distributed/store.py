@@ -72,7 +72,7 @@ class JsonlAppender:
         self._last_sync = time.monotonic()
         self._made_here = not (read and path.exists())
         if self._made_here:
-            _check_creatable(path)
+            check_creatable(path)
         else:
             self._open(os.O_RDWR | os.O_APPEND)
 
@@ -90,35 +90,40 @@ class JsonlAppender:
             raise OutputError(f"{self.path} was written by something else while this job started; run it again")
 
     def _open(self, flags: int) -> None:
+        """Open (and lock) the file and read its whole lines; on failure nothing stays open or locked."""
         try:
-            self._fd = os.open(self.path, flags, 0o644)
+            fd = os.open(self.path, flags, 0o644)
         except OSError as exc:
             raise OutputError(f"cannot open {self.path}: {exc.strerror}") from exc
-        if self.lock:
-            self._lock()
-        self.images = self._recover()
+        try:
+            if self.lock:
+                self._lock(fd)
+            self.images = self._recover(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
         self._last_sync = time.monotonic()
 
-    def _lock(self) -> None:
+    def _lock(self, fd: int) -> None:
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            os.close(self._fd)
             raise OutputError(f"{self.path} is being written by another batch job; wait for it to end") from exc
         except OSError:
             pass  # a file system without flock: go on unlocked
 
-    def _recover(self) -> list[str]:
+    def _recover(self, fd: int) -> list[str]:
         """Images of the whole lines; a torn last line (no newline at the end) is truncated away."""
         data = b""
-        with open(self._fd, "rb", closefd=False) as handle:
+        with open(fd, "rb", closefd=False) as handle:
             handle.seek(0)
             data = handle.read()
         end = data.rfind(b"\n") + 1
         if end < len(data):
             self.discarded_bytes = len(data) - end
-            os.ftruncate(self._fd, end)
-            os.fsync(self._fd)
+            os.ftruncate(fd, end)
+            os.fsync(fd)
         images = []
         for number, raw in enumerate(data[:end].splitlines(), start=1):
             if not raw.strip():
@@ -206,7 +211,7 @@ class ResultStore:
             self.results.close()
 
 
-def _check_creatable(path: Path) -> None:
+def check_creatable(path: Path) -> None:
     """OutputError now, rather than after the models are loaded, when `path` could not be created: its nearest
     existing folder is not a folder, or not writable."""
     folder = path.parent

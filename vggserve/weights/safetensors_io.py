@@ -35,6 +35,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: unreadable safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise WeightsError(f"{path}: unreadable safetensors header (__metadata__ is not a JSON object)")
     base = 8 + header_len
     tensors = {key: _tensor(path, mapped, base, size, key, entry) for key, entry in header.items()}
     return tensors, {str(k): str(v) for k, v in metadata.items()}
@@ -43,7 +45,7 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
 def _tensor(path, mapped, base: int, size: int, key: str, entry) -> np.ndarray:
     try:
         dtype_name, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        if not all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)):
+        if not isinstance(dtype_name, str) or not all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)):
             raise ValueError
     except (KeyError, TypeError, ValueError):
         raise WeightsError(f"{path}: {key}: malformed safetensors header entry") from None
@@ -67,14 +69,19 @@ def save_safetensors(tensors: dict[str, np.ndarray], path, metadata: dict[str, s
     The bytes depend only on the tensors and metadata: keys sorted, header JSON with sorted keys and no spaces,
     padded with spaces to a multiple of 8 bytes (so every float32 tensor is aligned). The `safetensors`
     package's writer keeps metadata in a hash map whose order changes from run to run, hence this writer.
-    A crash or a full disk leaves either the old file or none, never a partial one. Returns the path.
+    A crash or a full disk leaves either the old file or none, never a partial one. Returns the path; a file
+    that cannot be written (folder not writable, a file where a folder should be, a folder at `path`, a full
+    disk) is a one-line WeightsError.
     """
     path = Path(path)
     folder = path.parent
-    folder.mkdir(parents=True, exist_ok=True)
     arrays = {k: _little_endian(tensors[k], k) for k in sorted(tensors)}
     header = _header(arrays, metadata)
-    fd, tmp = temporary_beside(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = temporary_beside(path)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(header)) + header)
@@ -83,11 +90,17 @@ def save_safetensors(tensors: dict[str, np.ndarray], path, metadata: dict[str, s
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _cannot_write(path, exc) from None
         raise
     _fsync_dir(folder)
     return path
+
+
+def _cannot_write(path: Path, exc: OSError) -> WeightsError:
+    return WeightsError(f"{path}: cannot write: {exc.strerror or exc}")
 
 
 _NAMES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<f8"): "F64"}
