@@ -26,7 +26,11 @@ def pictures(seed=0):
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in SIZES]
 
 
-def test_raw_images_and_crops_give_the_probabilities_of_the_cpu_crops(model):
+@pytest.mark.parametrize("split_bytes", [1, 1 << 40], ids=["copied over threads", "copied on one thread"])
+def test_raw_images_and_crops_give_the_probabilities_of_the_cpu_crops(model, split_bytes, monkeypatch):
+    from vggserve.runtime import hostcopy
+
+    monkeypatch.setattr(hostcopy, "MIN_SPLIT", split_bytes)  # the staging copies dealt over threads, or not
     images = pictures()
     batch = [raw_rgb(img) for img in images]
     batch.insert(3, np.ascontiguousarray(center_crop(images[0])))  # a crop among the raw images

@@ -29,3 +29,48 @@ def test_copy_into_a_view_of_a_larger_buffer_leaves_the_rest():
     src = np.ones((5, 1 << 20), np.float32)
     hostcopy.copy_into(host[:5], src)
     assert (host[:5] == 1).all() and (host[5:] == 7).all()
+
+
+def images(count: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (int(rng.integers(1, 400)), int(rng.integers(1, 500)), 3), dtype=np.uint8)
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 32])
+def test_copy_many_packs_images_as_copyto_does(count, monkeypatch):
+    monkeypatch.setattr(hostcopy, "MIN_SPLIT", 1)  # deal even the small ones over the threads
+    srcs = images(count, count)
+    packed = np.full(sum(x.nbytes for x in srcs) + 5, 9, np.uint8)
+    offsets = np.cumsum([0] + [x.nbytes for x in srcs])
+    hostcopy.copy_many([(packed[a:a + x.nbytes], x.reshape(-1)) for a, x in zip(offsets, srcs)])
+    want = np.concatenate([x.reshape(-1) for x in srcs] + [np.full(5, 9, np.uint8)])
+    np.testing.assert_array_equal(packed, want)
+
+
+def test_copy_many_deals_a_large_batch_over_the_threads_in_order(monkeypatch):
+    """Each copying thread gets consecutive pairs, every pair exactly once, and no run is empty."""
+    dealt = []
+
+    class Recording:
+        def map(self, fn, runs):
+            runs = list(runs)
+            dealt.extend(runs)
+            return map(fn, runs)
+
+    monkeypatch.setattr(hostcopy, "_executor", Recording)
+    monkeypatch.setattr(hostcopy, "_threads", lambda: 3)
+    srcs = [np.full((375, 500, 3), i, np.uint8) for i in range(32)]  # 18 MB of photos
+    dsts = [np.empty_like(x) for x in srcs]
+    hostcopy.copy_many(list(zip(dsts, srcs)))
+    assert len(dealt) == 3 and all(dealt)
+    assert [id(dst) for run in dealt for dst, _ in run] == [id(d) for d in dsts]
+    assert all((d == i).all() for i, d in enumerate(dsts))
+
+
+def test_copy_many_of_a_small_batch_stays_on_the_calling_thread(monkeypatch):
+    monkeypatch.setattr(hostcopy, "_executor", lambda: pytest.fail("a small copy went to the threads"))
+    srcs = images(3)
+    dsts = [np.empty_like(x) for x in srcs]
+    hostcopy.copy_many(list(zip(dsts, srcs)))
+    assert all(np.array_equal(d, s) for d, s in zip(dsts, srcs))

@@ -14,7 +14,7 @@ import pyopencl as cl
 
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
 from ..ops.resize import place_images
-from ..runtime.hostcopy import copy_into
+from ..runtime.hostcopy import copy_into, copy_many
 
 MF = cl.mem_flags
 S = INPUT_SIZE
@@ -58,14 +58,15 @@ class Slot:
         in the pixel buffer; `raws` [(index, uint8 (h, w, 3))] are packed back to back into the raw buffer (for
         the device resize, which writes their crops). Returns (upload events, [(offset, w, h, index)])."""
         n = max([*crops, *(i for i, _ in raws)]) + 1
-        for i, crop in crops.items():
-            np.copyto(self.host_pixels[i], crop)
-        events = [cl.enqueue_copy(copy_queue, self.pixels, self.host_pixels[:n], is_blocking=False)] if crops else []
+        copies = [(self.host_pixels[i], crop) for i, crop in crops.items()]
         placed, offset = place_images(raws)
         if raws:
             host, dev = self.raw.ensure(offset)  # dev is self.raw.device
-            for (start, _, _, _), (_, pixels) in zip(placed, raws):
-                np.copyto(host[start:start + pixels.nbytes], pixels.reshape(-1))
+            copies += [(host[start:start + pixels.nbytes], pixels.reshape(-1))
+                       for (start, _, _, _), (_, pixels) in zip(placed, raws)]
+        copy_many(copies)  # every image into the pinned staging, over the copying threads when they are many
+        events = [cl.enqueue_copy(copy_queue, self.pixels, self.host_pixels[:n], is_blocking=False)] if crops else []
+        if raws:
             events.append(cl.enqueue_copy(copy_queue, dev, host[:offset], is_blocking=False))
         return events, placed
 

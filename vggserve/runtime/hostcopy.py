@@ -2,7 +2,8 @@
 
 One core copies at about 7 GB/s on the H100's host, so a batch of 64 float32 inputs (38.5 MB) takes ~5.5 ms on one
 thread: longer than the DMA that follows it, and in the way of two batches in flight. numpy lets go of the GIL
-while it copies, so a few threads copy in parallel.
+while it copies, so a few threads copy in parallel: one array split along its first axis (`copy_into`), or a
+batch given as many images, each to its own place (`copy_many`: 32 decoded 500x375 photos are 18 MB).
 """
 
 import os
@@ -27,13 +28,37 @@ def _executor():
         return _pool
 
 
+def _threads() -> int:
+    return max(1, min(THREADS, os.cpu_count() or 1))
+
+
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[...] = src (same shape; src is cast to dst's dtype as np.copyto does), split along the first axis over
     the copying threads when it is large."""
-    threads = max(1, min(THREADS, os.cpu_count() or 1))
+    threads = _threads()
     if src.nbytes < MIN_SPLIT or threads == 1 or dst.ndim == 0 or dst.shape[0] < 2:
         np.copyto(dst, src)
         return
     rows = dst.shape[0]
     step = -(-rows // threads)
     list(_executor().map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]), range(0, rows, step)))
+
+
+def copy_many(pairs: list) -> None:
+    """dst[...] = src for each (dst, src) in `pairs` (as np.copyto), the pairs dealt over the copying threads in runs
+    of about equal bytes when they add up to a large copy."""
+    threads = _threads()
+    total = sum(src.nbytes for _, src in pairs)
+    if total < MIN_SPLIT or threads == 1 or len(pairs) < 2:
+        for dst, src in pairs:
+            np.copyto(dst, src)
+        return
+    runs, run, filled, share = [], [], 0, total / threads
+    for pair in pairs:  # consecutive pairs up to one thread's share of the bytes
+        run.append(pair)
+        filled += pair[1].nbytes
+        if filled >= share * (len(runs) + 1) and len(runs) < threads - 1:
+            runs.append(run)
+            run = []
+    runs.append(run)
+    list(_executor().map(lambda r: [np.copyto(dst, src) for dst, src in r], [r for r in runs if r]))

@@ -15,6 +15,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..predictions import softmax
+from ..runtime.hostcopy import copy_many
 from ..weights.spec import NUM_CLASSES
 
 
@@ -202,11 +203,12 @@ class InstantModel:
         return True
 
     def submit(self, inputs, want: str = "probabilities", pinned: bool = True) -> "Instant":
-        offset = 0
+        copies, offset = [], 0
         for x in inputs:
             array = np.ascontiguousarray(getattr(x, "array", x)).reshape(-1).view(np.uint8)
-            np.copyto(self.staging[offset:offset + array.nbytes], array)
+            copies.append((self.staging[offset:offset + array.nbytes], array))
             offset += array.nbytes
+        copy_many(copies)
         self.batches += 1
         rows = instant_scores(len(inputs), self.batches)
         self._free_at = max(time.monotonic(), self._free_at) + self.seconds_per_batch
