@@ -247,3 +247,32 @@ def test_the_real_engine_in_flight_gives_each_image_its_own_row(tiny_weights_pat
         np.testing.assert_allclose(got.probabilities, expected, rtol=1e-5, atol=1e-9)
     for i in range(len(want)):  # the comparison can tell the images apart: a mixed-up row would fail it
         assert not any(np.allclose(want[i], want[j], rtol=1e-5, atol=1e-9) for j in range(len(want)) if j != i)
+
+
+def test_a_batch_taken_by_a_worker_that_failed_meanwhile_goes_back_to_the_other_workers(tmp_path):
+    metrics, queue = queue_of(16)
+    hold = tmp_path / "hold"
+    hold.touch()
+    healthy = SlowModel("healthy", seconds_per_batch=0.0, max_batch_size=2, hold_file=str(hold))
+    healthy_worker = start_worker("fake-healthy", healthy, queue, metrics, 2)
+    wait_until(lambda: healthy_worker.ready, "the healthy worker ready")
+    (busy,) = fill(queue, inputs(1))
+    wait_until(lambda: healthy.batch_sizes == [1], "the healthy worker holding its device")
+    failing = PipelinedModel("failing", seconds_per_batch=0.0, max_batch_size=2, gated=True, fail_at=(0, "result"))
+    failing_worker = start_worker("fake-failing", failing, queue, metrics, 2)
+    (doomed,) = fill(queue, inputs(1))  # only the failing worker waits for a batch
+    wait_until(lambda: len(failing.submitted) == 1, "the failing worker's batch on its device")
+    wait_until(lambda: len(queue._cond._waiters) == 1, "its feeder waiting in take_batch for the next batch")
+    failing.release(0)
+    wait_until(lambda: failing_worker.state == "failed", "the failing worker failed")
+    assert_inference_failed(doomed, "simulated device failure in batch 0")
+    (later,) = fill(queue, inputs(1))  # arrives after the failure: the failed worker's feeder wakes up for it
+    failing_worker.join(TIMEOUT)
+    assert not failing_worker._thread.is_alive() and len(failing.submitted) == 1
+    assert not later.future.done() and len(queue) == 1, "handed back, not failed"
+    hold.unlink()
+    assert busy.future.result(timeout=TIMEOUT).device == "fake-healthy"
+    assert later.future.result(timeout=TIMEOUT).device == "fake-healthy"
+    queue.close(shutting_down())
+    healthy_worker.join(TIMEOUT)
+    assert healthy_worker.state == "stopped" and queue.admitted == 0

@@ -6,8 +6,9 @@ semaphore of DEPTH slots, taken by the feeder before it takes a batch and given 
 batch's results are in (or it failed), keeps at most DEPTH batches in flight: while the device computes one batch,
 the next is already taken, stacked and uploaded, and the previous one's answers go out.
 
-A failure (from `submit` or from `result()`) fails its batch and every batch still in flight or taken after it
-with InferenceFailed, marks the worker failed, and stops the feeder; `run` then raises it. When the queue
+A failure (from `submit` or from `result()`) fails its batch and every batch still in flight with InferenceFailed,
+marks the worker failed, and stops the feeder; a batch the feeder was waiting for when the failure came goes back
+to the queue (`BatchQueue.put_back`), for the other device workers. `run` then raises the failure. When the queue
 closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
 """
 
@@ -54,6 +55,9 @@ class InflightRunner:
                 return
             batch = worker.queue.take_batch(self.max_size, worker.max_wait_s)
             if batch is None:  # closed: the completer finishes what is in flight
+                return
+            if self.failure is not None:  # failed while this feeder waited: the other workers may compute it
+                worker.queue.put_back(batch)
                 return
             try:
                 taken = worker.note_taken(batch)
