@@ -276,3 +276,30 @@ def test_a_batch_taken_by_a_worker_that_failed_meanwhile_goes_back_to_the_other_
     queue.close(shutting_down())
     healthy_worker.join(TIMEOUT)
     assert healthy_worker.state == "stopped" and queue.admitted == 0
+
+
+class ShortSlowModel(SlowModel):
+    """A broken device that returns one row fewer than the batch has images."""
+
+    def probabilities(self, x):
+        return super().probabilities(x)[:-1]
+
+
+class ShortPipelinedModel(PipelinedModel):
+    def submit(self, x, want="logits", pinned=True):
+        pending = super().submit(x, want, pinned)
+        pending._rows = pending._rows[:-1]
+        return pending
+
+
+@pytest.mark.parametrize("model_class", [ShortSlowModel, ShortPipelinedModel])
+def test_a_model_answering_fewer_rows_than_images_fails_the_batch_instead_of_leaving_one_unanswered(model_class):
+    metrics, queue = queue_of(8)
+    model = model_class("short", seconds_per_batch=0.0, max_batch_size=2)
+    items = fill(queue, inputs(2))
+    worker = start_worker("fake-short", model, queue, metrics, 2)
+    for item in items:
+        assert_inference_failed(item, "1 rows for a batch of 2 images")
+    worker.join(TIMEOUT)
+    assert worker.state == "failed" and "1 rows for a batch of 2" in worker.error
+    queue.close(shutting_down())
