@@ -303,3 +303,27 @@ def test_a_model_answering_fewer_rows_than_images_fails_the_batch_instead_of_lea
     worker.join(TIMEOUT)
     assert worker.state == "failed" and "1 rows for a batch of 2" in worker.error
     queue.close(shutting_down())
+
+
+def test_a_batch_in_flight_behind_another_is_timed_from_when_the_device_finished_the_one_before(monkeypatch):
+    import types
+
+    from vggserve.serving.scheduling import inflight
+
+    clock = [0.0]  # the runner's perf_counter, moved by the test only
+    monkeypatch.setattr(inflight, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    metrics, queue = queue_of(8)
+    model = PipelinedModel("fake-timing", seconds_per_batch=0.0, max_batch_size=2, gated=True)
+    items = fill(queue, inputs(4))
+    worker = start_worker("fake-timing", model, queue, metrics, 2)
+    wait_until(lambda: len(model.submitted) == 2, "both batches submitted at clock 0")
+    clock[0] = 10.0  # batch 0 took the device for 10 s; batch 1 waited behind it all that time
+    model.release(0)
+    wait_until(lambda: all(item.future.done() for item in items[:2]), "batch 0 answered")
+    clock[0] = 12.0
+    model.release(1)
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    assert [o.inference_s for o in outcomes] == [10.0, 10.0, 2.0, 2.0]
+    assert metrics.inference_seconds._sum.get() == 12.0
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)

@@ -32,6 +32,9 @@ class InflightRunner:
         self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
+        # when the previous batch's results were in: the device (one in-order queue) starts a batch no earlier, so a
+        # batch's device time runs from then or from its submit, whichever is later, not from its submit alone
+        self._last_done = float("-inf")
         self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.device}",
                                            daemon=True)
 
@@ -80,7 +83,8 @@ class InflightRunner:
             try:
                 if self.failure is None:
                     probs = np.asarray(pending.result(), dtype=np.float32)
-                    seconds = time.perf_counter() - submitted
+                    done = time.perf_counter()
+                    seconds, self._last_done = done - max(submitted, self._last_done), done
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             finally:
