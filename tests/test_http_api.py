@@ -325,3 +325,22 @@ def test_draining_refuses_new_requests_and_flips_readiness(client):
     assert ready.status_code == 503 and ready.json()["status"] == "draining"
     assert_error(client.post("/classify", content=PNG, headers={"content-type": "image/png"}), 503, "draining")
     assert 'vggserve_rejected_total{reason="draining"} 1.0' in client.get("/metrics").text
+
+
+def test_an_unexpected_error_is_a_500_in_our_shape_with_the_request_id_in_the_header_and_the_log(caplog):
+    app = slow_app()
+
+    async def broken():
+        raise RuntimeError("a bug")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        wait_ready(client)
+        app.state.service.describe = broken
+        with caplog.at_level("ERROR", logger="vggserve.serving"):
+            r = client.get("/metadata", headers={"X-Request-ID": "trace-500"})
+        assert_error(r, 500, "internal_error", "logged")
+        assert r.headers["x-request-id"] == "trace-500"  # so the client can quote it and the log be searched
+        logged = [record for record in caplog.records if "unexpected error" in record.getMessage()]
+        assert [record.request_id for record in logged] == ["trace-500"]
+        metrics = client.get("/metrics").text
+    assert 'vggserve_requests_total{endpoint="/metadata",status="500"} 1.0' in metrics

@@ -247,3 +247,83 @@ def test_the_real_engine_in_flight_gives_each_image_its_own_row(tiny_weights_pat
         np.testing.assert_allclose(got.probabilities, expected, rtol=1e-5, atol=1e-9)
     for i in range(len(want)):  # the comparison can tell the images apart: a mixed-up row would fail it
         assert not any(np.allclose(want[i], want[j], rtol=1e-5, atol=1e-9) for j in range(len(want)) if j != i)
+
+
+def test_a_batch_taken_by_a_worker_that_failed_meanwhile_goes_back_to_the_other_workers(tmp_path):
+    metrics, queue = queue_of(16)
+    hold = tmp_path / "hold"
+    hold.touch()
+    healthy = SlowModel("healthy", seconds_per_batch=0.0, max_batch_size=2, hold_file=str(hold))
+    healthy_worker = start_worker("fake-healthy", healthy, queue, metrics, 2)
+    wait_until(lambda: healthy_worker.ready, "the healthy worker ready")
+    (busy,) = fill(queue, inputs(1))
+    wait_until(lambda: healthy.batch_sizes == [1], "the healthy worker holding its device")
+    failing = PipelinedModel("failing", seconds_per_batch=0.0, max_batch_size=2, gated=True, fail_at=(0, "result"))
+    failing_worker = start_worker("fake-failing", failing, queue, metrics, 2)
+    (doomed,) = fill(queue, inputs(1))  # only the failing worker waits for a batch
+    wait_until(lambda: len(failing.submitted) == 1, "the failing worker's batch on its device")
+    wait_until(lambda: len(queue._cond._waiters) == 1, "its feeder waiting in take_batch for the next batch")
+    failing.release(0)
+    wait_until(lambda: failing_worker.state == "failed", "the failing worker failed")
+    assert_inference_failed(doomed, "simulated device failure in batch 0")
+    (later,) = fill(queue, inputs(1))  # arrives after the failure: the failed worker's feeder wakes up for it
+    failing_worker.join(TIMEOUT)
+    assert not failing_worker._thread.is_alive() and len(failing.submitted) == 1
+    assert not later.future.done() and len(queue) == 1, "handed back, not failed"
+    hold.unlink()
+    assert busy.future.result(timeout=TIMEOUT).device == "fake-healthy"
+    assert later.future.result(timeout=TIMEOUT).device == "fake-healthy"
+    queue.close(shutting_down())
+    healthy_worker.join(TIMEOUT)
+    assert healthy_worker.state == "stopped" and queue.admitted == 0
+
+
+class ShortSlowModel(SlowModel):
+    """A broken device that returns one row fewer than the batch has images."""
+
+    def probabilities(self, x):
+        return super().probabilities(x)[:-1]
+
+
+class ShortPipelinedModel(PipelinedModel):
+    def submit(self, x, want="logits", pinned=True):
+        pending = super().submit(x, want, pinned)
+        pending._rows = pending._rows[:-1]
+        return pending
+
+
+@pytest.mark.parametrize("model_class", [ShortSlowModel, ShortPipelinedModel])
+def test_a_model_answering_fewer_rows_than_images_fails_the_batch_instead_of_leaving_one_unanswered(model_class):
+    metrics, queue = queue_of(8)
+    model = model_class("short", seconds_per_batch=0.0, max_batch_size=2)
+    items = fill(queue, inputs(2))
+    worker = start_worker("fake-short", model, queue, metrics, 2)
+    for item in items:
+        assert_inference_failed(item, "1 rows for a batch of 2 images")
+    worker.join(TIMEOUT)
+    assert worker.state == "failed" and "1 rows for a batch of 2" in worker.error
+    queue.close(shutting_down())
+
+
+def test_a_batch_in_flight_behind_another_is_timed_from_when_the_device_finished_the_one_before(monkeypatch):
+    import types
+
+    from vggserve.serving.scheduling import inflight
+
+    clock = [0.0]  # the runner's perf_counter, moved by the test only
+    monkeypatch.setattr(inflight, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    metrics, queue = queue_of(8)
+    model = PipelinedModel("fake-timing", seconds_per_batch=0.0, max_batch_size=2, gated=True)
+    items = fill(queue, inputs(4))
+    worker = start_worker("fake-timing", model, queue, metrics, 2)
+    wait_until(lambda: len(model.submitted) == 2, "both batches submitted at clock 0")
+    clock[0] = 10.0  # batch 0 took the device for 10 s; batch 1 waited behind it all that time
+    model.release(0)
+    wait_until(lambda: all(item.future.done() for item in items[:2]), "batch 0 answered")
+    clock[0] = 12.0
+    model.release(1)
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    assert [o.inference_s for o in outcomes] == [10.0, 10.0, 2.0, 2.0]
+    assert metrics.inference_seconds._sum.get() == 12.0
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)

@@ -17,7 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 from .. import __version__
 from .web.auth import OPEN_PATHS, ApiKeyMiddleware
 from .web.drain import DrainMiddleware
-from .protocols.errors import install_error_handlers
+from .protocols.errors import UnexpectedErrorMiddleware, install_error_handlers
 from .web.limits import BodySizeLimitMiddleware
 from .web.request_id import HEADER as REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import RequestMetricsMiddleware
@@ -60,11 +60,12 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
     app.include_router(info_router)
     app.include_router(v2_router)
     # add_middleware puts each one outside the previous: requests meet metrics, CORS (preflights answered before
-    # the API key is asked for), the request id, drain, auth, then the body limit
+    # the API key is asked for), the request id, the 500 for unexpected errors, drain, auth, then the body limit
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(DrainMiddleware, drain=service.drain)
+    app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(RequestIdMiddleware)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],

@@ -3,9 +3,9 @@
 Admission is counted in images: `admit(n)` reserves room before an image is decoded, so a full queue refuses
 (QueueFull) at once and decoding work is bounded too; `submit` turns reserved room into waiting items. A worker's
 `take_batch` waits at most `max_wait` after the oldest waiting image arrived for a batch to fill, drops images
-whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images. Handlers
-`withdraw` images whose deadline passed or whose client went away while they still wait, so those are never
-computed either.
+whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images (a worker
+that failed while it waited `put_back`s them for the others). Handlers `withdraw` images whose deadline passed or
+whose client went away while they still wait, so those are never computed either.
 """
 
 import threading
@@ -119,6 +119,20 @@ class BatchQueue(Admission):
         elif isinstance(error, ClientGone):
             self.metrics.abandoned.inc()
         return True
+
+    def put_back(self, batch: list[Item]) -> None:
+        """Return a batch that a worker took but cannot compute (it failed while waiting for it) to the front of
+        the queue, for the other workers; once the queue is closed, fail it with the close reason instead."""
+        with self._cond:
+            error = self._closed
+            if error is None:
+                self._items.extendleft(reversed(batch))
+                self._admitted += len(batch)
+                self._note_length()
+                self._cond.notify_all()
+        if error is not None:
+            for item in batch:
+                item.future.set_exception(error)
 
     def take_batch(self, max_size: int, max_wait_s: float) -> list[Item] | None:
         """Block until a batch is ready and return it; None once the queue is closed and empty."""

@@ -6,8 +6,9 @@ semaphore of DEPTH slots, taken by the feeder before it takes a batch and given 
 batch's results are in (or it failed), keeps at most DEPTH batches in flight: while the device computes one batch,
 the next is already taken, stacked and uploaded, and the previous one's answers go out.
 
-A failure (from `submit` or from `result()`) fails its batch and every batch still in flight or taken after it
-with InferenceFailed, marks the worker failed, and stops the feeder; `run` then raises it. When the queue
+A failure (from `submit` or from `result()`) fails its batch and every batch still in flight with InferenceFailed,
+marks the worker failed, and stops the feeder; a batch the feeder was waiting for when the failure came goes back
+to the queue (`BatchQueue.put_back`), for the other device workers. `run` then raises the failure. When the queue
 closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
 """
 
@@ -31,6 +32,9 @@ class InflightRunner:
         self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
+        # when the previous batch's results were in: the device (one in-order queue) starts a batch no earlier, so a
+        # batch's device time runs from then or from its submit, whichever is later, not from its submit alone
+        self._last_done = float("-inf")
         self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.device}",
                                            daemon=True)
 
@@ -55,6 +59,9 @@ class InflightRunner:
             batch = worker.queue.take_batch(self.max_size, worker.max_wait_s)
             if batch is None:  # closed: the completer finishes what is in flight
                 return
+            if self.failure is not None:  # failed while this feeder waited: the other workers may compute it
+                worker.queue.put_back(batch)
+                return
             try:
                 taken = worker.note_taken(batch)
                 if self.failure is None:
@@ -76,7 +83,8 @@ class InflightRunner:
             try:
                 if self.failure is None:
                     probs = np.asarray(pending.result(), dtype=np.float32)
-                    seconds = time.perf_counter() - submitted
+                    done = time.perf_counter()
+                    seconds, self._last_done = done - max(submitted, self._last_done), done
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             finally:

@@ -151,12 +151,11 @@ class DeviceWorker:
             argument = self.prepare(batch)
             call = want if argument.dtype != np.uint8 else f"{want}_from_pixels"
             rows = np.asarray(getattr(model, call)(argument), dtype=np.float32)
-            seconds = time.perf_counter() - t0
+            self.resolve(batch, rows, want, started, time.perf_counter() - t0)
         except BaseException as exc:
             self.mark_failed(exc)
             self.fail_items(batch, exc)
             raise
-        self.resolve(batch, rows, want, started, seconds)
 
     def note_taken(self, batch: list[Item]) -> float:
         """Record a batch just taken from the queue; returns when it was taken (time.monotonic())."""
@@ -182,6 +181,9 @@ class DeviceWorker:
 
     def resolve(self, batch: list[Item], rows: np.ndarray, want: str, started: float, seconds: float) -> None:
         """Answer a computed batch: row i of `rows` (what `want` asked the model for) is batch[i]'s."""
+        if rows.ndim != 2 or len(rows) != len(batch):  # else zip would leave images unanswered, waiting forever
+            raise RuntimeError(f"the model returned {len(rows) if rows.ndim else 0} rows for a batch of {len(batch)} "
+                               f"images (shape {rows.shape})")
         self.metrics.inference_seconds.observe(seconds)
         self.batches += 1
         probs = softmax(rows) if want == "logits" else rows
