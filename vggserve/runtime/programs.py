@@ -23,7 +23,7 @@ import pyopencl as cl
 from platformdirs import user_cache_dir
 
 from ..errors import KernelBuildError
-from ..tempfiles import temporary_beside
+from ..tempfiles import replace_atomically
 
 _HERE = Path(__file__).resolve().parent.parent
 MAGIC = b"vggserve-program-1\n"  # then the binary's sha256 (32 bytes), then the binary
@@ -142,15 +142,6 @@ class ProgramCache:
         try:
             binary = program.get_info(cl.program_info.BINARIES)[0]
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = temporary_beside(path)
+            replace_atomically(path, MAGIC + hashlib.sha256(binary).digest() + binary)
         except (OSError, cl.Error):
-            return  # a cache that cannot be written only costs a compile next time
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + hashlib.sha256(binary).digest() + binary)
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            pass  # a cache that cannot be written only costs a compile next time
