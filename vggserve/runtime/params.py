@@ -53,14 +53,18 @@ def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1
     (`registry.pool_fused`).
     """
     fallback = dict(default if default is not None else params["conv"])
-    tables = params.get(table_key(precision), {})
-    if not tables:
-        return fallback
-    nearest = min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))
-    table = tables[nearest]
+    table = nearest_table(params, batch, precision)
     if pool and shape_key(cin, cout, size, pool=True) in table:
         return dict(table[shape_key(cin, cout, size, pool=True)])
     return dict(table.get(shape_key(cin, cout, size), fallback))
+
+
+def nearest_table(params: dict, batch: int, precision: str = "fp32") -> dict:
+    """{shape key: winner} of the precision's table tuned at the batch nearest (in ratio) to `batch`; {} if none."""
+    tables = params.get(table_key(precision), {})
+    if not tables:
+        return {}
+    return tables[min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))]
 
 
 POOL_SUFFIX = "+pool"  # a tuned-table key's suffix: the winner for the shape when a 2x2 max-pool follows it
