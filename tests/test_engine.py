@@ -276,3 +276,24 @@ def test_kernel_plan_says_tuned_only_where_the_table_used_has_the_shape(tiny_ten
         plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
     assert "tuned for this shape" in plan["features.5"]  # 8x16x112: in the batch-16 table
     assert "family default (no tuned entry)" in plan["features.0"], plan["features.0"]  # 3x8x224: batch 1 only
+
+
+def test_a_tuned_entry_for_the_other_kernel_family_falls_back_to_the_default(tiny_tensors, monkeypatch):
+    """An FP16 table tuned with VGGSERVE_EMULATE_MMA=1 (tensor-core entries) read by a plain FP16 start (portable
+    kernels) on the same device: the layer runs on its family's default instead of failing with a KeyError."""
+    import vggserve.engine.engine as engine
+
+    tc = {"ALGO": "tc_halo", "BM": 64, "BN": 64, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 2}
+    real = engine.params_for
+    monkeypatch.setattr(engine, "params_for",
+                        lambda kind, label: {**real(kind, label), "conv_by_batch_fp16": {"1": {
+                            "3x8x224": tc, "8x8x224": {"ALGO": "from_a_newer_version"}}}})
+    x = np.random.default_rng(2).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1, precision="fp16") as model:
+        assert model.family == "portable"
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+        out = model.logits(x)
+    assert "family default" in plan["features.0"] and "tc_halo" in plan["features.0"], plan["features.0"]
+    assert "family default" in plan["features.2"] and "from_a_newer_version" in plan["features.2"]
+    ref = reference_logits(tiny_tensors, x)
+    assert max_rel_err(out, ref) < 1e-2

@@ -92,6 +92,13 @@ class VGG16(Engine):
             why = f"tuned for this shape ({key})"
         else:
             why = "family default (no tuned entry)"
+        named = p.get("ALGO", registry.DEFAULT_ALGO[self.family])
+        try:
+            fits = registry.choose(p, self.family, layer.kind).name == named
+        except ValueError:  # an algorithm this version does not know
+            fits = False
+        if not fits:  # e.g. a tensor-core winner tuned with VGGSERVE_EMULATE_MMA=1, read by a portable start
+            return default, f"family default (the tuned entry is {named}, not a {self.family} {layer.kind} kernel)"
         return p, why
 
     def _choose(self, layer: LayerSpec, weight, pool: bool = False) -> tuple:
