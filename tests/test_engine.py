@@ -220,3 +220,80 @@ def test_classify_names_the_image_of_a_list_that_cannot_be_read(tiny_tensors, tm
             model.classify([good, Image.open(good), bad, good])
         assert info.value.index == 2
         assert len(model.classify([good, Image.open(good)], top_k=2)) == 2
+
+
+def test_submit_survives_another_thread_collecting_the_slot_between_its_look_and_its_wait(tiny_tensors):
+    """Pending.result() from the caller's thread clears slot.pending; submit (and close) must read it once."""
+    from vggserve.engine.staging import Slot
+
+    class CollectedMeanwhile(Slot):  # another thread collects the batch just after submit has looked at it
+        @property
+        def pending(self):
+            value = self.__dict__["pending"]
+            if value is not None and not self.__dict__.get("collecting"):
+                self.__dict__["collecting"] = True  # result() itself looks at slot.pending
+                value.result()
+                self.__dict__["collecting"] = False
+            return value
+
+        @pending.setter
+        def pending(self, value):
+            self.__dict__["pending"] = value
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        expected = model.logits(x)
+        first = [model.submit(x), model.submit(x)]  # both slots hold a batch
+        for slot in model.slots:
+            slot.__class__ = CollectedMeanwhile
+        later = [model.submit(x), model.submit(x)]
+        for p in first + later:
+            np.testing.assert_array_equal(p.result(), expected)
+        model.submit(x)
+        model.close()  # collects what is in flight, through the same look
+
+
+def test_a_closed_engine_says_so(tiny_tensors):
+    model = VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1)
+    model.close()
+    model.close()  # twice is harmless
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    for call in (lambda: model.submit(x), lambda: model.logits(x), lambda: model.resize_matches_pillow()):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+
+
+def test_kernel_plan_says_tuned_only_where_the_table_used_has_the_shape(tiny_tensors, monkeypatch):
+    """Tables are per batch and the one nearest max_batch_size is used: a shape tuned at another batch only is not
+    what runs, and the plan must not say it is."""
+    import vggserve.engine.engine as engine
+
+    tile = {"TM": 32, "TN": 32, "TK": 8, "WM": 2, "WN": 2, "LPAD": 1}
+    tables = {"conv_by_batch": {"1": {"3x8x224": tile}, "16": {"8x16x112": tile}}}
+    real = engine.params_for
+    monkeypatch.setattr(engine, "params_for", lambda kind, label: {**real(kind, label), **tables})
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=16) as model:
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+    assert "tuned for this shape" in plan["features.5"]  # 8x16x112: in the batch-16 table
+    assert "family default (no tuned entry)" in plan["features.0"], plan["features.0"]  # 3x8x224: batch 1 only
+
+
+def test_a_tuned_entry_for_the_other_kernel_family_falls_back_to_the_default(tiny_tensors, monkeypatch):
+    """An FP16 table tuned with VGGSERVE_EMULATE_MMA=1 (tensor-core entries) read by a plain FP16 start (portable
+    kernels) on the same device: the layer runs on its family's default instead of failing with a KeyError."""
+    import vggserve.engine.engine as engine
+
+    tc = {"ALGO": "tc_halo", "BM": 64, "BN": 64, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 2}
+    real = engine.params_for
+    monkeypatch.setattr(engine, "params_for",
+                        lambda kind, label: {**real(kind, label), "conv_by_batch_fp16": {"1": {
+                            "3x8x224": tc, "8x8x224": {"ALGO": "from_a_newer_version"}}}})
+    x = np.random.default_rng(2).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=1, precision="fp16") as model:
+        assert model.family == "portable"
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+        out = model.logits(x)
+    assert "family default" in plan["features.0"] and "tc_halo" in plan["features.0"], plan["features.0"]
+    assert "family default" in plan["features.2"] and "from_a_newer_version" in plan["features.2"]
+    ref = reference_logits(tiny_tensors, x)
+    assert max_rel_err(out, ref) < 1e-2

@@ -26,7 +26,7 @@ from .ops import nhwc, registry
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.launch import round_up
 from .ops.sparse_select import CODEGEN, COMPRESSED, CSR, TC24_ALGOS, TC_SPARSE24
-from .runtime.params import shape_key, tuned_file
+from .runtime.params import shape_key, update_tuned
 from .weights.prune import prune_2_4, prune_unstructured
 from .weights.spec import INPUT_SIZE, vgg16_spec
 
@@ -306,19 +306,14 @@ def crossover(curve: list) -> float | None:
 def store(device_label: str, measured: dict, batch: int, params: dict | None = None) -> None:
     """Merge the curves measured at `batch` into the tuned-parameter file under this device's name; params:
     {algo: tunables} for the sparse entries (as `sparse_table` reads them)."""
-    path = tuned_file()
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    entry = table.setdefault(device_label, {}).setdefault("sparse", {})
-    for shape, per_algo in measured.items():
-        entry.setdefault("curves", {}).setdefault(str(batch), {}).setdefault(shape, {}).update(per_algo)
-    if params:
-        entry.setdefault("params", {}).update(params)
-    table[device_label]["tuned_on"] = time.strftime("%Y-%m-%d")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+    def change(device_entry: dict) -> None:
+        entry = device_entry.setdefault("sparse", {})
+        for shape, per_algo in measured.items():
+            entry.setdefault("curves", {}).setdefault(str(batch), {}).setdefault(shape, {}).update(per_algo)
+        if params:
+            entry.setdefault("params", {}).update(params)
+
+    update_tuned(device_label, change)
 
 
 def as_json(runs: list[LayerRun]) -> list[dict]:

@@ -25,3 +25,19 @@ def temporary_beside(target: str | os.PathLike, suffix: str = ".tmp") -> tuple[i
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {target} after {_ATTEMPTS} attempts")
+
+
+def replace_atomically(target: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to a temporary file beside `target`, then rename it over `target`: readers see the old file or
+    the new one, never half of one. On failure (OSError, raised) the temporary file is removed."""
+    fd, tmp = temporary_beside(target)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -13,8 +13,6 @@ unfused (the convolution plus the separate pooling kernel) and, where it can, fu
 the winner says "FUSE_POOL": 1 or 0 (`runtime.params.conv_params_for`, `registry.pool_fused`).
 """
 
-import json
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +26,7 @@ from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.tensorcore import rna_tf32, vec
 from .runtime import caps as device_caps
-from .runtime.params import POOL_SUFFIX, params_for, shape_key, table_key, tuned_file
+from .runtime.params import POOL_SUFFIX, params_for, shape_key, table_key, update_tuned
 from .runtime.programs import ProgramCache
 from .weights.spec import INPUT_SIZE, vgg16_spec
 
@@ -140,7 +138,8 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...]).
 
     Candidates: for each registered algorithm that computes the layer on this device at this precision, its first
-    `limit` candidates (Winograd's only with winograd_too). A winner that is not the portable GEMM carries
+    `limit` candidates (Winograd's only with winograd_too). A shape where no candidate agrees with the reference
+    gets no winner (`progress` says so). A winner that is not the portable GEMM carries
     "ALGO" (e.g. "winograd", with "WINO_M": 4 for F(4x4); "tc_gemm"); the engine then runs that layer on it.
     only: the shape keys to tune, of `shapes` (default: VGG16's, `layer_shapes`); one that is not there is a
     VggserveError naming those that are.
@@ -214,6 +213,10 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                     ms, out = time_op(queue, fused, bench, batch, size, repeats, dst=bench.pooled,
                                     out_shape=bench.pooled_shape)
                     judge({**p, "FUSE_POOL": 1}, ms, out, pooled_ref)
+        if best is None:  # every candidate, the reference's own parameters included, differed from the reference
+            progress(f"{key:>14s} batch {batch} {prec.name}: no candidate agreed with the reference; left untuned "
+                     "(the engine keeps its default for this shape)")
+            continue
         winners[key] = best[1]
         ref_ms = next((t.ms for t in trials if t.shape == key and not t.params.get("FUSE_POOL")
                        and {k: v for k, v in t.params.items() if k != "FUSE_POOL"} == reference), float("nan"))
@@ -224,13 +227,5 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
 
 def store(device_label: str, winners: dict, batch: int, precision: str = "fp32") -> None:
     """Merge winners into the tuned-parameter file under this device's name and the precision's table."""
-    path = tuned_file()
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    entry = table.setdefault(device_label, {})
-    entry.setdefault(table_key(precision), {}).setdefault(str(batch), {}).update(winners)
-    entry["tuned_on"] = time.strftime("%Y-%m-%d")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True))
+    update_tuned(device_label, lambda entry: entry.setdefault(table_key(precision), {})
+                 .setdefault(str(batch), {}).update(winners))

@@ -29,12 +29,19 @@ def run(args) -> int:
     from .. import tuning
     from ..runtime.params import tuned_file
 
+    from ..errors import VggserveError
+
+    only = None if args.shapes is None else [k.strip() for k in args.shapes.split(",") if k.strip()]
+    if only == []:
+        raise VggserveError("--shapes names no shape: give a comma list of shape keys, e.g. 512x512x14+pool")
+    if args.sparse and (only is not None or args.precision == "tf32"):
+        raise VggserveError("--sparse times FP32 kernels, or the 2:4 ones at --precision fp16, on every VGG16 shape: "
+                            "it takes neither --shapes nor --precision tf32")
     info = devs.resolve(args.device)
     if args.sparse:
         return _sparse(args, info)
     note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, {args.candidates} candidates "
          f"per shape and algorithm")
-    only = None if args.shapes is None else [k.strip() for k in args.shapes.split(",") if k.strip()]
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
                                   progress=note, winograd_too=args.winograd, precision=args.precision, only=only)
     if not args.dry_run:

@@ -140,10 +140,10 @@ class Engine:
         if not 1 <= n <= self.max_batch_size:
             raise ValueError(f"submit takes 1 to max_batch_size={self.max_batch_size} images, got {n}")
         with self._lock:
+            self._check_open()
             slot = self.slots[self._turn]
             self._turn ^= 1
-            if slot.pending is not None:
-                slot.pending.result()  # its batch is done with the slot's staging and input buffers
+            _collect(slot)  # its batch is done with the slot's staging and input buffers
             if as_images:
                 uploads, placed = slot.stage_images(self.copy_queue, crops, raws)
             else:
@@ -184,6 +184,7 @@ class Engine:
         placed, _ = place_images(enumerate(images))
         host_out = np.empty((len(images), INPUT_SIZE, INPUT_SIZE, 3), dtype=np.uint8)
         with self._lock:
+            self._check_open()
             src = cl.Buffer(self.context, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=raw)
             out = cl.Buffer(self.context, MF.READ_WRITE, host_out.nbytes)
             self.resize_op.enqueue(self.queue, src, placed, out)
@@ -252,11 +253,15 @@ class Engine:
             out.append((name, (last.profile.end - first.profile.start) * 1e-6, flops))
         return out
 
+    def _check_open(self) -> None:
+        if not getattr(self, "slots", None):
+            raise RuntimeError("this model is closed (or was never built): make a new one")
+
     def close(self):
+        """Wait for the batches in flight and release the device buffers; the model cannot be used after it."""
         with self._lock:
             for slot in getattr(self, "slots", []):
-                if slot.pending is not None:
-                    slot.pending.result()
+                _collect(slot)
                 slot.release(self.queue)
             self.slots = []
             for attr in ("ping", "pong", "logits_buf", "probs_buf"):
@@ -270,6 +275,14 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _collect(slot) -> None:
+    """Wait for the batch that holds `slot`, if any. slot.pending is read once: a caller's Pending.result() in
+    another thread may clear it at any moment."""
+    pending = slot.pending
+    if pending is not None:
+        pending.result()
 
 
 def _open_listed(source, index: int):

@@ -27,7 +27,7 @@ from ..ops.precision import storage_defines
 from ..ops.registry import BuildEnv, LayerSpec
 from ..ops.relayout import KERNEL_FILE as RELAYOUT_FILE, DeviceRelayout, defines as relayout_defines
 from ..ops.tensorcore import nhwc_fc_weights, vec
-from ..runtime.params import conv_params_for, shape_key, table_key
+from ..runtime.params import conv_params_for, nearest_table, shape_key, table_key
 from ..weights.spec import INPUT_SIZE, POOLED_SIZE, infer_width, vgg16_spec
 
 
@@ -83,16 +83,22 @@ class VGG16(Engine):
         """(parameters, where they came from) for one layer; pool: a 2x2 max-pool follows it."""
         default = registry.get(registry.DEFAULT_ALGO[self.family]).default(self.caps, self.precision)
         key = table_key(self.precision.name)
-        tuned = self.params.get(key, {})
+        tuned = nearest_table(self.params, self.max_batch_size, self.precision.name)  # what conv_params_for reads
         p = conv_params_for(self.params, layer.cin, layer.cout, layer.size, self.max_batch_size,
                             self.precision.name, default=default, pool=pool)
-        pooled_key = shape_key(layer.cin, layer.cout, layer.size, pool=True)
-        if pool and tuned and any(pooled_key in t for t in tuned.values()):
+        if pool and shape_key(layer.cin, layer.cout, layer.size, pool=True) in tuned:
             why = f"tuned for this shape followed by a pool ({key})"
-        elif tuned and any(layer.shape_key in t for t in tuned.values()):
+        elif layer.shape_key in tuned:
             why = f"tuned for this shape ({key})"
         else:
             why = "family default (no tuned entry)"
+        named = p.get("ALGO", registry.DEFAULT_ALGO[self.family])
+        try:
+            fits = registry.choose(p, self.family, layer.kind).name == named
+        except ValueError:  # an algorithm this version does not know
+            fits = False
+        if not fits:  # e.g. a tensor-core winner tuned with VGGSERVE_EMULATE_MMA=1, read by a portable start
+            return default, f"family default (the tuned entry is {named}, not a {self.family} {layer.kind} kernel)"
         return p, why
 
     def _choose(self, layer: LayerSpec, weight, pool: bool = False) -> tuple:

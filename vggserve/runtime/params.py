@@ -5,11 +5,18 @@ kernel banners. `vggserve tune` (when run) stores per-device winners in a JSON f
 """
 
 import json
+import logging
 import math
 import os
+import time
 from pathlib import Path
 
 from platformdirs import user_cache_dir
+
+from ..errors import VggserveError
+from ..tempfiles import replace_atomically
+
+log = logging.getLogger("vggserve.runtime")
 
 # the design card's reference variant: 64x64 work-group tiles, 4x4 per work-item, TK-deep double buffer
 GPU_DEFAULT = {"conv": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LPAD": 1},
@@ -46,14 +53,18 @@ def conv_params_for(params: dict, cin: int, cout: int, size: int, batch: int = 1
     (`registry.pool_fused`).
     """
     fallback = dict(default if default is not None else params["conv"])
-    tables = params.get(table_key(precision), {})
-    if not tables:
-        return fallback
-    nearest = min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))
-    table = tables[nearest]
+    table = nearest_table(params, batch, precision)
     if pool and shape_key(cin, cout, size, pool=True) in table:
         return dict(table[shape_key(cin, cout, size, pool=True)])
     return dict(table.get(shape_key(cin, cout, size), fallback))
+
+
+def nearest_table(params: dict, batch: int, precision: str = "fp32") -> dict:
+    """{shape key: winner} of the precision's table tuned at the batch nearest (in ratio) to `batch`; {} if none."""
+    tables = params.get(table_key(precision), {})
+    if not tables:
+        return {}
+    return tables[min(tables, key=lambda b: abs(math.log(int(b)) - math.log(max(batch, 1))))]
 
 
 POOL_SUFFIX = "+pool"  # a tuned-table key's suffix: the winner for the shape when a 2x2 max-pool follows it
@@ -72,35 +83,86 @@ def shipped_file() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "tuned_params.json"
 
 
+def read_table(path: Path) -> dict:
+    """A tuned-parameter file: {device name: entry}, {} when there is none. ValueError when it is not JSON or not a
+    table `params_for` can merge (an entry that is not an object, a batch that is not a positive integer, ...)."""
+    if not path.is_file():
+        return {}
+    table = json.loads(path.read_text())
+    if not isinstance(table, dict):
+        raise ValueError("not a JSON object of device entries")
+    for device_name, entry in table.items():
+        try:
+            _merge({}, entry)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ValueError(f"entry {device_name!r}: {exc}") from None
+    return table
+
+
 def _stored(path: Path, device_name: str) -> dict:
     try:
-        return json.loads(path.read_text()).get(device_name, {})
-    except (OSError, ValueError):
+        return read_table(path).get(device_name, {})
+    except (OSError, ValueError) as exc:
+        log.warning("vggserve: ignoring the tuned parameters in %s (%s)", path, exc)
         return {}
+
+
+def _merge(params: dict, stored: dict) -> None:
+    """Add one file's entry for a device to `params` (see `params_for`)."""
+    for role, values in stored.items():
+        if not isinstance(values, dict):  # notes such as "tuned_on"
+            continue
+        if role.startswith("conv_by_batch"):
+            for batch, table in values.items():
+                if not (batch.isdigit() and int(batch) > 0 and isinstance(table, dict)
+                        and all(isinstance(v, dict) for v in table.values())):
+                    raise ValueError(f"{role}: batch {batch!r} is not a positive integer with a table of shapes")
+                params.setdefault(role, {}).setdefault(batch, {}).update(table)
+        elif role == "sparse":  # curves per batch and shape: the user's measurements add to the shipped ones
+            merged = params.setdefault(role, {})
+            for key, value in values.items():
+                if key == "curves":
+                    for batch, shapes in value.items():
+                        for shape, algos in shapes.items():  # per kernel: 2:4 and FP32 curves coexist
+                            merged.setdefault(key, {}).setdefault(batch, {}).setdefault(shape, {}).update(algos)
+                elif isinstance(value, dict):
+                    merged.setdefault(key, {}).update(value)
+                else:
+                    merged[key] = value
+        else:
+            params.setdefault(role, {}).update(values)
 
 
 def params_for(kind: str, device_name: str) -> dict:
     """Kernel parameters for a device: the table row for its kind, overridden by the shipped tuned table for this
-    device, overridden in turn by the user's own `vggserve tune` results."""
+    device, overridden in turn by the user's own `vggserve tune` results. A file that is not such a table is
+    ignored, with a warning on the "vggserve.runtime" log."""
     base = TABLE.get(kind, GPU_DEFAULT)
     params = {role: dict(values) for role, values in base.items()}
-    for stored in (_stored(shipped_file(), device_name), _stored(tuned_file(), device_name)):
-        for role, values in stored.items():
-            if isinstance(values, dict):  # skip notes such as "tuned_on"
-                if role.startswith("conv_by_batch"):
-                    for batch, table in values.items():
-                        params.setdefault(role, {}).setdefault(batch, {}).update(table)
-                elif role == "sparse":  # curves per batch and shape: the user's measurements add to the shipped ones
-                    merged = params.setdefault(role, {})
-                    for key, value in values.items():
-                        if key == "curves":
-                            for batch, shapes in value.items():
-                                for shape, algos in shapes.items():  # per kernel: 2:4 and FP32 curves coexist
-                                    merged.setdefault(key, {}).setdefault(batch, {}).setdefault(shape, {}).update(algos)
-                        elif isinstance(value, dict):
-                            merged.setdefault(key, {}).update(value)
-                        else:
-                            merged[key] = value
-                else:
-                    params.setdefault(role, {}).update(values)
+    for path in (shipped_file(), tuned_file()):
+        _merge(params, _stored(path, device_name))
     return params
+
+
+def update_tuned(device_name: str, change) -> Path:
+    """`change(entry)` on this device's entry of the user's tuned-parameter file, dated, and the file written whole
+    (readers never see half of it); returns its path. A file there that is not a table (`read_table`) is kept
+    aside as "<name>.unreadable" and a new one begun. VggserveError, in one line, when the file cannot be written."""
+    path = tuned_file()
+    try:
+        try:
+            table = read_table(path)
+        except ValueError as exc:
+            aside = path.with_name(path.name + ".unreadable")
+            os.replace(path, aside)
+            log.warning("vggserve: %s is not a tuned-parameter table (%s); kept as %s", path, exc, aside)
+            table = {}
+        entry = table.setdefault(device_name, {})
+        change(entry)
+        entry["tuned_on"] = time.strftime("%Y-%m-%d")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(path, json.dumps(table, indent=1, sort_keys=True).encode())
+    except OSError as exc:
+        raise VggserveError(f"cannot store the tuned parameters in {path}: {exc.strerror or exc} (set "
+                            "VGGSERVE_CACHE_DIR to a folder you can write)") from None
+    return path

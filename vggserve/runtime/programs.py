@@ -3,7 +3,8 @@
 Sources live in the top-level `kernels/` folder (shipped inside the wheel as `vggserve/_kernels`). A program is
 source + `#define` lines; its binary is cached under the user cache dir, keyed by device name, driver version,
 platform version and the full source text, so a second start does not compile. `VGGSERVE_NO_PROGRAM_CACHE=1`
-turns the cache off.
+turns the cache off. A cached file is the binary behind a header with its length and sha256: one that does not
+match (truncated, altered) is rebuilt from source, because a driver given a damaged binary may crash (PoCL does).
 
 A generated program (weights compiled into the code, conv_sparse_codegen.cl) is a template file that includes a
 piece the host writes (`Generated`); its binary is keyed by the template and a digest of what the piece is made
@@ -22,9 +23,10 @@ import pyopencl as cl
 from platformdirs import user_cache_dir
 
 from ..errors import KernelBuildError
-from ..tempfiles import temporary_beside
+from ..tempfiles import replace_atomically
 
 _HERE = Path(__file__).resolve().parent.parent
+MAGIC = b"vggserve-program-1\n"  # then the binary's sha256 (32 bytes), then the binary
 
 
 def kernels_dir() -> Path:
@@ -116,9 +118,13 @@ class ProgramCache:
 
     def _from_binary(self, path: Path):
         try:
-            binary = path.read_bytes()
+            data = path.read_bytes()
         except OSError:
             return None
+        head = len(MAGIC) + 32
+        binary = data[head:]
+        if not data.startswith(MAGIC) or not binary or hashlib.sha256(binary).digest() != data[len(MAGIC):head]:
+            return None  # damaged, or written by another version: never give the driver a binary it may crash on
         try:
             return cl.Program(self.context, [self.device], [binary]).build(options=self.options)
         except cl.Error:
@@ -136,9 +142,6 @@ class ProgramCache:
         try:
             binary = program.get_info(cl.program_info.BINARIES)[0]
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = temporary_beside(path)
-            with os.fdopen(fd, "wb") as f:
-                f.write(binary)
-            os.replace(tmp, path)
+            replace_atomically(path, MAGIC + hashlib.sha256(binary).digest() + binary)
         except (OSError, cl.Error):
             pass  # a cache that cannot be written only costs a compile next time

@@ -1,0 +1,81 @@
+"""The on-disk program cache: a damaged binary is rebuilt, never handed to the driver; a failed write leaves nothing."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyopencl as cl
+import pytest
+
+from vggserve.runtime import devices as devs, programs
+from vggserve.runtime.programs import ProgramCache
+
+from conftest import TEST_DEVICE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def device():
+    return devs.cl_device(devs.resolve(TEST_DEVICE))
+
+
+def build_in_child(folder: Path) -> subprocess.CompletedProcess:
+    """Build softmax.cl through a ProgramCache on `folder` in a fresh process (a driver that crashes on a bad binary
+    takes only that process down); it prints "hits compiles"."""
+    code = textwrap.dedent(f"""
+        import pyopencl as cl
+        from vggserve.runtime import devices as devs
+        from vggserve.runtime.programs import ProgramCache
+        device = devs.cl_device(devs.resolve({TEST_DEVICE!r}))
+        cache = ProgramCache(cl.Context([device]), device, folder={str(folder)!r})
+        cache.build("softmax.cl", {{}})
+        print(cache.hits, cache.compiles)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_cached_binary_is_rebuilt_instead_of_crashing_the_process(tmp_path, damage):
+    """PoCL segfaults when it is given a truncated or altered binary of its own format: the cache must notice."""
+    first = build_in_child(tmp_path)
+    assert first.returncode == 0 and first.stdout.split() == ["0", "1"], first.stderr
+    (path,) = tmp_path.glob("*.bin")
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2] if damage == "truncated"
+                     else data[:-64] + bytes(b ^ 0x55 for b in data[-64:]))
+    second = build_in_child(tmp_path)
+    assert second.returncode == 0, f"exit {second.returncode}: {second.stderr[-500:]}"
+    assert second.stdout.split() == ["0", "1"]  # compiled again, from source
+    third = build_in_child(tmp_path)
+    assert third.returncode == 0 and third.stdout.split() == ["1", "0"], third.stderr  # the rewritten binary serves
+
+
+def test_an_intact_cached_binary_is_used(tmp_path, device):
+    ctx = cl.Context([device])
+    ProgramCache(ctx, device, folder=tmp_path).build("softmax.cl", {})
+    again = ProgramCache(ctx, device, folder=tmp_path)
+    again.build("softmax.cl", {})
+    assert (again.hits, again.compiles) == (1, 0)
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, device, monkeypatch):
+    def fail(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(programs.os, "replace", fail)
+    cache = ProgramCache(cl.Context([device]), device, folder=tmp_path)
+    cache.build("softmax.cl", {})  # the program is built all the same
+    assert cache.compiles == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_cache_folder_only_costs_a_compile(tmp_path, device):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    cache = ProgramCache(cl.Context([device]), device, folder=blocker / "programs")
+    cache.build("softmax.cl", {})
+    assert cache.compiles == 1
