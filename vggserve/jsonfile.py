@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+
+from .tempfiles import replace_atomically
 
 
 def write_json_atomically(path: str | os.PathLike, data) -> None:
-    """Write `data` as indented JSON (and a final newline) to a hidden temporary file beside `path`, then rename
-    it over `path`: a reader, or a kill at any moment, sees the old file or the new one, never half of one."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-    os.replace(temporary, path)
+    """Write `data` as indented JSON (and a final newline) to a hidden temporary file of its own beside `path`,
+    then rename it over `path`: a reader, or a kill at any moment, sees the old file or the new one, never half of
+    one; two writers never share a temporary file, and a failed write leaves none behind."""
+    replace_atomically(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
