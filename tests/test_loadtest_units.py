@@ -44,6 +44,15 @@ def test_levels_parse_and_reject_nonsense():
             parse_levels(bad, mode)
 
 
+def test_a_closed_loop_of_more_clients_than_the_cap_is_a_one_line_error():
+    from vggserve.loadtest.config import MAX_CONCURRENCY
+
+    assert parse_levels(f"1,{MAX_CONCURRENCY}", "closed") == [1, MAX_CONCURRENCY]
+    with pytest.raises(VggserveError, match="at most 10000 clients.*--mode open"):
+        parse_levels("4,1000000", "closed")
+    assert parse_levels("1000000", "open") == [1e6]  # a rate is bounded by --max-inflight instead
+
+
 def test_percentiles_are_ordered_and_nearest_rank(rng):
     values = list(rng.exponential(20.0, size=997))
     p = percentiles(values)

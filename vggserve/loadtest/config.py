@@ -103,6 +103,9 @@ def normalise_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
+MAX_CONCURRENCY = 10_000  # closed-loop clients at one level: each holds a connection, and a typo would build millions
+
+
 def parse_levels(text: str, mode: str) -> list[float]:
     """'1,4,16' -> [1, 4, 16]: positive integers for closed-loop concurrency, positive numbers for rates."""
     option = "--concurrency" if mode == "closed" else "--rate"
@@ -119,6 +122,9 @@ def parse_levels(text: str, mode: str) -> list[float]:
             raise VggserveError(f"bad {option} {text!r}: every value must be a positive number")
         if mode == "closed" and value != int(value):
             raise VggserveError(f"bad {option} {text!r}: concurrency must be a whole number of clients")
+        if mode == "closed" and value > MAX_CONCURRENCY:
+            raise VggserveError(f"bad {option} {text!r}: at most {MAX_CONCURRENCY} clients (each one a connection "
+                                f"of its own); for more load than that, run an open loop (--mode open --rate)")
         levels.append(float(int(value)) if mode == "closed" else value)
     return levels
 
