@@ -110,3 +110,30 @@ def test_a_shape_no_candidate_computes_correctly_is_left_untuned_and_said(cache,
                                   progress=said.append)
     assert winners == {} and trials and not any(t.ok for t in trials)
     assert any("64x64x14" in line and "no candidate" in line for line in said), said
+
+
+def test_two_tuners_storing_at_once_keep_both_entries(cache, monkeypatch):
+    """One tuner per GPU of a host: the second one's store waits for the first one's, so neither entry is lost.
+    The first store dwells between its read and its write until the second has finished (without the lock that
+    lost the second one's entry) or a second has passed (with it, the second store is waiting on the lock)."""
+    import threading
+
+    second_done, first_reading = threading.Event(), threading.Event()
+    read = params_module.read_table
+
+    def slow_read(path):
+        table = read(path)
+        if threading.current_thread().name == "first":
+            first_reading.set()
+            second_done.wait(1.0)
+        return table
+
+    monkeypatch.setattr(params_module, "read_table", slow_read)
+    first = threading.Thread(target=tuning.store, args=("GPU 0 (P)", {"3x64x224": GOOD}, 16), name="first")
+    first.start()
+    assert first_reading.wait(30)
+    tuning.store("GPU 1 (P)", {"3x64x224": GOOD}, batch=16)
+    second_done.set()
+    first.join(30)
+    table = json.loads(tuned_file().read_text())
+    assert {"GPU 0 (P)", "GPU 1 (P)"} <= set(table), sorted(table)

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from platformdirs import user_cache_dir
@@ -147,22 +148,44 @@ def params_for(kind: str, device_name: str) -> dict:
 def update_tuned(device_name: str, change) -> Path:
     """`change(entry)` on this device's entry of the user's tuned-parameter file, dated, and the file written whole
     (readers never see half of it); returns its path. A file there that is not a table (`read_table`) is kept
-    aside as "<name>.unreadable" and a new one begun. VggserveError, in one line, when the file cannot be written."""
+    aside as "<name>.unreadable" and a new one begun. VggserveError, in one line, when the file cannot be written.
+    Two tuners at once (one per GPU of a host) take turns through a lock file beside it, so neither loses the
+    other's entry (an flock on the cache folder: no lock file is left)."""
     path = tuned_file()
     try:
-        try:
-            table = read_table(path)
-        except ValueError as exc:
-            aside = path.with_name(path.name + ".unreadable")
-            os.replace(path, aside)
-            log.warning("vggserve: %s is not a tuned-parameter table (%s); kept as %s", path, exc, aside)
-            table = {}
-        entry = table.setdefault(device_name, {})
-        change(entry)
-        entry["tuned_on"] = time.strftime("%Y-%m-%d")
         path.parent.mkdir(parents=True, exist_ok=True)
-        replace_atomically(path, json.dumps(table, indent=1, sort_keys=True).encode())
+        with _locked(path.parent):
+            _update_table(path, device_name, change)
     except OSError as exc:
         raise VggserveError(f"cannot store the tuned parameters in {path}: {exc.strerror or exc} (set "
                             "VGGSERVE_CACHE_DIR to a folder you can write)") from None
     return path
+
+
+@contextmanager
+def _locked(folder: Path):
+    """An exclusive advisory lock (flock) on `folder`, held for the block; other processes and threads that take
+    it wait."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # lets go of the lock
+
+
+def _update_table(path: Path, device_name: str, change) -> None:
+    """update_tuned's read, change and write, under its lock."""
+    try:
+        table = read_table(path)
+    except ValueError as exc:
+        aside = path.with_name(path.name + ".unreadable")
+        os.replace(path, aside)
+        log.warning("vggserve: %s is not a tuned-parameter table (%s); kept as %s", path, exc, aside)
+        table = {}
+    entry = table.setdefault(device_name, {})
+    change(entry)
+    entry["tuned_on"] = time.strftime("%Y-%m-%d")
+    replace_atomically(path, json.dumps(table, indent=1, sort_keys=True).encode())
