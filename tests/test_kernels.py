@@ -219,3 +219,38 @@ def test_included_kernel_files_are_expanded_into_the_source(name):
     assert source.startswith("#define TM 64\n")
     assert "#define GEMM_K_LOOP(" in source and "GEMM_K_LOOP(" in source.split("#define GEMM_K_LOOP(")[1]
     assert not re.search(r"^#include", source, re.MULTILINE)  # nothing left for the compiler to look up
+
+
+def portable_fc(cl_env, weight, bias, max_batch, splitk_groups):
+    """ops.fc.PortableFc through the gemm entry, with the CPU's gemv table and `splitk_groups` work-groups wanted."""
+    from vggserve.ops import registry
+    from vggserve.ops.precision import FP32
+    from vggserve.ops.registry import BuildEnv, LayerSpec
+    from vggserve.runtime.caps import of
+
+    ctx, _, cache = cl_env
+    env = BuildEnv(caps=of(ctx.devices[0], "cpu", "test"), max_batch=max_batch,
+                   tables={"gemv": CPU_DEFAULT["gemv"], "splitk_groups": splitk_groups})
+    layer = LayerSpec("fc", weight.shape[1], weight.shape[0], relu=True)
+    return registry.get("gemm").make(ctx, cache, CPU_DEFAULT["conv"], FP32, layer, weight, bias, env)
+
+
+def test_portable_fc_picks_gemv_split_k_or_gemm_by_batch_and_each_matches_numpy(cl_env, rng):
+    ctx, queue, _ = cl_env
+    weight = rng.standard_normal((70, 2049)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+    fc = portable_fc(cl_env, weight, bias, max_batch=9, splitk_groups=10_000)
+    assert fc.split is not None and fc.split.used_for(9)
+    for n in (1, 4, 5, 9):  # fc_gemv up to GEMV_NB = 4, split K above
+        x = rng.standard_normal((n, 2049)).astype(np.float32)
+        dst = poisoned(ctx, queue, n * 70)
+        fc.enqueue(queue, to_device(ctx, x), dst, n)
+        ref = np.maximum(x.astype(np.float64) @ weight.T.astype(np.float64) + bias, 0)
+        assert rel_err(read(queue, dst, (n, 70)), ref) < 1e-5, n
+
+
+def test_portable_fc_builds_no_split_k_where_fc_gemv_takes_every_batch(cl_env, rng):
+    weight = rng.standard_normal((70, 2049)).astype(np.float32)
+    fc = portable_fc(cl_env, weight, np.zeros(70, np.float32), max_batch=CPU_DEFAULT["gemv"]["GEMV_NB"],
+                     splitk_groups=10_000)
+    assert fc.split is None  # its program and partial-sum buffer would never be used

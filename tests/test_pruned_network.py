@@ -240,3 +240,17 @@ def test_sparsity_is_counted_only_where_a_sample_shows_zeros(rng):
     few = dense.copy()
     few[0, 1:4] = 0  # 3 zeros in 300,000 between the sampled ones (every 4th): counted as unpruned
     assert measured(few) == (0.0, few.size)
+
+
+def test_a_layer_pruned_to_a_default_crossover_wins_there_though_rounding_leaves_it_a_hair_below():
+    from vggserve.ops.sparse_select import measured
+    from vggserve.weights.prune import prune_unstructured
+
+    # 1,728 weights (conv1's count) pruned to 0.8: round(1382.4) = 1,382 zeros, measured 0.79977
+    weight = prune_unstructured(np.random.default_rng(3).standard_normal((64, 27)).astype(np.float32), 0.8)
+    sparsity, nnz = measured(weight)
+    assert sparsity < 0.8
+    cpu = sparse_table({}, "cpu")  # CSR and the compressed kernel win from 0.8 on
+    assert choose(cpu, "fc", "27x64x1", 1, sparsity, nnz).algo == CSR
+    assert choose(cpu, "conv3x3", "3x64x224", 1, sparsity, 10**7).algo == COMPRESSED
+    assert choose(cpu, "fc", "27x64x1", 1, 0.79, nnz).algo == DENSE  # a real 0.79 still loses

@@ -26,8 +26,9 @@ class PortableFc:
         self.gemv = GemvLayer(ctx, gemv_prog, gemv_p, self.gemm)
         self.gemv_max = gemv_p["GEMV_NB"]
         groups = int(tables.get("splitk_groups", 2 * env.caps.compute_units))
-        self.split = None  # built (and its program too) only where some batch size splits K
-        if any(s > 1 for s, _ in SplitKGemm.plan(self.gemm, env.max_batch, groups).values()):
+        self.split = None  # built (and its program too) only where some batch size past fc_gemv's splits K
+        plan = SplitKGemm.plan(self.gemm, env.max_batch, groups)
+        if any(s > 1 for n, (s, _) in plan.items() if n > self.gemv_max):
             split_prog = cache.build(GEMM_FILE, {**gemm_defines(tiles, 1, 0, splitk=1), **store})
             self.split = SplitKGemm(ctx, split_prog, gemv_prog, self.gemm, env.max_batch, groups)
         self.layer = layer

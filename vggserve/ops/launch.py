@@ -22,12 +22,12 @@ class Launch:
     def __init__(self, kernel):
         self.kernel, self.key, self.args = kernel, None, None
 
-    def __call__(self, queue, grid, local, *args):
+    def __call__(self, queue, grid, local, *args, wait_for=None):
         key = tuple(a if isinstance(a, int) else id(a) for a in args)
         if key != self.key:
             self.kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
             self.key, self.args = key, args  # holding args keeps every id in the key alive
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, local)
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, local, wait_for=wait_for)
 
 
 def upload(ctx, array: np.ndarray, dtype=np.float32):

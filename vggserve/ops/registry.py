@@ -82,6 +82,13 @@ class Algorithm:
     def candidates(self, caps, precision: Precision, layer: LayerSpec) -> list[dict]:
         return [self.default(caps, precision)]
 
+    def variants(self, caps, precision: Precision, overrides: list[dict]) -> list[dict]:
+        """`default` and then `default` updated with each of `overrides`: each set once, those that fit the device
+        (a `candidates` made of a few tunables tried over the default)."""
+        base = self.default(caps, precision)
+        out = [base] + [{**base, **o} for o in overrides]
+        return [p for i, p in enumerate(out) if p not in out[:i] and self.fits(p, caps, precision)]
+
     def local_mem(self, params: dict, precision: Precision) -> int:
         return 0
 

@@ -29,6 +29,7 @@ import pyopencl as cl
 
 from ..preprocessing import (CROP_SIZE, MAX_ASPECT_RATIO, RESIZE_SHORTER, aspect_box, crop_offsets, crop_pixels,
                           resized_size)
+from .launch import Launch, round_up
 
 PRECISION_BITS = 22  # Pillow's fixed-point fraction bits for 8-bit images: 32 - 8 - 2
 ONE = 1 << PRECISION_BITS
@@ -294,11 +295,10 @@ class DeviceResize:
         self.ctx = ctx
         self.crop = CROP_SIZE
         self.wg, self.wx, self.wy = params.get("RS_WG", 128), params.get("RS_WX", 32), params.get("RS_WY", 4)
-        self.kernels = (cl.Kernel(program, "resize_pass1"), cl.Kernel(program, "resize_pass2"))
+        self.pass1 = Launch(cl.Kernel(program, "resize_pass1"))
+        self.pass2 = Launch(cl.Kernel(program, "resize_pass2"))
         self._table = self._scratch = None
         self._table_bytes = self._scratch_bytes = 0
-        self._keys = [None, None]  # kernel arguments last set, per kernel (ids of buffers, ints)
-        self._held = [None, None]  # those arguments, so the ids in the keys stay theirs
         self._last = None  # the previous call's last event
         self._uploads = deque(maxlen=4)  # recent table uploads: their events keep the host arrays alive
 
@@ -347,22 +347,9 @@ class DeviceResize:
         upload = cl.enqueue_copy(queue, self._table, table, is_blocking=False, wait_for=after)
         self._uploads.append(upload)
         n = len(images)
-        k1, k2 = self.kernels
-        self._set_args(0, (raw, self._table, self._scratch, n, pixels))
-        ev = cl.enqueue_nd_range_kernel(queue, k1, (round_up(pixels, self.wg),), (self.wg,),
-                                        wait_for=[upload, *(wait_for or ())])
-        self._set_args(1, (self._scratch, self._table, out, n))
-        ev = cl.enqueue_nd_range_kernel(queue, k2, (round_up(c, self.wx), round_up(c, self.wy), n),
-                                        (self.wx, self.wy, 1), wait_for=[ev])
+        ev = self.pass1(queue, (round_up(pixels, self.wg),), (self.wg,), raw, self._table, self._scratch, n, pixels,
+                        wait_for=[upload, *(wait_for or ())])
+        ev = self.pass2(queue, (round_up(c, self.wx), round_up(c, self.wy), n), (self.wx, self.wy, 1), self._scratch,
+                        self._table, out, n, wait_for=[ev])
         self._last = ev
         return ev
-
-    def _set_args(self, which: int, args: tuple) -> None:
-        key = tuple(a if isinstance(a, int) else id(a) for a in args)
-        if key != self._keys[which]:
-            self.kernels[which].set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
-            self._keys[which], self._held[which] = key, args
-
-
-def round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m

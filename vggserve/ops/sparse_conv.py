@@ -231,9 +231,7 @@ class SparseConvAlgorithm(Algorithm):
         return default_params(caps.kind, self.name)
 
     def candidates(self, caps, precision, layer):
-        base = self.default(caps, precision)
-        out = [base] + [{**base, **c} for c in CANDIDATES["cpu" if caps.kind == "cpu" else "gpu", self.name]]
-        return [p for i, p in enumerate(out) if p not in out[:i] and self.fits(p, caps, precision)]
+        return self.variants(caps, precision, CANDIDATES["cpu" if caps.kind == "cpu" else "gpu", self.name])
 
     def local_mem(self, params, precision):
         return 4 * (params["SP_CHUNK"] + 1) if params.get("SP_MEM") == 1 else 0

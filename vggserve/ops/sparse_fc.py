@@ -108,9 +108,7 @@ class SparseCsr(Algorithm):
         return default_params(caps.kind)
 
     def candidates(self, caps, precision, layer):
-        base = self.default(caps, precision)
-        out = [base] + [{**base, **c} for c in CANDIDATES["cpu" if caps.kind == "cpu" else "gpu"]]
-        return [p for i, p in enumerate(out) if p not in out[:i] and self.fits(p, caps, precision)]
+        return self.variants(caps, precision, CANDIDATES["cpu" if caps.kind == "cpu" else "gpu"])
 
     def local_mem(self, params, precision):
         return 4 * params["SPMV_LM"] * params["SPMV_LK"] if params["SPMV_LK"] > 1 else 0

@@ -7,7 +7,8 @@ The table comes from `sparse_table(params, kind)`: the device kind's defaults (`
 "sparse" entry of the tuned parameters (`vggserve tune --sparse` writes it: per batch and layer shape, each sparse
 kernel's speed-up over the engine's dense kernel at the sparsities it measured). A sparse kernel is chosen only
 where its speed-up at the layer's sparsity is above 1, the fastest of them; else the dense kernel. With no
-measured curve for the shape, a kernel counts as winning from its default crossover sparsity on.
+measured curve for the shape, a kernel counts as winning from its default crossover sparsity on (less
+SPARSITY_SLACK: a layer pruned to the crossover measures a hair below it).
 The generated kernel is considered only where the layer's non-zeros are at most "codegen_max_nnz": its build
 time grows with them (PoCL: ~5 ms a non-zero; docs/sparse.md).
 At FP16 on tensor cores the candidates are the two 2:4 kernels (TC_SPARSE24 and TC_HALO_SPARSE24,
@@ -48,6 +49,9 @@ DEFAULTS = {
     "gpu": {"crossover": {CODEGEN: 0.95, COMPRESSED: 1.01, CSR: 0.5, TC_SPARSE24: 0.45, TC_HALO_SPARSE24: 1.01},
             "codegen_max_nnz": 30_000},
 }
+# how far below a sparsity a layer pruned to it can measure: pruning zeroes round(S x count) weights, so a layer of
+# 1,728 weights pruned to 0.8 measures 0.79977 (and one pruned to 0.9 may measure 0.8999...)
+SPARSITY_SLACK = 1e-3
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ def speedup_at(curve: list, sparsity: float) -> float | None:
     """Linear interpolation of [(sparsity, speed-up), ...] at `sparsity`; above the measured range the last point's
     (speed-ups grow with sparsity), below it None: not measured there (e.g. codegen skipped as too big to build)."""
     points = sorted((float(s), float(x)) for s, x in curve)
-    if sparsity < points[0][0] - 1e-3:  # (a layer pruned to 0.9 measures 0.8999...)
+    if sparsity < points[0][0] - SPARSITY_SLACK:
         return None
     sparsity = max(sparsity, points[0][0])
     for (s0, x0), (s1, x1) in zip(points, points[1:]):
@@ -106,8 +110,9 @@ def choose(table: dict, kind: str, shape: str, batch: int, sparsity: float, nnz:
             x = x or 0.0
         else:
             cross = table["crossover"][algo]
-            wins = sparsity >= cross
-            x = 1.0 + 1e-6 + (sparsity - cross) if wins else 0.0  # the earlier a kernel starts to win, the better
+            wins = sparsity >= cross - SPARSITY_SLACK
+            # the earlier a kernel starts to win, the better
+            x = 1.0 + 1e-6 + (sparsity - cross + SPARSITY_SLACK) if wins else 0.0
             why.append(f"{algo}: {'wins' if wins else 'loses'} (default crossover {cross})")
         if x > best_x:
             best, best_x = algo, x
