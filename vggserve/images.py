@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import re
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -212,8 +213,14 @@ def _binary_stream(source: Source) -> Iterator[tuple[BinaryIO, str]]:
         except OSError as exc:
             raise ImageDecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
         with stream:
-            if os.fstat(stream.fileno()).st_size == 0:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):  # a pipe: /dev/stdin, <(curl ...), a FIFO
+                try:
+                    stream = io.BytesIO(stream.read())  # its size is unknown (0) and Pillow needs to seek
+                except OSError as exc:
+                    raise ImageDecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
+            if stream.seek(0, io.SEEK_END) == 0:
                 raise ImageDecodeError(f"{where} is empty")
+            stream.seek(0)
             yield stream, where
         return
     if isinstance(source, (bytes, bytearray, memoryview)):
