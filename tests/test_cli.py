@@ -165,3 +165,13 @@ def test_classify_reads_an_image_piped_to_dev_stdin(tiny_weights_path):
     direct = json.loads(vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json",
                                  IMAGES[0]).stdout)
     assert piped["image"] == "/dev/stdin" and piped["predictions"] == direct["predictions"]
+
+
+def test_bench_refuses_a_negative_warmup_as_a_usage_error():
+    """`--warmup -1` was taken (as no warm-up) without a word, unlike a bad --iterations or --batch-size."""
+    for flag, value, words in (("--warmup", "-1", "expected a non-negative integer, got -1"),
+                               ("--warmup", "x", "expected a non-negative integer, got 'x'"),
+                               ("--iterations", "0", "expected a positive integer, got 0"),
+                               ("--batch-size", "-2", "expected a positive integer, got -2")):
+        r = vggserve("bench", flag, value)
+        assert r.returncode == 2 and f"argument {flag}: {words}" in r.stderr.strip().splitlines()[-1], r.stderr
