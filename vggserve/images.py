@@ -253,9 +253,7 @@ def _open_header(stream: BinaryIO, where: str, max_pixels: int, accepted: frozen
         stream.seek(0)
         foreign = _foreign_format(stream.read(1024))
         if foreign is not None:
-            raise UnsupportedImageFormat(
-                f"format '{foreign}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
-            ) from None
+            raise _not_accepted(foreign, where, accepted) from None
         size = stream.seek(0, io.SEEK_END)
         raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({size} bytes)") from None
     except MemoryError:
@@ -295,9 +293,11 @@ def _foreign_format(head: bytes) -> str | None:
 def _check_format(image: Image.Image, accepted: frozenset[str], where: str) -> None:
     fmt = image.format or "unknown"
     if fmt.upper() not in accepted:
-        raise UnsupportedImageFormat(
-            f"format '{fmt}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
-        )
+        raise _not_accepted(fmt, where, accepted)
+
+
+def _not_accepted(fmt: str, where: str, accepted: frozenset[str]) -> UnsupportedImageFormat:
+    return UnsupportedImageFormat(f"format '{fmt}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}")
 
 
 def _check_pixels(size: tuple[int, int], max_pixels: int, where: str) -> None:
