@@ -153,3 +153,25 @@ def test_top_k_outside_1_to_1000_is_the_same_usage_error_for_classify_and_batch(
             assert r.returncode == 2, (command, value, r.stderr)
             assert f"argument --top-k: {words}" in r.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_classify_reads_an_image_piped_to_dev_stdin(tiny_weights_path):
+    """`cat photo.jpg | vggserve classify /dev/stdin` was refused: a pipe's size is 0, so it was called empty."""
+    r = subprocess.run([sys.executable, "-m", "vggserve", "classify", "--weights", str(tiny_weights_path),
+                        "--device", TEST_DEVICE, "--json", "/dev/stdin"], input=Path(IMAGES[0]).read_bytes(),
+                       capture_output=True, timeout=300, cwd=ROOT)  # input=: stdin is a pipe
+    assert r.returncode == 0, r.stderr.decode()
+    piped = json.loads(r.stdout)
+    direct = json.loads(vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json",
+                                 IMAGES[0]).stdout)
+    assert piped["image"] == "/dev/stdin" and piped["predictions"] == direct["predictions"]
+
+
+def test_bench_refuses_a_negative_warmup_as_a_usage_error():
+    """`--warmup -1` was taken (as no warm-up) without a word, unlike a bad --iterations or --batch-size."""
+    for flag, value, words in (("--warmup", "-1", "expected a non-negative integer, got -1"),
+                               ("--warmup", "x", "expected a non-negative integer, got 'x'"),
+                               ("--iterations", "0", "expected a positive integer, got 0"),
+                               ("--batch-size", "-2", "expected a positive integer, got -2")):
+        r = vggserve("bench", flag, value)
+        assert r.returncode == 2 and f"argument {flag}: {words}" in r.stderr.strip().splitlines()[-1], r.stderr

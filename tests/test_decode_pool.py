@@ -191,6 +191,56 @@ def test_processes_that_cannot_start_fail_the_pool_instead_of_every_image(corpus
         pool.close()
 
 
+def test_the_processes_outlive_the_thread_that_made_the_pool(corpus):
+    """A decode process is killed when the thread that started it ends (PR_SET_PDEATHSIG). The pool's constructor
+    started them, so a pool made on a thread that then ended (a server's start-up thread) lost every process:
+    each was replaced, and an image one of them was decoding became an error."""
+    made = {}
+
+    def make():
+        pool = DecodePool(2, DecodeJob("torchvision", True))
+        for _ in range(12000):  # ready: each process has asked for its death signal, while this thread lives
+            if all(proc.ready for proc in pool._procs):
+                break
+            time.sleep(0.01)
+        made["pool"], made["thread"] = pool, threading.get_native_id()
+
+    maker = threading.Thread(target=make)
+    maker.start()
+    maker.join()
+    pool = made["pool"]
+    try:
+        gone = Path(f"/proc/self/task/{made['thread']}")
+        for _ in range(3000):  # the thread's exit (and any death signal it sends) is over once its entry goes
+            if not gone.exists():
+                break
+            time.sleep(0.01)
+        assert not gone.exists()
+        answers = pool.start([corpus[f"photo{i}.jpg"] for i in range(5)] * 2).result(timeout=120)
+        assert all(problem is None for _, problem in answers)
+        assert pool.restarts == 0 and all(proc.popen.poll() is None for proc in pool._procs)
+    finally:
+        pool.close()
+
+
+def test_a_process_that_cannot_be_started_leaves_nothing_behind(monkeypatch):
+    started = []
+    real_popen = pool_module.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        if started:
+            raise OSError(24, "Too many open files")
+        started.append(real_popen(*args, **kwargs))
+        return started[0]
+
+    monkeypatch.setattr(pool_module.subprocess, "Popen", popen)
+    segments = set(os.listdir("/dev/shm"))
+    with pytest.raises(DecodePoolError, match="cannot start a decode process: .*Too many open files"):
+        DecodePool(2, DecodeJob("torchvision", True))
+    assert started[0].wait(timeout=30) is not None  # the first one is stopped, not left waiting for work
+    assert set(os.listdir("/dev/shm")) <= segments  # and the shared memory is unlinked
+
+
 def test_a_full_ring_sends_pixels_inline_and_the_answers_stay_right(corpus):
     """Held blocks fill the region (8 MB): later images come pickled, equal all the same."""
     pool = DecodePool(1, DecodeJob("torchvision", True), in_flight=1)

@@ -113,6 +113,37 @@ def test_directory_is_a_decode_error_naming_it(tmp_path):
         open_image(tmp_path)
 
 
+def _fifo_fed_with(path, data: bytes):
+    """A named pipe at `path` and a thread that writes `data` into it once a reader opens it."""
+    import threading
+
+    os.mkfifo(path)
+
+    def feed():
+        with open(path, "wb") as pipe:  # blocks until the reader opens the pipe
+            pipe.write(data)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    return writer
+
+
+def test_a_pipe_path_is_read_to_its_end_not_called_empty(corpus, tmp_path):
+    """`vggserve classify /dev/stdin` and `<(curl ...)` name pipes, whose size is 0: they were refused as empty."""
+    data = corpus["exif_orientation_6.jpg"].read_bytes()
+    writer = _fifo_fed_with(tmp_path / "pipe.jpg", data)
+    img = open_image(tmp_path / "pipe.jpg")
+    writer.join()
+    np.testing.assert_array_equal(pixels(img), pixels(open_image(data)))
+
+
+def test_an_empty_pipe_is_empty(tmp_path):
+    writer = _fifo_fed_with(tmp_path / "pipe.jpg", b"")
+    with pytest.raises(ImageDecodeError, match="pipe.jpg' is empty"):
+        open_image(tmp_path / "pipe.jpg")
+    writer.join()
+
+
 def test_non_image_source_types_are_type_errors(tmp_path):
     with pytest.raises(TypeError):
         open_image(12345)

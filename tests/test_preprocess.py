@@ -264,6 +264,16 @@ def test_extreme_aspect_ratio_is_centre_cropped_to_64_to_1_before_resizing():
     assert preprocess(Image.new("RGB", (1, 10_000_000 // 10))).shape == (3, 224, 224)
 
 
+def test_uint8_pixels_are_taken_and_other_arrays_refused_not_cast():
+    """preprocess(np.asarray(img) / 255) made a black picture: float pixels were cast to uint8 without a word."""
+    pixels = noise(230, 240, seed=7)
+    np.testing.assert_array_equal(preprocess(pixels), preprocess(Image.fromarray(pixels)))
+    for bad in (pixels / 255.0, pixels.astype(np.int16) * 2, pixels[..., 0], np.dstack([pixels, pixels[..., :1]]),
+                pixels[:0]):
+        with pytest.raises(ValueError, match=r"uint8 RGB of shape \(h, w, 3\)"):
+            preprocess(bad)
+
+
 def test_unknown_mode_is_a_value_error():
     with pytest.raises(ValueError, match="caffe"):
         preprocess(Image.new("RGB", (4, 4)), mode="tensorflow")

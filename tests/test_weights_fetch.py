@@ -21,6 +21,11 @@ from vggserve.weights.fetch import ChecksumMismatch, fetch_timm, fetch_torchvisi
 from vggserve.weights.provenance import TIMM, TORCHVISION
 
 
+# the environment's proxy settings, as HTTP clients read them
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                   "no_proxy")
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
@@ -208,7 +213,7 @@ def test_timm_checksum_mismatch_deletes_the_downloaded_file(fake_hub, served, ca
 def test_timm_offline_fails_fast_naming_the_file_to_copy_in_and_where(fake_hub, cache, monkeypatch, how):
     if how == "HF_HUB_OFFLINE":
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for proxy in PROXY_VARIABLES:
         monkeypatch.delenv(proxy, raising=False)
     t0 = time.monotonic()
     with pytest.raises(WeightsError) as info:
@@ -227,3 +232,22 @@ def test_timm_hub_errors_become_weights_errors(cache, served, monkeypatch):
     monkeypatch.setattr("huggingface_hub.hf_hub_download", failing)
     with pytest.raises(WeightsError, match=r"cannot download model\.safetensors \(RuntimeError: HTTP 500"):
         fetch_timm(endpoint=served[0])
+
+
+def test_timm_through_an_unreachable_proxy_fails_before_the_hub_is_asked(fake_hub, cache, served, monkeypatch):
+    """With HTTPS_PROXY set, the reachability check was skipped: huggingface_hub then spent about 24 s retrying a
+    proxy that refused every connection before the same error came."""
+    for proxy in PROXY_VARIABLES:
+        monkeypatch.delenv(proxy, raising=False)
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    for variable in ("HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(variable, dead)
+        with pytest.raises(WeightsError) as info:
+            fetch_timm(endpoint="https://hub.invalid")
+        assert f"through the proxy {dead}" in str(info.value) and fake_hub.downloads == []
+        monkeypatch.delenv(variable)
+    # a host that NO_PROXY exempts is reached directly: the dead proxy does not matter
+    monkeypatch.setenv("HTTP_PROXY", dead)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert fetch_timm(endpoint=served[0], expected_sha256=sha256_file(fake_hub.blob)).is_file()
+    assert len(fake_hub.downloads) == 1

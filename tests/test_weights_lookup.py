@@ -85,3 +85,19 @@ def test_nothing_found_is_one_line_with_every_way_to_get_weights(cache):
     for hint in ("vggserve weights fetch", "--weights PATH", "VGGSERVE_WEIGHTS",
                  "vggserve weights init --seed 0 --output PATH"):
         assert hint in message
+
+
+def test_a_folder_named_as_the_weights_file_says_it_is_a_folder(cache, tmp_path, monkeypatch):
+    """`--weights weights/` (or VGGSERVE_WEIGHTS=weights/, or load_weights of a folder) said the folder did not
+    exist."""
+    from vggserve.weights import load_weights
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    with pytest.raises(WeightsNotFound, match=r"weights file .*weights is a folder, not a weights file"):
+        find_weights(folder)
+    with pytest.raises(WeightsNotFound, match=r"weights is a folder, not a weights file"):
+        load_weights(folder)
+    monkeypatch.setenv("VGGSERVE_WEIGHTS", str(folder))
+    with pytest.raises(WeightsNotFound, match=r"VGGSERVE_WEIGHTS=.*weights is a folder, not a weights file"):
+        find_weights()

@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import re
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -212,8 +213,14 @@ def _binary_stream(source: Source) -> Iterator[tuple[BinaryIO, str]]:
         except OSError as exc:
             raise ImageDecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
         with stream:
-            if os.fstat(stream.fileno()).st_size == 0:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):  # a pipe: /dev/stdin, <(curl ...), a FIFO
+                try:
+                    stream = io.BytesIO(stream.read())  # its size is unknown (0) and Pillow needs to seek
+                except OSError as exc:
+                    raise ImageDecodeError(f"{where} cannot be read: {exc.strerror or exc}") from None
+            if stream.seek(0, io.SEEK_END) == 0:
                 raise ImageDecodeError(f"{where} is empty")
+            stream.seek(0)
             yield stream, where
         return
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -246,9 +253,7 @@ def _open_header(stream: BinaryIO, where: str, max_pixels: int, accepted: frozen
         stream.seek(0)
         foreign = _foreign_format(stream.read(1024))
         if foreign is not None:
-            raise UnsupportedImageFormat(
-                f"format '{foreign}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
-            ) from None
+            raise _not_accepted(foreign, where, accepted) from None
         size = stream.seek(0, io.SEEK_END)
         raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({size} bytes)") from None
     except MemoryError:
@@ -288,9 +293,11 @@ def _foreign_format(head: bytes) -> str | None:
 def _check_format(image: Image.Image, accepted: frozenset[str], where: str) -> None:
     fmt = image.format or "unknown"
     if fmt.upper() not in accepted:
-        raise UnsupportedImageFormat(
-            f"format '{fmt}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}"
-        )
+        raise _not_accepted(fmt, where, accepted)
+
+
+def _not_accepted(fmt: str, where: str, accepted: frozenset[str]) -> UnsupportedImageFormat:
+    return UnsupportedImageFormat(f"format '{fmt}' of {where} is not accepted; accepted: {', '.join(sorted(accepted))}")
 
 
 def _check_pixels(size: tuple[int, int], max_pixels: int, where: str) -> None:

@@ -42,36 +42,34 @@ def top_k_order(probabilities: np.ndarray, k: int) -> np.ndarray:
     return order
 
 
-def _checked(probabilities: np.ndarray, k: int) -> np.ndarray:
+def _best(probabilities: np.ndarray, k: int) -> tuple[int, list[list[int]], list[list[float]]]:
+    """(rows, each row's top_k_order, their probabilities as Python floats), k checked against the classes."""
     probs = np.atleast_2d(probabilities)
     if not 1 <= k <= probs.shape[1]:
         raise ValueError(f"top_k must be between 1 and {probs.shape[1]}, got {k}")
-    return probs
+    order = top_k_order(probs, k)
+    return len(probs), order.tolist(), np.take_along_axis(probs, order, axis=1).tolist()
 
 
 def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[dict]]:
     """For each row, the k most probable classes, highest first: [{"index", "label", "probability"}]."""
-    probs = _checked(probabilities, k)
+    _, order, chosen = _best(probabilities, k)
     labels = imagenet_labels()
-    order = top_k_order(probs, k)
-    chosen = np.take_along_axis(probs, order, axis=1).tolist()  # Python floats: float(row[i])
     return [
         [{"index": i, "label": labels[i], "probability": p} for i, p in zip(idx, values)]
-        for idx, values in zip(order.tolist(), chosen)
+        for idx, values in zip(order, chosen)
     ]
 
 
 def result_lines(images: list[str], probabilities: np.ndarray, k: int) -> list[str]:
     """The results.jsonl line of each image (row i is images[i]'s): exactly `result_line(image, top_k(row, k)[0])`,
     that is `json.dumps({"image": image, "predictions": [...]})`, written from a template."""
-    probs = _checked(probabilities, k)
-    if len(images) != len(probs):
-        raise ValueError(f"{len(images)} images for {len(probs)} rows of probabilities")
-    order = top_k_order(probs, k)
-    chosen = np.take_along_axis(probs, order, axis=1).tolist()
+    rows, order, chosen = _best(probabilities, k)
+    if len(images) != rows:
+        raise ValueError(f"{len(images)} images for {rows} rows of probabilities")
     labels = _json_labels()
     lines = []
-    for image, idx, values in zip(images, order.tolist(), chosen):
+    for image, idx, values in zip(images, order, chosen):
         entries = ", ".join(f'{{"index": {i}, "label": {labels[i]}, "probability": {_json_float(p)}}}'
                             for i, p in zip(idx, values))
         lines.append(f'{{"image": {json.dumps(image)}, "predictions": [{entries}]}}')

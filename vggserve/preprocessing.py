@@ -29,8 +29,8 @@ CAFFE_MEAN_BGR = np.array([103.939, 116.779, 123.68], dtype=np.float32).reshape(
 
 
 def preprocess(img: Image.Image, mode: str = "torchvision") -> np.ndarray:
-    """A PIL image in any mode (or uint8 RGB pixels (h, w, 3)) -> C-contiguous float32 array (3, 224, 224) for VGG16
-    in `mode`."""
+    """A PIL image in any mode (or uint8 RGB pixels (h, w, 3); another array is a ValueError) -> C-contiguous float32
+    array (3, 224, 224) for VGG16 in `mode`."""
     check_mode(mode)
     return normalize_pixels(center_crop(img), mode)
 
@@ -47,7 +47,11 @@ def center_crop(img: Image.Image | np.ndarray) -> np.ndarray:
 def as_image(img: Image.Image | np.ndarray) -> Image.Image:
     """An RGB PIL image of `img`: converted by `to_rgb`, or made from uint8 RGB pixels (h, w, 3) (a copy)."""
     if isinstance(img, np.ndarray):
-        return Image.fromarray(np.ascontiguousarray(img, dtype=np.uint8), "RGB")
+        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or 0 in img.shape:
+            # a cast would turn float pixels in 0..1 into black and wrap values past 255, without a word
+            raise ValueError(f"pixels must be uint8 RGB of shape (h, w, 3), got {img.dtype} {img.shape}; "
+                             "a PIL image in any mode works too")
+        return Image.fromarray(np.ascontiguousarray(img), "RGB")
     return to_rgb(img)
 
 

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from .common import add_device_args, note, positive_int
+from .common import add_device_args, non_negative_int, note, positive_int
 
 
 def register(subparsers) -> None:
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("--weights", default=None,
                    help="weights file (default: deterministic random VGG16 weights; speed does not depend on them)")
     p.add_argument("--iterations", type=positive_int, default=5, help="timed forward passes (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed forward passes first (default 1)")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed forward passes first (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     add_device_args(p, batch_default=1)
     p.set_defaults(func=run)

@@ -28,14 +28,23 @@ def add_decode_arg(parser) -> None:
 
 
 def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "a non-negative integer")
+
+
+def _int_at_least(text: str, least: int, what: str) -> int:
+    """An argparse type: `text` as an int of at least `least`, else a usage error (exit status 2) expecting `what`."""
     import argparse
 
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
 
 

@@ -171,9 +171,16 @@ class DecodePool:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._procs = [self._launch(region) for region in range(procs)]
-        self._thread = threading.Thread(target=self._supervise, name="vggserve-decode-pool", daemon=True)
+        self._procs: list[_Process] = []
+        self._launched = threading.Event()
+        self._launch_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._supervise, args=(procs,), name="vggserve-decode-pool",
+                                        daemon=True)
         self._thread.start()
+        self._launched.wait()
+        if self._launch_error is not None:
+            self.close()  # stops the processes started, unlinks the shared memory
+            raise self._launch_error
 
     @property
     def procs(self) -> int:
@@ -237,7 +244,16 @@ class DecodePool:
         self._selector.register(ours, selectors.EVENT_READ, proc)
         return proc
 
-    def _supervise(self) -> None:
+    def _supervise(self, procs: int) -> None:
+        # the processes are started here, on the thread that lives as long as the pool: a decode process is killed
+        # when the thread that started it ends (PR_SET_PDEATHSIG), and the caller's thread may end first
+        try:
+            for region in range(procs):
+                self._procs.append(self._launch(region))
+        except BaseException as exc:
+            self._launch_error, self._closing = exc, True
+        finally:
+            self._launched.set()
         cpu = time.thread_time()
         next_check = time.monotonic() + self._check_every
         try:

@@ -13,7 +13,8 @@ sources and answers each list with one message: the list of its sources' answers
 `form`: the `modelinput.ModelInput` form of the array (image, crop or tensor). Before each source it notes in the
 ring's header that it begins one (`RegionWriter.begin`), so the pool knows which source of a list it died or hung
 on. It ends when the pool sends
-None or closes the socket, and dies with the process that started it (Linux: PR_SET_PDEATHSIG). SIGINT is
+None or closes the socket, and dies with the pool (Linux: PR_SET_PDEATHSIG, tied to the pool's supervisor thread,
+which starts every process). SIGINT is
 ignored: a Ctrl+C in the terminal reaches the whole process group, and the pool stops its processes itself.
 """
 

@@ -87,21 +87,31 @@ def _hub_download(target: Path, endpoint: str | None) -> str:
         raise _unreachable(TIMM, target, describe(exc)) from None
 
 
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-
-
 def _unreachable_host(url: str) -> str | None:
-    """Why a TCP connection to `url`'s host fails (None if it works, or if a proxy is configured: then only
-    the proxy can tell)."""
-    if any(os.environ.get(v) for v in PROXY_VARIABLES):
-        return None
+    """Why a TCP connection to `url`'s host fails, or to the proxy the environment sets for it (HTTPS_PROXY,
+    ALL_PROXY, ... unless NO_PROXY names the host); None if it works. Through a proxy that answers, only a
+    download can tell."""
     parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = _proxy_for(parts.scheme, parts.hostname or "")
+    target = urlsplit(proxy) if proxy else parts
+    port = target.port or (443 if target.scheme == "https" else 80)
     try:
-        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+        socket.create_connection((target.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
-        return exc.strerror or str(exc) or type(exc).__name__
+        problem = exc.strerror or str(exc) or type(exc).__name__
+        return f"{problem} (through the proxy {proxy})" if proxy else problem
     return None
+
+
+def _proxy_for(scheme: str, host: str) -> str | None:
+    """The proxy URL the environment sets for `scheme`://`host`, as HTTP clients read it; None for none."""
+    import urllib.request
+
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 def fetch_torchvision(folder=None, url=None, expected_prefix: str = TORCHVISION.sha256_prefix,

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import WeightsError, WeightsNotFound
+from ..errors import WeightsError
 from ..preprocessing import MODES
 from .loaded import LoadedWeights
+from .lookup import named_file
 from .schemes import detect_scheme, to_torchvision
 from .sniff import detect_format
 from .validate import validate
@@ -15,12 +16,10 @@ from .validate import validate
 def load_weights(path) -> LoadedWeights:
     """Read, convert and validate the VGG16 weights in `path`; the format comes from the file's first bytes.
 
-    Raises WeightsNotFound for a missing file and WeightsError (one line naming the file and, where there is
-    one, the key and the expected shape) for anything unreadable, truncated or not VGG16.
+    Raises WeightsNotFound for a missing file (or a folder) and WeightsError (one line naming the file and, where
+    there is one, the key and the expected shape) for anything unreadable, truncated or not VGG16.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsNotFound(f"{path}: no such weights file")
+    path = named_file(Path(path), f"{path}: no such weights file", f"{path} is a folder")
     fmt = detect_format(path)
     raw, metadata = _read(path, fmt)
     scheme = detect_scheme(raw)

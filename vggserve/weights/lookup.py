@@ -37,18 +37,23 @@ def find_weights(explicit=None) -> Path:
     """The weights file to use (see the module docstring for the order); WeightsNotFound names what is missing."""
     if explicit is not None and str(explicit) != "":
         path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise WeightsNotFound(f"weights file {path} does not exist")
-        return path
+        return named_file(path, f"weights file {path} does not exist", f"weights file {path} is a folder")
     env = os.environ.get(ENV_WEIGHTS)
     if env:
         path = Path(env).expanduser()
-        if not path.is_file():
-            raise WeightsNotFound(f"{ENV_WEIGHTS}={env}: no such weights file")
-        return path
+        return named_file(path, f"{ENV_WEIGHTS}={env}: no such weights file", f"{ENV_WEIGHTS}={env} is a folder")
     folder = weights_dir()
     for source in SOURCES:
         candidate = folder / source.local_name
         if candidate.is_file():  # follows links; a dangling link (cleaned hub cache) is skipped
             return candidate
     raise WeightsNotFound(f"no VGG16 weights found (looked in {folder}): {HOW_TO_GET}")
+
+
+def named_file(path: Path, missing: str, folder: str) -> Path:
+    """`path` when it is a file, else WeightsNotFound: `missing`, or for a folder `folder` and what to do."""
+    if path.is_dir():
+        raise WeightsNotFound(f"{folder}, not a weights file; name the file in it")
+    if not path.is_file():
+        raise WeightsNotFound(missing)
+    return path
