@@ -297,3 +297,19 @@ def test_a_tuned_entry_for_the_other_kernel_family_falls_back_to_the_default(tin
     assert "family default" in plan["features.2"] and "from_a_newer_version" in plan["features.2"]
     ref = reference_logits(tiny_tensors, x)
     assert max_rel_err(out, ref) < 1e-2
+
+
+def test_a_batch_beyond_what_the_kernels_index_is_a_one_line_setting_error(tiny_weights_path, monkeypatch):
+    """The kernels count a batch's activation values in 32-bit ints (full width: 669 images); the cap is scaled
+    down here so that the tiny network meets it at batch 5."""
+    from vggserve.engine import engine
+    from vggserve.errors import SettingError
+
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=1) as one:
+        per_image = max(s.out_bytes for s in one.steps[:-1]) // one.precision.itemsize
+    monkeypatch.setattr(engine, "INDEX_LIMIT", 4 * per_image)
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=4) as four:
+        assert four.max_batch_size == 4
+    with pytest.raises(SettingError, match=r"max_batch_size=5 is more than .* at most 4 images per batch") as info:
+        VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=5)
+    assert isinstance(info.value, ValueError) and info.value.exit_code == 2

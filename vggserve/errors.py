@@ -7,6 +7,12 @@ class VggserveError(Exception):
     exit_code = 1
 
 
+class SettingError(VggserveError, ValueError):
+    """A setting the model cannot run with (a ValueError to Python callers, one line and exit 2 on the CLI)."""
+
+    exit_code = 2
+
+
 class DeviceError(VggserveError):
     """No usable OpenCL device, or a device spec that selects nothing."""
 

@@ -26,6 +26,7 @@ from ..ops.softmax import KERNEL_FILE as SOFTMAX_FILE, Softmax
 from ..predictions import top_k as top_k_predictions
 from ..modelinput import check_array as check_input, split_images
 from ..runtime import caps as device_caps, devices as devs, warmstart
+from ..errors import SettingError
 from ..runtime.params import params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
@@ -41,6 +42,9 @@ class StartupTimes:
     upload_s: float = 0.0
     programs_compiled: int = 0
     programs_cached: int = 0
+
+
+INDEX_LIMIT = 2**31 - 1  # values in one activation buffer: the kernels' global ids and offsets are 32-bit ints
 
 
 @dataclass
@@ -91,6 +95,11 @@ class Engine:
         """Activation, staging and output buffers for the built steps (the last one writes the logits)."""
         b = self.max_batch_size
         largest = max([s.out_bytes for s in self.steps[:-1]] or [LOGIT * NUM_CLASSES])
+        per_image = max(-(-largest // self.precision.itemsize), 3 * INPUT_SIZE * INPUT_SIZE)  # elements
+        if b * per_image > INDEX_LIMIT:
+            raise SettingError(f"max_batch_size={b} is more than this network's kernels can index: its largest "
+                             f"activation is {per_image:,} values per image and the kernels count a batch's "
+                             f"values in 32-bit integers, so at most {INDEX_LIMIT // per_image} images per batch")
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.pong = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
