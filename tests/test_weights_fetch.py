@@ -251,3 +251,33 @@ def test_timm_through_an_unreachable_proxy_fails_before_the_hub_is_asked(fake_hu
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     assert fetch_timm(endpoint=served[0], expected_sha256=sha256_file(fake_hub.blob)).is_file()
     assert len(fake_hub.downloads) == 1
+
+
+def test_placing_a_file_leaves_no_temporary_name_behind_and_two_placings_do_not_collide(tmp_path, monkeypatch):
+    import importlib
+
+    fetch = importlib.import_module("vggserve.weights.fetch")  # the module (the package's `fetch` is a function)
+    src = tmp_path / "blob"
+    src.write_bytes(b"weights")
+    target = tmp_path / "out" / "vgg16.safetensors"
+    taken = []
+    real_replace = os.replace
+
+    def replace(a, b):  # the first placing's rename is done while a second placing runs to its end
+        taken.append(str(a))
+        if len(taken) == 1:
+            fetch._place(src, target)
+        real_replace(a, b)
+
+    monkeypatch.setattr(fetch.os, "replace", replace)
+    fetch._place(src, target)
+    assert len(set(taken)) == 2 and target.read_bytes() == b"weights"
+    assert os.listdir(target.parent) == ["vgg16.safetensors"]
+
+    def refuse(a, b):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fetch.os, "replace", refuse)
+    with pytest.raises(OSError):
+        fetch._place(src, tmp_path / "out" / "other.safetensors")
+    assert os.listdir(target.parent) == ["vgg16.safetensors"]

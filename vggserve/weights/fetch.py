@@ -10,6 +10,7 @@ names the file to copy in by hand and the folder it goes to.
 
 import json
 import os
+import secrets
 import shutil
 import socket
 from pathlib import Path
@@ -209,13 +210,18 @@ def _place(src: Path, target: Path) -> None:
     copy; through a temporary name so `target` is never half-written."""
     target.parent.mkdir(parents=True, exist_ok=True)
     real = src.resolve()
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.unlink(missing_ok=True)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")  # a name of its own per fetch
     try:
-        os.link(real, tmp)
-    except OSError:
         try:
-            os.symlink(real, tmp)
+            os.link(real, tmp)
         except OSError:
-            shutil.copyfile(real, tmp)
-    os.replace(tmp, target)
+            try:
+                os.symlink(real, tmp)
+            except OSError:
+                shutil.copyfile(real, tmp)
+        os.replace(tmp, target)
+        tmp.unlink(missing_ok=True)  # still there when target already was a hard link to the same file: rename
+        # leaves both names then
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
