@@ -22,7 +22,9 @@
 #             non-zeros (default 60000: raise it once the build times it prints allow), the whole network pruned to 90%;
 #             curves stored for the engine's kernel choice (copied to $OUT/tuned.json); JSON and PNG in $OUT
 #   tcpool    benchmarks/tc_pool.py at batch $POOL_BATCH (default 64), FP16 and TF32: the five conv + pool pairs fused
-#             (conv_tc_halo.cl POOL=1) against the convolution plus the pooling kernel, then the whole network both ways
+#             (conv_tc_halo.cl POOL=1) against the convolution plus the pooling kernel, then the whole network both ways;
+#             then the same pairs on the halo-tile 2:4 kernel (--sparse24: conv_tc_halo_sparse.cl POOL=1, FP16, every
+#             tile that fuses) on 2:4-pruned weights
 #   sparse24  benchmarks/mma_sp_probe.py (one mma.sp against numpy: the documented fragment/metadata convention, or
 #             which alternative the hardware follows), tests/test_sparse_tc*.py on the GPU, then benchmarks/sparse_tc.py
 #             at batch $SPARSE24_BATCH (default 64): every conv shape, dense FP16 vs each tile of both 2:4 kernels
@@ -94,7 +96,7 @@ PY
   sparse24) timeout 60 python3 benchmarks/mma_sp_probe.py --device gpu --json "$OUT/mma_sp_probe.json" 2>&1 \
               | grep -v Warning | tee -a "$LOG" | tail -4
             VGGSERVE_TEST_DEVICE=gpu timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_tc.py \
-              tests/test_sparse_tc_halo.py 2>&1 \
+              tests/test_sparse_tc_halo.py tests/test_sparse_tc_pool.py 2>&1 \
               | tail -3 | tee -a "$LOG"
             timeout ${SPARSE24_TIMEOUT:-300} python3 benchmarks/sparse_tc.py --device gpu --batch ${SPARSE24_BATCH:-64} \
               --network-batches ${SPARSE24_BATCH:-64} --store --json "$OUT/sparse24.json" 2>&1 | grep -v Warning \
@@ -113,7 +115,9 @@ PY
         timeout 300 python3 benchmarks/decoders.py --workdir /tmp/decoders --json "$OUT/decoders.json" 2>&1 \
           | tail -40 | tee -a "$LOG" ;;
   tcpool) timeout 300 python3 benchmarks/tc_pool.py --device gpu --batch ${POOL_BATCH:-64} --precisions fp16,tf32 \
-            --network --json "$OUT/tc_pool.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
+            --network --json "$OUT/tc_pool.json" 2>&1 | grep -v Warning | tee -a "$LOG"
+          timeout 200 python3 benchmarks/tc_pool.py --device gpu --batch ${POOL_BATCH:-64} --precisions fp16 \
+            --sparse24 --tiles all --json "$OUT/tc_pool_sparse24.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
   hostfloor) for args in "--images 4096 --workdir /tmp/floor" \
                          "--images 256 --repeat 32 --decode-procs 1 --replay --workdir /tmp/floor256" \
                          "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 6.5 --workdir /tmp/floor256" \

@@ -2,11 +2,14 @@
 plus the separate pooling kernel (nhwc.cl maxpool_nhwc), for VGG16's five conv + pool pairs on the tensor cores.
 
     python3 benchmarks/tc_pool.py --device gpu --batch 64 --precisions fp16,tf32 [--tiles table|all] [--network]
+    python3 benchmarks/tc_pool.py --device gpu --batch 64 --precisions fp16 --sparse24 [--tiles table|all]
 
 Per pair and precision: the tile (the device's tuned entry for the shape, as the engine would take it, or with
 --tiles all every halo tile that can fuse), then ms of the convolution alone, of the pooling kernel, their sum, and of
 the fused kernel; the fused output is checked bit for bit against the unfused output pooled by the pooling kernel
-(they must agree exactly). --network also runs the whole network twice (as the engine builds it, fusing where the
+(they must agree exactly). --sparse24 times the halo-tile 2:4 kernel instead (kernels/conv_tc_halo_sparse.cl, entry
+tc_halo_sparse24, FP16 only) on the same weights pruned 2:4, its tile the one the engine takes (the tuned sparse
+table's, else its default). --network also runs the whole network twice (as the engine builds it, fusing where the
 tuned entry's tile can, and with every pair unfused through "+pool" table entries saying FUSE_POOL 0) and prints the
 sum of its kernels and each pair's steps. Emulated on a CPU with
 --device cpu --emulate (correctness only; a small --batch).
@@ -26,18 +29,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vggserve.ops import nhwc, precision as precisions, registry  # noqa: E402
 from vggserve.ops.registry import BuildEnv, LayerSpec  # noqa: E402
+from vggserve.ops.sparse_select import sparse_table  # noqa: E402
+from vggserve.ops.tensorcore_sparse import HALO_DEFAULT as HALO_SPARSE_DEFAULT, HALO_NAME  # noqa: E402
 from vggserve.ops.tensorcore import HALO_DEFAULT  # noqa: E402
 from vggserve.runtime import caps as device_caps, devices as devs  # noqa: E402
 from vggserve.runtime.params import POOL_SUFFIX, conv_params_for, params_for, shape_key, table_key  # noqa: E402
 from vggserve.runtime.programs import ProgramCache  # noqa: E402
 from vggserve.tuning import LayerBench, PoolStep, layer_shapes, time_op  # noqa: E402
+from vggserve.weights.prune import prune_2_4  # noqa: E402
 
 
 def tiles_for(args, tables, caps, prec, layer, batch):
     """[(label, params)] of fusable halo tiles to time for one shape."""
-    algo = registry.get("tc_halo")
+    algo = registry.get(HALO_NAME if args.sparse24 else "tc_halo")
     if args.tiles == "all":
         return [("candidate", p) for p in algo.candidates(caps, prec, layer) if algo.fuses_pool(p)]
+    if args.sparse24:  # the engine's tile for a 2:4 layer: one per kernel, from the tuned sparse table
+        p = {**HALO_SPARSE_DEFAULT, **sparse_table(tables, caps.kind)["params"].get(HALO_NAME, {})}
+        return [("the engine's tile" if algo.fuses_pool(p) else "default (the tuned tile cannot fuse)",
+                 p if algo.fuses_pool(p) else dict(HALO_SPARSE_DEFAULT))]
     p = conv_params_for(tables, layer.cin, layer.cout, layer.size, batch, prec.name, default=HALO_DEFAULT, pool=True)
     if p.get("ALGO") == "tc_halo" and algo.fuses_pool(p):
         return [("the engine's tile", p)]
@@ -52,7 +62,7 @@ def pairs(args, info, device, prec, batch):
     tables = params_for(info.kind, info.label)
     env = BuildEnv(caps=caps, max_batch=batch, tables=tables)
     pool = nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(prec)), prec)
-    algo = registry.get("tc_halo")
+    algo = registry.get(HALO_NAME if args.sparse24 else "tc_halo")
     rng = np.random.default_rng(0)
     rows, total = [], {"conv": 0.0, "pool": 0.0, "fused": 0.0}
     for key, cin, cout, size, _ in layer_shapes(batch, args.width, pooled=True):
@@ -60,6 +70,8 @@ def pairs(args, info, device, prec, batch):
             continue
         layer = LayerSpec("conv3x3", cin, cout, size)
         bench = LayerBench(ctx, "tensorcore", prec, replace(layer, pool=True), batch, rng)
+        if args.sparse24:
+            bench.weight = prune_2_4(bench.weight)
         best = None
         for label, p in tiles_for(args, tables, caps, prec, layer, batch):
             conv_ms, conv_out = time_op(queue, algo.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env),
@@ -139,8 +151,12 @@ def main(argv=None):
     ap.add_argument("--width", type=float, default=1.0, help="VGG16 width (a fraction: small shapes for a CPU check)")
     ap.add_argument("--network", action="store_true", help="also the whole network, fused and unfused")
     ap.add_argument("--emulate", action="store_true", help="tensor cores emulated (VGGSERVE_EMULATE_MMA=1)")
+    ap.add_argument("--sparse24", action="store_true", help="the halo-tile 2:4 kernel on 2:4-pruned weights (FP16)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.sparse24 and (args.precisions != "fp16" or args.network):
+        ap.error("--sparse24 runs at --precisions fp16 only, without --network (tests/test_sparse_tc_pool.py checks "
+                 "the pooled 2:4 network)")
     if args.emulate:
         os.environ["VGGSERVE_EMULATE_MMA"] = "1"
     info = devs.resolve(args.device)

@@ -57,9 +57,6 @@
 #ifndef PAD
 #define PAD 1
 #endif
-#ifndef RELU
-#define RELU 1
-#endif
 #ifndef OUT_F32
 #define OUT_F32 0   /* 1: out is float whatever the storage (logits) */
 #endif
@@ -82,12 +79,12 @@
 #define B_ITERS (BN * CHUNKS / THREADS)
 #define STAGE_CHUNKS ((BM + BN) * CHUNKS)
 
-#if CHUNKS == 2
-#define SWZ(r, c) ((r) * 2 + ((c) ^ (((r) >> 2) & 1)))
+#if CHUNKS == 2               /* mma.clh's swizzle of rows of CHUNKS chunks */
+#define SWZ SWZ2
 #elif CHUNKS == 4
-#define SWZ(r, c) ((r) * 4 + ((c) ^ (((r) >> 1) & 3)))
+#define SWZ SWZ4
 #elif CHUNKS == 8
-#define SWZ(r, c) ((r) * 8 + ((c) ^ ((r) & 7)))
+#define SWZ SWZ8
 #else
 #error "KB must be 32, 64 or 128"
 #endif
@@ -95,7 +92,8 @@
 #error "tile shape: BM*CHUNKS and BN*CHUNKS must be multiples of the work-group size, WTM and WTN of 16"
 #endif
 
-#include "mma.clh"  /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
+#include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
+#include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU and the store of the accumulators */
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
@@ -110,15 +108,7 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
              const int groups_n, const int ktiles_per_split)
 {
     __local uint4 smem[STAGES * STAGE_CHUNKS];
-#if MMA_EMULATE
-    __local uint xch_all[THREADS * 6];
-#endif
-    const int tid = get_local_id(0);
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-#if MMA_EMULATE
-    __local uint *xch = xch_all + warp * 32 * 6;
-#endif
+    MMA_WARPS(xch, 6)
     const int gid = get_group_id(0);
     const int n0 = (gid % groups_n) * BN, m0 = (gid / groups_n) * BM;
     const int ntiles_all = Kpad / BK;
@@ -217,33 +207,18 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
         CP_COMMIT();
     }
 
-    /* epilogue: lane holds rows g and g + 8, channels 2 * t4 and 2 * t4 + 1 of each 16 x 8 tile */
+    /* epilogue: lane holds rows g and g + 8, channels 2 * t4 and 2 * t4 + 1 of each 16 x 8 tile (tc_epilogue.clh) */
     const int g = lane >> 2, t4 = lane & 3;
+#define PIXEL(r)                                                                                          \
+    const int p = m0 + (r);                                                                               \
+    if (p >= NPIX) continue;
 #if SPLITK
     __global float *part = out + (size_t)get_group_id(1) * NPIX * Cstore;
-#endif
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int p = m0 + wm * WTM + mi * 16 + g + 8 * h;
-            if (p >= NPIX) continue;
-#pragma unroll
-            for (int nj = 0; nj < NJ; ++nj) {
-                const int n = n0 + wn * WTN + nj * 8 + 2 * t4;
-                if (n >= Cstore) continue;
-                float2 v = (float2)(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
-#if SPLITK
-                vstore2(v, 0, part + (size_t)p * Cstore + n);
+#define STORE_PART(p, n, v) vstore2((v), 0, part + (size_t)(p) * Cstore + (n))
+    TC_STORE_PIXEL_ROWS(MI, NJ, wm * WTM, n0 + wn * WTN, PIXEL, STORE_PART)
 #else
-                v += (float2)(bias[n], bias[n + 1]);
-#if RELU
-                v = fmax(v, (float2)(0.0f));
+    TC_STORE_PIXEL_ROWS(MI, NJ, wm * WTM, n0 + wn * WTN, PIXEL, TC_STORE_ACT2)
 #endif
-                STORE2(out, (size_t)p * Cstore + n, v);
-#endif
-            }
-        }
 }
 
 /* Split K's second step: out[p, n] = act(bias[n] + sum_z part[z, p, n]) for p < NPIX, n < Cstore (one work-item

@@ -27,20 +27,14 @@
  *
  * POOL = 1 fuses the 2x2, stride-2 max-pool that follows the layer into the store: out becomes NHWC of
  * (H/2) x (W/2) pixels (floor: a trailing odd row or column is dropped, as torch's MaxPool2d(2, 2)). A block starts
- * at an even pixel (TH even, TW a multiple of 8), so each 2x2 window lies within one block, and within one warp:
- * an accumulator fragment holds rows g and g + 8 of 16 GEMM rows (lane 4g + t4), i.e.
- *   TW = 8:            two image rows of 8 pixels: the window's upper pair is (g, g ^ 1) of half 0, the lower the
- *                      same of half 1;
- *   TW = 16, 32, ...:  16 pixels of one image row: the row below is fragment mi + TW/16 of the same warp (when the
- *                      warp's rows WTM are a multiple of 2 * TW);
- * pixel g ^ 1 sits in lane ^ 4, read with one shfl.sync.bfly per value (its model: local memory). The max is taken
- * before the bias and the ReLU (both monotonic and per channel, so this equals pooling the stored outputs, bit for
- * bit), and even-g lanes store one pixel of the pooled output.
+ * at an even pixel (TH even, TW a multiple of 8), so each 2x2 window lies within one block, and within one warp when
+ * TW = 8 (a fragment's rows g and g + 8 are two image rows) or TW is a multiple of 16 and the warp's rows WTM are a
+ * multiple of 2 * TW (the row below is fragment mi + TW/16 of the same warp); tc_epilogue.clh pools them (one
+ * shfl.sync.bfly per value for the pixel beside) before the bias and the ReLU, which equals pooling the stored
+ * outputs bit for bit, and even-g lanes store one pixel of the pooled output.
+ * Shared with conv_tc_halo_sparse.cl: the block, patch and its load (tc_halo.clh) and the store (tc_epilogue.clh).
  */
 
-#ifndef TH
-#define TH 8        /* output block height (pixels) */
-#endif
 #ifndef TW
 #define TW 16       /* output block width (pixels), a multiple of 8: an ldmatrix phase reads 8 pixels of one row */
 #endif
@@ -59,9 +53,6 @@
 #ifndef TF32
 #define TF32 0
 #endif
-#ifndef RELU
-#define RELU 1
-#endif
 #ifndef OUT_F32
 #define OUT_F32 0
 #endif
@@ -72,57 +63,26 @@
 #define POOL 0      /* 1: a 2x2/2 max-pool fused into the store (TH even; TW 8, or a multiple of 16 with WTM of 2*TW) */
 #endif
 
-#include "mma.clh"  /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
+#include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
+#include "tc_halo.clh"      /* TH (default 8), the block, its input patch and their maps */
+#include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU, the store, the fused pooling */
 
 #define KB 64                      /* bytes of a chunk of channels (a local row) */
 #define CHUNKS 4                   /* 16-byte pieces per row */
 #define CK (KB / ELEM)             /* channels per chunk: 32 FP16 or 16 TF32 */
 #define KSTEPS 2                   /* mma k-steps per row (32 bytes each) */
 #define BM (TH * TW)
-#define PW (TW + 2)
-#define PROWS ((TH + 2) * PW)      /* pixels of a patch */
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define WTM (BM / WARPS_M)
 #define WTN (BN / WARPS_N)
 #define MI (WTM / 16)
 #define NJ (WTN / 8)
 #define B_ITERS (BN * CHUNKS / THREADS)
-#define PATCH_CHUNKS (PROWS * CHUNKS)
-#define SWZ(r, c) ((r) * 4 + ((c) ^ (((r) >> 1) & 3)))
 #if TW % 8 || WTM % 16 || WTN % 16 || (BN * CHUNKS) % THREADS
 #error "tile shape: TW a multiple of 8, WTM and WTN of 16, BN*4 of the work-group size"
 #endif
 #if POOL && (TH % 2 || !(TW == 8 || (TW % 16 == 0 && WTM % (2 * TW) == 0)))
 #error "POOL: TH even, and TW 8 or a multiple of 16 with WTM a multiple of 2*TW"
-#endif
-
-#if POOL  /* the value of lane ^ 4: fragment row g ^ 1, the pixel beside this one */
-#if MMA_EMULATE
-inline float2 pool_neighbour(float2 v, __local uint *x, int lane) {
-    x[lane * 6] = as_uint(v.x);
-    x[lane * 6 + 1] = as_uint(v.y);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const float2 r = (float2)(as_float(x[(lane ^ 4) * 6]), as_float(x[(lane ^ 4) * 6 + 1]));
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-#define NEIGHBOUR(v) pool_neighbour((v), xch, lane)
-#else
-inline float shfl_xor4(float v) {
-    uint r;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, 4, 0x1f, 0xffffffff;\n" : "=r"(r) : "r"(as_uint(v)));
-    return as_float(r);
-}
-#define NEIGHBOUR(v) ((float2)(shfl_xor4((v).x), shfl_xor4((v).y)))
-#endif
-#if TW == 8
-#define POOL_PAIRS MI    /* (upper, lower) fragment pairs per warp */
-#define POOL_HALVES 1
-#else
-#define ROWF (TW / 16)   /* fragments per image row */
-#define POOL_PAIRS (MI / 2)
-#define POOL_HALVES 2
-#endif
 #endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -135,30 +95,16 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
 {
     __local uint4 patch[2 * PATCH_CHUNKS];
     __local uint4 bs[STAGES * BN * CHUNKS];
-#if MMA_EMULATE
-    __local uint xch_all[THREADS * 6];
-#endif
-    const int tid = get_local_id(0);
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-#if MMA_EMULATE
-    __local uint *xch = xch_all + warp * 32 * 6;
-#endif
+    MMA_WARPS(xch, 6)
     const int gid = get_group_id(0);
-    const int n0 = (gid % groups_n) * BN;
-    const int tile = gid / groups_n;
-    const int b = tile / tiles_per_image, t_in = tile - b * tiles_per_image;
-    const int y0 = (t_in / tiles_x) * TH, x0 = (t_in % tiles_x) * TW;
-    const int nchunks = CpadK / CK;
-    const int nsteps = nchunks * 9;
+    HALO_BLOCK()
     const size_t Kw = (size_t)9 * CpadK;
-    const size_t img = (size_t)b * H * W;
 
     /* weights: this work-item's rows tid / CHUNKS + i * (THREADS / CHUNKS), piece c = tid % CHUNKS */
     const int c = tid % CHUNKS;
     __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + tid / CHUNKS) * Kw + c * VEC);
     const size_t wstep = (size_t)(THREADS / CHUNKS) * Kw * ELEM;
-    const uint bs_row0 = SWZ(tid / CHUNKS, c);
+    const uint bs_row0 = SWZ4(tid / CHUNKS, c);
 
     /* step s = (chunk s / 9, tap s % 9): its weights (and, at tap 0, its chunk's patch) into stage s % STAGES */
 #define LOAD_STEP(s)                                                                                      \
@@ -167,22 +113,12 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         __local uint4 *b_ = bs + ((s) % STAGES) * BN * CHUNKS + bs_row0;                                  \
         __global const uchar *w_ = wrow + ((size_t)tap_ * CpadK + (size_t)chunk_ * CK) * ELEM;            \
         for (int i = 0; i < B_ITERS; ++i) CP_ASYNC16(b_ + i * THREADS, w_ + i * wstep, 1);                \
-        if (tap_ == 0) {                                                                                  \
-            __local uint4 *p_ = patch + (chunk_ & 1) * PATCH_CHUNKS;                                      \
-            const int ci_ = chunk_ * CK;                                                                  \
-            for (int e = tid; e < PATCH_CHUNKS; e += THREADS) {                                           \
-                const int pr = e / CHUNKS, pc = e - pr * CHUNKS;                                          \
-                const int iy = y0 - 1 + pr / PW, ix = x0 - 1 + pr % PW, cc = ci_ + pc * VEC;              \
-                const int ok = iy >= 0 && iy < H && ix >= 0 && ix < W && cc < Cpad;                       \
-                CP_ASYNC16(p_ + SWZ(pr, pc), in + (ok ? (img + (size_t)iy * W + ix) * Cpad + cc : 0), ok); \
-            }                                                                                             \
-        }                                                                                                 \
+        if (tap_ == 0) HALO_LOAD_PATCH(chunk_)                                                            \
     }
 
     /* ldmatrix row addresses: A from the patch (pixel of output row r shifted by the tap), B from the stage */
-#define A_ADDR(l) (pa + SWZ(((mrow0 + ((l) & 7) + (((l) >> 3) & 1) * 8) / TW + ky) * PW +                  \
-                             ((mrow0 + ((l) & 7) + (((l) >> 3) & 1) * 8) % TW) + kx, ks * 2 + ((l) >> 4)))
-#define B_ADDR(l) (sb + SWZ(wn * WTN + nj2 * 16 + ((l) & 7) + ((l) >> 4) * 8, ks * 2 + (((l) >> 3) & 1)))
+#define A_ADDR(l) (pa + SWZ4(HALO_ROW(mrow0 + ((l) & 7) + (((l) >> 3) & 1) * 8), ks * 2 + ((l) >> 4)))
+#define B_ADDR(l) (sb + SWZ4(wn * WTN + nj2 * 16 + ((l) & 7) + ((l) >> 4) * 8, ks * 2 + (((l) >> 3) & 1)))
 
     float acc[MI][NJ][4];
     for (int mi = 0; mi < MI; ++mi)
@@ -196,8 +132,7 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     for (int s = 0; s < nsteps; ++s) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
-        const int chunk = s / 9, tap = s - chunk * 9, ky = tap / 3, kx = tap - ky * 3;
-        __local uint4 *pa = patch + (chunk & 1) * PATCH_CHUNKS;
+        HALO_STEP(s)
         __local uint4 *sb = bs + (s % STAGES) * BN * CHUNKS;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
@@ -229,56 +164,8 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
 
     const int g = lane >> 2, t4 = lane & 3;
 #if POOL
-    /* every lane runs every shuffle (uniform control flow); the tests decide only the stores */
-    const int OH = H / 2, OW = W / 2;
-    const size_t pimg = (size_t)b * OH * OW;
-#pragma unroll
-    for (int q = 0; q < POOL_PAIRS; ++q)
-#pragma unroll
-        for (int h = 0; h < POOL_HALVES; ++h) {
-#if TW == 8
-            const int mt = q, mb = q, et = 0, eb = 2;    /* rows g and g + 8 of one fragment */
+    TC_STORE_POOLED_PIXEL_ROWS(MI, NJ, wm * WTM, n0 + wn * WTN, HALO_POOLED)
 #else
-            const int mt = (q / ROWF) * 2 * ROWF + q % ROWF, mb = mt + ROWF, et = 2 * h, eb = 2 * h;
-#endif
-            const int r = wm * WTM + mt * 16 + g + 8 * h;  /* the window's upper-left pixel when g is even */
-            const int oy = (y0 + r / TW) >> 1, ox = (x0 + r % TW) >> 1;
-            const int ok = (g & 1) == 0 && oy < OH && ox < OW;
-            const size_t p = pimg + (size_t)oy * OW + ox;
-#pragma unroll
-            for (int nj = 0; nj < NJ; ++nj) {
-                const int n = n0 + wn * WTN + nj * 8 + 2 * t4;
-                float2 v = fmax((float2)(acc[mt][nj][et], acc[mt][nj][et + 1]),
-                                (float2)(acc[mb][nj][eb], acc[mb][nj][eb + 1]));
-                v = fmax(v, NEIGHBOUR(v));
-                if (ok && n < Cstore) {
-                    v += (float2)(bias[n], bias[n + 1]);
-#if RELU
-                    v = fmax(v, (float2)(0.0f));
-#endif
-                    STORE2(out, p * Cstore + n, v);
-                }
-            }
-        }
-#else
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = wm * WTM + mi * 16 + g + 8 * h;
-            const int y = y0 + r / TW, x = x0 + r % TW;
-            if (y >= H || x >= W) continue;
-            const size_t p = img + (size_t)y * W + x;
-#pragma unroll
-            for (int nj = 0; nj < NJ; ++nj) {
-                const int n = n0 + wn * WTN + nj * 8 + 2 * t4;
-                if (n >= Cstore) continue;
-                float2 v = (float2)(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]) + (float2)(bias[n], bias[n + 1]);
-#if RELU
-                v = fmax(v, (float2)(0.0f));
-#endif
-                STORE2(out, p * Cstore + n, v);
-            }
-        }
+    TC_STORE_PIXEL_ROWS(MI, NJ, wm * WTM, n0 + wn * WTN, HALO_PIXEL, TC_STORE_ACT2)
 #endif
 }

@@ -28,14 +28,16 @@
  * points at patch pixel (r / TW + ky, r % TW + kx) of output pixel r = .. + l % 8, 16-byte piece l / 8) and WTN / 16
  * mma.sp. Epilogue: bias + ReLU; lane (g, t) holds channels g, g + 8 of pixels 2t, 2t + 1 of each tile, stored as
  * FP16 one by one; pixels past the image are not stored. MMA_EMULATE = 1 runs it on any OpenCL device (mma.clh).
+ *
+ * POOL = 1 fuses the 2x2, stride-2 max-pool that follows the layer into the store, as conv_tc_halo.cl does: out
+ * becomes NHWC of (H/2) x (W/2) pixels (floor). A block starts at an even pixel (TH even, TW even), and a window's
+ * four pixels lie in one lane: its left and right are columns 2t, 2t + 1 of an 8-pixel tile (TW a multiple of 8, so a
+ * tile never straddles two image rows), the row below is tile pi + TW/8 of the same warp (WTM a multiple of 2 * TW),
+ * so the pooling needs no exchange between lanes (tc_epilogue.clh's channel-row form).
+ * Shared with conv_tc_halo.cl: the block, patch and its load (tc_halo.clh) and the store (tc_epilogue.clh); with
+ * conv_tc_sparse.cl: the stage's weight and metadata copies (tc_sparse24.clh).
  */
 
-#ifndef TH
-#define TH 8        /* output block height (pixels) */
-#endif
-#ifndef TW
-#define TW 16       /* output block width (pixels) */
-#endif
 #ifndef BN
 #define BN 128      /* output channels per work-group */
 #endif
@@ -48,37 +50,35 @@
 #ifndef STAGES
 #define STAGES 3    /* steps in flight; local memory 2 * (TH+2)(TW+2) * 64 + STAGES * BN * 36 bytes <= 48 KB */
 #endif
-#ifndef RELU
-#define RELU 1
-#endif
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
-#define TF32 0      /* FP16 storage: mma.sp f16 */
-#define OUT_F32 0
+#ifndef POOL
+#define POOL 0      /* 1: a 2x2/2 max-pool fused into the store (TH even, TW a multiple of 8, WTM of 2*TW) */
+#endif
 
-#include "mma.clh"  /* storage types, cp.async / ldmatrix / mma.sp (or their model) */
+#include "tc_sparse24.clh"  /* FP16, mma.clh, the stage's weight and metadata copies, the metadata word */
+#include "tc_halo.clh"      /* TH, TW (defaults 8 x 16), the block, its input patch and their maps */
+#include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU, the store, the fused pooling */
 
 #define CK 32                      /* channels per chunk: one 64-byte patch row, one mma.sp k-step */
-#define PCH 4                      /* 16-byte pieces per patch row */
 #define WCH 2                      /* 16-byte pieces per compressed weight row of one step */
+#define WSWZ SWZ2
 #define MCH 4                      /* 16-byte pieces of metadata per 16 rows and step */
 #define BP (TH * TW)
-#define PW (TW + 2)
-#define PROWS ((TH + 2) * PW)
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define WTM (BP / WARPS_M)
 #define WTN (BN / WARPS_N)
 #define PI (WTM / 8)               /* 8-pixel tiles per warp */
 #define CJ (WTN / 16)              /* 16-channel tiles per warp */
-#define PATCH_CHUNKS (PROWS * PCH)
 #define W_CHUNKS (BN * WCH)
 #define META_CHUNKS (BN / 16 * MCH)
 #define STAGE_CHUNKS (W_CHUNKS + META_CHUNKS)
-#define SWZ2(r, c) ((r) * 2 + ((c) ^ (((r) >> 2) & 1)))
-#define SWZ4(r, c) ((r) * 4 + ((c) ^ (((r) >> 1) & 3)))
 #if BP % WARPS_M || BN % WARPS_N || WTM % 8 || WTN % 16
 #error "tile shape: TH*TW / WARPS_M a multiple of 8, BN / WARPS_N of 16"
+#endif
+#if POOL && (TH % 2 || TW % 8 || WTM % (2 * TW))
+#error "POOL: TH even, TW a multiple of 8, WTM a multiple of 2*TW"
 #endif
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -92,24 +92,10 @@ void conv_tc_halo_sparse(__global const ushort *restrict in,   /* NHWC, Cpad cha
 {
     __local uint4 patch[2 * PATCH_CHUNKS];
     __local uint4 stage[STAGES * STAGE_CHUNKS];
-#if MMA_EMULATE
-    __local uint xch_all[THREADS * XCH_SP];
-#endif
-    const int tid = get_local_id(0);
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-#if MMA_EMULATE
-    __local uint *xch_sp = xch_all + warp * 32 * XCH_SP;
-#endif
+    MMA_WARPS(xch_sp, XCH_SP)
     const int gid = get_group_id(0);
-    const int n0 = (gid % groups_n) * BN;
-    const int tile = gid / groups_n;
-    const int b = tile / tiles_per_image, t_in = tile - b * tiles_per_image;
-    const int y0 = (t_in / tiles_x) * TH, x0 = (t_in % tiles_x) * TW;
-    const int nchunks = CpadK / CK;
-    const int nsteps = nchunks * 9;
+    HALO_BLOCK()
     const int ksteps = 9 * nchunks;            /* mma.sp k-steps of a weight row */
-    const size_t img = (size_t)b * H * W;
 
     /* weights of step (chunk, tap): k = tap * CpadK + chunk * CK, k-step tap * nchunks + chunk */
     __global const uchar *wbase = (__global const uchar *)(wv + (size_t)n0 * (ksteps * CK / 2));
@@ -121,30 +107,14 @@ void conv_tc_halo_sparse(__global const ushort *restrict in,   /* NHWC, Cpad cha
         const int chunk_ = (s) / 9, tap_ = (s) - chunk_ * 9, kstep_ = tap_ * nchunks + chunk_;            \
         __local uint4 *sw_ = stage + ((s) % STAGES) * STAGE_CHUNKS;                                        \
         __local uint4 *sm_ = sw_ + W_CHUNKS;                                                              \
-        for (int e_ = tid; e_ < W_CHUNKS; e_ += THREADS) {                                                \
-            const int r_ = e_ / WCH, c_ = e_ - r_ * WCH;                                                  \
-            CP_ASYNC16(sw_ + SWZ2(r_, c_), wbase + r_ * wrow + (size_t)kstep_ * (CK) + c_ * 16, 1);        \
-        }                                                                                                 \
-        for (int e_ = tid; e_ < META_CHUNKS; e_ += THREADS) {                                             \
-            const int r16_ = e_ / MCH, q_ = e_ - r16_ * MCH;                                              \
-            CP_ASYNC16(sm_ + e_, mbase + ((size_t)r16_ * ksteps + kstep_) * MCH + q_, 1);                 \
-        }                                                                                                 \
-        if (tap_ == 0) {                                                                                  \
-            __local uint4 *p_ = patch + (chunk_ & 1) * PATCH_CHUNKS;                                      \
-            const int ci_ = chunk_ * CK;                                                                  \
-            for (int e = tid; e < PATCH_CHUNKS; e += THREADS) {                                           \
-                const int pr = e / PCH, pc = e - pr * PCH;                                                \
-                const int iy = y0 - 1 + pr / PW, ix = x0 - 1 + pr % PW, cc = ci_ + pc * 8;                \
-                const int ok = iy >= 0 && iy < H && ix >= 0 && ix < W && cc < Cpad;                       \
-                CP_ASYNC16(p_ + SWZ4(pr, pc), in + (ok ? (img + (size_t)iy * W + ix) * Cpad + cc : 0), ok); \
-            }                                                                                             \
-        }                                                                                                 \
+        for (int e_ = tid; e_ < W_CHUNKS; e_ += THREADS) SP_COPY_WEIGHTS(sw_, wbase + (size_t)kstep_ * CK, wrow, e_) \
+        for (int e_ = tid; e_ < META_CHUNKS; e_ += THREADS) SP_COPY_META(sm_, mbase, ksteps, kstep_, e_)  \
+        if (tap_ == 0) HALO_LOAD_PATCH(chunk_)                                                            \
     }
 
     /* ldmatrix row addresses: A (weights) from the stage, B (block pixel r, shifted by the tap) from the patch */
 #define W_ADDR(l) (sw + SWZ2(wn * WTN + cj * 16 + ((l) & 7) + (((l) >> 3) & 1) * 8, (l) >> 4))
-#define X_ROW(r) (((r) / TW + ky) * PW + (r) % TW + kx)
-#define X_ADDR(l) (pa + SWZ4(X_ROW(wm * WTM + pi * 8 + ((l) & 7)), (l) >> 3))
+#define X_ADDR(l) (pa + SWZ4(HALO_ROW(wm * WTM + pi * 8 + ((l) & 7)), (l) >> 3))
 
     float acc[CJ][PI][4];
 #pragma unroll
@@ -162,16 +132,14 @@ void conv_tc_halo_sparse(__global const ushort *restrict in,   /* NHWC, Cpad cha
     for (int s = 0; s < nsteps; ++s) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
-        const int chunk = s / 9, tap = s - chunk * 9, ky = tap / 3, kx = tap - ky * 3;
-        __local uint4 *pa = patch + (chunk & 1) * PATCH_CHUNKS;
+        HALO_STEP(s)
         __local uint4 *sw = stage + (s % STAGES) * STAGE_CHUNKS;
         __local const uint *sm = (__local const uint *)(sw + W_CHUNKS);
         uint af[CJ][4], ef[CJ];
 #pragma unroll
         for (int cj = 0; cj < CJ; ++cj) {
             LDSM_X4(af[cj], W_ADDR);
-            /* thread t4 & 1 of quad g: its metadata word (threads 2 and 3 load a copy, unused: selector 0) */
-            ef[cj] = sm[(wn * CJ + cj) * 16 + 2 * g + (t4 & 1)];
+            ef[cj] = SP_META_WORD(sm, wn * CJ + cj);
         }
 #pragma unroll
         for (int pi = 0; pi < PI; ++pi) {
@@ -186,26 +154,10 @@ void conv_tc_halo_sparse(__global const ushort *restrict in,   /* NHWC, Cpad cha
         CP_COMMIT();
     }
 
-    /* epilogue: acc[cj][pi][q] is channel .. + g + 8 (q / 2), pixel .. + 2 t4 + q % 2 */
-#pragma unroll
-    for (int pi = 0; pi < PI; ++pi)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int r = wm * WTM + pi * 8 + 2 * t4 + j;
-            const int y = y0 + r / TW, x = x0 + r % TW;
-            if (y >= H || x >= W) continue;
-            const size_t p = img + (size_t)y * W + x;
-#pragma unroll
-            for (int cj = 0; cj < CJ; ++cj)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int n = n0 + wn * WTN + cj * 16 + g + 8 * h;
-                    if (n >= Cstore) continue;
-                    float v = acc[cj][pi][2 * h + j] + bias[n];
-#if RELU
-                    v = fmax(v, 0.0f);
+    /* epilogue: acc[cj][pi][q] is channel .. + g + 8 (q / 2), pixel .. + 2 t4 + q % 2 (tc_epilogue.clh) */
+#if POOL
+    TC_STORE_POOLED_CHANNEL_ROWS(CJ, PI, n0 + wn * WTN, wm * WTM, HALO_POOLED)
+#else
+    TC_STORE_CHANNEL_ROWS(CJ, PI, n0 + wn * WTN, wm * WTM, HALO_PIXEL)
 #endif
-                    vstore_half_rte(v, p * Cstore + n, (__global half *)out);
-                }
-        }
 }

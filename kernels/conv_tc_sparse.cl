@@ -48,14 +48,9 @@
 #ifndef KB
 #define KB 64       /* activation bytes per pixel row per k-tile: 64 or 128 (32 or 64 k, 1 or 2 mma.sp steps) */
 #endif
-#ifndef RELU
-#define RELU 1
-#endif
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
-#define TF32 0      /* FP16 storage: mma.sp f16 */
-#define OUT_F32 0
 
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define BK (KB / 2)                  /* k per k-tile */
@@ -75,10 +70,7 @@
 #define W_CHUNKS (BM * WCH)
 #define STAGE_CHUNKS (X_CHUNKS + W_CHUNKS + META_CHUNKS)
 
-#define SWZ2(r, c) ((r) * 2 + ((c) ^ (((r) >> 2) & 1)))
-#define SWZ4(r, c) ((r) * 4 + ((c) ^ (((r) >> 1) & 3)))
-#define SWZ8(r, c) ((r) * 8 + ((c) ^ ((r) & 7)))
-#if KB == 64
+#if KB == 64                 /* mma.clh's swizzles */
 #define XSWZ SWZ4
 #define WSWZ SWZ2
 #elif KB == 128
@@ -91,7 +83,8 @@
 #error "tile shape: BN*KB/16 a multiple of the work-group size, WTM of 16, WTN of 8"
 #endif
 
-#include "mma.clh"  /* storage types, cp.async / ldmatrix / mma.sp (or their model) */
+#include "tc_sparse24.clh"  /* FP16, mma.clh, the stage's weight and metadata copies, the metadata word */
+#include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU and the store of the accumulators */
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channels */
@@ -103,15 +96,7 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
                     const int groups_m)
 {
     __local uint4 smem[STAGES * STAGE_CHUNKS];
-#if MMA_EMULATE
-    __local uint xch_all[THREADS * XCH_SP];
-#endif
-    const int tid = get_local_id(0);
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-#if MMA_EMULATE
-    __local uint *xch_sp = xch_all + warp * 32 * XCH_SP;
-#endif
+    MMA_WARPS(xch_sp, XCH_SP)
     const int gid = get_group_id(0);
     const int m0 = (gid % groups_m) * BM, p0 = (gid / groups_m) * BN;
     const int nt = Kpad / BK;
@@ -156,13 +141,12 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
             CP_ASYNC16(sx_ + sx_row0 + i * THREADS, in + (ok_ ? aoff[i] + delta : 0), ok_);               \
         }                                                                                                 \
         for (int i = 0; i < W_ITERS; ++i) {                                                               \
-            const int e_ = tid + i * THREADS, r_ = e_ / WCH, c_ = e_ - r_ * WCH;                          \
-            if (e_ < W_CHUNKS) CP_ASYNC16(sw_ + WSWZ(r_, c_), wtile + (size_t)r_ * Kpad + c_ * 16, 1);    \
+            const int e_ = tid + i * THREADS;                                                             \
+            if (e_ < W_CHUNKS) SP_COPY_WEIGHTS(sw_, wtile, Kpad, e_)                                      \
         }                                                                                                 \
         for (int i = 0; i < M_ITERS; ++i) {                                                               \
-            const int e_ = tid + i * THREADS, r16_ = e_ / MCH, q_ = e_ - r16_ * MCH;                      \
-            if (e_ < META_CHUNKS)                                                                         \
-                CP_ASYNC16(sm_ + e_, mbase + ((size_t)r16_ * (Kpad / 32) + (t_) * KSTEPS) * 4 + q_, 1);   \
+            const int e_ = tid + i * THREADS;                                                             \
+            if (e_ < META_CHUNKS) SP_COPY_META(sm_, mbase, Kpad / 32, (t_) * KSTEPS, e_)                  \
         }                                                                                                 \
         wtile += KB / 2;                                                                                  \
         ci += BK;                                                                                         \
@@ -198,8 +182,7 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
                 LDSM_X4(af[mi], W_ADDR);
-                /* thread t4 & 1 of quad g: its metadata word (threads 2 and 3 load a copy, unused: selector 0) */
-                ef[mi] = sm[((wm * MI + mi) * KSTEPS + ks) * 16 + 2 * g + (t4 & 1)];
+                ef[mi] = SP_META_WORD(sm, (wm * MI + mi) * KSTEPS + ks);
             }
 #pragma unroll
             for (int nj = 0; nj < NJ; ++nj) LDSM_X4(bf[nj], X_ADDR);
@@ -213,25 +196,9 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
         CP_COMMIT();
     }
 
-    /* epilogue: acc[mi][nj][q] is channel .. + g + 8 (q / 2), pixel .. + 2 t4 + q % 2 */
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int n = m0 + wm * WTM + mi * 16 + g + 8 * h;
-            if (n >= Cstore) continue;
-            const float bn = bias[n];
-#pragma unroll
-            for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int p = p0 + wn * WTN + nj * 8 + 2 * t4 + j;
-                    if (p >= NPIX) continue;
-                    float v = acc[mi][nj][2 * h + j] + bn;
-#if RELU
-                    v = fmax(v, 0.0f);
-#endif
-                    vstore_half_rte(v, (size_t)p * Cstore + n, (__global half *)out);
-                }
-        }
+    /* epilogue: acc[mi][nj][q] is channel .. + g + 8 (q / 2), pixel .. + 2 t4 + q % 2 (tc_epilogue.clh) */
+#define PIXEL(r)                                                                                          \
+    const int p = p0 + (r);                                                                               \
+    if (p >= NPIX) continue;
+    TC_STORE_CHANNEL_ROWS(MI, NJ, m0 + wm * WTM, wn * WTN, PIXEL)
 }

@@ -40,11 +40,12 @@ def params_of(cfg):
     return dict(zip(KEYS, cfg), ALGO="tc_halo")
 
 
-def run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool):
-    """The layer's output as float64 NHWC (pooled or not), and whether the slack after it stayed untouched."""
+def run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool, layer_cls=HaloLayer):
+    """The layer's output as float64 NHWC (pooled or not), and whether the slack after it stayed untouched
+    (layer_cls: another halo layer, e.g. the 2:4 one)."""
     ctx, _, cache, caps = tc_env
     spec = LayerSpec("conv3x3", layer.cin, layer.cout, layer.size, relu=True, pool=pool)
-    op = HaloLayer(ctx, cache, p, prec, spec, weight, bias, BuildEnv(caps=caps, max_batch=n))
+    op = layer_cls(ctx, cache, p, prec, spec, weight, bias, BuildEnv(caps=caps, max_batch=n))
     oh, ow = (h // 2, w // 2) if pool else (h, w)
     slack = 64  # elements past the output, which the kernel must leave alone
     out = np.full(n * oh * ow * op.cstore + slack, np.nan, prec.storage)
@@ -68,6 +69,13 @@ def test_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, cfg, 
 
     fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool=True)
     plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool=False)
+    check_fused(fused, untouched, plain, prec, x, weight, bias)
+
+
+def check_fused(fused, untouched, plain, prec, x, weight, bias):
+    """A fused layer's output (NHWC float64) against the same tile's unfused output pooled by numpy (bit for bit) and
+    the float64 reference on the stored inputs; nothing written past it, padding channels zero."""
+    cout, (h, w) = weight.shape[0], x.shape[2:]
     assert untouched, "the fused kernel wrote past the pooled image"
     assert fused.shape[1:3] == (h // 2, w // 2)
     assert not np.isnan(fused).any(), "a pooled output element was never written"

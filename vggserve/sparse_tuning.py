@@ -16,17 +16,17 @@ shape the faster kernel where it beats dense (benchmarks/sparse_tc.py, `vggserve
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pyopencl as cl
 
-from .model.reference import conv3x3_relu
+from .model.reference import conv3x3_relu, maxpool2x2
 from .ops import nhwc, registry
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.launch import round_up
 from .ops.sparse_select import CODEGEN, COMPRESSED, CSR, TC24_ALGOS, TC_SPARSE24
-from .runtime.params import shape_key, update_tuned
+from .runtime.params import POOL_SUFFIX, shape_key, update_tuned
 from .weights.prune import prune_2_4, prune_unstructured
 from .weights.spec import INPUT_SIZE, vgg16_spec
 
@@ -202,18 +202,40 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
     return runs
 
 
+def conv_runs_2_4(width: float = 1.0) -> list[tuple[str, list, int, int, int, bool]]:
+    """(key, layer names, cin, cout, size, pooled) of the runs measure_2_4 makes: per conv shape, its layers that no
+    pooling follows under "CINxCOUTxSIZE", and those a 2x2 max-pool follows under "CINxCOUTxSIZE+pool" (the engine
+    runs such a layer and its pooling as one step where the kernel fuses them), network order."""
+    spec = vgg16_spec(width)
+    pooled_after = {c.name: c.pool_after for c in spec.convs}
+    out = []
+    for key, names, lkind, cin, cout, size in layer_shapes(width):
+        if lkind != "conv":
+            continue
+        for pooled in (False, True):
+            mine = [n for n in names if pooled_after[n] == pooled]
+            if mine:
+                out.append((shape_key(cin, cout, size, pool=pooled), mine, cin, cout, size, pooled))
+    return out
+
+
 def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bool = True, shapes=None,
                 torch_time=None, progress=print, candidates=None, on_layer=None) -> list[LayerRun]:
-    """Dense FP16 vs the 2:4 kernels per conv shape (`shapes`: a subset of keys) at `batch` images, on the weights of
-    `tensors` pruned 2:4. model: a VGG16 at FP16 on tensor cores, profile=True, max_batch_size >= batch.
-    candidates: parameter sets, each naming its kernel in "ALGO" (default: both 2:4 entries' candidates for the
-    device). One Point per candidate, its kernel in `algo` and its tunables in `params`."""
+    """Dense FP16 vs the 2:4 kernels per conv shape (`shapes`: a subset of keys, `conv_runs_2_4`; a plain key takes its
+    "+pool" run too) at `batch` images,
+    on the weights of `tensors` pruned 2:4. model: a VGG16 at FP16 on tensor cores, profile=True, max_batch_size >=
+    batch. candidates: parameter sets, each naming its kernel in "ALGO" (default: both 2:4 entries' candidates for
+    the device). One Point per candidate, its kernel in `algo` and its tunables in `params`.
+
+    A "+pool" shape is timed as the engine runs the step: the dense layer with the pooling fused where the engine
+    fused it, else plus the pooling kernel; a 2:4 candidate that can fuse (`fuses_pool`: tc_halo_sparse24) with the
+    pooling in its store, checked against the pooled reference, and one that cannot plus the pooling kernel."""
     ctx, queue, cache = model.context, model.queue, model.program_cache
     env = BuildEnv(caps=model.caps, max_batch=batch, tables=model.params)
     rng = np.random.default_rng(0)
     runs = []
-    for key, names, lkind, cin, cout, size in layer_shapes(model.spec.width):
-        if lkind != "conv" or (shapes and key not in shapes):
+    for key, names, cin, cout, size, pooled in conv_runs_2_4(model.spec.width):
+        if shapes and key not in shapes and key.removesuffix(POOL_SUFFIX) not in shapes:  # a shape: both its runs
             continue
         weight, bias = prune_2_4(tensors[f"{names[0]}.weight"]), tensors[f"{names[0]}.bias"]
         layer = LayerSpec("conv3x3", cin, cout, size)
@@ -222,41 +244,54 @@ def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bo
         x[..., :cin] = np.maximum(rng.standard_normal((batch, size, size, cin), dtype=np.float32), 0)
         dst_bytes = 2 * batch * size * size * cstore
         src, dst, op, dense_ms = _dense_run(model, names[0], x, dst_bytes, batch, size, iterations)
-        pool_ms = 0.0  # where the engine fused the pooling into the dense layer, the 2:4 one pays the pooling kernel
-        if getattr(getattr(op, "layer", None), "pool", False):
+        dense_fused = bool(getattr(getattr(op, "layer", None), "pool", False))
+        pool_ms, pooled_buf, pooled_shape = 0.0, None, (batch, size // 2, size // 2, cstore)
+        if pooled:  # the separate pooling kernel, timed on the full-size output: what an unfused layer pays
             pool = nhwc.MaxPoolNhwc(cache.build(nhwc.KERNEL_FILE, nhwc.defines(model.precision)), model.precision)
-            pooled = cl.Buffer(ctx, MF.READ_WRITE, max(1, 2 * batch * (size // 2) ** 2 * cstore))
-            pool_ms = timed(queue, lambda: pool.enqueue(queue, dst, pooled, batch, cstore, size, size), iterations)
-            pooled.release()
+            pooled_buf = cl.Buffer(ctx, MF.READ_WRITE, max(1, 2 * int(np.prod(pooled_shape))))
+            pool_ms = timed(queue, lambda: pool.enqueue(queue, dst, pooled_buf, batch, cstore, size, size), iterations)
+            if not dense_fused:
+                dense_ms += pool_ms
         lr = _layer_run(key, names, "conv", cin, cout, size, batch, dense_ms, op, torch_time)
         progress(f"{key:>14s} {','.join(names)}: dense FP16 {dense_ms:.3f} ms ({lr.dense_algo})"
-                 + (f" with its pooling fused (the 2:4 layer pays the pooling kernel, {pool_ms:.3f} ms)" if pool_ms else "")
-                 + _torch_note(lr))
+                 + (f", its pooling {'fused' if dense_fused else 'included'} (the kernel alone {pool_ms:.3f} ms)"
+                    if pooled else "") + _torch_note(lr))
         ref = None
         if check:
             x0 = x[:1, :, :, :cin].astype(np.float64).transpose(0, 3, 1, 2)
             ref = conv3x3_relu(x0, weight.astype(np.float16).astype(np.float64), bias.astype(np.float64))
+            if pooled:
+                ref = maxpool2x2(ref)
         sparsity = 1.0 - np.count_nonzero(weight) / weight.size
         sets = candidates or [p for name in TC24_ALGOS
                               for p in registry.get(name).candidates(model.caps, model.precision, layer)]
         for params in sets:
             algo = registry.get(params.get("ALGO", TC_SPARSE24))
+            fused = pooled and registry.pool_fused(algo, params)
             point = Point(round(sparsity, 4), algo.name, None, nnz=int(np.count_nonzero(weight)),
                           params={k: v for k, v in params.items() if k != "ALGO"})
-            sp = algo.make(ctx, cache, params, model.precision, layer, weight, bias, env)
-            call = lambda: sp.enqueue(queue, src, dst, batch, size, size)  # noqa: E731
+            sp = algo.make(ctx, cache, params, model.precision, replace(layer, pool=fused), weight, bias, env)
+            out_buf = pooled_buf if fused else dst
+            call = lambda: sp.enqueue(queue, src, out_buf, batch, size, size)  # noqa: E731
             point.weight_bytes, point.note = sp.format_bytes, sp.describe()
             point.ms = timed(queue, call, iterations)
-            point.speedup = dense_ms / (point.ms + pool_ms) if point.ms > 0 else None
+            paid = 0.0 if fused or not pooled else pool_ms
+            point.speedup = dense_ms / (point.ms + paid) if point.ms > 0 else None
             if ref is not None:
-                out = np.empty((batch, size, size, cstore), np.float16)
-                cl.enqueue_copy(queue, out, dst)
+                shape = pooled_shape if fused else (batch, size, size, cstore)
+                out = np.empty(shape, np.float16)
+                cl.enqueue_copy(queue, out, out_buf)
                 got = out[:1, :, :, :cout].astype(np.float64).transpose(0, 3, 1, 2)
+                if pooled and not fused:
+                    got = maxpool2x2(got)
                 point.err = _relative_err(got, ref)
             lr.points.append(point)
-            progress(f"{'':>14s}   2:4 {point.ms:9.3f} ms  x{point.speedup:5.2f}"
-                     + (f"  err {point.err:.1e}" if point.err is not None else "") + f"  {point.note}")
+            progress(f"{'':>14s}   2:4 {point.ms:9.3f} ms{f' + pool {paid:.3f}' if paid else ''}  "
+                     f"x{point.speedup:5.2f}" + (f"  err {point.err:.1e}" if point.err is not None else "")
+                     + f"  {point.note}")
             sp = call = None
+        if pooled_buf is not None:
+            pooled_buf.release()
         _shape_done(runs, lr, src, dst, on_layer)
     return runs
 

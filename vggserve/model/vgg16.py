@@ -12,7 +12,8 @@ sparsity makes it win (ops/sparse_select.py, docs/sparse.md). The family follows
 (`registry.family_for`): the portable kernels on NCHW storage (FP32, or FP16 storage with FP32 math), or the
 tensor-core kernels on NHWC storage (TF32, FP16). Weights are re-laid out for the kernels once, at load.
 A convolution followed by a 2x2 max-pool runs as one step ("features.2+pool") where its entry can fuse the pooling
-into its store (`registry.pool_fused`: tc_halo at FP16 and TF32); the pooling step then disappears.
+into its store (`registry.pool_fused`: tc_halo at FP16 and TF32, and on 2:4 weights tc_halo_sparse24); the pooling
+step then disappears.
 """
 
 import time
@@ -105,7 +106,8 @@ class VGG16(Engine):
         """(registry entry, parameters, why) for one layer: a sparse entry if the weights' measured sparsity makes
         one win (sparse_select), else the tuned or default dense one. pool: a 2x2 max-pool follows the layer."""
         p, why = self._layer_params(layer, pool)
-        sparse = sparse_select.for_layer(self.params, self.caps, self.precision, layer, weight, self.max_batch_size)
+        sparse = sparse_select.for_layer(self.params, self.caps, self.precision, layer, weight, self.max_batch_size,
+                                         pool=pool)
         if sparse.algo != sparse_select.DENSE and registry.get(sparse.algo).family == self.family:
             algo = registry.get(sparse.algo)
             tuned = sparse_select.sparse_table(self.params, self.caps.kind)["params"].get(sparse.algo, {})

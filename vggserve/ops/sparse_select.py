@@ -14,7 +14,8 @@ time grows with them (PoCL: ~5 ms a non-zero; docs/sparse.md).
 At FP16 on tensor cores the candidates are the two 2:4 kernels (TC_SPARSE24 and TC_HALO_SPARSE24,
 ops/tensorcore_sparse.py), for convolutions whose weights are 2:4 per tap (weights.prune.is_2_4); a curve has one
 point, at the layer's sparsity (0.5 when every group of 4 holds 2; conv1, 3 channels a tap, keeps 2 of 3: 0.33,
-below the crossovers), and the faster of the two per shape is taken.
+below the crossovers), and the faster of the two per shape is taken. A layer that a 2x2 max-pool follows reads the
+curves of "CINxCOUTxSIZE+pool" where they were measured (the pooled step: tc_halo_sparse24 fuses the pooling).
 """
 
 import math
@@ -135,10 +136,22 @@ def measured(weight: np.ndarray) -> tuple[float, int]:
     return 1.0 - nnz / max(flat.size, 1), nnz
 
 
-def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: int) -> Choice:
+def curve_key(table: dict, layer, pool: bool) -> str:
+    """The curves' shape key for a layer: "CINxCOUTxSIZE+pool" where a 2x2 max-pool follows it and that key was
+    measured (the 2:4 kernels are timed so as the engine runs the pooled step, sparse_tuning.measure_2_4), else
+    "CINxCOUTxSIZE"."""
+    from ..runtime.params import shape_key
+
+    pooled = shape_key(layer.cin, layer.cout, layer.size, pool=True)
+    if pool and any(pooled in shapes for shapes in table["curves"].values()):
+        return pooled
+    return layer.shape_key
+
+
+def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: int, pool: bool = False) -> Choice:
     """The engine's choice for one layer (registry.LayerSpec) from its weights' measured sparsity. FP32: the sparse
     kernels (NCHW); FP16 on tensor cores: the faster 2:4 kernel for 2:4 convolutions; anything else, and unpruned
-    weights, stay dense."""
+    weights, stay dense. pool: a 2x2 max-pool follows the layer (its "+pool" curves apply, `curve_key`)."""
     tc24 = precision.name == "fp16" and caps.tensor_cores and layer.kind == "conv3x3"
     if precision.name != "fp32" and not tc24:
         return Choice(DENSE, 0.0, "")
@@ -151,5 +164,5 @@ def for_layer(tables: dict, caps, precision, layer, weight: np.ndarray, batch: i
 
         if not is_2_4(weight):
             return Choice(DENSE, sparsity, f"sparsity {sparsity:.3f}, not 2:4 (FP16 has no unstructured kernel)")
-        return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz, algos=TC24_ALGOS)
+        return choose(table, layer.kind, curve_key(table, layer, pool), batch, sparsity, nnz, algos=TC24_ALGOS)
     return choose(table, layer.kind, layer.shape_key, batch, sparsity, nnz)

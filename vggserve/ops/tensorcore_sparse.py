@@ -4,7 +4,8 @@ weights, FP16 in the tensor-core family (NHWC in and out, like tc_gemm and tc_ha
 docs/sparse.md):
 - "tc_sparse24" (kernels/conv_tc_sparse.cl): implicit GEMM, the activations gathered per tap as conv_tc.cl does;
 - "tc_halo_sparse24" (kernels/conv_tc_halo_sparse.cl): halo tiles as conv_tc_halo.cl, each input patch fetched
-  once per chunk of 32 channels for all nine taps.
+  once per chunk of 32 channels for all nine taps; like tc_halo it can fuse the 2x2 max-pool that follows a layer
+  into its store (`fuses_pool`), so a 2:4 network gets "+pool" steps where it is chosen.
 
 At load the weights are laid out in the kernel's K order (tensorcore.tc_weights: k = (ky*3 + kx)*Cpad + ci, rows
 padded to the channel tile; the halo kernel's taps padded to CpadK = whole chunks) and compressed (ops/sparse24.py):
@@ -137,6 +138,14 @@ def halo_local_mem(params: dict) -> int:
     return HALO_ROW * 2 * (params["TH"] + 2) * (params["TW"] + 2) + params["STAGES"] * params["BN"] * SPARSE_ROW
 
 
+def halo_sparse_pools(params: dict) -> bool:
+    """conv_tc_halo_sparse.cl's POOL rule: blocks start at even pixels (TH even), a window's pixel pair lies in one
+    8-pixel tile (TW a multiple of 8) and its two rows in one warp (WTM a multiple of 2*TW)."""
+    th, tw = params["TH"], params["TW"]
+    wtm = th * tw // params["WARPS_M"]
+    return halo_valid(params) and th % 2 == 0 and tw % 8 == 0 and wtm % (2 * tw) == 0
+
+
 def halo_valid(params: dict) -> bool:
     """conv_tc_halo_sparse.cl's shape rules (its #error line) and STAGES - 1 < 9."""
     th, tw, bn, wm, wn = (params[k] for k in ("TH", "TW", "BN", "WARPS_M", "WARPS_N"))
@@ -147,18 +156,23 @@ def halo_valid(params: dict) -> bool:
 
 class HaloSparseLayer(_Compressed24):
     """One 3x3 convolution with 2:4 weights on conv_tc_halo_sparse.cl (see _Compressed24); its taps padded to
-    whole chunks of 32 channels (cpadk)."""
+    whole chunks of 32 channels (cpadk). With `layer.pool`, the 2x2/2 max-pool that follows is fused into the store
+    (as tc_halo's): the output is the (h/2) x (w/2) image."""
 
     name = HALO_NAME
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv):
+        if layer.pool and not halo_sparse_pools(params):
+            raise ValueError(f"{HALO_NAME} {params}: this tile cannot fuse the pooling (TH even, TW a multiple of 8, "
+                             "each warp's pixels a multiple of 2*TW)")
         self._setup(params, precision, layer)
         self.cpadk = round_up(self.cpad, HALO_ROW // precision.itemsize)
         self.npad = round_up(layer.cout, params["BN"])
         self.groups_n = self.npad // params["BN"]
         self._upload(ctx, weight, bias, self.cpadk, 9 * self.cpadk)
-        defines = {**{k: params[k] for k in HALO_TUNABLES}, "RELU": int(layer.relu), **env.caps.mma_define}
+        defines = {**{k: params[k] for k in HALO_TUNABLES}, "RELU": int(layer.relu), "POOL": int(layer.pool),
+                   **env.caps.mma_define}
         self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo_sparse"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
@@ -167,7 +181,8 @@ class HaloSparseLayer(_Compressed24):
     def describe(self) -> str:
         p = self.p
         return (f"{HALO_NAME} (mma.sp 2:4, halo) {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps "
-                f"{p['WARPS_M']}x{p['WARPS_N']}, {p['STAGES']} stages")
+                f"{p['WARPS_M']}x{p['WARPS_N']}, {p['STAGES']} stages"
+                f"{', 2x2 max-pool in the store' if self.layer.pool else ''}")
 
 
 class HaloSparseTensorCore(_TensorCoreAlgorithm):
@@ -179,6 +194,9 @@ class HaloSparseTensorCore(_TensorCoreAlgorithm):
     sparse = True
     tiles, tile_keys, default_params = HALO_SPARSE_TILES, HALO_TUNABLES, HALO_DEFAULT
     valid, local_mem_of = staticmethod(halo_valid), staticmethod(halo_local_mem)
+
+    def fuses_pool(self, params):
+        return halo_sparse_pools({**HALO_DEFAULT, **params})
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloSparseLayer(ctx, cache, {**HALO_DEFAULT, **params}, precision, layer, weight, bias, env)

@@ -51,15 +51,25 @@ class Generated:
     make: Callable[[], str]
 
 
-def kernel_source(name: str, defines: dict, generated: dict[str, str] | None = None) -> str:
+def kernel_source(name: str, defines: dict, generated: dict[str, str] | None = None, folder: Path | None = None) -> str:
     """The `#define`s, then the file with each `#include "x"` replaced by `generated[x]` if given, else by the text
-    of kernels/x (so the program cache key covers included files, and no compiler include path is needed)."""
+    of kernels/x, itself expanded the same way (so the program cache key covers included files, and no compiler
+    include path is needed). folder: where the sources are (default `kernels_dir()`; benchmarks/ptx_check.py
+    compiles another revision's)."""
     pieces = generated or {}
+    root = Path(folder) if folder is not None else kernels_dir()
 
-    def included(m):
-        return pieces[m.group(1)] if m.group(1) in pieces else (kernels_dir() / m.group(1)).read_text()
+    def expand(text: str, seen: tuple) -> str:
+        def included(m):
+            if m.group(1) in pieces:
+                return pieces[m.group(1)]
+            if m.group(1) in seen:
+                raise KernelBuildError(f"kernel source {m.group(1)} includes itself ({' -> '.join(seen)})")
+            return expand((root / m.group(1)).read_text(), seen + (m.group(1),))
 
-    body = INCLUDE.sub(included, (kernels_dir() / name).read_text())
+        return INCLUDE.sub(included, text)
+
+    body = expand((root / name).read_text(), (name,))
     head = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(defines.items()))
     return head + body
 
