@@ -154,3 +154,31 @@ def test_the_2_4_tuner_times_a_pooled_shape_as_the_engine_runs_it(tmp_path, monk
     stored_curves = next(iter(json.loads((tmp_path / "tuned.json").read_text()).values()))["sparse"]["curves"]["1"]
     assert HALO_NAME in stored_curves["32x32x14"] and HALO_NAME in stored_curves["32x32x14+pool"]
     assert "32x32x14+pool" in capsys.readouterr().out
+
+
+def test_natively_a_pooled_2_4_step_fuses_only_where_its_pooled_curve_was_measured(small_tensors, monkeypatch):
+    """On a device that runs mma.sp itself, the fused pooled 2:4 step is taken only where this device's tuner has
+    timed it and checked it against float64 ("+pool" curves); until then the layer runs conv, then the pooling."""
+    import dataclasses
+
+    from vggserve import VGG16
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    for kind in ("cpu", "gpu"):
+        monkeypatch.setitem(sel.DEFAULTS[kind]["crossover"], sel.TC_HALO_SPARSE24, 0.45)
+        monkeypatch.setitem(sel.DEFAULTS[kind]["crossover"], sel.TC_SPARSE24, 1.01)
+    pruned = prune(small_tensors, None, pattern="2:4", layers="conv").tensors
+    with VGG16.load(pruned, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
+        layer = model.spec.convs[1]  # features.2, at 224 x 224, a pooling after it
+        assert layer.pool_after and layer.cin % 4 == 0
+        spec = LayerSpec("conv3x3", layer.cin, layer.cout, 224)
+        weight = pruned[f"{layer.name}.weight"]
+        algo, params, _ = model._choose(spec, weight, pool=True)  # emulated: fused, as the whole-network test runs
+        assert algo.name == HALO_NAME and registry.pool_fused(algo, params)
+        model.caps = dataclasses.replace(model.caps, emulate_mma=False)  # as a GPU that runs mma.sp natively
+        algo, params, why = model._choose(spec, weight, pool=True)
+        assert algo.name == HALO_NAME and not registry.pool_fused(algo, params) and "not fused" in why
+        pooled_key = f"{spec.shape_key}+pool"
+        model.params = {**model.params, "sparse": {"curves": {"2": {pooled_key: {HALO_NAME: [[0.5, 1.2]]}}}}}
+        algo, params, why = model._choose(spec, weight, pool=True)
+        assert algo.name == HALO_NAME and registry.pool_fused(algo, params) and "not fused" not in why

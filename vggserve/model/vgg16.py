@@ -110,8 +110,15 @@ class VGG16(Engine):
                                          pool=pool)
         if sparse.algo != sparse_select.DENSE and registry.get(sparse.algo).family == self.family:
             algo = registry.get(sparse.algo)
-            tuned = sparse_select.sparse_table(self.params, self.caps.kind)["params"].get(sparse.algo, {})
-            return algo, {**algo.default(self.caps, self.precision), **tuned}, sparse.reason
+            table = sparse_select.sparse_table(self.params, self.caps.kind)
+            params = {**algo.default(self.caps, self.precision), **table["params"].get(sparse.algo, {})}
+            if (pool and algo.fuses_pool(params) and not self.caps.emulate_mma
+                    and sparse_select.curve_key(table, layer, pool) == layer.shape_key):
+                # a fused 2:4 pooled step runs natively only where this device's tuner has measured it and checked
+                # it against float64 ("+pool" curves, sparse_tuning.measure_2_4); until then conv, then the pooling
+                params["FUSE_POOL"] = 0
+                return algo, params, f"{sparse.reason}; pooling not fused (no +pool curve measured on this device)"
+            return algo, params, sparse.reason
         if sparse.reason:
             why = f"{why}; {sparse.reason}"
         return registry.choose(p, self.family, layer.kind), p, why
