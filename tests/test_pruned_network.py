@@ -161,6 +161,25 @@ def test_measured_curves_are_stored_and_then_used(tiny_tensors, tmp_path, monkey
     assert stored["2"] == curves  # beside any curves shipped for this device at other batches
 
 
+def test_a_point_whose_output_missed_float64_never_enters_the_curves():
+    """The tuners keep only kernels that computed the layer correctly: a fast but wrong one is left out, so the engine
+    cannot choose it (FP16 tolerance for the 2:4 kernels, FP32 for the others, as the dense tuner's)."""
+    from vggserve.sparse_tuning import LayerRun, Point, best_2_4, curves
+
+    def run(shape, *points):
+        return LayerRun(shape, ["features.x"], "conv", 64, 64, 56, 64, 1.0, "dense", points=list(points))
+
+    tile = {"TH": 8}
+    runs = [run("64x64x56", Point(0.9, CSR, 1.0, speedup=2.0, err=1e-6), Point(0.9, CODEGEN, 0.5, speedup=4.0, err=0.3),
+                Point(0.95, COMPRESSED, 0.5, speedup=3.0, err=float("nan")), Point(0.95, CSR, 0.7, speedup=2.5)),
+            run("64x64x56+pool", Point(0.5, sel.TC_HALO_SPARSE24, 1.0, speedup=1.3, err=2e-3, params=tile),
+                Point(0.5, sel.TC_SPARSE24, 0.4, speedup=3.0, err=0.5, params=tile))]
+    assert curves(runs) == {"64x64x56": {CSR: [[0.9, 2.0], [0.95, 2.5]]},
+                            "64x64x56+pool": {sel.TC_HALO_SPARSE24: [[0.5, 1.3]]}}
+    params, best = best_2_4(runs)
+    assert params == {sel.TC_HALO_SPARSE24: tile} and best == {"64x64x56+pool": {sel.TC_HALO_SPARSE24: [[0.5, 1.3]]}}
+
+
 def test_crossover_is_where_the_kernel_wins_from_on():
     from vggserve.sparse_tuning import crossover
 

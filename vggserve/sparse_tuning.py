@@ -48,6 +48,18 @@ class Point:
     note: str = ""
     params: dict | None = None  # the kernel's tunables, where several were tried (2:4)
 
+    @property
+    def correct(self) -> bool:
+        """Whether the output matched float64 (unchecked points count as correct): within the dense tuner's
+        tolerance for the kernel's precision (tuning.TOLERANCE: FP16 for the 2:4 kernels, FP32 for the others).
+        A point that is not never enters the curves, so a wrong kernel is never chosen."""
+        if self.err is None:
+            return True
+        from .tuning import TOLERANCE
+
+        limit = TOLERANCE["fp16" if self.algo in TC24_ALGOS else "fp32"]
+        return bool(np.isfinite(self.err) and self.err < limit)
+
 
 @dataclass
 class LayerRun:
@@ -196,7 +208,8 @@ def measure(model, tensors: dict, batch: int, sparsities=SPARSITIES, algos=(CODE
                 progress(f"{'':>14s}   {s:5.2f} {algo.name:18s} {point.ms:9.3f} ms  x{point.speedup:6.2f}"
                          + (f"  err {point.err:.1e}" if point.err is not None else "")
                          + (f"  build {point.build_s:.1f} s, {point.binary_bytes / 1e6:.2f} MB"
-                            if algo.name == CODEGEN else ""))
+                            if algo.name == CODEGEN else "")
+                         + ("" if point.correct else "  WRONG: left out of the curves"))
                 sp = call = None  # the layer's buffers go before the next one is built
         _shape_done(runs, lr, src, dst, on_layer)
     return runs
@@ -288,7 +301,7 @@ def measure_2_4(model, tensors: dict, batch: int, iterations: int = 5, check: bo
             lr.points.append(point)
             progress(f"{'':>14s}   2:4 {point.ms:9.3f} ms{f' + pool {paid:.3f}' if paid else ''}  "
                      f"x{point.speedup:5.2f}" + (f"  err {point.err:.1e}" if point.err is not None else "")
-                     + f"  {point.note}")
+                     + ("" if point.correct else "  WRONG: left out of the curves") + f"  {point.note}")
             sp = call = None
         if pooled_buf is not None:
             pooled_buf.release()
@@ -306,7 +319,7 @@ def best_2_4(runs: list[LayerRun]) -> tuple[dict, dict]:
         by_params: dict = {}
         for r in runs:
             for p in r.points:
-                if p.algo == name and p.speedup:
+                if p.algo == name and p.speedup and p.correct:
                     by_params.setdefault(json.dumps(p.params, sort_keys=True), {})[r.shape] = p
         if not by_params:
             continue
@@ -324,7 +337,7 @@ def curves(runs: list[LayerRun]) -> dict:
     out: dict = {}
     for r in runs:
         for p in r.points:
-            if p.speedup is not None:
+            if p.speedup is not None and p.correct:
                 out.setdefault(r.shape, {}).setdefault(p.algo, []).append([p.sparsity, round(p.speedup, 4)])
     return out
 
