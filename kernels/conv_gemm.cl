@@ -60,14 +60,9 @@
 #define SPLITK 0  /* 1: K split over get_group_id(2), raw partial sums stored (see above) */
 #endif
 
-#include "gemm_loop.clh"  /* GEMM_K_LOOP, the K loop both GEMMs share */
+#include "gemm_loop.clh"  /* LM, LN, NT, A_LOADS, B_LOADS; the tile, K loop and A loads both GEMMs share */
 #include "storage.clh"    /* in_t, w_t, out_t: FP32 or FP16 storage (IN_HALF, W_HALF, OUT_HALF) */
 
-#define LM (TM / WM)            /* work-group size in M */
-#define LN (TN / WN)            /* work-group size in N */
-#define NT (LM * LN)            /* work-items per work-group */
-#define A_LOADS (TK * TM / NT)  /* elements of A each work-item fetches per slice */
-#define B_LOADS (TK * TN / NT)  /* elements of B each work-item fetches per slice */
 #if NT >= TN
 #define BCOLS 1                 /* B columns gathered by one work-item */
 #define BSPAN TN
@@ -102,13 +97,7 @@ void conv_gemm(__global const in_t *restrict in,     /* NCHW input, B x C x H x 
     const int kbeg = 0, kend = K;
 #endif
     const int HW = H * W;
-    const int tx = get_local_id(0), ty = get_local_id(1);
-    const int tid = ty * LN + tx;
-    const int m0 = get_group_id(1) * TM;
-    const int n0 = get_group_id(0) * TN;
-
-    __local float As[2][TK][TM + LPAD];
-    __local float Bs[2][TK][TN + LPAD];
+    GEMM_TILE()
 
     /* B tile gathering: work-item tid owns BCOLS columns (tid % BSPAN + c * NT) and, in each, the rows
      * tid / TN + r * BSTEP. Its pixels never change along K, so they are decomposed once here. */
@@ -125,18 +114,13 @@ void conv_gemm(__global const in_t *restrict in,     /* NCHW input, B x C x H x 
     }
     const int brow0 = tid / BSPAN;
 
-    float ra[A_LOADS], rb[B_LOADS];
-    float acc[WM][WN];
-    for (int i = 0; i < WM; ++i)
-        for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
+    GEMM_REGS()
 
     const int ntiles = (kend - kbeg + TK - 1) / TK;
 
+#define W_AT(i) LD_W(wt, i)
 #define FETCH(k0)                                                                        \
-    for (int l = 0; l < A_LOADS; ++l) {                                                  \
-        const int e = tid + l * NT;                                                      \
-        ra[l] = LD_W(wt, (size_t)((k0) + e / TM) * Mpad + m0 + e % TM);                        \
-    }                                                                                    \
+    GEMM_FETCH_A(W_AT, k0)                                                               \
     for (int c = 0; c < BCOLS; ++c)                                                      \
         for (int r = 0; r < BROWS; ++r) {                                                \
             const int k = (k0) + brow0 + r * BSTEP;                                      \
@@ -151,10 +135,7 @@ void conv_gemm(__global const in_t *restrict in,     /* NCHW input, B x C x H x 
         }
 
 #define STASH(buf)                                                                       \
-    for (int l = 0; l < A_LOADS; ++l) {                                                  \
-        const int e = tid + l * NT;                                                      \
-        As[buf][e / TM][e % TM] = ra[l];                                                 \
-    }                                                                                    \
+    GEMM_STASH_A(buf)                                                                    \
     for (int c = 0; c < BCOLS; ++c)                                                      \
         for (int r = 0; r < BROWS; ++r) Bs[buf][brow0 + r * BSTEP][tid % BSPAN + c * NT] = rb[c * BROWS + r];
 
@@ -162,14 +143,8 @@ void conv_gemm(__global const in_t *restrict in,     /* NCHW input, B x C x H x 
 
 #if SPLITK
     __global float *part = out + (size_t)get_group_id(2) * N * Mpad;
-    for (int j = 0; j < WN; ++j) {
-        const int q = n0 + tx + j * LN;
-        if (q >= N) continue;
-        for (int i = 0; i < WM; ++i) {
-            const int m = m0 + ty + i * LM;
-            if (m < M) part[(size_t)q * Mpad + m] = acc[i][j];
-        }
-    }
+#define PART_AT(m, q) part[(size_t)(q) * Mpad + (m)]
+    GEMM_STORE_RAW(N, PART_AT)
     return;
 #endif
     for (int j = 0; j < WN; ++j) {

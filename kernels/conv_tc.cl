@@ -93,6 +93,7 @@
 #endif
 
 #include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
+#include "tc_gather.clh"    /* the activation rows gathered from NHWC (implicit GEMM) */
 #include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU and the store of the accumulators */
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -117,62 +118,36 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
     const int K = KS * KS * Cpad;
     const int HW = H * W;
 
-    /* this work-item's A chunks: rows r_i = tid / CHUNKS + i * (THREADS / CHUNKS), all at chunk c = tid % CHUNKS,
-     * so they share one k position (tap, ci), advanced tile by tile. Per row: the pixel's element offset and a
-     * bit per tap that lies inside the image; per tile: one offset delta for every row (CUTLASS's "optimized"
-     * implicit-GEMM iterator). Element offsets are 32-bit (inputs up to 2^31 elements). */
+    /* this work-item's A chunks: rows r_i = tid / CHUNKS + i * (THREADS / CHUNKS) at chunk c (tc_gather.clh) */
     const int c = tid % CHUNKS;
     int aoff[A_ITERS];
     uint amask[A_ITERS];
-    for (int i = 0; i < A_ITERS; ++i) {
-        const int p = m0 + tid / CHUNKS + i * (THREADS / CHUNKS);
-        const int b = p / HW, yx = p - b * HW;
-        const int y = yx / W, x = yx - (yx / W) * W;
-        aoff[i] = p * Cpad;
-        uint mask = 0;
-        for (int t = 0; t < KS * KS; ++t) {
-            const int iy = y + t / KS - PAD, ix = x + t % KS - PAD;
-            mask |= (uint)(p < NPIX && iy >= 0 && iy < H && ix >= 0 && ix < W) << t;
-        }
-        amask[i] = mask;
-    }
-    int tap, ci, delta;
-    {
-        const int k = kt0 * BK + c * VEC;
-        tap = k / Cpad;
-        ci = k - tap * Cpad;
-        delta = ((tap / KS - PAD) * W + (tap % KS - PAD)) * Cpad + ci;
-    }
+    for (int i = 0; i < A_ITERS; ++i) TC_GATHER_ROW(i, m0, CHUNKS)
+    TC_GATHER_START(kt0 * BK + c * VEC)
     const uint sa_row0 = SWZ(tid / CHUNKS, c);  /* local chunk of row r_0; row r_i adds i * THREADS (swizzle period
                                                   divides THREADS / CHUNKS, so the XOR pattern repeats) */
     __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + tid / CHUNKS) * Kpad + c * VEC) +
                                  (size_t)kt0 * KB;
     const size_t wstep = (size_t)(THREADS / CHUNKS) * Kpad * ELEM;  /* bytes between one work-item's B rows */
 
-#define A_ADDR(l) (sa + SWZ(wm * WTM + mi * 16 + ((l) & 7) + (((l) >> 3) & 1) * 8, ks * 2 + ((l) >> 4)))
+#define A_ADDR(l) (sa + SWZ(mrow0 + ((l) & 7) + (((l) >> 3) & 1) * 8, ks * 2 + ((l) >> 4)))
 #define B_ADDR(l) (sb + SWZ(wn * WTN + nj2 * 16 + ((l) & 7) + ((l) >> 4) * 8, ks * 2 + (((l) >> 3) & 1)))
 
 #define LOAD_STAGE(stage)                                                                                 \
     {                                                                                                     \
         __local uint4 *sa_ = smem + (stage) * STAGE_CHUNKS + sa_row0, *sb_ = sa_ + BM * CHUNKS;           \
-        for (int i = 0; i < A_ITERS; ++i) {                                                               \
-            const int ok_ = (amask[i] >> tap) & 1;                                                        \
-            CP_ASYNC16(sa_ + i * THREADS, in + (ok_ ? aoff[i] + delta : 0), ok_);                         \
-        }                                                                                                 \
+        TC_GATHER_COPY(sa_, A_ITERS)                                                                      \
         for (int i = 0; i < B_ITERS; ++i) CP_ASYNC16(sb_ + i * THREADS, wrow + i * wstep, 1);             \
         wrow += KB;                                                                                       \
         ci += BK;                                                                                         \
         delta += BK;                                                                                      \
         if (ci >= Cpad) {                                                                                 \
             do { ci -= Cpad; ++tap; } while (ci >= Cpad);                                                 \
-            delta = ((tap / KS - PAD) * W + (tap % KS - PAD)) * Cpad + ci;                                \
+            delta = TC_TAP_DELTA(tap, ci);                                                                \
         }                                                                                                 \
     }
 
-    float acc[MI][NJ][4];
-    for (int mi = 0; mi < MI; ++mi)
-        for (int nj = 0; nj < NJ; ++nj)
-            for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.0f;
+    MMA_ACC(acc, MI, NJ)
 
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nt) LOAD_STAGE(s)
@@ -182,25 +157,7 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
         __local uint4 *sa = smem + (t % STAGES) * STAGE_CHUNKS, *sb = sa + BM * CHUNKS;
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            uint af[MI][4], bf[NJ][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) LDSM_X4(af[mi], A_ADDR);
-#pragma unroll
-            for (int nj2 = 0; nj2 < NJ / 2; ++nj2) {
-                uint r[4];
-                LDSM_X4(r, B_ADDR);
-                bf[2 * nj2][0] = r[0];
-                bf[2 * nj2][1] = r[1];
-                bf[2 * nj2 + 1][0] = r[2];
-                bf[2 * nj2 + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int nj = 0; nj < NJ; ++nj) MMA(acc[mi][nj], af[mi], bf[nj]);
-        }
+        MMA_DENSE_STAGE(acc, MI, NJ, KSTEPS)
         /* the stage refilled now was last read in iteration t - 1, which every warp has left (the barrier above);
          * issued after this tile's mma so that its address arithmetic overlaps the tensor cores' work */
         if (t + STAGES - 1 < nt) LOAD_STAGE((t + STAGES - 1) % STAGES)

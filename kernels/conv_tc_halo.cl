@@ -120,10 +120,7 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
 #define A_ADDR(l) (pa + SWZ4(HALO_ROW(mrow0 + ((l) & 7) + (((l) >> 3) & 1) * 8), ks * 2 + ((l) >> 4)))
 #define B_ADDR(l) (sb + SWZ4(wn * WTN + nj2 * 16 + ((l) & 7) + ((l) >> 4) * 8, ks * 2 + (((l) >> 3) & 1)))
 
-    float acc[MI][NJ][4];
-    for (int mi = 0; mi < MI; ++mi)
-        for (int nj = 0; nj < NJ; ++nj)
-            for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.0f;
+    MMA_ACC(acc, MI, NJ)
 
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nsteps) LOAD_STEP(s)
@@ -134,28 +131,7 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         barrier(CLK_LOCAL_MEM_FENCE);
         HALO_STEP(s)
         __local uint4 *sb = bs + (s % STAGES) * BN * CHUNKS;
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            uint af[MI][4], bf[NJ][2];
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) {
-                const int mrow0 = wm * WTM + mi * 16;
-                LDSM_X4(af[mi], A_ADDR);
-            }
-#pragma unroll
-            for (int nj2 = 0; nj2 < NJ / 2; ++nj2) {
-                uint r[4];
-                LDSM_X4(r, B_ADDR);
-                bf[2 * nj2][0] = r[0];
-                bf[2 * nj2][1] = r[1];
-                bf[2 * nj2 + 1][0] = r[2];
-                bf[2 * nj2 + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int nj = 0; nj < NJ; ++nj) MMA(acc[mi][nj], af[mi], bf[nj]);
-        }
+        MMA_DENSE_STAGE(acc, MI, NJ, KSTEPS)
         /* refills the stage read in step s - 1 (every warp is past the barrier above), and at a new chunk the patch
          * buffer its chunk - 2 used */
         if (s + STAGES - 1 < nsteps) LOAD_STEP(s + STAGES - 1)

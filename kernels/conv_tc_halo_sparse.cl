@@ -116,13 +116,7 @@ void conv_tc_halo_sparse(__global const ushort *restrict in,   /* NHWC, Cpad cha
 #define W_ADDR(l) (sw + SWZ2(wn * WTN + cj * 16 + ((l) & 7) + (((l) >> 3) & 1) * 8, (l) >> 4))
 #define X_ADDR(l) (pa + SWZ4(HALO_ROW(wm * WTM + pi * 8 + ((l) & 7)), (l) >> 3))
 
-    float acc[CJ][PI][4];
-#pragma unroll
-    for (int cj = 0; cj < CJ; ++cj)
-#pragma unroll
-        for (int pi = 0; pi < PI; ++pi)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[cj][pi][e] = 0.0f;
+    MMA_ACC(acc, CJ, PI)
 
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nsteps) LOAD_STEP(s)

@@ -52,6 +52,8 @@
 #define MMA_EMULATE 0
 #endif
 
+#define KS 3                         /* 3x3 filters, zero padding 1 (tc_gather.clh) */
+#define PAD 1
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define BK (KB / 2)                  /* k per k-tile */
 #define KSTEPS (KB / 64)             /* mma.sp steps (32 k) per k-tile */
@@ -84,6 +86,7 @@
 #endif
 
 #include "tc_sparse24.clh"  /* FP16, mma.clh, the stage's weight and metadata copies, the metadata word */
+#include "tc_gather.clh"    /* the activation rows gathered from NHWC (implicit GEMM), as conv_tc.cl's A */
 #include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU and the store of the accumulators */
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
@@ -103,25 +106,13 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
     const int HW = H * W;
 
     /* activations, as conv_tc.cl's A: rows tid / XCH + i * (THREADS / XCH), all at chunk c = tid % XCH, so they
-     * share one k position (tap, ci); per row the pixel's offset and a bit per tap inside the image */
+     * share one k position (tap, ci); per row the pixel's offset and a bit per tap inside the image (tc_gather.clh) */
     const int c = tid % XCH;
     int aoff[X_ITERS];
     uint amask[X_ITERS];
 #pragma unroll
-    for (int i = 0; i < X_ITERS; ++i) {
-        const int p = p0 + tid / XCH + i * (THREADS / XCH);
-        const int b = p / HW, yx = p - b * HW;
-        const int y = yx / W, x = yx - (yx / W) * W;
-        aoff[i] = p * Cpad;
-        uint mask = 0;
-        for (int t = 0; t < 9; ++t) {
-            const int iy = y + t / 3 - 1, ix = x + t % 3 - 1;
-            mask |= (uint)(p < NPIX && iy >= 0 && iy < H && ix >= 0 && ix < W) << t;
-        }
-        amask[i] = mask;
-    }
-    int tap = (c * 8) / Cpad, ci = c * 8 - tap * Cpad;
-    int delta = ((tap / 3 - 1) * W + (tap % 3 - 1)) * Cpad + ci;
+    for (int i = 0; i < X_ITERS; ++i) TC_GATHER_ROW(i, p0, XCH)
+    TC_GATHER_START(c * VEC)
     const uint sx_row0 = XSWZ(tid / XCH, c);   /* row r_i adds i * THREADS chunks: the swizzle period divides it */
 
     /* weights: chunks tid, tid + THREADS, ... of the BM x WCH chunks of a k-tile (rows of Kpad/2 halves) */
@@ -136,10 +127,7 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
     {                                                                                                     \
         __local uint4 *sx_ = smem + (stage) * STAGE_CHUNKS;                                               \
         __local uint4 *sw_ = sx_ + X_CHUNKS, *sm_ = sw_ + W_CHUNKS;                                       \
-        _Pragma("unroll") for (int i = 0; i < X_ITERS; ++i) {                                             \
-            const int ok_ = (amask[i] >> tap) & 1;                                                        \
-            CP_ASYNC16(sx_ + sx_row0 + i * THREADS, in + (ok_ ? aoff[i] + delta : 0), ok_);               \
-        }                                                                                                 \
+        TC_GATHER_COPY(sx_ + sx_row0, X_ITERS)                                                            \
         for (int i = 0; i < W_ITERS; ++i) {                                                               \
             const int e_ = tid + i * THREADS;                                                             \
             if (e_ < W_CHUNKS) SP_COPY_WEIGHTS(sw_, wtile, Kpad, e_)                                      \
@@ -154,16 +142,10 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
             ci -= Cpad;                                                                                   \
             ++tap;                                                                                        \
         }                                                                                                 \
-        delta = ((tap / 3 - 1) * W + (tap % 3 - 1)) * Cpad + ci;                                          \
+        delta = TC_TAP_DELTA(tap, ci);                                                                    \
     }
 
-    float acc[MI][NJ][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < NJ; ++nj)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.0f;
+    MMA_ACC(acc, MI, NJ)
 
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nt) LOAD_STAGE(s, s)

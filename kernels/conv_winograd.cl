@@ -91,13 +91,7 @@
 #endif
 #define NXI (WA * WA)           /* points of the transformed domain = number of GEMMs */
 
-#include "gemm_loop.clh"  /* GEMM_K_LOOP, the K loop both GEMMs share */
-
-#define LM (TM / WM)            /* GEMM work-group size in M */
-#define LN (TN / WN)            /* GEMM work-group size in N */
-#define NT (LM * LN)            /* GEMM work-items per work-group */
-#define A_LOADS (TK * TM / NT)  /* elements of A (U) each work-item fetches per slice */
-#define B_LOADS (TK * TN / NT)  /* elements of B (V) each work-item fetches per slice */
+#include "gemm_loop.clh"  /* LM, LN, NT, A_LOADS (U), B_LOADS (V); the tile, K loop, A loads both GEMMs share */
 
 #if (TM % WM) || (TN % WN) || ((TK * TM) % NT) || ((TK * TN) % NT)
 #error "conv_winograd.cl: need TM % WM == 0, TN % WN == 0, and TK*TM, TK*TN multiples of (TM/WM)*(TN/WN)"
@@ -191,26 +185,13 @@ void wino_gemm(__global const float *restrict U,  /* NXI x Cpad x Mpad */
     __global const float *B = V + (size_t)xi * C * P;
     __global float *Y = Mw + (size_t)xi * M * P;
 
-    const int tx = get_local_id(0), ty = get_local_id(1);
-    const int tid = ty * LN + tx;
-    const int m0 = get_group_id(1) * TM;
-    const int n0 = get_group_id(0) * TN;
-
-    __local float As[2][TK][TM + LPAD];
-    __local float Bs[2][TK][TN + LPAD];
-
-    float ra[A_LOADS], rb[B_LOADS];
-    float acc[WM][WN];
-    for (int i = 0; i < WM; ++i)
-        for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
-
+    GEMM_TILE()
+    GEMM_REGS()
     const int ntiles = Cpad / TK;
 
+#define U_AT(i) A[i]
 #define WFETCH(k0)                                                                       \
-    for (int l = 0; l < A_LOADS; ++l) {                                                  \
-        const int e = tid + l * NT;                                                      \
-        ra[l] = A[(size_t)((k0) + e / TM) * Mpad + m0 + e % TM];                         \
-    }                                                                                    \
+    GEMM_FETCH_A(U_AT, k0)                                                               \
     for (int l = 0; l < B_LOADS; ++l) {                                                  \
         const int e = tid + l * NT;                                                      \
         const int k = (k0) + e / TN, q = n0 + e % TN;                                    \
@@ -218,10 +199,7 @@ void wino_gemm(__global const float *restrict U,  /* NXI x Cpad x Mpad */
     }
 
 #define WSTASH(buf)                                                                      \
-    for (int l = 0; l < A_LOADS; ++l) {                                                  \
-        const int e = tid + l * NT;                                                      \
-        As[buf][e / TM][e % TM] = ra[l];                                                 \
-    }                                                                                    \
+    GEMM_STASH_A(buf)                                                                    \
     for (int l = 0; l < B_LOADS; ++l) {                                                  \
         const int e = tid + l * NT;                                                      \
         Bs[buf][e / TN][e % TN] = rb[l];                                                 \
@@ -229,14 +207,8 @@ void wino_gemm(__global const float *restrict U,  /* NXI x Cpad x Mpad */
 
     GEMM_K_LOOP(WFETCH, WSTASH, 0)
 
-    for (int j = 0; j < WN; ++j) {
-        const int q = n0 + tx + j * LN;
-        if (q >= P) continue;
-        for (int i = 0; i < WM; ++i) {
-            const int m = m0 + ty + i * LM;
-            if (m < M) Y[(size_t)m * P + q] = acc[i][j];
-        }
-    }
+#define Y_AT(m, q) Y[(size_t)(m) * P + (q)]
+    GEMM_STORE_RAW(P, Y_AT)
 }
 
 __kernel __attribute__((reqd_work_group_size(XWG, 1, 1)))
