@@ -34,14 +34,12 @@ def _threads() -> int:
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[...] = src (same shape; src is cast to dst's dtype as np.copyto does), split along the first axis over
-    the copying threads when it is large."""
-    threads = _threads()
-    if src.nbytes < MIN_SPLIT or threads == 1 or dst.ndim == 0 or dst.shape[0] < 2:
+    the copying threads when it is large (`copy_many` of its row blocks)."""
+    if dst.ndim == 0 or dst.shape[0] < 2:
         np.copyto(dst, src)
         return
-    rows = dst.shape[0]
-    step = -(-rows // threads)
-    list(_executor().map(lambda s: np.copyto(dst[s:s + step], src[s:s + step]), range(0, rows, step)))
+    step = -(-dst.shape[0] // _threads())
+    copy_many([(dst[s:s + step], src[s:s + step]) for s in range(0, dst.shape[0], step)])
 
 
 def copy_many(pairs: list) -> None:
