@@ -101,7 +101,8 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
     """Every registry candidate tile of the four entries, at each precision the entry runs."""
     from vggserve.ops import tensorcore, tensorcore_sparse
 
-    lists = {"tc_gemm": (tensorcore.TILES, tensorcore.valid), "tc_halo": (tensorcore.HALO_TILES, tensorcore.halo_valid),
+    lists = {"tc_gemm": (tensorcore.TILES, tensorcore.valid),
+             "tc_halo": (tensorcore.HALO_TILES + tensorcore.HALO_FITTED_TILES, tensorcore.halo_valid),
              "tc_sparse24": (tensorcore_sparse.TILES, tensorcore_sparse.valid),
              "tc_halo_sparse24": (tensorcore_sparse.HALO_SPARSE_TILES, tensorcore_sparse.halo_valid)}
     out = []

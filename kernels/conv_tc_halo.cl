@@ -36,7 +36,8 @@
  */
 
 #ifndef TW
-#define TW 16       /* output block width (pixels), a multiple of 8: an ldmatrix phase reads 8 pixels of one row */
+#define TW 16       /* output block width (pixels), any width: a multiple of 8 keeps an ldmatrix phase's 8 rows in one
+                     * patch row (bank-conflict free); 14 or 28 fit 14/28/56-pixel images without a ragged block */
 #endif
 #ifndef BN
 #define BN 128      /* output channels per work-group */
@@ -78,8 +79,8 @@
 #define MI (WTM / 16)
 #define NJ (WTN / 8)
 #define B_ITERS (BN * CHUNKS / THREADS)
-#if TW % 8 || WTM % 16 || WTN % 16 || (BN * CHUNKS) % THREADS
-#error "tile shape: TW a multiple of 8, WTM and WTN of 16, BN*4 of the work-group size"
+#if WTM % 16 || WTN % 16 || (BN * CHUNKS) % THREADS
+#error "tile shape: WTM and WTN multiples of 16, BN*4 a multiple of the work-group size"
 #endif
 #if POOL && (TH % 2 || !(TW == 8 || (TW % 16 == 0 && WTM % (2 * TW) == 0)))
 #error "POOL: TH even, and TW 8 or a multiple of 16 with WTM a multiple of 2*TW"

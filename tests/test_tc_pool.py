@@ -25,6 +25,7 @@ POOL_CONFIGS = [  # (TH, TW, BN, WARPS_M, WARPS_N, STAGES): both fragment layout
     (8, 8, 32, 2, 1, 2),      # TW = 8: the window's rows are the two halves of one fragment
     (8, 16, 64, 2, 2, 3),     # TW = 16: fragments mi and mi + 1, two pairs per warp
     (4, 32, 32, 2, 1, 2),     # TW = 32: fragments mi and mi + 2
+    (14, 8, 32, 1, 2, 2),     # TW = 8, seven fragments a warp (a block fitted to 28- and 56-pixel images)
 ]
 POOL_SHAPES = [  # (n, cin, cout, h, w): odd sides (the last row/column dropped), sides 1 and 3, odd batch,
     (1, 3, 8, 5, 7),          # channels below one chunk and cout not a multiple of the tile
@@ -94,6 +95,8 @@ def test_only_tiles_whose_windows_stay_in_a_warp_fuse():
     assert not algo.fuses_pool(params_of((12, 16, 64, 4, 1, 3)))    # 48 rows a warp: a window across two warps
     assert not algo.fuses_pool(params_of((9, 16, 64, 1, 2, 3)))     # odd TH: blocks start at odd rows
     assert not algo.fuses_pool(params_of((8, 24, 64, 1, 2, 3)))     # TW 24: fragments straddle image rows
+    assert not algo.fuses_pool(params_of((4, 28, 128, 1, 4, 3)))    # TW 28 (fitted to 28 pixels): the same
+    assert algo.fuses_pool(params_of((14, 8, 128, 1, 4, 3)))        # fitted to 56 and 28 pixels, TW 8
     assert not registry.get("tc_gemm").fuses_pool({"ALGO": "tc_gemm"})
     # a table entry may turn fusion off; an entry without the key fuses wherever the tile can
     assert registry.pool_fused(algo, params_of((8, 16, 128, 2, 2, 3)))

@@ -118,8 +118,9 @@ def test_tensor_core_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
 
 
-HALO_CONFIGS = [(8, 16, 64, 2, 2, 3), (8, 8, 32, 2, 1, 2), (16, 8, 64, 2, 2, 4)]
-HALO_SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 11, 17), (1, 40, 70, 9, 4), (1, 16, 16, 8, 16)]
+HALO_CONFIGS = [(8, 16, 64, 2, 2, 3), (8, 8, 32, 2, 1, 2), (16, 8, 64, 2, 2, 4),
+                (4, 28, 32, 1, 2, 3), (7, 16, 32, 1, 2, 2)]  # widths that are not multiples of 8, an odd height
+HALO_SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 11, 17), (1, 40, 70, 9, 4), (1, 16, 16, 8, 16), (1, 5, 9, 28, 14)]
 
 
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
@@ -137,6 +138,29 @@ def test_halo_tile_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     cout = shape[2]
     assert not np.isnan(got).any() and np.all(got[..., cout:] == 0)
     assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+def test_halo_blocks_fitted_to_the_image_are_candidates_where_they_cover_it_better():
+    """8x16 blocks leave 23% of their rows past a 28- or 14-pixel image: there the tuner also tries blocks that fit
+    (4x28, 14x8...), right after the default; at 224 and 112 pixels, where 8x16 fits, nothing is added."""
+    from vggserve.ops.tensorcore import HALO_DEFAULT, HALO_TILES, halo_coverage
+
+    caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
+                            tensor_cores=True, emulate_mma=False)
+    algo = registry.get("tc_halo")
+    keys = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
+    tiles = {size: [tuple(p[k] for k in keys) for p in algo.candidates(caps, precisions.FP16,
+                                                                       LayerSpec("conv3x3", 512, 512, size))]
+             for size in (224, 112, 56, 28, 14)}
+    assert tiles[224] == tiles[112] == [tuple(t) for t in HALO_TILES]
+    assert tiles[28][0] == tuple(HALO_DEFAULT[k] for k in keys) and tiles[28][1:3] == [(4, 28, 128, 1, 4, 3),
+                                                                                       (14, 8, 128, 1, 4, 3)]
+    for size in (56, 28, 14):
+        extra = tiles[size][1:len(tiles[size]) - len(HALO_TILES) + 1]
+        assert extra and all(halo_coverage(dict(zip(keys, t)), size) > halo_coverage(HALO_DEFAULT, size)
+                             for t in extra)
+    assert (4, 28, 128, 1, 4, 3) in tiles[56] and (4, 28, 128, 1, 4, 3) not in tiles[14]  # 28 wide on 14: worse
+    assert halo_coverage({"TH": 4, "TW": 28}, 28) == 1.0 and halo_coverage(HALO_DEFAULT, 28) == 784 / 1024
 
 
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)

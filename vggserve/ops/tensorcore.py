@@ -228,6 +228,11 @@ HALO_TUNABLES = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
 HALO_DEFAULT = {"ALGO": "tc_halo", "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 3}
 HALO_TILES = [(8, 16, 128, 2, 2, 3), (8, 16, 128, 2, 4, 3), (8, 16, 64, 2, 2, 4), (12, 16, 64, 2, 2, 3),
               (16, 8, 128, 2, 2, 3), (8, 8, 128, 1, 4, 3), (8, 16, 128, 2, 2, 2)]
+# blocks shaped to the image: at 56, 28 and 14 pixels an 8x16 block leaves 12.5%, 23% and 23% of its rows past the
+# image (computed, never stored); these cover those sizes with less or none (halo_coverage), and are tried where they
+# cover a layer's image better than the default block does (TensorCoreHalo.candidates)
+HALO_FITTED_TILES = [(4, 28, 128, 1, 4, 3), (14, 8, 128, 1, 4, 3), (8, 14, 128, 1, 4, 3), (7, 16, 128, 1, 4, 3),
+                     (8, 28, 64, 2, 2, 2), (14, 16, 64, 2, 2, 2)]
 HALO_ROW = 64  # bytes of one chunk of channels
 
 
@@ -241,10 +246,16 @@ def halo_pools(params: dict) -> bool:
     return halo_valid(params) and params["TH"] % 2 == 0 and (tw == 8 or (tw % 16 == 0 and wtm % (2 * tw) == 0))
 
 
+def halo_coverage(params: dict, size: int) -> float:
+    """The share of a block grid's rows that lie in a size x size image (1.0: the blocks tile it exactly)."""
+    th, tw = params["TH"], params["TW"]
+    return size * size / (-(-size // th) * th * -(-size // tw) * tw)
+
+
 def halo_valid(params: dict) -> bool:
     th, tw, bn, wm, wn = (params[k] for k in ("TH", "TW", "BN", "WARPS_M", "WARPS_N"))
     threads, bm = 32 * wm * wn, th * tw
-    return (tw % 8 == 0 and params["STAGES"] >= 2 and bm % wm == 0 and bn % wn == 0 and (bm // wm) % 16 == 0
+    return (th >= 1 and tw >= 1 and params["STAGES"] >= 2 and bm % wm == 0 and bn % wn == 0 and (bm // wm) % 16 == 0
             and (bn // wn) % 16 == 0 and (bn * 4) % threads == 0 and params["STAGES"] - 1 < 9)
 
 
@@ -304,6 +315,15 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
 
     def fuses_pool(self, params):
         return halo_pools(params)
+
+    def candidates(self, caps, precision, layer):
+        """The general tiles, with the fitted ones that cover this layer's image better than the default block
+        right after the first (the default), so that a tune limited to a few candidates still tries them."""
+        general = super().candidates(caps, precision, layer)
+        floor = halo_coverage(HALO_DEFAULT, layer.size)
+        fitted = [p for p in (dict(ALGO=self.name, **dict(zip(self.tile_keys, t))) for t in HALO_FITTED_TILES)
+                  if halo_coverage(p, layer.size) > floor and self.valid(p) and self.fits(p, caps, precision)]
+        return general[:1] + fitted + general[1:]
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
