@@ -6,12 +6,8 @@
  *   to_nhwc:      x[b, c, y, x] (float NCHW, C real channels)  ->  out[((b*H + y)*W + x)*Cpad + c]
  *   maxpool_nhwc: in[((b*H + y)*W + x)*Cpad + c]               ->  out[((b*OH + oy)*OW + ox)*Cpad + c],
  *                 the max over y = 2oy + dy, x = 2ox + dx (OH = H/2, OW = W/2, floor), VEC channels per work-item
- *   unfold3x3:    in[((b*H + y)*W + x)*Cpad + c] (C real)       ->  out[((b*H + y)*W + x)*K + k], k = (ky*3 + kx)*C + c
- *                 = in at (y + ky - 1, x + kx - 1), channel c (zero outside the image and for k >= 9C): each pixel's
- *                 3x3 neighbourhood as K channels, so a 3x3 convolution of few input channels becomes a 1x1 one
- *                 over K = 9C (rounded up to VEC) instead of 9 taps of a padded chunk (ops/tensorcore_unfold.py)
- * One work-item per output element (to_nhwc, unfold3x3) or VEC-channel chunk (maxpool_nhwc); the host rounds the
- * global size up to the work-group size (NHWC_WG) and the kernels skip indices past the end.
+ * One work-item per output element (to_nhwc) or VEC-channel chunk (maxpool_nhwc); the host rounds the global
+ * size up to the work-group size (NHWC_WG) and the kernels skip indices past the end.
  */
 
 #ifndef TF32
@@ -72,17 +68,4 @@ void maxpool_nhwc(__global const elem_t *restrict in, __global elem_t *restrict 
     const size_t r0 = (((size_t)b * H + 2 * oy) * W + 2 * ox) * CV + cv, r1 = r0 + (size_t)W * CV;
     const vec_t m = VMAX(VMAX(src[r0], src[r0 + CV]), VMAX(src[r1], src[r1 + CV]));
     ((__global vec_t *)out)[idx] = m;
-}
-
-__kernel __attribute__((reqd_work_group_size(NHWC_WG, 1, 1)))
-void unfold3x3(__global const elem_t *restrict in, __global elem_t *restrict out, const int N, const int C,
-               const int H, const int W, const int Cpad, const int K)
-{
-    const int idx = get_global_id(0);
-    if (idx >= N * H * W * K) return;
-    const int k = idx % K, p = idx / K;
-    const int b = p / (H * W), yx = p - b * (H * W), y = yx / W, x = yx - (yx / W) * W;
-    const int tap = k / C, c = k - tap * C, iy = y + tap / 3 - 1, ix = x + tap % 3 - 1;
-    const int ok = tap < 9 && iy >= 0 && iy < H && ix >= 0 && ix < W;
-    out[idx] = ok ? in[(((size_t)b * H + iy) * W + ix) * Cpad + c] : (elem_t)0;
 }

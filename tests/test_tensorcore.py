@@ -265,34 +265,6 @@ def test_whole_network_on_tensor_cores_matches_float64(small_tensors, monkeypatc
     assert plan[0]["kernel"].startswith("nhwc.cl") and "tc_gemm" in plan[1]["kernel"]
 
 
-@pytest.mark.parametrize("name", ["fp16", "tf32"])
-def test_whole_network_with_the_unfolded_first_layer_matches_float64(small_tensors, monkeypatch, name):
-    """A table naming tc_unfold for the 3-channel layer: the engine runs it there (and only there), and the logits
-    stay within the precision's bound of float64 and close to the network with tc_gemm there."""
-    from vggserve import VGG16
-    from vggserve.engine import engine as engine_module
-
-    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
-    x = np.random.default_rng(8).standard_normal((3, 3, 224, 224)).astype(np.float32)
-    original = engine_module.params_for
-    entry = {**params_of(CONFIGS[0]), "ALGO": "tc_unfold"}
-    table = {f"conv_by_batch_{name}": {"2": {"3x4x224": entry}}}
-    monkeypatch.setattr(engine_module, "params_for", lambda kind, label: {**original(kind, label), **table})
-    with VGG16.load(small_tensors, device=TEST_DEVICE, max_batch_size=2, precision=name) as model:
-        out = model.logits(x)  # two chunks: 2 + 1 images
-        plan = model.kernel_plan()
-    monkeypatch.setattr(engine_module, "params_for", original)
-    with VGG16.load(small_tensors, device=TEST_DEVICE, max_batch_size=2, precision=name) as model:
-        folded = model.logits(x)
-    assert plan[1]["name"] == "features.0" and plan[1]["kernel"].startswith("tc_unfold")
-    assert "tuned for this shape" in plan[1]["kernel"]
-    assert not any("tc_unfold" in k["kernel"] for k in plan[2:])
-    ref = reference_logits(small_tensors, x)
-    assert not np.isnan(out).any() and rel_err(out, ref) < BOUND[name]
-    np.testing.assert_array_equal(out.argmax(1), ref.argmax(1))
-    assert rel_err(out, folded.astype(np.float64)) < BOUND[name]
-
-
 def test_fp16_storage_on_the_portable_kernels_matches_float64(small_tensors, monkeypatch):
     """FP16 storage with FP32 math (vload_half/vstore_half): the path every device runs."""
     from vggserve import VGG16
@@ -324,41 +296,3 @@ def test_a_precision_the_device_cannot_run_is_a_one_line_error(small_tensors, mo
         assert "\n" not in message and "tf32" in message and "fp32, fp16" in message
     with pytest.raises(ValueError, match="choose one of fp32, tf32, fp16"):
         VGG16.load(small_tensors, device=TEST_DEVICE, precision="bf16")
-
-
-UNFOLD_SHAPES = [(1, 3, 8, 5, 7, 3), (2, 1, 21, 6, 5, 3), (1, 7, 70, 9, 4, 3), (3, 3, 16, 1, 1, 3), (1, 5, 9, 11, 2, 3)]
-
-
-@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
-@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=lambda c: "{}x{}_w{}x{}_s{}_k{}".format(*c))
-@pytest.mark.parametrize("shape", UNFOLD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_unfolded_first_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
-    """tensorcore_unfold.py: each pixel's 3x3 neighbourhood as 9C channels (image edges zero), then conv_tc.cl as a
-    1x1 convolution; 1 to 7 input channels, sides of 1 and odd sides, cout not a multiple of the tile."""
-    from vggserve.ops.tensorcore_unfold import UnfoldLayer
-
-    p = {**params_of(cfg), "ALGO": "tc_unfold"}
-    got, ref, op = run_layer(tc_env, prec, None, shape, rng,
-                             make=lambda ctx, cache, prec, layer, w, b, env: UnfoldLayer(ctx, cache, p, prec, layer, w,
-                                                                                         b, env))
-    cout = shape[2]
-    assert op.k == -(-9 * shape[1] // vec(prec)) * vec(prec) and op.cpad == -(-shape[1] // vec(prec)) * vec(prec)
-    assert not np.isnan(got).any() and np.all(got[..., cout:] == 0)
-    assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
-
-
-def test_unfold_is_a_candidate_only_for_few_input_channels():
-    from vggserve.ops.tensorcore_unfold import MAX_CIN, UnfoldLayer, unfolded_weights
-
-    caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
-                            tensor_cores=True, emulate_mma=False)
-    algo = registry.get("tc_unfold")
-    assert algo in registry.for_layer(caps, precisions.FP16, LayerSpec("conv3x3", 3, 64, 224))
-    assert algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 3, 64, 224))
-    assert algo.candidates(caps, precisions.TF32, LayerSpec("conv3x3", MAX_CIN, 64, 224))
-    assert algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", MAX_CIN + 1, 64, 224)) == []
-    assert algo not in registry.for_layer(caps, precisions.FP16, LayerSpec("fc", 3, 64, 1))
-    w = np.arange(2 * 3 * 9, dtype=np.float32).reshape(2, 3, 3, 3)
-    assert unfolded_weights(w)[1, (1 * 3 + 2) * 3 + 0] == w[1, 0, 1, 2]  # column (ky*3 + kx)*C + c
-    with pytest.raises(ValueError, match="at most 7 input channels"):
-        UnfoldLayer(None, None, {}, precisions.FP16, LayerSpec("conv3x3", 8, 64, 224), None, None, None)

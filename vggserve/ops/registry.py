@@ -119,8 +119,7 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 def _load_all() -> None:
     """Import every module that registers an entry (each registers itself on import)."""
-    from . import (gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_sparse, tensorcore_unfold,  # noqa: F401
-                   winograd)
+    from . import gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_sparse, winograd  # noqa: F401
 
 
 def get(name: str) -> Algorithm:
