@@ -110,9 +110,17 @@ def test_pruned_2_4_network_fuses_its_poolings_and_matches_float64(small_tensors
     spec = vgg16_spec(infer_width(pruned))
     x = np.random.default_rng(11).standard_normal((3, 3, 224, 224)).astype(np.float32)
     original = engine_module.params_for
+    # "+pool" curves, as this device's tuner stores them: on a GPU that runs mma.sp itself the engine fuses a pooled
+    # 2:4 step only where they exist (so there this test runs conv_tc_halo_sparse.cl POOL=1 natively)
+    pooled_keys, size = [], 224
+    for c in spec.convs:
+        if c.pool_after:
+            pooled_keys.append(f"{c.cin}x{c.cout}x{size}+pool")
+            size //= 2
+    curves = {"2": {key: {HALO_NAME: [[0.5, 1.2]]} for key in pooled_keys}}
     runs = {}
     for label, tile in (("fused", {}), ("unfused", {"FUSE_POOL": 0})):
-        extra = {"sparse": {"params": {HALO_NAME: tile}}}
+        extra = {"sparse": {"params": {HALO_NAME: tile}, "curves": curves}}
         monkeypatch.setattr(engine_module, "params_for", lambda kind, name, e=extra: {**original(kind, name), **e})
         with VGG16.load(pruned, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
             runs[label] = (model.logits(x), model.kernel_plan())  # two chunks: 2 + 1 images
@@ -173,6 +181,7 @@ def test_natively_a_pooled_2_4_step_fuses_only_where_its_pooled_curve_was_measur
         assert layer.pool_after and layer.cin % 4 == 0
         spec = LayerSpec("conv3x3", layer.cin, layer.cout, 224)
         weight = pruned[f"{layer.name}.weight"]
+        model.caps = dataclasses.replace(model.caps, emulate_mma=True)  # as this machine (on a GPU too)
         algo, params, _ = model._choose(spec, weight, pool=True)  # emulated: fused, as the whole-network test runs
         assert algo.name == HALO_NAME and registry.pool_fused(algo, params)
         model.caps = dataclasses.replace(model.caps, emulate_mma=False)  # as a GPU that runs mma.sp natively
