@@ -9,7 +9,8 @@ size and precision.
    model takes it): the rate the host has to feed (serve_saturation.engine_images_per_second).
 2. batch: `vggserve batch` with one rank over --images synthetic 500x375 JPEGs (batch_scaling.py: written once
    into --workdir), decode processes as the job chooses them (--decode-procs to override); images/s of the
-   classification phase and the job's CPU ms per image by stage, from its summary.
+   classification phase, the job's CPU ms per image by stage and the wall ms per image its rank waited for the
+   device's results and for decodes, from its summary (a device wait near 0: the host side is the limit).
 3. serve: `vggserve serve` at saturation (serve_saturation.py: its own client processes on the same host): one
    500x375 JPEG; then the phone-photo mix (1 in 8 at 12 MP, 1 in 8 at 2 MP) with --decode exact and fast.
 Prints one table: images/s, the engine's streamed images/s measured in this call, their ratio (targets: 0.9 for the
@@ -69,6 +70,7 @@ def batch(args, weights: str, workdir: Path) -> dict:
     summary = batch_scaling.run_once(options, 1, images, workdir, extra)
     rank = summary["ranks"][0]
     return {"images_per_s": summary["images_per_second"], "cpu_ms_per_image": rank.get("cpu_ms_per_image", {}),
+            "wait_ms_per_image": rank.get("wait_ms_per_image", {}),
             "decode_processes": rank.get("decode_processes"), "errors": summary["errors"]}
 
 
@@ -88,7 +90,7 @@ def serve(args, weights: str, workdir: Path, mix: str, decode: str) -> dict:
             "mean_batch": service["mean_batch"], "statuses": service["statuses"]}
 
 
-def cpu_text(cpu: dict) -> str:
+def ms_text(cpu: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in cpu.items())
 
 
@@ -118,12 +120,12 @@ def main(argv=None) -> int:
         print(f"{run}: {results[run]['images_per_s']:.1f} images/s", flush=True)
     print(f"\nHost against engine: batch {args.batch_size}, precision {args.precision or 'default'}, "
           f"{results['engine']['device_name']}; engine streamed {streamed:.1f} images/s in this call\n")
-    print("| run | images/s | engine streamed | ratio | CPU ms per image |")
-    print("|---|---:|---:|---:|---|")
+    print("| run | images/s | engine streamed | ratio | CPU ms per image | rank waited, wall ms per image |")
+    print("|---|---:|---:|---:|---|---|")
     for run in runs:
         r = results[run]
         print(f"| {run} | {r['images_per_s']:.1f} | {streamed:.1f} | {r['ratio_to_streamed']:.3f} | "
-              f"{cpu_text(r['cpu_ms_per_image'])} |")
+              f"{ms_text(r['cpu_ms_per_image'])} | {ms_text(r.get('wait_ms_per_image', {}))} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
