@@ -198,6 +198,8 @@ def test_a_failure_starting_a_chunk_is_raised_at_its_turn_after_the_chunks_befor
     with pytest.raises(RuntimeError, match="device lost at batch 2"):
         runner.run_next()
     assert decoder.released == [0, 1, 2]  # chunk 2's pixels are given back; chunk 3 was never started
+    with pytest.raises(RuntimeError, match="device lost at batch 2"):  # nor is it answered as if empty
+        runner.run_next()
     assert ("submit", 3) not in log and model.batches == 2
 
 

@@ -191,7 +191,7 @@ class ChunkRunner:
         self.clock = self.decoder.clock  # the decoder's stages, and this runner's "stage" and "result"
         self.waits = StageClock(time.perf_counter)  # wall time waiting: "device", "decode"
         self._queue: deque[_Chunk] = deque()  # submitted and not yet run, oldest first; the first ones started
-        self._broken = False  # a chunk's start raised: start no more (the error is raised at that chunk's turn)
+        self._broken: Exception | None = None  # what a chunk's start raised: nothing is started after it
 
     @property
     def pending(self) -> int:
@@ -212,8 +212,8 @@ class ChunkRunner:
         else:
             self._start_ahead(self.DEPTH, wait=True)  # this chunk and the next one are on the device
             chunk = self._queue.popleft()
-            if chunk.error is not None:
-                raise chunk.error
+            if chunk.error is not None or not chunk.started:  # its start failed, or one before it did
+                raise chunk.error or self._broken
             good_paths, failed = chunk.good_paths, chunk.failed
             with self.waits("device"):
                 rows = _rows(chunk.pending) if chunk.pending else None
@@ -229,7 +229,7 @@ class ChunkRunner:
             chunk = self._queue[i]
             if chunk.started:
                 continue
-            if self._broken or not (wait or chunk.decoding.done()):
+            if self._broken is not None or not (wait or chunk.decoding.done()):
                 return
             self._start(chunk)
 
@@ -244,7 +244,7 @@ class ChunkRunner:
             with self.clock("stage"):
                 chunk.pending = _submit_in_batches(self.model, pixels)
         except Exception as exc:
-            chunk.error, self._broken = exc, True
+            chunk.error = self._broken = exc
         finally:
             self.decoder.release(chunk.decoding)
 
