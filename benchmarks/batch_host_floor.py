@@ -50,6 +50,9 @@ def main(argv=None) -> int:
                         "of a decode, without its CPU: 15 processes decoding at 2.3 ms each on 2 cores)")
     p.add_argument("--device-ms", type=float, default=0.0,
                    help="the stand-in device takes this long per batch (default 0: instant)")
+    p.add_argument("--slots", type=int, default=2,
+                   help="the stand-in device's staging slots: a submit waits for the batch this many submits back, "
+                        "as the engine's does (default 2, the engine's)")
     p.add_argument("--repeat", type=int, default=1, help="go over the images this many times (default 1)")
     p.add_argument("--workdir", default=None)
     args = p.parse_args(argv)
@@ -75,10 +78,11 @@ def main(argv=None) -> int:
     batch_scaling.make_images(folder, args.images, (500, 375))
     paths = sorted(str(path) for path in folder.glob("*.jpg"))
     chunks = [paths[i:i + args.batch_size] for i in range(0, len(paths), args.batch_size)] * args.repeat
-    model = InstantModel(max_batch_size=args.batch_size, seconds_per_batch=args.device_ms / 1000)
+    model = InstantModel(max_batch_size=args.batch_size, seconds_per_batch=args.device_ms / 1000,
+                         slots=args.slots)
     runner = ChunkRunner(model, decode_threads=args.decode_threads, decode_procs=procs,
                          decode=args.decode)
-    stats = RankStats(0, "instant", clock=runner.clock, decoder=runner.decoder)
+    stats = RankStats(0, "instant", clock=runner.clock, waits=runner.waits, decoder=runner.decoder)
     for old in ("results.jsonl", "results.errors.jsonl"):
         (folder.parent / old).unlink(missing_ok=True)
     store = ResultStore(folder.parent / "results.jsonl")
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
         runner.submit(chunks[0])  # the processes start and warm up on the first chunk, untimed
         runner.run_next()
         runner.clock.seconds.clear()
+        runner.waits.seconds.clear()
         started = time.perf_counter()
         Coordinator(CoordinatorLink(world()), runner, stats, deque(chunks), _recorder(store, progress)).run()
         wall = time.perf_counter() - started
@@ -101,12 +106,17 @@ def main(argv=None) -> int:
     total = decoding + cpu.get("rank_process", 0.0)
     rate = stats.images / wall
     device = f"a device of {args.device_ms:g} ms per batch" if args.device_ms else "an instant device"
+    if args.device_ms:
+        ceiling = args.batch_size / (args.device_ms / 1000)
+        device += f" ({ceiling:.0f} images/s if it never waits: busy {rate / ceiling:.2f})"
     if args.replay:
         device += f" (replayed decodes{f' of {args.replay_ms:g} ms asleep' if args.replay_ms else ''})"
     where = f"{procs} decode process{'es' if procs != 1 else ''}" if procs else f"{args.decode_threads} decode threads"
     print(f"batch host floor: {stats.images} 500x375 JPEGs, batch {args.batch_size}, {where}, --decode {args.decode}: "
           f"{rate:.0f} images/s with {device}")
     print(f"CPU ms per image: {format_stages(cpu)}")
+    print(f"rank waited, wall ms per image: {format_stages(stats.wait_ms_per_image())} (device: "
+          f"{args.device_ms / args.batch_size:.2f} ms per image of work)")
     print(f"host CPU per image: {total:.2f} ms (decode processes {decoding:.2f} + rank process "
           f"{cpu.get('rank_process', 0.0):.2f}): 8,000 images/s would take {8 * total:.1f} cores")
     return 0

@@ -122,7 +122,7 @@ PY
                          "--images 256 --repeat 32 --decode-procs 1 --replay --workdir /tmp/floor256" \
                          "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 6.5 --workdir /tmp/floor256" \
                          "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 12.7 --workdir /tmp/floor256"; do
-               timeout 200 python3 benchmarks/batch_host_floor.py --batch-size 32 $args 2>&1 | tail -3 | tee -a "$LOG"
+               timeout 200 python3 benchmarks/batch_host_floor.py --batch-size 32 $args 2>&1 | tail -4 | tee -a "$LOG"
              done
              timeout 200 python3 benchmarks/serve_host_floor.py --http-workers 8 --client-procs 4 --concurrency 128 \
                --duration 15 --json "$OUT/serve-floor.json" 2>&1 | tail -3 | tee -a "$LOG" ;;

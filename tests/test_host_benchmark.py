@@ -22,9 +22,10 @@ def test_host_vs_engine_runs_the_batch_job_and_the_photo_mix_on_the_cpu(tiny_wei
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert results["engine"]["streamed_images_per_s"] > 0
+    assert results["engine"]["streamed_images_per_s"] > 0 and results["engine"]["streamed_raw_images_per_s"] > 0
     assert results["batch"]["images_per_s"] > 0 and results["batch"]["errors"] == 0
     assert {"read", "decode", "stage", "result"} <= set(results["batch"]["cpu_ms_per_image"])
+    assert set(results["batch"]["wait_ms_per_image"]) == {"device", "decode"}
     photo = results["photo-fast"]
     assert photo["images_per_s"] > 0 and set(photo["statuses"]) == {"200"}
     assert {"load_generator", "engine_process", "decode_wall"} <= set(photo["cpu_ms_per_image"])
@@ -39,6 +40,7 @@ def test_the_batch_jobs_host_floor_runs_the_rank_on_an_instant_device(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "batch host floor: 128 500x375 JPEGs, batch 16, 1 decode process" in done.stdout
     assert "link" in done.stdout and "rank process" in done.stdout
+    assert "rank waited, wall ms per image: device " in done.stdout
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert len(lines) == 128 and all('"predictions"' in line for line in lines)
 

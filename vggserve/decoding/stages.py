@@ -15,7 +15,8 @@ The stages the batch job reports (`vggserve batch` prints them per image in its 
     result   top-k and the JSON lines
 
 Times are CPU time of the thread that ran the stage (`time.thread_time`), not wall time: a stage waiting for the
-GIL or for a device costs nothing here.
+GIL or for a device costs nothing here. `StageClock(time.perf_counter)` sums wall time instead: the batch job's
+rank reports so how long it waited for its device and for its decodes (pipeline.ChunkRunner.waits).
 """
 
 from __future__ import annotations
@@ -28,19 +29,21 @@ STAGES = ("read", "decode", "copy", "link", "stage", "result")
 
 
 class StageClock:
-    """CPU seconds of the calling thread, summed by stage name. Adding from several threads is safe."""
+    """CPU seconds of the calling thread (or what `timer` counts), summed by stage name. Adding from several threads
+    is safe."""
 
-    def __init__(self):
+    def __init__(self, timer=time.thread_time):
         self.seconds: dict[str, float] = {}
+        self._timer = timer
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def __call__(self, stage: str):
-        started = time.thread_time()
+        started = self._timer()
         try:
             yield
         finally:
-            self.add({stage: time.thread_time() - started})
+            self.add({stage: self._timer() - started})
 
     def add(self, seconds: dict[str, float]) -> None:
         with self._lock:

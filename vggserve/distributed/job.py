@@ -129,7 +129,7 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
     runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=options.decode_threads,
                          decode_procs=_decode_procs(options.decode_procs, bound.local_size),
                          decode=options.decode, decode_timeout_s=options.decode_timeout_s)
-    stats = RankStats(rank, bound.device, clock=runner.clock, decoder=runner.decoder)
+    stats = RankStats(rank, bound.device, clock=runner.clock, waits=runner.waits, decoder=runner.decoder)
     progress = None
     try:
         try:

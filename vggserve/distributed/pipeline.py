@@ -42,7 +42,8 @@ class ChunkOutcome:
 @dataclass
 class RankStats:
     """Work done by one rank in this run; `active_seconds` spans its first chunk's start to its last's end.
-    `clock`: the rank's CPU time by stage (its decoder's and its runner's), reported per image; `decoder`: the
+    `clock`: the rank's CPU time by stage (its decoder's and its runner's), reported per image; `waits`: the
+    runner's wall time waiting for its device and for decodes (ChunkRunner.waits), per image; `decoder`: the
     runner's, for its counts."""
 
     rank: int
@@ -51,6 +52,7 @@ class RankStats:
     errors: int = 0
     active_seconds: float = 0.0
     clock: StageClock | None = field(default=None, repr=False)
+    waits: StageClock | None = field(default=None, repr=False)
     decoder: object = field(default=None, repr=False)  # the runner's decoder: processes, restarts, inline answers
     _started: float | None = field(default=None, repr=False)
     _cpu_started: float = field(default=0.0, repr=False)
@@ -77,6 +79,7 @@ class RankStats:
             "active_seconds": round(self.active_seconds, 3),
             "images_per_second": round(self.images_per_second, 3),
             "cpu_ms_per_image": self.cpu_ms_per_image(),
+            "wait_ms_per_image": self.wait_ms_per_image(),
             "decode_processes": getattr(self.decoder, "procs", 0),
             "decode_restarts": getattr(self.decoder, "restarts", 0),
         }
@@ -89,6 +92,13 @@ class RankStats:
         out = self.clock.per_image_ms(self.images)
         out["rank_process"] = round(1000.0 * self._cpu / self.images, 3)
         return out
+
+    def wait_ms_per_image(self) -> dict[str, float]:
+        """Wall milliseconds per image that the rank's runner thread waited: "device" for the model's results (about
+        0 when the host side is the limit), "decode" for its decodes (ChunkRunner.waits)."""
+        if self.waits is None or self.images == 0:
+            return {}
+        return {stage: self.waits.per_image_ms(self.images).get(stage, 0.0) for stage in ("device", "decode")}
 
 
 def probabilities_of(model, inputs: list) -> np.ndarray:
@@ -131,6 +141,20 @@ def classify_decoded(model, paths: list[str], decoded, k: int):
     return list(zip(good_paths, predictions, strict=True)), failed
 
 
+@dataclass
+class _Chunk:
+    """A submitted chunk: its paths and decoding; once started, its readable paths, its failures and the model's
+    Pendings (or the exception that starting it raised, kept until its turn)."""
+
+    paths: list[str]
+    decoding: object
+    started: bool = False
+    good_paths: list[str] = field(default_factory=list)
+    failed: list = field(default_factory=list)
+    pending: list = field(default_factory=list)
+    error: Exception | None = None
+
+
 class ChunkRunner:
     """Decode-ahead classification of chunks on one model (which only this runner's thread may call).
 
@@ -138,10 +162,21 @@ class ChunkRunner:
     decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode).
     `on_device`: whether to hand the model image inputs to resize on its device (default: when the model can).
 
-    With a model that resizes on its device, two chunks are on the device at once: `run_next` puts the next
-    submitted chunk on the device (once its decoding is done) before it reads the current chunk's results, so the
-    device computes one while the host formats the other.
+    With a model that resizes on its device, the device always has the next chunk queued behind the one it
+    computes (the engine's two staging slots): `run_next` first makes sure the chunk after the current one is on
+    the device (waiting for its decoding if need be), waits for the current chunk's rows, then at once puts the
+    next chunk that is already decoded into the slot those rows freed, and only then formats the current chunk's
+    result lines. So between "chunk N done" and "chunk N+2 enqueued" the host only stages N+2; N's lines, the
+    store, the progress bar and the coordinator's messages happen while the device computes N+1 with N+2 queued.
+    A chunk whose decoding is not finished when the slot frees is not waited for there (N's lines would wait
+    behind it, and with them the report that hands the decode processes their next chunk); it goes on the
+    device at the start of the next `run_next`, before that chunk's rows are waited for.
+
+    `waits`: wall time this runner's thread spent waiting, by stage: "device" (for the model's results) and
+    "decode" (for a chunk's decoding). Near-zero device waits mean the rank's host side is the limit.
     """
+
+    DEPTH = 2  # chunks kept on the device: the current one and the next; once its rows are in, the next two
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2, *, decode_procs: int = 0,
                  decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None):
@@ -154,8 +189,9 @@ class ChunkRunner:
         self.decoder = make_decoder(DecodeJob(model.preprocessing, self.on_device, decode), decode_procs,
                                     decode_threads, decode_timeout_s, in_flight)
         self.clock = self.decoder.clock  # the decoder's stages, and this runner's "stage" and "result"
-        self._queue: deque[tuple[list[str], object]] = deque()  # (paths, the decoder's Decoding)
-        self._ahead: tuple | None = None  # _start's answer for _queue[0], put on the device early by run_next
+        self.waits = StageClock(time.perf_counter)  # wall time waiting: "device", "decode"
+        self._queue: deque[_Chunk] = deque()  # submitted and not yet run, oldest first; the first ones started
+        self._broken: Exception | None = None  # what a chunk's start raised: nothing is started after it
 
     @property
     def pending(self) -> int:
@@ -163,37 +199,58 @@ class ChunkRunner:
         return len(self._queue)
 
     def submit(self, paths: list[str]) -> None:
-        self._queue.append((list(paths), self.decoder.start(paths)))
+        self._queue.append(_Chunk(list(paths), self.decoder.start(paths)))
 
     def run_next(self) -> ChunkOutcome:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
-        entry = self._queue.popleft()
         if not self.on_device:
-            paths, decoding = entry
-            good_paths, pixels, failed = split_decoded(paths, decoding.result())
-            with self.clock("stage"):
+            chunk = self._queue.popleft()
+            good_paths, pixels, failed = split_decoded(chunk.paths, self._decoded(chunk))
+            with self.clock("stage"), self.waits("device"):
                 rows = probabilities_of(self.model, pixels) if pixels else None
-            self.decoder.release(decoding)
+            self.decoder.release(chunk.decoding)
         else:
-            started, self._ahead = self._ahead or self._start(entry), None
-            good_paths, failed, pending = started
-            if self._queue:  # the next chunk goes on the device before this one's results are read
-                self._ahead = self._start(self._queue[0])
-            rows = _rows(pending) if pending else None
+            self._start_ahead(self.DEPTH, wait=True)  # this chunk and the next one are on the device
+            chunk = self._queue.popleft()
+            if chunk.error is not None or not chunk.started:  # its start failed, or one before it did
+                raise chunk.error or self._broken
+            good_paths, failed = chunk.good_paths, chunk.failed
+            with self.waits("device"):
+                rows = _rows(chunk.pending) if chunk.pending else None
+            self._start_ahead(self.DEPTH, wait=False)  # into the slot this chunk freed, before its lines
         with self.clock("result"):
             return ChunkOutcome(result_lines(good_paths, rows, self.top_k) if good_paths else [],
                                 [error_line(path, *problem) for path, problem in failed])
 
-    def _start(self, entry) -> tuple[list[str], list, list]:
-        """Wait for a chunk's decoding and start its readable images on the device: (their paths, the failures,
-        the model's Pendings: one per max_batch_size images, none when nothing is readable). The decoded pixels
-        are released once the model has copied them."""
-        paths, decoding = entry
-        good_paths, pixels, failed = split_decoded(paths, decoding.result())
-        with self.clock("stage"):
-            pending = _submit_in_batches(self.model, pixels)
-        self.decoder.release(decoding)
-        return good_paths, failed, pending
+    def _start_ahead(self, count: int, wait: bool) -> None:
+        """Start the first `count` queued chunks, in order, that are not yet started. wait=False: stop at the
+        first whose decoding is not finished (and waits for none)."""
+        for i in range(min(count, len(self._queue))):
+            chunk = self._queue[i]
+            if chunk.started:
+                continue
+            if self._broken is not None or not (wait or chunk.decoding.done()):
+                return
+            self._start(chunk)
+
+    def _start(self, chunk: _Chunk) -> None:
+        """Wait for a chunk's decoding and start its readable images on the device (one Pending per max_batch_size
+        images, none when nothing is readable). The decoded pixels are released once the model has copied them.
+        An exception is kept in the chunk and raised when its turn comes, so that the chunks before it are still
+        answered; nothing is started after it."""
+        chunk.started = True
+        try:
+            chunk.good_paths, pixels, chunk.failed = split_decoded(chunk.paths, self._decoded(chunk))
+            with self.clock("stage"):
+                chunk.pending = _submit_in_batches(self.model, pixels)
+        except Exception as exc:
+            chunk.error = self._broken = exc
+        finally:
+            self.decoder.release(chunk.decoding)
+
+    def _decoded(self, chunk: _Chunk) -> list:
+        with self.waits("decode"):
+            return chunk.decoding.result()
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
         """run_next, recorded in `stats`."""

@@ -11,6 +11,7 @@ Summary dict layout:
      "ranks": [{"rank", "device", "device_name", "images", "errors", "active_seconds",
                 "images_per_second",           # per rank: its images / its active_seconds
                 "cpu_ms_per_image",            # {stage: CPU ms per image} (decoding.stages), "rank_process"
+                "wait_ms_per_image",           # {"device", "decode"}: wall ms per image the rank's runner waited
                 "decode_processes", "decode_restarts"}, ...],
      "output": str, "errors_file": str}
 """
@@ -33,6 +34,7 @@ def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, se
             "active_seconds": stats.get("active_seconds", 0.0),
             "images_per_second": stats.get("images_per_second", 0.0),
             "cpu_ms_per_image": stats.get("cpu_ms_per_image", {}),
+            "wait_ms_per_image": stats.get("wait_ms_per_image", {}),
             "decode_processes": stats.get("decode_processes", 0),
             "decode_restarts": stats.get("decode_restarts", 0),
         })
@@ -70,6 +72,9 @@ def format_summary(summary: dict) -> str:
         if entry.get("cpu_ms_per_image"):
             lines.append(f"  rank {entry['rank']} CPU ms per image: {format_stages(entry['cpu_ms_per_image'])} "
                          f"({_decoding(entry)})")
+        if entry.get("wait_ms_per_image"):
+            lines.append(f"  rank {entry['rank']} waited ms per image: {format_stages(entry['wait_ms_per_image'])} "
+                         f"(wall time for its device's results and for decodes)")
     lines.append(f"results: {summary['output']}  errors: {summary['errors_file']}")
     return "\n".join(lines)
 

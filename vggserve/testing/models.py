@@ -10,7 +10,7 @@ preprocessing-process task whose worker dies on a marker upload (`service.prepro
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 
@@ -184,25 +184,36 @@ class InstantModel:
     copies into its pinned staging, and the batch is done then (or once the device has had its time). Its
     probabilities are softmax rows of random logits (no ties), so
     top-k costs what it costs on real scores. For benchmarks of the host side: the batch job's rank
-    (benchmarks/batch_host_floor.py) and the service's processes (benchmarks/serve_host_floor.py)."""
+    (benchmarks/batch_host_floor.py) and the service's processes (benchmarks/serve_host_floor.py).
+
+    Like the engine it has `slots` staging slots (the engine's two): a submit first waits until the batch that used
+    its slot `slots` submits ago is done, so at most `slots` batches are on the 'device' at once. `log` (a list, when
+    given) records ("submit", k) once batch k is on the device and ("result", k) when its rows are first taken."""
 
     resizes_on_device = True
     preprocessing = "torchvision"
     precision = "fp32"
 
-    def __init__(self, device: str = "cpu", max_batch_size: int = 32, seconds_per_batch: float = 0.0):
+    def __init__(self, device: str = "cpu", max_batch_size: int = 32, seconds_per_batch: float = 0.0, *,
+                 slots: int = 2, log: list | None = None):
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
         self.device_name = f"instant stand-in ({device})"
         self.max_batch_size = max_batch_size
         self.seconds_per_batch = seconds_per_batch  # a device that takes this long per batch, one after the other
         self.weights_info = {"path": None, "format": "memory", "sha256": None}
         self.staging = np.empty(max_batch_size * (4 << 20), np.uint8)
         self.batches = 0
+        self.log = log
         self._free_at = 0.0  # when the 'device' has finished the batches submitted so far
+        self._slots: deque[float] = deque(maxlen=slots)  # when each of the last `slots` batches is done
 
     def resize_matches_pillow(self) -> bool:
         return True
 
     def submit(self, inputs, want: str = "probabilities", pinned: bool = True) -> "Instant":
+        if len(self._slots) == self._slots.maxlen:  # the engine collects the batch that used this slot first
+            time.sleep(max(0.0, self._slots[0] - time.monotonic()))
         copies, offset = [], 0
         for x in inputs:
             array = np.ascontiguousarray(getattr(x, "array", x)).reshape(-1).view(np.uint8)
@@ -212,7 +223,10 @@ class InstantModel:
         self.batches += 1
         rows = instant_scores(len(inputs), self.batches)
         self._free_at = max(time.monotonic(), self._free_at) + self.seconds_per_batch
-        return Instant(np.log(rows) if want == "logits" else rows, self._free_at)
+        self._slots.append(self._free_at)
+        if self.log is not None:
+            self.log.append(("submit", self.batches - 1))
+        return Instant(np.log(rows) if want == "logits" else rows, self._free_at, self.log, self.batches - 1)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self.submit(x, "logits").result()
@@ -225,14 +239,18 @@ class InstantModel:
 
 
 class Instant:
-    """InstantModel's batch: done at `ready_at` (time.monotonic())."""
+    """InstantModel's batch `k`: done at `ready_at` (time.monotonic()); its first result() is logged in `log`."""
 
-    def __init__(self, rows: np.ndarray, ready_at: float = 0.0):
+    def __init__(self, rows: np.ndarray, ready_at: float = 0.0, log: list | None = None, k: int = 0):
         self.rows = rows
         self.ready_at = ready_at
+        self._log, self._k = log, k
 
     def result(self) -> np.ndarray:
         time.sleep(max(0.0, self.ready_at - time.monotonic()))
+        if self._log is not None:
+            self._log.append(("result", self._k))
+            self._log = None
         return self.rows
 
     def done(self) -> bool:
