@@ -319,3 +319,22 @@ def test_a_chunk_of_several_batches_counts_the_waits_for_its_staging_slots_as_de
     outcomes = [runner.run_next() for _ in chunks]
     assert [[json.loads(line)["image"] for line in o.results] for o in outcomes] == chunks
     assert model.batches == 8 and runner.waits.seconds["device"] == 8.0
+
+
+def test_the_off_device_path_gives_the_decoded_pixels_back_when_the_model_fails(log):
+    class FailingModel:
+        preprocessing = "torchvision"
+        max_batch_size = 4
+
+        def probabilities(self, x):
+            raise RuntimeError("out of memory")
+
+    decoder = Decoder(log, answer=ModelInput.tensor(np.zeros(TENSOR_SHAPE, np.float32)))
+    runner = ChunkRunner(FailingModel(), top_k=1, decode_threads=1)
+    assert not runner.on_device
+    runner.decoder.close()
+    runner.decoder, runner.clock = decoder, decoder.clock
+    runner.submit(["a.jpg"])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        runner.run_next()
+    assert decoder.released == [0]  # as the device path does (ChunkRunner._start): shared memory is not held

@@ -207,10 +207,12 @@ class ChunkRunner:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         if not self.on_device:
             chunk = self._queue.popleft()
-            good_paths, pixels, failed = split_decoded(chunk.paths, self._decoded(chunk))
-            with self.clock("stage"), self.waits("device"):
-                rows = probabilities_of(self.model, pixels) if pixels else None
-            self.decoder.release(chunk.decoding)
+            try:
+                good_paths, pixels, failed = split_decoded(chunk.paths, self._decoded(chunk))
+                with self.clock("stage"), self.waits("device"):
+                    rows = probabilities_of(self.model, pixels) if pixels else None
+            finally:
+                self.decoder.release(chunk.decoding)
         else:
             self._start_ahead(self.DEPTH, wait=True)  # this chunk and the next one are on the device
             chunk = self._queue.popleft()
