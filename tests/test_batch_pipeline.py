@@ -283,3 +283,58 @@ def test_the_summary_carries_each_ranks_waits_beside_its_cpu_stages():
     assert summary["ranks"][1]["wait_ms_per_image"] == {}  # a rank that got no work
     text = format_summary(summary)
     assert "rank 0 waited ms per image: device 0.02, decode 0.50" in text and "rank 1 waited" not in text
+
+
+def test_a_chunk_of_several_batches_counts_the_waits_for_its_staging_slots_as_device_waits(log):
+    """A chunk larger than max_batch_size goes on the device in several submits, and a submit waits for the batch
+    that used its staging slot two submits back (the engine's _collect): that is waiting for the device too. On a
+    clock that moves only when a batch's rows are first waited for, one 'second' each, every batch is counted."""
+    now = [0.0]
+    model = InstantModel(max_batch_size=2, log=log)
+    real_submit = model.submit
+    submitted = []
+
+    class Slow:
+        def __init__(self, pending):
+            self.pending, self.waited = pending, False
+
+        def result(self):
+            if not self.waited:
+                now[0] += 1.0
+                self.waited = True
+            return self.pending.result()
+
+    def submit(*args, **kwargs):
+        if len(submitted) >= 2:  # as the engine: its slot's previous batch is collected first
+            submitted[-2].result()
+        submitted.append(Slow(real_submit(*args, **kwargs)))
+        return submitted[-1]
+
+    model.submit = submit
+    runner = runner_on(model, Decoder(log))
+    runner.waits = StageClock(lambda: now[0])
+    chunks = chunks_of(4, size=4)  # two batches per chunk
+    for chunk in chunks:
+        runner.submit(chunk)
+    outcomes = [runner.run_next() for _ in chunks]
+    assert [[json.loads(line)["image"] for line in o.results] for o in outcomes] == chunks
+    assert model.batches == 8 and runner.waits.seconds["device"] == 8.0
+
+
+def test_the_off_device_path_gives_the_decoded_pixels_back_when_the_model_fails(log):
+    class FailingModel:
+        preprocessing = "torchvision"
+        max_batch_size = 4
+
+        def probabilities(self, x):
+            raise RuntimeError("out of memory")
+
+    decoder = Decoder(log, answer=ModelInput.tensor(np.zeros(TENSOR_SHAPE, np.float32)))
+    runner = ChunkRunner(FailingModel(), top_k=1, decode_threads=1)
+    assert not runner.on_device
+    runner.decoder.close()
+    runner.decoder, runner.clock = decoder, decoder.clock
+    runner.submit(["a.jpg"])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        runner.run_next()
+    assert decoder.released == [0]  # as the device path does (ChunkRunner._start): shared memory is not held

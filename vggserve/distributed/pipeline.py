@@ -177,6 +177,7 @@ class ChunkRunner:
     """
 
     DEPTH = 2  # chunks kept on the device: the current one and the next; once its rows are in, the next two
+    SLOTS = 2  # the engine's staging slots: a submit waits for the batch submitted SLOTS submits before it
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2, *, decode_procs: int = 0,
                  decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None):
@@ -192,6 +193,7 @@ class ChunkRunner:
         self.waits = StageClock(time.perf_counter)  # wall time waiting: "device", "decode"
         self._queue: deque[_Chunk] = deque()  # submitted and not yet run, oldest first; the first ones started
         self._broken: Exception | None = None  # what a chunk's start raised: nothing is started after it
+        self._slots: deque = deque(maxlen=self.SLOTS)  # Pendings of the last SLOTS submits, less those collected
 
     @property
     def pending(self) -> int:
@@ -205,10 +207,12 @@ class ChunkRunner:
         """Classify the oldest submitted chunk: result lines in the chunk's order, error lines for the rest."""
         if not self.on_device:
             chunk = self._queue.popleft()
-            good_paths, pixels, failed = split_decoded(chunk.paths, self._decoded(chunk))
-            with self.clock("stage"), self.waits("device"):
-                rows = probabilities_of(self.model, pixels) if pixels else None
-            self.decoder.release(chunk.decoding)
+            try:
+                good_paths, pixels, failed = split_decoded(chunk.paths, self._decoded(chunk))
+                with self.clock("stage"), self.waits("device"):
+                    rows = probabilities_of(self.model, pixels) if pixels else None
+            finally:
+                self.decoder.release(chunk.decoding)
         else:
             self._start_ahead(self.DEPTH, wait=True)  # this chunk and the next one are on the device
             chunk = self._queue.popleft()
@@ -217,6 +221,9 @@ class ChunkRunner:
             good_paths, failed = chunk.good_paths, chunk.failed
             with self.waits("device"):
                 rows = _rows(chunk.pending) if chunk.pending else None
+            for pending in chunk.pending:  # collected: their slots are free (the oldest submits, in order)
+                if self._slots and self._slots[0] is pending:
+                    self._slots.popleft()
             self._start_ahead(self.DEPTH, wait=False)  # into the slot this chunk freed, before its lines
         with self.clock("result"):
             return ChunkOutcome(result_lines(good_paths, rows, self.top_k) if good_paths else [],
@@ -242,11 +249,24 @@ class ChunkRunner:
         try:
             chunk.good_paths, pixels, chunk.failed = split_decoded(chunk.paths, self._decoded(chunk))
             with self.clock("stage"):
-                chunk.pending = _submit_in_batches(self.model, pixels)
+                chunk.pending = self._submit_in_slots(pixels)
         except Exception as exc:
             chunk.error = self._broken = exc
         finally:
             self.decoder.release(chunk.decoding)
+
+    def _submit_in_slots(self, pixels: list) -> list:
+        """_submit_in_batches, except that the batch whose staging slot a submit takes (SLOTS submits back: in a
+        chunk larger than max_batch_size, one of its own) is waited for here, so that the wait counts as one for
+        the device (`waits`) rather than vanishing into the submit."""
+        step, pending = self.model.max_batch_size, []
+        for start in range(0, len(pixels), step):
+            if len(self._slots) == self.SLOTS:
+                with self.waits("device"):
+                    self._slots[0].result()
+            pending.append(self.model.submit(pixels[start:start + step], "probabilities"))
+            self._slots.append(pending[-1])
+        return pending
 
     def _decoded(self, chunk: _Chunk) -> list:
         with self.waits("decode"):
