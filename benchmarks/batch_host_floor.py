@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="go over the images this many times (default 1)")
     p.add_argument("--workdir", default=None)
     args = p.parse_args(argv)
+    if args.slots < 1:
+        p.error(f"--slots {args.slots}: the stand-in device needs at least one staging slot")
     from vggserve.decoding.pool import default_procs
     from vggserve.distributed.coordinator import Coordinator
     from vggserve.distributed.job import _recorder

@@ -126,8 +126,9 @@ ALGORITHM = register(SparseTensorCore())
 HALO_NAME = "tc_halo_sparse24"
 HALO_FILE = "conv_tc_halo_sparse.cl"
 # the tunables mean what tc_halo's do (TH x TW pixels, BN channels; WARPS_M along the pixels), so its tiles carry
-# over: its H100 FP16 winners at batch 64 (8x16 x 128 and 64 channels, 12x16 x 64), its other 128-channel shapes,
-# and three the sparse kernel's halved A fragments leave registers for (ptxas sm_90: 123-225 registers, no spills)
+# over: tc_halo's general H100 FP16 winners at batch 64 before its blocks fitted to the image (8x16 x 128 and 64
+# channels, 12x16 x 64), its other 128-channel shapes, and three the sparse kernel's halved A fragments leave
+# registers for (ptxas sm_90: 123-225 registers, no spills); the fitted blocks (TW 14, 28) are tc_halo's only
 HALO_DEFAULT = {"ALGO": HALO_NAME, "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 2, "WARPS_N": 2, "STAGES": 3}
 HALO_SPARSE_TILES = [(8, 16, 128, 2, 2, 3), (12, 16, 64, 2, 2, 3), (8, 16, 64, 2, 2, 4), (8, 16, 128, 2, 4, 3),
                      (16, 8, 128, 2, 2, 3), (8, 16, 128, 4, 1, 3), (8, 16, 128, 2, 2, 4), (16, 16, 64, 4, 2, 2)]
