@@ -24,7 +24,7 @@ from vggserve.weights.prune import prune
 from clbuffers import rel_err
 from conftest import TEST_DEVICE
 from test_sparse_tc import weights_2_4
-from test_tc_pool import check_fused, run_halo
+from test_tc_pool import check_fused, pooled_shape_keys, run_halo, run_with_tables
 from test_tensorcore import nhwc_input, small_tensors, tc_env  # noqa: F401 - fixtures
 
 POOL_CONFIGS = [  # (TH, TW, BN, WARPS_M, WARPS_N, STAGES)
@@ -98,8 +98,6 @@ def test_pooled_layers_read_their_own_curves(tc_env, rng):
 def test_pruned_2_4_network_fuses_its_poolings_and_matches_float64(small_tensors, monkeypatch):
     """Every conv but conv1 on tc_halo_sparse24: the pooled ones as "+pool" steps; the same logits bit for bit as with
     fusion turned off (FUSE_POOL 0 in the 2:4 entry's tuned tile), within the FP16 bound of float64."""
-    from vggserve import VGG16
-    from vggserve.engine import engine as engine_module
     from vggserve.weights.spec import infer_width, vgg16_spec
 
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
@@ -109,21 +107,12 @@ def test_pruned_2_4_network_fuses_its_poolings_and_matches_float64(small_tensors
     pruned = prune(small_tensors, None, pattern="2:4", layers="conv").tensors
     spec = vgg16_spec(infer_width(pruned))
     x = np.random.default_rng(11).standard_normal((3, 3, 224, 224)).astype(np.float32)
-    original = engine_module.params_for
     # "+pool" curves, as this device's tuner stores them: on a GPU that runs mma.sp itself the engine fuses a pooled
     # 2:4 step only where they exist (so there this test runs conv_tc_halo_sparse.cl POOL=1 natively)
-    pooled_keys, size = [], 224
-    for c in spec.convs:
-        if c.pool_after:
-            pooled_keys.append(f"{c.cin}x{c.cout}x{size}+pool")
-            size //= 2
-    curves = {"2": {key: {HALO_NAME: [[0.5, 1.2]]} for key in pooled_keys}}
-    runs = {}
-    for label, tile in (("fused", {}), ("unfused", {"FUSE_POOL": 0})):
-        extra = {"sparse": {"params": {HALO_NAME: tile}, "curves": curves}}
-        monkeypatch.setattr(engine_module, "params_for", lambda kind, name, e=extra: {**original(kind, name), **e})
-        with VGG16.load(pruned, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
-            runs[label] = (model.logits(x), model.kernel_plan())  # two chunks: 2 + 1 images
+    curves = {"2": {key: {HALO_NAME: [[0.5, 1.2]]} for key in pooled_shape_keys(spec)}}
+    runs = run_with_tables(monkeypatch, pruned, x, {
+        label: {"sparse": {"params": {HALO_NAME: tile}, "curves": curves}}
+        for label, tile in (("fused", {}), ("unfused", {"FUSE_POOL": 0}))})
     fused, plan = runs["fused"]
     unfused, plain_plan = runs["unfused"]
     pooled = [c.name for c in spec.convs if c.pool_after]

@@ -129,24 +129,44 @@ def halo_table(spec, pooled_entry: dict | None) -> dict:
     return {"conv_by_batch_fp16": {"2": table}}
 
 
+def pooled_shape_keys(spec) -> list[str]:
+    """The "+pool" shape keys of a network's convolutions that a pooling follows, at their image sizes."""
+    from vggserve.runtime.params import shape_key
+
+    keys, size = [], 224
+    for c in spec.convs:
+        if c.pool_after:
+            keys.append(shape_key(c.cin, c.cout, size, pool=True))
+            size //= 2
+    return keys
+
+
+def run_with_tables(monkeypatch, tensors, x, extras: dict) -> dict:
+    """{label: (FP16 logits of x, kernel plan)} of the network loaded with the device's parameter table updated by
+    each of extras {label: table entries} (max batch 2: x of 3 images runs as two chunks)."""
+    from vggserve import VGG16
+    from vggserve.engine import engine as engine_module
+
+    original, runs = engine_module.params_for, {}
+    for label, extra in extras.items():
+        monkeypatch.setattr(engine_module, "params_for", lambda kind, name, e=extra: {**original(kind, name), **e})
+        with VGG16.load(tensors, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
+            runs[label] = (model.logits(x), model.kernel_plan())
+    monkeypatch.setattr(engine_module, "params_for", original)
+    return runs
+
+
 def test_whole_fp16_network_fuses_the_poolings(small_tensors, monkeypatch):
     """Fused (the shape's entry, no "+pool" one: fusion is the default) against unfused ("+pool" entries saying
     FUSE_POOL 0) and float64: the same logits bit for bit, within the FP16 bound of the reference."""
-    from vggserve import VGG16
-    from vggserve.engine import engine as engine_module
     from vggserve.model.reference import reference_logits
     from vggserve.weights.spec import infer_width, vgg16_spec
 
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
     spec = vgg16_spec(infer_width(small_tensors))
     x = np.random.default_rng(7).standard_normal((3, 3, 224, 224)).astype(np.float32)
-    original = engine_module.params_for
-    runs = {}
-    for label, pooled_entry in (("fused", None), ("unfused", {"FUSE_POOL": 0})):
-        table = halo_table(spec, pooled_entry)
-        monkeypatch.setattr(engine_module, "params_for", lambda kind, name, t=table: {**original(kind, name), **t})
-        with VGG16.load(small_tensors, device=TEST_DEVICE, max_batch_size=2, precision="fp16") as model:
-            runs[label] = (model.logits(x), model.kernel_plan())  # two chunks: 2 + 1 images
+    runs = run_with_tables(monkeypatch, small_tensors, x, {"fused": halo_table(spec, None),
+                                                          "unfused": halo_table(spec, {"FUSE_POOL": 0})})
     fused, plan = runs["fused"]
     unfused, plain_plan = runs["unfused"]
     pooled = [c.name for c in spec.convs if c.pool_after]

@@ -109,10 +109,15 @@ def probabilities_of(model, inputs: list) -> np.ndarray:
     return _rows(_submit_in_batches(model, inputs))
 
 
+def _batches(model, inputs: list) -> list[list]:
+    """inputs in runs of the model's max_batch_size (none for no inputs)."""
+    step = model.max_batch_size
+    return [inputs[i:i + step] for i in range(0, len(inputs), step)]
+
+
 def _submit_in_batches(model, inputs: list) -> list:
     """The model's Pendings for device inputs, max_batch_size at a time (none for no inputs)."""
-    step = model.max_batch_size
-    return [model.submit(inputs[i:i + step], "probabilities") for i in range(0, len(inputs), step)]
+    return [model.submit(batch, "probabilities") for batch in _batches(model, inputs)]
 
 
 def _rows(pending: list) -> np.ndarray:
@@ -259,12 +264,12 @@ class ChunkRunner:
         """_submit_in_batches, except that the batch whose staging slot a submit takes (SLOTS submits back: in a
         chunk larger than max_batch_size, one of its own) is waited for here, so that the wait counts as one for
         the device (`waits`) rather than vanishing into the submit."""
-        step, pending = self.model.max_batch_size, []
-        for start in range(0, len(pixels), step):
+        pending = []
+        for batch in _batches(self.model, pixels):
             if len(self._slots) == self.SLOTS:
                 with self.waits("device"):
                     self._slots[0].result()
-            pending.append(self.model.submit(pixels[start:start + step], "probabilities"))
+            pending.append(self.model.submit(batch, "probabilities"))
             self._slots.append(pending[-1])
         return pending
 
