@@ -1,0 +1,112 @@
+/* jpeg_color.cl -- chroma upsampling and YCbCr -> RGB of decoded JPEG sample planes, bit for bit as libjpeg-turbo
+ * (jdsample.c with fancy upsampling, its default; jdcolor.c's ycc_rgb_convert), with the EXIF orientation applied
+ * as Pillow's ImageOps.exif_transpose does, into a window of the upright image.
+ *
+ *   samples: uint8 planes written by jpeg_idct.cl; plane at meta + plane_at (int32, JC_PLANE ints, tables.py):
+ *            p[4] byte offset   p[1] * 8 the row stride   p[6], p[7] its downsampled width and height
+ *            p[8], p[9] the upsampling factors (hmax / h, vmax / v)   p[10] method (JC_* below)
+ *   win:     int32 at meta + win_at, JC_WIN ints per output window
+ *            w[0] first output pixel (the earlier windows' pixels summed; the grid's binary search key)
+ *            w[1], w[2] output byte offset (low, high 32 bits)   w[3] window width   w[4] window height
+ *            w[5] x0   w[6] y0: the window's corner in the upright image   w[7] orientation (1..8, EXIF)
+ *            w[8] stored width W   w[9] stored height H   w[10] Y plane   w[11] Cb plane   w[12] Cr plane (-1: gray)
+ *            w[13] output row stride in pixels
+ *   out:     uint8 RGB, pixel (x, y) of a window at offset + (y * stride + x) * 3
+ *
+ * Upsampling (a chroma sample c(i, j) of a plane with downsampled size cw x ch, indices clamped to it, which is
+ * how libjpeg's edge columns and its context rows at the top and bottom come out):
+ *   JC_FULL    c(x, y)
+ *   JC_H2V1    triangle filter: (3 c(x/2, y) + c(x/2 -+ 1, y) + 1 or 2) >> 2 for even or odd x
+ *   JC_H1V2    the same along y (h1v2_fancy_upsample)
+ *   JC_H2V2    colsum(i) = 3 c(i, y/2) + c(i, y/2 -+ 1); (3 colsum(x/2) + colsum(x/2 -+ 1) + 8 or 7) >> 4
+ *   JC_BOX     c(x / fh, y / fv) (int_upsample, and the 2:1 cases with cw <= 2, where libjpeg is not fancy)
+ * Colour: R = y + ((91881 (cr - 128) + 2^15) >> 16), B = y + ((116130 (cb - 128) + 2^15) >> 16),
+ *         G = y + ((-22554 (cb - 128) + 2^15 - 46802 (cr - 128)) >> 16), each clamped to 0..255.
+ * Grid: one work-item per output pixel over all windows.
+ */
+
+#define JC_PLANE 12
+#define JC_WIN 16
+#define JC_FULL 0
+#define JC_H2V1 1
+#define JC_H1V2 2
+#define JC_H2V2 3
+#define JC_BOX 4
+#ifndef JC_H1V2_ODD_BIAS
+#define JC_H1V2_ODD_BIAS 2  /* libjpeg-turbo >= 2.1 rounds the lower row's half with 2, earlier ones with 1 */
+#endif
+
+inline int jc_at(__global const uchar *s, const int stride, const int x, const int y) { return s[y * stride + x]; }
+
+inline int jc_chroma(__global const uchar *samples, __global const int *p, const int x, const int y)
+{
+    __global const uchar *s = samples + p[4];
+    const int stride = p[1] * 8, cw = p[6], ch = p[7], method = p[10];
+    if (method == JC_FULL) return jc_at(s, stride, x, y);
+    if (method == JC_H2V1) {
+        const int i = x >> 1, odd = x & 1;
+        const int n = odd ? min(i + 1, cw - 1) : max(i - 1, 0);
+        return (3 * jc_at(s, stride, i, y) + jc_at(s, stride, n, y) + 1 + odd) >> 2;
+    }
+    if (method == JC_H1V2) {
+        const int j = y >> 1, odd = y & 1;
+        const int n = odd ? min(j + 1, ch - 1) : max(j - 1, 0);
+        return (3 * jc_at(s, stride, x, j) + jc_at(s, stride, x, n) + (odd ? JC_H1V2_ODD_BIAS : 1)) >> 2;
+    }
+    if (method == JC_H2V2) {
+        const int j = y >> 1, jn = (y & 1) ? min(j + 1, ch - 1) : max(j - 1, 0);
+        const int i = x >> 1, odd = x & 1;
+        const int in = odd ? min(i + 1, cw - 1) : max(i - 1, 0);
+        const int here = 3 * jc_at(s, stride, i, j) + jc_at(s, stride, i, jn);
+        const int there = 3 * jc_at(s, stride, in, j) + jc_at(s, stride, in, jn);
+        return (3 * here + there + 8 - odd) >> 4;
+    }
+    return jc_at(s, stride, x / p[8], y / p[9]);
+}
+
+/* the stored pixel that upright pixel (ux, uy) shows, for EXIF orientation o of a W x H stored image */
+inline int2 jc_stored(const int o, const int ux, const int uy, const int W, const int H)
+{
+    switch (o) {
+    case 2: return (int2)(W - 1 - ux, uy);          /* FLIP_LEFT_RIGHT */
+    case 3: return (int2)(W - 1 - ux, H - 1 - uy);  /* ROTATE_180 */
+    case 4: return (int2)(ux, H - 1 - uy);          /* FLIP_TOP_BOTTOM */
+    case 5: return (int2)(uy, ux);                  /* TRANSPOSE */
+    case 6: return (int2)(uy, H - 1 - ux);          /* ROTATE_270 */
+    case 7: return (int2)(W - 1 - uy, H - 1 - ux);  /* TRANSVERSE */
+    case 8: return (int2)(W - 1 - uy, ux);          /* ROTATE_90 */
+    default: return (int2)(ux, uy);
+    }
+}
+
+__kernel void jpeg_color(__global const uchar *samples, __global const int *meta, const int plane_at,
+                         const int win_at, __global uchar *out, const int nwin, const int npixels)
+{
+    const int g = get_global_id(0);
+    if (g >= npixels) return;
+    __global const int *plane = meta + plane_at, *win = meta + win_at;
+    int lo = 0, hi = nwin - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (win[mid * JC_WIN] <= g) lo = mid; else hi = mid - 1;
+    }
+    __global const int *w = win + lo * JC_WIN;
+    const int local_pixel = g - w[0], ww = w[3];
+    const int ox = local_pixel % ww, oy = local_pixel / ww;
+    const int2 st = jc_stored(w[7], w[5] + ox, w[6] + oy, w[8], w[9]);
+    __global const int *py = plane + w[10] * JC_PLANE;
+    const int y = jc_at(samples + py[4], py[1] * 8, st.x, st.y);
+    int r = y, gg = y, b = y;
+    if (w[11] >= 0) {
+        const int cb = jc_chroma(samples, plane + w[11] * JC_PLANE, st.x, st.y) - 128;
+        const int cr = jc_chroma(samples, plane + w[12] * JC_PLANE, st.x, st.y) - 128;
+        r = clamp(y + ((91881 * cr + 32768) >> 16), 0, 255);
+        gg = clamp(y + ((-22554 * cb + 32768 - 46802 * cr) >> 16), 0, 255);
+        b = clamp(y + ((116130 * cb + 32768) >> 16), 0, 255);
+    }
+    const ulong offset = ((ulong)(uint)w[2] << 32) | (uint)w[1];
+    __global uchar *o = out + offset + ((long)oy * w[13] + ox) * 3;
+    o[0] = (uchar)r;
+    o[1] = (uchar)gg;
+    o[2] = (uchar)b;
+}

@@ -1,0 +1,258 @@
+"""The host's part of the device JPEG decoder: markers and tables only, never the entropy-coded data.
+
+`parse(data)` reads a JPEG's markers up to its scan and returns a `Frame`: the size, the components with their
+sampling factors and tables, the restart interval and where the scan's bytes start. It returns a `Refusal` (with the
+reason) for every file the device decoder does not take, which then goes to the CPU path, as it is: progressive,
+arithmetic-coded, lossless, 12-bit or 16-bit files, CMYK/YCCK/RGB-stored colour, files of several scans, sampling
+factors that libjpeg-turbo refuses or that need a generic upsampler, tables missing or invalid, damaged headers.
+The rule is to refuse whatever is not certain to decode as libjpeg-turbo does: the CPU path then gives Pillow's
+pixels or Pillow's error, exactly.
+
+Conventions as in libjpeg-turbo (jdinput.c, jdhuff.c): for a component with sampling factors (h, v) in an image of
+W x H with maxima (hmax, vmax), its samples cover ceil(W * h / hmax) x ceil(H * v / vmax) ("downsampled" size); an
+interleaved scan has ceil(W / (8 hmax)) x ceil(H / (8 vmax)) MCUs of h x v blocks per component, a scan of one
+component has one block per MCU over ceil(width / 8) x ceil(height / 8) blocks of that component.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+#: JPEG zigzag order: ZIGZAG[k] is the natural (row-major) index of the k-th coefficient in the stream.
+ZIGZAG = np.array([0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20,
+                   13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52,
+                   45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63], dtype=np.int32)
+
+SOF_NAMES = {0xC0: "baseline", 0xC1: "extended sequential", 0xC2: "progressive", 0xC3: "lossless",
+             0xC5: "differential sequential", 0xC6: "differential progressive", 0xC7: "differential lossless",
+             0xC9: "arithmetic sequential", 0xCA: "arithmetic progressive", 0xCB: "arithmetic lossless",
+             0xCD: "arithmetic differential sequential", 0xCE: "arithmetic differential progressive",
+             0xCF: "arithmetic differential lossless"}
+MAX_BLOCKS_IN_MCU = 10  # libjpeg's D_MAX_BLOCKS_IN_MCU
+RGB_IDS = (0x52, 0x47, 0x42)  # 'R', 'G', 'B': libjpeg takes such a file's colours as RGB, not YCbCr
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the device decoder does not take a file (the CPU path decodes or refuses it)."""
+
+    reason: str
+
+    def __bool__(self) -> bool:  # a refusal is falsy, a Frame truthy: `if not (frame := parse(data))`
+        return False
+
+
+@dataclass(frozen=True)
+class Component:
+    id: int
+    h: int  # sampling factors
+    v: int
+    quant: bytes  # 64 uint16 little-endian, natural order
+    dc: tuple  # (counts[16], symbols) of its DC Huffman table
+    ac: tuple
+    width: int  # downsampled size in samples
+    height: int
+    blocks_w: int  # the block grid the scan codes (padded to whole MCUs)
+    blocks_h: int
+
+
+@dataclass(frozen=True)
+class Frame:
+    width: int
+    height: int
+    components: tuple  # of Component: Y (Cb, Cr)
+    hmax: int
+    vmax: int
+    mcus_x: int
+    mcus_y: int
+    restart_interval: int  # MCUs per restart interval, 0 for none
+    scan_start: int  # offset of the first entropy-coded byte in the file
+    pillow_header: bool  # APP1 or APP2 present (EXIF, XMP, MPF): orientation and format are read through Pillow
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def mcus(self) -> int:
+        return self.mcus_x * self.mcus_y
+
+    @property
+    def interleaved(self) -> bool:
+        return len(self.components) > 1
+
+    @property
+    def gray(self) -> bool:
+        return len(self.components) == 1
+
+
+def parse(data: bytes) -> Frame | Refusal:
+    """The Frame of the JPEG `data`, or the Refusal that sends it to the CPU path. Never raises for any bytes."""
+    try:
+        return _parse(memoryview(data))
+    except (IndexError, struct.error, ValueError) as exc:
+        return Refusal(f"damaged header ({exc})")
+
+
+def _parse(d: memoryview) -> Frame | Refusal:
+    if len(d) < 4 or d[0] != 0xFF or d[1] != 0xD8:
+        return Refusal("not a JPEG")
+    pos = 2
+    quant: dict[int, bytes] = {}
+    huff: dict[tuple[int, int], tuple] = {}
+    sof = None
+    restart = 0
+    jfif = pillow_header = False
+    adobe = None
+    while True:
+        if pos + 4 > len(d):
+            return Refusal("no scan")
+        if d[pos] != 0xFF:
+            return Refusal("bytes between markers")  # libjpeg skips them with a warning
+        marker = d[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xD9:
+            return Refusal(f"marker 0x{marker:02X} before the scan")
+        length = (d[pos + 2] << 8) | d[pos + 3]
+        if length < 2 or pos + 2 + length > len(d):
+            return Refusal("segment past the end of the file")
+        body = d[pos + 4:pos + 2 + length]
+        pos += 2 + length
+        if marker == 0xDB:
+            tables = _dqt(bytes(body))
+            if isinstance(tables, str):
+                return Refusal(tables)
+            quant.update(tables)
+        elif marker == 0xC4:
+            tables = _dht(bytes(body))
+            if isinstance(tables, str):
+                return Refusal(tables)
+            huff.update(tables)
+        elif marker in (0xC0, 0xC1):
+            if sof is not None:
+                return Refusal("two frame headers")
+            sof = bytes(body)
+        elif marker in SOF_NAMES:
+            return Refusal(f"{SOF_NAMES[marker]} JPEG")
+        elif marker == 0xDD:
+            if len(body) != 2:
+                return Refusal("bad restart interval")
+            restart = (body[0] << 8) | body[1]
+        elif marker == 0xE0:
+            jfif = jfif or (len(body) >= 14 and bytes(body[:5]) == b"JFIF\0")  # jdmarker.c's APP0_DATA_LEN
+        elif marker in (0xE1, 0xE2):
+            pillow_header = True
+        elif marker == 0xEE:
+            if bytes(body[:5]) == b"Adobe" and len(body) >= 12:
+                adobe = body[11]
+        elif marker == 0xDC:
+            return Refusal("DNL marker")
+        elif marker == 0xDA:
+            if sof is None:
+                return Refusal("scan before the frame header")
+            return _frame(sof, bytes(body), quant, huff, restart, jfif, adobe, pos, pillow_header)
+
+
+@lru_cache(maxsize=256)
+def _dqt(body: bytes) -> dict | str:
+    """{table number: 64 uint16 LE in natural order} of a DQT segment's body, or why it is refused (cached: most
+    files of one encoder carry the same tables)."""
+    quant, i = {}, 0
+    while i < len(body):
+        pq, tq = body[i] >> 4, body[i] & 15
+        if pq > 1 or tq > 3:
+            return "bad quantisation table"
+        n = 64 * (pq + 1)
+        raw = np.frombuffer(bytes(body[i + 1:i + 1 + n]), dtype=">u2" if pq else np.uint8)
+        if raw.size != 64:
+            return "short quantisation table"
+        natural = np.zeros(64, np.uint16)
+        natural[ZIGZAG] = raw
+        quant[tq] = natural.astype("<u2").tobytes()
+        i += 1 + n
+    return quant
+
+
+@lru_cache(maxsize=256)
+def _dht(body: bytes) -> dict | str:
+    """{(class, number): (counts, symbols)} of a DHT segment's body, or why it is refused (cached)."""
+    huff, i = {}, 0
+    while i < len(body):
+        tc, th = body[i] >> 4, body[i] & 15
+        if tc > 1 or th > 3:
+            return "bad Huffman table"
+        counts = tuple(body[i + 1:i + 17])
+        total = sum(counts)
+        if len(counts) != 16 or total > 256 or i + 17 + total > len(body):
+            return "bad Huffman table"
+        symbols = bytes(body[i + 17:i + 17 + total])
+        if (why := check_huffman(counts, symbols, tc == 0)) is not None:
+            return why
+        huff[(tc, th)] = (counts, symbols)
+        i += 17 + total
+    return huff
+
+
+def check_huffman(counts, symbols: bytes, dc: bool) -> str | None:
+    """libjpeg's jpeg_make_d_derived_tbl checks: codes that fit their lengths, DC symbols of at most 15 bits. An
+    all-ones code of some length is legal there too; the device decoder reads a code like libjpeg."""
+    code = 0
+    for length in range(1, 17):
+        code += counts[length - 1]
+        if code > (1 << length):
+            return "Huffman table with too many codes"
+        code <<= 1
+    if dc and any(s > 15 for s in symbols):
+        return "DC Huffman symbol beyond 15"
+    return None
+
+
+def _frame(sof: bytes, sos: bytes, quant, huff, restart, jfif, adobe, scan_start, pillow_header) -> Frame | Refusal:
+    precision, height, width, nf = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
+    if precision != 8:
+        return Refusal(f"{precision}-bit samples")
+    if height == 0 or width == 0:
+        return Refusal("zero size in the frame header")
+    if nf not in (1, 3) or len(sof) < 6 + 3 * nf:
+        return Refusal(f"{nf} components")
+    comps = [(sof[6 + 3 * i], sof[7 + 3 * i] >> 4, sof[7 + 3 * i] & 15, sof[8 + 3 * i]) for i in range(nf)]
+    if nf == 3 and not jfif:  # libjpeg's colour space guess (jdapimin.c): JFIF, else Adobe's transform, else ids
+        if adobe is not None and adobe != 1:
+            return Refusal("colours stored as RGB" if adobe == 0 else "unknown Adobe transform")
+        if adobe is None and tuple(c[0] for c in comps) == RGB_IDS:
+            return Refusal("colours stored as RGB")
+    if any(not (1 <= h <= 4 and 1 <= v <= 4) for _, h, v, _ in comps):
+        return Refusal("bad sampling factors")
+    hmax, vmax = max(c[1] for c in comps), max(c[2] for c in comps)
+    ns = sos[0]
+    if ns != nf or len(sos) != 4 + 2 * ns:
+        return Refusal("not one scan of every component")
+    ss, se, ahal = sos[1 + 2 * ns], sos[2 + 2 * ns], sos[3 + 2 * ns]
+    if ss != 0 or se != 63 or ahal != 0:
+        return Refusal("bad scan parameters")
+    scan = [(sos[1 + 2 * i], sos[2 + 2 * i] >> 4, sos[2 + 2 * i] & 15) for i in range(ns)]
+    if [s[0] for s in scan] != [c[0] for c in comps]:
+        return Refusal("scan components differ from the frame's")
+    if nf == 3:
+        y = comps[0]
+        if (y[1], y[2]) != (hmax, vmax) or any(hmax % c[1] or vmax % c[2] for c in comps):
+            return Refusal("sampling factors this decoder does not upsample")
+        if sum(c[1] * c[2] for c in comps) > MAX_BLOCKS_IN_MCU:
+            return Refusal("too many blocks in an MCU")
+        mcus_x, mcus_y = -(-width // (8 * hmax)), -(-height // (8 * vmax))
+    else:
+        hmax = vmax = 1
+        mcus_x, mcus_y = -(-width // 8), -(-height // 8)
+    components = []
+    for (cid, h, v, tq), (_, td, ta) in zip(comps, scan):
+        if nf == 1:
+            h = v = 1  # one component: its samples are the image whatever its factors say
+        if tq not in quant or (0, td) not in huff or (1, ta) not in huff:
+            return Refusal("a table the scan uses is missing")
+        cw, ch = -(-width * h // hmax), -(-height * v // vmax)
+        components.append(Component(cid, h, v, quant[tq], huff[(0, td)], huff[(1, ta)], cw, ch,
+                                    mcus_x * h, mcus_y * v))
+    return Frame(width, height, tuple(components), hmax, vmax, mcus_x, mcus_y, restart, scan_start, pillow_header)
