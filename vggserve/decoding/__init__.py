@@ -8,6 +8,7 @@ Modules:
     worker   one decode process
     threads  ThreadDecoder: the same interface on threads of this process
     stages   CPU time per image by stage (read, decode, copy, link, stage, result)
+    device   JPEGs decoded on the OpenCL device, bit for bit as here (decode_on_device)
 
     decoder = make_decoder(DecodeJob(mode="torchvision", on_device=True), procs=7)
     decoding = decoder.start(["a.jpg", "b.jpg"])
@@ -18,8 +19,16 @@ Modules:
 from .decode import DECODE_MODES, check_decode, decode_input, decode_pixels, model_input
 from .worker import DecodeJob
 
-__all__ = ["DECODE_MODES", "DecodeJob", "check_decode", "decode_input", "decode_pixels", "make_decoder",
-           "model_input"]
+__all__ = ["DECODE_MODES", "DecodeJob", "check_decode", "decode_input", "decode_on_device", "decode_pixels",
+           "make_decoder", "model_input"]
+
+
+def decode_on_device(datas, device: str = "auto", **limits):
+    """JPEGs decoded on the OpenCL device, bit for bit as `decode_pixels` (vggserve.decoding.device); other inputs
+    through `decode_pixels` on the CPU. Per input a uint8 (h, w, 3) array or the ImageError, with `.paths`."""
+    from .device import decode_on_device as run
+
+    return run(datas, device, **limits)
 
 
 def make_decoder(job: DecodeJob, procs: int = 0, threads: int = 2, timeout_s: float | None = None,

@@ -1,0 +1,282 @@
+"""The device JPEG decoder (vggserve.decoding.device) against Pillow, bit for bit: a generated corpus at every
+subsampling, quality, table kind and awkward size; the CPU fallback for what it does not take; hostile streams
+giving the CPU path's pixels or error; the IDCT kernel against a numpy ISLOW; the Huffman lookup tables.
+
+Runs on the OpenCL device `VGGSERVE_TEST_DEVICE` picks (PoCL in CI)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyopencl as cl
+import pytest
+from PIL import Image
+
+import jpeg_corpus as corpus
+from vggserve.decoding import decode_on_device, decode_pixels
+from vggserve.decoding.device import CPU, DEVICE, parse, prepare
+from vggserve.decoding.device.tables import huffman_table
+from vggserve.errors import ImageError
+
+
+@pytest.fixture(scope="module")
+def device(test_device):
+    return test_device
+
+
+def cpu_answer(data: bytes):
+    try:
+        return np.asarray(decode_pixels(data))
+    except ImageError as exc:
+        return exc
+
+
+def assert_same(result, data: bytes, name: str = ""):
+    want = cpu_answer(data)
+    if isinstance(want, Exception):
+        assert isinstance(result, ImageError), f"{name}: the CPU path raises {want!r}, the device gave pixels"
+        assert (type(result), str(result)) == (type(want), str(want)), name
+    else:
+        assert isinstance(result, np.ndarray), f"{name}: {result!r}"
+        assert result.dtype == np.uint8 and result.shape == want.shape, name
+        assert np.array_equal(result, want), f"{name}: {int((result != want).sum())} values differ"
+
+
+def test_every_pillow_jpeg_of_the_corpus_decodes_on_the_device_as_pillow(device):
+    files = corpus.pillow_corpus()
+    result = decode_on_device([d for _, d in files], device)
+    for (name, data), got, path in zip(files, result, result.paths):
+        assert path == DEVICE, f"{name}: {result.reasons[files.index((name, data))]}"
+        assert_same(got, data, name)
+
+
+@pytest.mark.skipif(not corpus.has_cjpeg(), reason="needs cjpeg (apt install libjpeg-turbo-progs: install.sh does)")
+def test_cjpeg_subsamplings_and_restart_intervals_decode_on_the_device_as_pillow(device):
+    files = corpus.cjpeg_corpus(device=True)
+    assert len(files) >= 40
+    result = decode_on_device([d for _, d in files], device)
+    for i, (name, data) in enumerate(files):
+        assert result.paths[i] == DEVICE, f"{name}: {result.reasons[i]}"
+        assert_same(result[i], data, name)
+
+
+@pytest.mark.skipif(not corpus.has_cjpeg(), reason="needs cjpeg (apt install libjpeg-turbo-progs: install.sh does)")
+def test_arithmetic_and_progressive_files_fall_back_to_the_cpu_with_its_pixels(device):
+    files = corpus.cjpeg_corpus(device=False)
+    result = decode_on_device([d for _, d in files], device)
+    for i, (name, data) in enumerate(files):
+        assert result.paths[i] == CPU and result.reasons[i], name
+        assert_same(result[i], data, name)
+
+
+def test_other_formats_and_undecodable_inputs_take_the_cpu_path_with_its_errors(device):
+    pixels = corpus.picture(30, 20)
+    png, cmyk = io.BytesIO(), io.BytesIO()
+    Image.fromarray(pixels).save(png, "PNG")
+    Image.fromarray(pixels).convert("CMYK").save(cmyk, "JPEG")
+    inputs = [png.getvalue(), cmyk.getvalue(), b"", b"\xff\xd8\xff", b"GIF89a nonsense",
+              corpus.pillow_jpeg(pixels, progressive=True)]
+    result = decode_on_device(inputs, device)
+    assert result.paths == [CPU] * len(inputs)
+    for data, got in zip(inputs, result):
+        assert_same(got, data)
+
+
+def test_one_batch_mixes_sizes_kinds_and_fallbacks_in_input_order(device):
+    files = [corpus.pillow_jpeg(corpus.picture(w, h, w), subsampling=s) for w, h, s in
+             [(5, 300, 2), (301, 7, 1), (64, 64, 0)]]
+    inputs = [files[0], b"junk", files[1], corpus.pillow_jpeg(corpus.picture(9, 9), progressive=True), files[2]]
+    result = decode_on_device(inputs, device)
+    assert result.paths == [DEVICE, CPU, DEVICE, CPU, DEVICE]
+    for data, got in zip(inputs, result):
+        assert_same(got, data)
+
+
+def with_exif_orientation(data: bytes, orientation: int) -> bytes:
+    image = Image.open(io.BytesIO(data))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality="keep", subsampling="keep", exif=exif.tobytes())
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_the_exif_orientation_turns_the_image_as_the_cpu_path_does(device, orientation):
+    data = with_exif_orientation(corpus.pillow_jpeg(corpus.picture(13, 7, 2), subsampling=2), orientation)
+    result = decode_on_device([data], device)
+    assert result.paths == [DEVICE], result.reasons
+    assert_same(result[0], data, f"orientation {orientation}")
+
+
+def test_the_pixel_limit_and_the_format_allowlist_apply_as_on_the_cpu(device):
+    data = corpus.pillow_jpeg(corpus.picture(40, 30))
+    for limits in (dict(max_pixels=1000), dict(formats=("PNG",))):
+        result = decode_on_device([data], device, **limits)
+        assert result.paths == [CPU]
+        with pytest.raises(ImageError) as info:
+            decode_pixels(data, **limits)
+        assert isinstance(result[0], ImageError) and str(result[0]) == str(info.value)
+
+
+# ---- hostile streams: the CPU path's pixels or error, never a crash or a hang ---------------------------------
+
+def _segment(data: bytes, marker: int) -> int:
+    """Offset of the first segment with this marker."""
+    at = data.find(bytes([0xFF, marker]))
+    assert at > 0
+    return at
+
+
+def hostile_inputs() -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(3)
+    good = corpus.pillow_jpeg(corpus.picture(48, 40, 1), quality=90, subsampling=2)
+    restart = corpus.pillow_jpeg(corpus.picture(48, 40, 1), subsampling=2, restart_marker_blocks=2)
+    start = parse(good).scan_start
+    out = []
+    for cut in (start - 3, start + 1, start + 50, len(good) // 2, len(good) - 40, len(good) - 3, len(good) - 2):
+        out.append((f"truncated at {cut}", good[:cut]))
+    for k in range(24):
+        flipped = bytearray(good)
+        at = int(rng.integers(start, len(good) - 2))
+        flipped[at] ^= 1 << int(rng.integers(0, 8))
+        out.append((f"bit flipped at {at}", bytes(flipped)))
+    for k in range(8):
+        flipped = bytearray(restart)
+        at = int(rng.integers(parse(restart).scan_start, len(restart) - 2))
+        flipped[at] ^= 1 << int(rng.integers(0, 8))
+        out.append((f"restart file, bit flipped at {at}", bytes(flipped)))
+    dht = _segment(good, 0xC4)
+    wrong = bytearray(good)
+    wrong[dht + 5 + 3], wrong[dht + 5 + 4] = wrong[dht + 5 + 4], wrong[dht + 5 + 3]  # two code-length counts swapped
+    out.append(("Huffman counts swapped", bytes(wrong)))
+    incomplete = bytearray(good)
+    incomplete[dht + 5 + 2] = 0  # a DC table with fewer codes than its symbols need: codes go missing
+    out.append(("Huffman table incomplete", bytes(incomplete)))
+    oversubscribed = bytearray(good)
+    oversubscribed[dht + 5] = 3  # three codes of one bit
+    out.append(("Huffman table oversubscribed", bytes(oversubscribed)))
+    sof = _segment(good, 0xC0)
+    for name, height in (("taller", 80), ("shorter", 20), ("one row", 1)):
+        changed = bytearray(good)
+        changed[sof + 5:sof + 7] = height.to_bytes(2, "big")
+        out.append((f"header {name} than the data", bytes(changed)))
+    wider = bytearray(good)
+    wider[sof + 7:sof + 9] = (4000).to_bytes(2, "big")
+    out.append(("header wider than the data", bytes(wider)))
+    endless = good[:start] + b"\xff\x00" * 200 + b"\xff\xd9"
+    out.append(("a stream that never completes a block", endless))
+    zeros = good[:start] + b"\x00" * 5000 + b"\xff\xd9"
+    out.append(("zeros for data", zeros))
+    out.append(("no EOI", good[:-2]))
+    out.append(("junk after the scan", good[:-2] + b"\x12\x34" + good[-2:]))
+    out.append(("restart markers removed", restart.replace(b"\xff\xd0", b"").replace(b"\xff\xd1", b"")))
+    rst = bytearray(restart)
+    at = bytes(rst).find(b"\xff\xd1")
+    rst[at + 1] = 0xD5
+    out.append(("restart marker out of order", bytes(rst)))
+    return out
+
+
+def test_hostile_streams_give_the_cpu_paths_pixels_or_error(device):
+    inputs = hostile_inputs()
+    result = decode_on_device([d for _, d in inputs], device)
+    for i, (name, data) in enumerate(inputs):
+        assert_same(result[i], data, name)
+    # most of them the device decoder itself must refuse or flag
+    assert result.paths.count(CPU) >= len(inputs) // 2
+
+
+# ---- the stages against numpy --------------------------------------------------------------------------------
+
+def islow_numpy(coef: np.ndarray, quant: np.ndarray) -> np.ndarray:
+    """jidctint.c's ISLOW for (n, 64) int16 natural-order coefficients -> (n, 8, 8) uint8, in int64 numpy."""
+    c = {k: v for k, v in dict(f0298=2446, f0390=3196, f0541=4433, f0765=6270, f0899=7373, f1175=9633, f1501=12299,
+                                 f1847=15137, f1961=16069, f2053=16819, f2562=20995, f3072=25172).items()}
+
+    def one_d(i):  # i: list of 8 arrays
+        z1 = (i[2] + i[6]) * c["f0541"]
+        t2, t3 = z1 - i[6] * c["f1847"], z1 + i[2] * c["f0765"]
+        t0, t1 = (i[0] + i[4]) << 13, (i[0] - i[4]) << 13
+        t10, t13, t11, t12 = t0 + t3, t0 - t3, t1 + t2, t1 - t2
+        a0, a1, a2, a3 = i[7], i[5], i[3], i[1]
+        z1, z2, z3, z4 = a0 + a3, a1 + a2, a0 + a2, a1 + a3
+        z5 = (z3 + z4) * c["f1175"]
+        a0, a1, a2, a3 = a0 * c["f0298"], a1 * c["f2053"], a2 * c["f3072"], a3 * c["f1501"]
+        z1, z2 = z1 * -c["f0899"], z2 * -c["f2562"]
+        z3, z4 = z3 * -c["f1961"] + z5, z4 * -c["f0390"] + z5
+        a0, a1, a2, a3 = a0 + z1 + z3, a1 + z2 + z4, a2 + z2 + z3, a3 + z1 + z4
+        return [t10 + a3, t11 + a2, t12 + a1, t13 + a0, t13 - a0, t12 - a1, t11 - a2, t10 - a3]
+
+    d = coef.astype(np.int64).reshape(-1, 8, 8) * quant.astype(np.int64).reshape(8, 8)
+    cols = one_d([d[:, k, :] for k in range(8)])  # each (n, 8 columns)
+    ws = np.stack([((x + (1 << 10)) >> 11).astype(np.int32).astype(np.int64) for x in cols], axis=1)
+    rows = one_d([ws[:, :, k] for k in range(8)])  # each (n, 8 rows)
+    out = np.stack([(x + (1 << 17)) >> 18 for x in rows], axis=2)
+    wrapped = ((out & 1023) ^ 512) - 512
+    return np.clip(wrapped + 128, 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("nblocks, bw", [(1, 1), (3, 3), (35, 7), (130, 13)])
+def test_the_idct_kernel_is_islow_exactly_on_awkward_block_counts(test_device, nblocks, bw):
+    from vggserve.decoding.device.decoder import JpegDecoder
+    from vggserve.runtime import devices as devs
+
+    dev = devs.cl_device(devs.resolve(test_device))
+    ctx = cl.Context([dev])
+    queue = cl.CommandQueue(ctx)
+    decoder = JpegDecoder(ctx, dev)
+    rng = np.random.default_rng(nblocks)
+    coef = rng.integers(-60, 60, (nblocks, 64)).astype(np.int16)
+    coef[:, 20:] *= rng.random((nblocks, 44)) < 0.2  # sparse high frequencies, some all-zero rows/columns
+    coef[::3, 1:] = 0  # DC-only blocks (libjpeg's shortcuts)
+    quant = rng.integers(1, 60, 64).astype(np.int32)
+    quant[0] = 8
+    bh = -(-nblocks // bw)
+    plane = np.array([[0, bw, bh, 0, 0, 0, 0, 0, 1, 1, 0, 0]], np.int32)
+    meta = np.concatenate([plane.ravel(), quant])
+    mf = cl.mem_flags
+    total = bw * bh
+    coefs = np.zeros((total, 64), np.int16)
+    coefs[:nblocks] = coef
+    cbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=coefs)
+    mbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=meta)
+    out = cl.Buffer(ctx, mf.READ_WRITE, total * 64)
+    status = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.zeros(1, np.int32))
+    decoder.k_idct(queue, (64 * -(-total // 64),), (64,), cbuf, mbuf, np.int32(0), np.int32(plane.size), out,
+                   status, np.int32(0), np.int32(1), np.int32(total))
+    host = np.empty((bh * 8, bw * 8), np.uint8)
+    cl.enqueue_copy(queue, host, out)
+    want = islow_numpy(coefs, quant)
+    got = host.reshape(bh, 8, bw, 8).transpose(0, 2, 1, 3).reshape(-1, 8, 8)
+    assert np.array_equal(got, want)
+
+
+def test_huffman_lookup_entries_are_the_canonical_codes():
+    counts = (0, 2, 1, 3, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1)  # codes of 2, 3, 4, 10 and 16 bits
+    symbols = bytes(range(9))
+    t = huffman_table(counts, symbols)
+    code, index = 0, 0
+    for length in range(1, 17):
+        for _ in range(counts[length - 1]):
+            if length <= 9:
+                prefix = code << (9 - length)
+                assert t[prefix] == (length << 8) | symbols[index]
+            else:
+                assert t[code >> (length - 9)] == 0 and t[512 + length] >= code
+                assert t[547 + t[530 + length] + code] == symbols[index]
+            code += 1
+            index += 1
+        code <<= 1
+    assert t[512 + 17] == 0x7FFFFFFF
+
+
+def test_the_parser_refuses_what_the_device_does_not_decode_with_a_reason():
+    good = corpus.pillow_jpeg(corpus.picture(10, 10))
+    assert parse(good)
+    assert parse(b"\x89PNG").reason == "not a JPEG"
+    assert "progressive" in parse(corpus.pillow_jpeg(corpus.picture(10, 10), progressive=True)).reason
+    for cut in range(0, parse(good).scan_start, 7):
+        assert not parse(good[:cut])  # a damaged header never raises
+    assert prepare(good, max_pixels=99).reason == "more pixels than the limit"
