@@ -16,6 +16,7 @@
  *           [530, 547)  valoffset[l]: symbol index = valoffset[l] + code, for a code of length l
  *           [547, 803)  the symbols
  *   coef:   int16, 64 per block in natural (row-major) order: block (r, c) of a plane at (first + r * W + c) * 64
+ *   settled: int32 per segment: nonzero where jpeg_entropy.cl has decoded it (this kernel then skips it)
  *   status: int32 per segment: 0 clean, else why the segment is not libjpeg's clean decode (JH_* below); the host
  *           then sends the file to the CPU path, which gives Pillow's pixels or error whatever the reason
  *
@@ -122,10 +123,10 @@ inline int jh_symbol(jh_reader *r, __global const int *t)
 
 __kernel void jpeg_huffman(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
                            const int comp_at, const int tab_at, __global short *coef, __global int *status,
-                           const int nseg)
+                           const int nseg, __global const int *settled)
 {
     const int g = get_global_id(0);
-    if (g >= nseg) return;
+    if (g >= nseg || settled[g]) return;  /* a segment jpeg_entropy.cl decoded in parallel */
     __global const int *seg = meta + seg_at, *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
     __global const int *s = seg + g * JH_SEG;
     __global const int *im = img + s[0] * JH_IMG;

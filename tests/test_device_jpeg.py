@@ -280,3 +280,78 @@ def test_the_parser_refuses_what_the_device_does_not_decode_with_a_reason():
     for cut in range(0, parse(good).scan_start, 7):
         assert not parse(good[:cut])  # a damaged header never raises
     assert prepare(good, max_pixels=99).reason == "more pixels than the limit"
+
+
+# ---- the parallel entropy decoding: every configuration gives libjpeg's coefficients ------------------------
+
+def decode_with(decoder, queue, datas):
+    from vggserve.decoding.device import Window
+
+    files = [prepare(d) for d in datas]
+    assert all(files)
+    windows, offset = [], 0
+    for f in files:
+        windows.append(Window.whole(f, offset))
+        offset += f.size[0] * f.size[1] * 3
+    out = cl.Buffer(decoder.context, cl.mem_flags.READ_WRITE, offset)
+    run = decoder.enqueue(queue, files, windows, out)
+    host = np.empty(offset, np.uint8)
+    cl.enqueue_copy(queue, host, out)
+    images = [host[w.offset:w.offset + f.size[0] * f.size[1] * 3].reshape(f.size[1], f.size[0], 3)
+              for f, w in zip(files, windows)]
+    return images, run
+
+
+@pytest.fixture(scope="module")
+def cl_setup(test_device):
+    from vggserve.runtime import devices as devs
+
+    dev = devs.cl_device(devs.resolve(test_device))
+    ctx = cl.Context([dev])
+    return ctx, dev, cl.CommandQueue(ctx)
+
+
+@pytest.mark.parametrize("chunk_bytes, rounds", [(8, 2), (16, 3), (37, 4), (64, 2), (256, 3), (100000, 2), (64, 0)])
+def test_parallel_entropy_decoding_in_any_chunking_gives_pillows_pixels(cl_setup, chunk_bytes, rounds):
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds)
+    datas = [d for _, d in corpus.pillow_corpus()[::3]]
+    datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=95, subsampling=s) for w, h, s in
+              [(160, 120, 2), (99, 201, 1), (250, 17, 0)]]
+    images, run = decode_with(decoder, queue, datas)
+    assert all(run.ok()), run.reasons()
+    for data, got in zip(datas, images):
+        assert_same(got, data)
+    if rounds == 0:
+        assert run.segments_in_parallel() == 0
+    elif chunk_bytes <= 64:
+        assert run.segments_in_parallel() > 0  # most settle; the rest went to the serial kernel, exactly
+
+
+def test_a_decoder_refuses_one_round_which_could_not_tell_settled_segments(cl_setup):
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, _ = cl_setup
+    with pytest.raises(ValueError, match="rounds must be 0 or at least 2"):
+        JpegDecoder(ctx, dev, rounds=1)
+
+
+@pytest.mark.parametrize("chunk_bytes", [8, 64])
+def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    serial = JpegDecoder(ctx, dev, rounds=0)
+    parallel = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=3)
+    files = [(n, d) for n, d in hostile_inputs() if prepare(d)]
+    assert len(files) > 20
+    datas = [d for _, d in files]
+    a, run_a = decode_with(serial, queue, datas)
+    b, run_b = decode_with(parallel, queue, datas)
+    for (name, data), ok_a, ok_b, x, y in zip(files, run_a.ok(), run_b.ok(), a, b):
+        if ok_b:  # whatever the parallel decoder accepts is exact
+            assert_same(y, data, name)
+        if ok_a:
+            assert_same(x, data, name)

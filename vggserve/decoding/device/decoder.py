@@ -25,7 +25,9 @@ from ...ops.launch import round_up
 from .parse import Frame, Refusal, parse
 from .tables import WIN, Batch, find_restarts
 
-PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl")
+PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
+CHUNK_BYTES = 256  # bytes of scan per work-item in the parallel entropy decoding
+ROUNDS = 3  # its synchronisation rounds; a segment not settled by then is decoded serially
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
@@ -114,6 +116,11 @@ class Run:
     read: object  # the statuses' read event
     done: object  # the colour kernel's event (its output is complete)
     host: tuple  # host arrays the uploads read, kept alive until the run is done
+    parallel: np.ndarray  # per segment, 1 where jpeg_entropy.cl decoded it, 0 where jpeg_huffman.cl did
+
+    def segments_in_parallel(self) -> int:
+        self.read.wait()
+        return int(self.parallel.sum())
 
     def ok(self) -> list[bool]:
         self.read.wait()
@@ -137,21 +144,34 @@ class Run:
 class JpegDecoder:
     """The three decoding kernels of one OpenCL context and device, with their scratch buffers."""
 
-    def __init__(self, context, device, cache=None, wg: int = 64):
+    def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
+                 rounds: int = ROUNDS):
+        """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
+        decodes every segment with one work-item (jpeg_huffman.cl alone)."""
         from ...runtime.programs import ProgramCache
 
+        if rounds == 1 or rounds < 0 or chunk_bytes < 8:
+            raise ValueError(f"rounds must be 0 or at least 2 (a settled segment is one whose last round changed "
+                             f"nothing), chunk_bytes at least 8; got {rounds}, {chunk_bytes}")
         cache = cache or ProgramCache(context, device)
-        self.context, self.wg = context, wg
+        self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
         programs = [cache.build(name, {}) for name in PROGRAMS]
         self.k_huffman = cl.Kernel(programs[0], "jpeg_huffman")
         self.k_idct = cl.Kernel(programs[1], "jpeg_idct")
         self.k_color = cl.Kernel(programs[2], "jpeg_color")
+        self.k_sync = cl.Kernel(programs[3], "jpeg_sync")
+        self.k_prefix = cl.Kernel(programs[3], "jpeg_prefix")
+        self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
         mf = cl.mem_flags
         self._data = _Grown(context, mf.READ_ONLY)
         self._meta = _Grown(context, mf.READ_ONLY)
         self._coef = _Grown(context, mf.READ_WRITE)
         self._samples = _Grown(context, mf.READ_WRITE)
         self._status = _Grown(context, mf.READ_WRITE)
+        self._chunks = _Grown(context, mf.READ_ONLY)
+        self._states = [_Grown(context, mf.READ_WRITE), _Grown(context, mf.READ_WRITE)]
+        self._entry = _Grown(context, mf.READ_WRITE)
+        self._settled = _Grown(context, mf.READ_WRITE)
 
     def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None) -> Run:
         """Decode `files` into `out` (a device buffer) at their `windows`: upload, entropy decoding, IDCT, upsampling
@@ -159,6 +179,8 @@ class JpegDecoder:
         if not files:
             raise ValueError("a device decode needs at least one file")
         batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files])
+        if self.rounds:
+            batch.chunked(self.chunk_bytes)
         win, pixels = _windows(files, windows, batch)
         parts = [batch.seg, batch.img, batch.comp, batch.tab, batch.plane, batch.quant, win]
         at = np.cumsum([0] + [p.size for p in parts])[:-1].tolist()
@@ -174,16 +196,44 @@ class JpegDecoder:
               cl.enqueue_copy(queue, meta_buf, meta, is_blocking=False, wait_for=wait_for),
               cl.enqueue_fill_buffer(queue, status_buf, np.int32(0), 0, status.nbytes)]
         wg = self.wg
+        settled = self._settled.get(4 * nseg)
+        ev.append(cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg))
+        if self.rounds:
+            ev = self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, ev)
         e1 = self.k_huffman(queue, (round_up(nseg, wg),), (wg,), data_buf, meta_buf, np.int32(at[0]),
                             np.int32(at[1]), np.int32(at[2]), np.int32(at[3]), coef_buf, status_buf,
-                            np.int32(nseg), wait_for=ev)
+                            np.int32(nseg), settled, wait_for=ev)
         e2 = self.k_idct(queue, (round_up(batch.blocks, wg),), (wg,), coef_buf, meta_buf, np.int32(at[4]),
                          np.int32(at[5]), samples_buf, status_buf, np.int32(nseg), np.int32(nplanes), np.int32(batch.blocks), wait_for=[e1])
         e3 = self.k_color(queue, (round_up(pixels, wg),), (wg,), samples_buf, meta_buf, np.int32(at[4]),
                           np.int32(at[6]), out, np.int32(len(files)), np.int32(pixels), wait_for=[e2])
+        parallel = np.empty(nseg, np.int32)
         read = cl.enqueue_copy(queue, status, status_buf, is_blocking=False, wait_for=[e3])
+        read = cl.enqueue_copy(queue, parallel, settled, is_blocking=False, wait_for=[read])
         queue.flush()
-        return Run(batch, status, read, e3, (batch.data, meta))
+        return Run(batch, status, read, e3, (batch.data, meta, batch.chunk), parallel)
+
+    def _parallel(self, queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, wait_for):
+        """jpeg_entropy.cl: zeroed coefficients, the synchronisation rounds, the prefix sums, the decode."""
+        wg, nseg = self.wg, batch.seg.shape[0]
+        chunk = batch.chunk
+        n = chunk.shape[0]
+        chunk_buf = self._chunks.get(chunk.nbytes)
+        states = [g.get(n * 8 * 4) for g in self._states]
+        entry = self._entry.get(n * 4 * 4)
+        ev = [cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False, wait_for=wait_for),
+              cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128), *wait_for]
+        tables = (np.int32(at[0]), np.int32(at[1]), np.int32(at[2]), np.int32(at[3]))
+        grid = (round_up(n, wg),)
+        for r in range(self.rounds):
+            ev = [self.k_sync(queue, grid, (wg,), data_buf, meta_buf, *tables, chunk_buf, np.int32(n),
+                              states[(r + 1) % 2], states[r % 2], settled, np.int32(r), np.int32(self.rounds - 1),
+                              wait_for=ev)]
+        last = states[(self.rounds - 1) % 2]
+        ev = [self.k_prefix(queue, (round_up(nseg, wg),), (wg,), meta_buf, np.int32(at[0]), np.int32(nseg), last,
+                            entry, wait_for=ev)]
+        return [self.k_decode(queue, grid, (wg,), data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last, entry,
+                              settled, coef_buf, status_buf, wait_for=ev)]
 
 
 def _windows(files: list[Prepared], windows: list[Window], batch: Batch) -> tuple[np.ndarray, int]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from .parse import Frame
 
-SEG, IMG, COMP, TAB, PLANE, WIN = 8, 4, 8, 816, 12, 16  # ints per record, as the kernels define them
+SEG, IMG, COMP, TAB, PLANE, WIN, CHUNK = 8, 4, 8, 816, 12, 16, 4  # ints per record, as the kernels define them
 LOOK = 9  # lookahead bits of jpeg_huffman.cl
 FULL, H2V1, H1V2, H2V2, BOX = 0, 1, 2, 3, 4  # upsampling methods (jpeg_color.cl)
 
@@ -78,6 +78,19 @@ class Batch:
     plane_bytes: int  # sample bytes of every plane
     blocks: int
     sample_offsets: list  # per image, per component: (offset, stride) of its plane in the samples buffer
+    chunk: np.ndarray | None = None  # jpeg_entropy.cl's chunks (segment, first byte, end byte, 0), after chunked()
+
+    def chunked(self, size: int) -> None:
+        """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count)."""
+        start, end = self.seg[:, 1].astype(np.int64), self.seg[:, 2].astype(np.int64)
+        count = np.maximum(1, -(-(end - start) // size))
+        first = np.concatenate([[0], np.cumsum(count)[:-1]])
+        self.seg[:, 6], self.seg[:, 7] = first, count
+        owner = np.repeat(np.arange(len(count)), count)
+        index = np.arange(int(count.sum())) - first[owner]
+        lo = start[owner] + index * size
+        self.chunk = np.zeros((owner.size, CHUNK), np.int32)
+        self.chunk[:, 0], self.chunk[:, 1], self.chunk[:, 2] = owner, lo, np.minimum(lo + size, end[owner])
 
     @classmethod
     def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None) -> "Batch":

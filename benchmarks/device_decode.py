@@ -1,0 +1,246 @@
+"""The device JPEG decoder alone and with Resize(256) + CenterCrop(224), against the CPU decode and, where PyTorch
+with CUDA is installed, torchvision's decode_jpeg(device="cuda") (nvJPEG): speed, host CPU per image, and pixel
+agreement with Pillow. One run prints every figure and writes them as JSON.
+
+    python3 benchmarks/device_decode.py --device gpu --images 512 --batch 64 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+
+import numpy as np
+from PIL import Image
+
+
+def photo_like(width: int, height: int, seed: int) -> np.ndarray:
+    """A synthetic picture with a photo's spectrum: smooth regions, edges, some texture (q90 4:2:0 500x375 comes
+    out near the 70-80 KB of a typical photo)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (height // 16 + 2, width // 16 + 2, 3)).astype(np.float64)
+    img = np.asarray(Image.fromarray(coarse.astype(np.uint8)).resize((width, height), Image.BICUBIC), np.float64)
+    y, x = np.mgrid[0:height, 0:width]
+    img += 40 * np.sin(x / (7 + seed % 5))[..., None] * np.cos(y / 11.0)[..., None]
+    img += rng.normal(0, 9, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def corpus(n: int, width: int, height: int, quality: int) -> list[bytes]:
+    files = []
+    for i in range(min(n, 64)):
+        buffer = io.BytesIO()
+        Image.fromarray(photo_like(width, height, i)).save(buffer, "JPEG", quality=quality, subsampling=2)
+        files.append(buffer.getvalue())
+    return [files[i % len(files)] for i in range(n)]
+
+
+def cpu_ms_per_image(fn, items, repeat: int = 1) -> float:
+    t0 = time.process_time()
+    for _ in range(repeat):
+        for item in items:
+            fn(item)
+    return (time.process_time() - t0) * 1e3 / (repeat * len(items))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--size", default="500x375")
+    ap.add_argument("--quality", type=int, default=90)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--chunk-bytes", type=int, default=None, help="parallel entropy decoding's chunk (default: "
+                    "the decoder's)")
+    ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import pyopencl as cl
+
+    from vggserve.decoding import decode_pixels
+    from vggserve.decoding.device import JpegDecoder, Window, prepare
+    from vggserve.ops.resize import DeviceResize, crop_tables
+    from vggserve.preprocessing import aspect_box
+    from vggserve.runtime import devices as devs
+    from vggserve.runtime.programs import ProgramCache
+
+    width, height = map(int, args.size.split("x"))
+    files = corpus(args.images, width, height, args.quality)
+    res = {"device": None, "images": len(files), "batch": args.batch, "size": args.size, "quality": args.quality,
+           "mean_kb": round(float(np.mean([len(f) for f in files])) / 1024, 1)}
+    info = devs.resolve(args.device)
+    dev = devs.cl_device(info)
+    res["device"] = dev.name.strip()
+    print(f"{res['device']}: {len(files)} JPEGs {args.size} q{args.quality} 4:2:0, mean {res['mean_kb']} KB, "
+          f"batches of {args.batch}")
+    res["cpu_decode_ms"] = cpu_ms_per_image(lambda d: decode_pixels(d), files[:64])
+    res["host_prepare_ms"] = cpu_ms_per_image(prepare, files[:64], repeat=4)
+    print(f"CPU decode_pixels: {res['cpu_decode_ms']:.3f} ms CPU per image; device path host work (parse, "
+          f"tables): {res['host_prepare_ms']:.4f} ms CPU per image")
+
+    ctx = cl.Context([dev])
+    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    cache = ProgramCache(ctx, dev)
+    tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds)) if v is not None}
+    decoder = JpegDecoder(ctx, dev, cache, **tuning)
+    res["chunk_bytes"], res["rounds"] = decoder.chunk_bytes, decoder.rounds
+    resize = DeviceResize(ctx, cache.build("resize.cl", {}))
+    prepared = [prepare(f) for f in files]
+    assert all(prepared), [p.reason for p in prepared if not p]
+    b = args.batch
+    batches = [prepared[i:i + b] for i in range(0, len(prepared), b)]
+
+    def whole_windows(batch):
+        out, offset = [], 0
+        for p in batch:
+            out.append(Window.whole(p, offset))
+            offset += p.size[0] * p.size[1] * 3
+        return out, offset
+
+    # exactness against Pillow over the corpus's distinct files
+    distinct = prepared[:min(64, len(prepared))]
+    wins, total = whole_windows(distinct)
+    out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, total)
+    run = decoder.enqueue(queue, distinct, wins, out)
+    ok = run.ok()
+    host = np.empty(total, np.uint8)
+    cl.enqueue_copy(queue, host, out)
+    same = 0
+    for p, w in zip(distinct, wins):
+        pw, ph = p.size
+        same += np.array_equal(host[w.offset:w.offset + pw * ph * 3].reshape(ph, pw, 3),
+                               np.asarray(decode_pixels(p.data)))
+    res["identical_to_pillow"] = f"{same}/{len(distinct)}"
+    res["device_ok"] = sum(ok)
+    res["segments_in_parallel"] = run.segments_in_parallel()
+    print(f"chunks of {decoder.chunk_bytes} bytes, {decoder.rounds} rounds: device decode identical to Pillow: "
+          f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "
+          f"{res['segments_in_parallel']}/{len(distinct)})")
+
+    def timed(step) -> tuple[float, dict]:
+        stages: dict = {}
+        step(batches[0], stages)  # warm
+        queue.finish()
+        stages.clear()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < args.seconds:
+            for batch in batches:
+                step(batch, stages)
+                n += len(batch)
+        queue.finish()
+        return n / (time.perf_counter() - t0), {k: v / n * 1e3 for k, v in stages.items()}
+
+    buffers = {}
+
+    def buf(name, size):
+        if buffers.get(name, (0,))[0] < size:
+            buffers[name] = (size, cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size))
+        return buffers[name][1]
+
+    def decode_only(batch, stages):
+        wins, total = whole_windows(batch)
+        run = decoder.enqueue(queue, batch, wins, buf("whole", total))
+        run.ok()
+        for name, ev in (("huffman+idct+colour", run.done),):
+            stages[name] = stages.get(name, 0.0) + (ev.profile.end - ev.profile.start) * 1e-9
+    rate, _ = timed(decode_only)
+    res["decode_images_per_s"] = rate
+    print(f"device decode alone: {rate:,.0f} images/s")
+
+    def stage_times(batch):
+        wins, total = whole_windows(batch)
+        run = decoder.enqueue(queue, batch, wins, buf("whole", total))
+        run.ok()
+        return run
+
+    # per-stage device times of one batch, from a profiled run of each kernel
+    from vggserve.decoding.device import decoder as decmod
+    kernels = {}
+    orig = (decoder.k_huffman, decoder.k_idct, decoder.k_color)
+
+    class Spy:
+        def __init__(self, name, k):
+            self.name, self.k = name, k
+
+        def __call__(self, *a, **kw):
+            ev = self.k(*a, **kw)
+            kernels.setdefault(self.name, []).append(ev)
+            return ev
+    orig = orig + (decoder.k_sync, decoder.k_decode)
+    decoder.k_huffman, decoder.k_idct, decoder.k_color = (Spy("entropy serial", orig[0]), Spy("idct", orig[1]),
+                                                          Spy("colour", orig[2]))
+    decoder.k_sync, decoder.k_decode = Spy("entropy sync rounds", orig[3]), Spy("entropy decode", orig[4])
+    for batch in batches[:4]:
+        stage_times(batch)
+    queue.finish()
+    decoder.k_huffman, decoder.k_idct, decoder.k_color, decoder.k_sync, decoder.k_decode = orig
+    calls = max(len(v) for v in kernels.values()) // max(1, decoder.rounds) if decoder.rounds else 1
+    per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / len(kernels["idct"])
+           for k, evs in kernels.items()}
+    res["stage_ms_per_batch"] = per
+    print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
+
+    def decode_crop(batch, stages):
+        wins, placed, offset = [], [], 0
+        for i, p in enumerate(batch):
+            pw, ph = p.size
+            box = aspect_box(pw, ph) or (0, 0, pw, ph)
+            bw, bh = box[2] - box[0], box[3] - box[1]
+            wins.append(Window(offset, box[0], box[1], bw, bh))
+            placed.append((offset, bw, bh, i))
+            offset += bw * bh * 3
+        raw = buf("raw", offset)
+        crops = buf("crops", len(batch) * 224 * 224 * 3)
+        run = decoder.enqueue(queue, batch, wins, raw)
+        run.ok()
+        resize.enqueue(queue, raw, placed, crops)
+    rate, _ = timed(decode_crop)
+    res["decode_resize_crop_images_per_s"] = rate
+    print(f"device decode + Resize(256) + CenterCrop(224): {rate:,.0f} images/s")
+
+    try:
+        import torch
+        import torchvision
+        from torchvision.io import decode_jpeg
+        if not torch.cuda.is_available():
+            raise ImportError("no CUDA")
+    except ImportError as exc:
+        print(f"torchvision GPU decode not measured: {exc}")
+    else:
+        tensors = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
+        decode_jpeg(tensors[:b], device="cuda")
+        torch.cuda.synchronize()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < args.seconds:
+            for i in range(0, len(tensors), b):
+                decode_jpeg(tensors[i:i + b], device="cuda")
+                n += len(tensors[i:i + b])
+        torch.cuda.synchronize()
+        res["torchvision_cuda_images_per_s"] = n / (time.perf_counter() - t0)
+        t0 = time.process_time()
+        for i in range(0, len(tensors), b):
+            decode_jpeg(tensors[i:i + b], device="cuda")
+        torch.cuda.synchronize()
+        res["torchvision_cuda_cpu_ms"] = (time.process_time() - t0) * 1e3 / len(tensors)
+        got = decode_jpeg(tensors[:64], device="cuda")
+        same, diffs = 0, []
+        for f, t in zip(files[:64], got):
+            want = np.asarray(decode_pixels(f))
+            have = t.permute(1, 2, 0).cpu().numpy()
+            same += np.array_equal(have, want)
+            diffs.append(np.abs(have.astype(int) - want).mean())
+        res["torchvision_identical_to_pillow"] = f"{same}/64"
+        res["torchvision_mean_abs_diff"] = float(np.mean(diffs))
+        print(f"torchvision {torchvision.__version__} decode_jpeg(device='cuda'): "
+              f"{res['torchvision_cuda_images_per_s']:,.0f} images/s, {res['torchvision_cuda_cpu_ms']:.3f} ms CPU per "
+              f"image; identical to Pillow: {same}/64, mean |diff| {res['torchvision_mean_abs_diff']:.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+/* jpeg_entropy.cl -- the entropy decoding of baseline JPEG scans in parallel within each segment, by
+ * self-synchronisation (Weissenberger and Schmidt, "Massively Parallel Huffman Decoding on GPUs", ICPP 2018, and
+ * their JPEG follow-up, arXiv 2111.09219): the segment's bytes are cut into chunks of JE_CHUNK bytes, one
+ * work-item each. Results are bit for bit jpeg_huffman.cl's (libjpeg's), which decodes what this does not settle.
+ *
+ * A decoding state is (p, u, k): p the position of the next bit (8 * byte index + bit, never inside a stuffed
+ * 0x00), u the block's place in the MCU's sequence of blocks, k the next coefficient (0: the DC). Decoding chunk j
+ * means decoding every symbol that starts before the chunk's end, from an entry state; its exit state is the entry
+ * of chunk j + 1. The first chunk of a segment knows its entry; the others start from a guess (the chunk's first
+ * byte, u = 0, k = 0). Huffman codes resynchronise: a wrong start soon decodes the same symbols as a right one.
+ *
+ *   jpeg_sync (run JE_ROUNDS times): every chunk decodes from its entry -- the previous round's exit of the chunk
+ *       before it -- and records its exit, the blocks it completed and the sum of the DC differences it read per
+ *       component. Once a round changes no exit, every entry is the true one (the first is exact and each exit is a
+ *       function of its entry); the last round's "changed" flag per segment says whether that happened.
+ *   jpeg_prefix (per segment): the first block of each chunk and the DC predictors at its entry, by prefix sums.
+ *   jpeg_decode (per chunk): decodes its chunk again from its now exact entry, writing coefficients (DC absolute);
+ *       the chunk that completes the segment's blocks checks libjpeg's clean end; chunks after it (the padding and
+ *       the marker, whose rounds decoded garbage) do nothing. A segment whose rounds did not settle is left to the
+ *       serial kernel (jpeg_huffman.cl, launched after with the same status buffer).
+ *
+ *   data, meta, coef, status as in jpeg_huffman.cl (seg, img, comp, tab records at their offsets in meta)
+ *   chunk:  int32, JE_CHUNK_INTS per chunk: c[0] segment, c[1] first byte, c[2] end byte
+ *   seg:    as jpeg_huffman.cl, plus s[6] the segment's first chunk, s[7] its chunks
+ *   state:  int32, JE_STATE ints per chunk: exit p, u, k, blocks completed, DC sums (3), valid
+ *   entry:  int32, JE_ENTRY ints per chunk (jpeg_prefix): first block, DC predictors (3)
+ *   settled: int32 per segment, 1 before the rounds: the last round sets 0 where it changed an exit
+ */
+
+#define JH_SEG 8
+#define JH_IMG 4
+#define JH_COMP 8
+#define JH_TAB 816
+#define JE_CHUNK_INTS 4
+#define JE_STATE 8
+#define JE_ENTRY 4
+
+#define JH_OK 0
+#define JH_BAD_CODE 1
+#define JH_PAST_DATA 2
+#define JH_BAD_INDEX 3
+#define JH_TRAILING 4
+#define JE_BAD_COUNT 6   /* the segment's blocks do not come out at its MCUs' count */
+
+__constant int je_natural[64] = {
+    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14,
+    21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53,
+    60, 61, 54, 47, 55, 62, 63};
+
+/* is byte q the start of data (not a marker, not past the end)? */
+inline int je_is_data(__global const uchar *d, const int q, const int end)
+{
+    return q < end && (d[q] != 0xFF || (q + 1 < end && d[q + 1] == 0));
+}
+
+/* the next 32 bits from bit `bit` of byte `pos`, stuffing removed; zeros from a marker or the end on */
+inline uint je_peek(__global const uchar *d, int q, const int bit, const int end)
+{
+    ulong acc = 0;
+    int live = 1;
+    for (int i = 0; i < 5; ++i) {
+        uint b = 0;
+        if (live && je_is_data(d, q, end)) {
+            b = d[q];
+            q += (b == 0xFF) ? 2 : 1;
+        } else {
+            live = 0;
+        }
+        acc = (acc << 8) | b;
+    }
+    return (uint)(acc >> (8 - bit));
+}
+
+/* advance (pos, bit) by n bits; returns 0 when a consumed bit was not data */
+inline int je_skip(__global const uchar *d, int *pos, int *bit, const int n, const int end)
+{
+    int ok = 1;
+    *bit += n;
+    while (*bit >= 8) {
+        if (je_is_data(d, *pos, end)) *pos += (d[*pos] == 0xFF) ? 2 : 1;
+        else ok = 0;
+        *bit -= 8;
+    }
+    if (*bit > 0 && !je_is_data(d, *pos, end)) ok = 0;
+    return ok;
+}
+
+/* decode one symbol (and its value bits) from word w with table t: returns the symbol, sets *len to the bits used
+ * (code + value) and *val to the extended value; -1 for a code the table lacks */
+inline int je_symbol(const uint w, __global const int *t, const int dc, int *len, int *val)
+{
+    int l, sym;
+    const int e = t[w >> 23];
+    if (e) {
+        l = e >> 8;
+        sym = e & 255;
+    } else {
+        l = 10;
+        while (l <= 16 && (int)(w >> (32 - l)) > t[512 + l]) ++l;
+        if (l > 16) return -1;
+        sym = t[547 + t[530 + l] + (int)(w >> (32 - l))] & 255;
+    }
+    const int s = dc ? sym : (sym & 15);
+    int v = 0;
+    if (s) {
+        v = (int)((w << l) >> (32 - s));
+        if (v < (1 << (s - 1))) v -= (1 << s) - 1;
+    }
+    *len = l + s;
+    *val = v;
+    return sym;
+}
+
+typedef struct {
+    __global const int *cp;  /* the image's component records */
+    int ncomp, bpm;          /* components, blocks per MCU */
+    int comp_of[10], first_of[10];  /* per block of the MCU: its component, and its index within that component */
+} je_mcu;
+
+inline void je_mcu_init(je_mcu *m, __global const int *cp, const int ncomp)
+{
+    m->cp = cp;
+    m->ncomp = ncomp;
+    int u = 0;
+    for (int c = 0; c < ncomp; ++c) {
+        const int hv = cp[c * JH_COMP + 2] * cp[c * JH_COMP + 3];
+        for (int b = 0; b < hv && u < 10; ++b, ++u) {
+            m->comp_of[u] = c;
+            m->first_of[u] = b;
+        }
+    }
+    m->bpm = u;
+}
+
+/* decode symbols starting before bit `stop_p`, from (p, u, k); with `coef` non-null also write the coefficients of
+ * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code. */
+inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
+                  int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dcsum,
+                  __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total)
+{
+    *blocks = 0;
+    while ((long)*pos * 8 + *bit < stop_p) {
+        if (coef && b0 + *blocks >= total) break;
+        const int c = m->comp_of[*u];
+        __global const int *cr = m->cp + c * JH_COMP;
+        const int dc = (*k == 0);
+        __global const int *t = tab + (dc ? cr[4] : cr[5]) * JH_TAB;
+        const uint w = je_peek(d, *pos, *bit, end);
+        int len, val;
+        const int sym = je_symbol(w, t, dc, &len, &val);
+        if (sym < 0) return JH_BAD_CODE;
+        if (!je_skip(d, pos, bit, len, end)) return JH_PAST_DATA;
+        __global short *blk = 0;
+        if (coef) {
+            const int b = b0 + *blocks;
+            const int mcu = first_mcu + b / m->bpm, within = m->first_of[*u];
+            const int h = cr[2];
+            const int row = (mcu / mcus_x) * cr[3] + within / h, col = (mcu % mcus_x) * h + within % h;
+            blk = coef + ((long)cr[0] + (long)row * cr[1] + col) * 64;
+        }
+        if (dc) {
+            dcsum[c] += val;
+            if (blk) blk[0] = (short)dcsum[c];
+            *k = 1;
+        } else {
+            const int run = sym >> 4, size = sym & 15;
+            if (size) {
+                *k += run;
+                if (*k > 63) return JH_BAD_INDEX;
+                if (blk) blk[je_natural[*k]] = (short)val;
+                *k += 1;
+            } else if (run == 15) {
+                *k += 16;
+            } else {
+                *k = 64;
+            }
+        }
+        if (*k >= 64) {
+            *k = 0;
+            *u = (*u + 1 == m->bpm) ? 0 : *u + 1;
+            *blocks += 1;
+        }
+    }
+    return 0;
+}
+
+__kernel void jpeg_sync(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
+                        const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
+                        __global const int *prev, __global int *next, __global int *settled, const int round,
+                        const int last_round)
+{
+    const int j = get_global_id(0);
+    if (j >= nchunks) return;
+    __global const int *seg = meta + seg_at, *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
+    __global const int *ch = chunk + j * JE_CHUNK_INTS;
+    __global const int *s = seg + ch[0] * JH_SEG;
+    __global const int *im = img + s[0] * JH_IMG;
+    je_mcu m;
+    je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);
+    int pos, bit = 0, u = 0, k = 0, valid = 1;
+    if (j == s[6]) {
+        pos = s[1];
+    } else if (round == 0) {
+        pos = ch[1];
+        if (pos > s[1] && data[pos - 1] == 0xFF && data[pos] == 0x00) pos += 1;  /* never inside a stuffed pair */
+    } else {
+        __global const int *e = prev + (j - 1) * JE_STATE;
+        pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2]; valid = e[7];
+    }
+    int blocks = 0, dcsum[3] = {0, 0, 0};
+    if (valid) {
+        const int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, dcsum, 0, 0, 0,
+                               0, 0);
+        valid = (why == 0);
+    }
+    __global int *o = next + j * JE_STATE;
+    const int p = pos * 8 + bit;
+    if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u || prev[j * JE_STATE + 2] != k ||
+                      prev[j * JE_STATE + 7] != valid))
+        settled[ch[0]] = 0;
+    o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = dcsum[0]; o[5] = dcsum[1]; o[6] = dcsum[2]; o[7] = valid;
+}
+
+__kernel void jpeg_prefix(__global const int *meta, const int seg_at, const int nseg, __global const int *state,
+                          __global int *entry)
+{
+    const int g = get_global_id(0);
+    if (g >= nseg) return;
+    __global const int *s = meta + seg_at + g * JH_SEG;
+    int b = 0, d0 = 0, d1 = 0, d2 = 0;
+    for (int j = s[6]; j < s[6] + s[7]; ++j) {
+        __global int *e = entry + j * JE_ENTRY;
+        e[0] = b; e[1] = d0; e[2] = d1; e[3] = d2;
+        __global const int *x = state + j * JE_STATE;
+        b += x[3]; d0 += x[4]; d1 += x[5]; d2 += x[6];
+    }
+}
+
+__kernel void jpeg_decode(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
+                          const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
+                          __global const int *state, __global const int *entry, __global const int *settled,
+                          __global short *coef, __global int *status)
+{
+    const int j = get_global_id(0);
+    if (j >= nchunks) return;
+    __global const int *seg = meta + seg_at, *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
+    __global const int *ch = chunk + j * JE_CHUNK_INTS;
+    const int sg = ch[0];
+    if (!settled[sg]) return;  /* left to jpeg_huffman */
+    __global const int *s = seg + sg * JH_SEG;
+    __global const int *im = img + s[0] * JH_IMG;
+    je_mcu m;
+    je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);
+    __global const int *en = entry + j * JE_ENTRY;
+    const int total = s[4] * m.bpm;
+    if (en[0] >= total && j != s[6]) return;  /* an earlier chunk completed the segment and checked its end */
+    int pos, bit = 0, u = 0, k = 0;
+    if (j == s[6]) {
+        pos = s[1];
+    } else {
+        __global const int *e = state + (j - 1) * JE_STATE;
+        if (!e[7]) { status[sg] = JH_BAD_CODE; return; }
+        pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2];
+    }
+    int dcsum[3] = {en[1], en[2], en[3]};
+    const int last = (j == s[6] + s[7] - 1);
+    int blocks = 0;
+    int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, last ? 0x7FFFFFFFFFFFL : (long)ch[2] * 8, &blocks,
+                     dcsum, coef, en[0], s[3], im[0], total);
+    if (!why && last && en[0] + blocks != total) why = JE_BAD_COUNT;
+    if (!why && en[0] + blocks == total) {
+        /* this chunk completed the segment: libjpeg's clean end, only padding bits (< 8, within the byte at pos)
+         * left, then the segment's marker */
+        const int next = (bit > 0) ? pos + ((data[pos] == 0xFF) ? 2 : 1) : pos;
+        if (k != 0) why = JE_BAD_COUNT;
+        else if (bit > 0 && !je_is_data(data, pos, s[2])) why = JH_PAST_DATA;
+        else if (s[5]) {
+            if (!(next + 1 < s[2] && data[next] == 0xFF && data[next + 1] == 0xD9)) why = JH_TRAILING;
+        } else if (next != s[2]) {
+            why = JH_TRAILING;
+        }
+    }
+    if (why) status[sg] = why;
+}
