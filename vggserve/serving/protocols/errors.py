@@ -20,8 +20,9 @@ log = logging.getLogger("vggserve.serving")
 
 # codes for HTTP errors that Starlette/FastAPI raise themselves
 _STATUS_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-                 406: "not_acceptable", 413: "payload_too_large", 415: "unsupported_media_type",
-                 422: "invalid_request", 429: "queue_full", 500: "internal_error", 503: "unavailable"}
+                 406: "not_acceptable", 408: "request_timeout", 413: "payload_too_large",
+                 415: "unsupported_media_type", 422: "invalid_request", 429: "queue_full", 500: "internal_error",
+                 503: "unavailable"}
 
 
 class ApiError(Exception):
