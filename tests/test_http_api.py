@@ -251,7 +251,7 @@ def test_full_queue_answers_429_with_retry_after_at_once():
         assert len(refused) >= 2, [r.status_code for r, _ in results]
         first_done = min(t for r, t in results if r.status_code == 200)
         for r, finished in refused:
-            assert_error(r, 429, "queue_full", "retry")
+            assert_error(r, 429, "queue_full", "retry", "--max-queue 2")
             assert r.headers["retry-after"] == "1"
             assert finished < first_done  # at once, not after the device frees up
         assert {r.status_code for r, _ in results} <= {200, 429}

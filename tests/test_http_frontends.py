@@ -421,6 +421,18 @@ def test_every_front_end_answers_slow_clients_408_and_closes_their_connections()
         assert classify(server.url).status_code == 200
 
 
+def test_a_front_ends_429_names_the_configured_queue_and_its_share():
+    """Issue 22, item 22: with --http-workers 2 --max-queue 3, the message gave the share (2) as the queue's size."""
+    from vggserve.serving.processes.remote import RemoteBackend
+    from vggserve.serving.scheduling.errors import QueueFull
+
+    backend = RemoteBackend(Settings(http_workers=2, max_queue=3, max_files=1), Metrics(), "unused", b"key", 0)
+    with pytest.raises(QueueFull) as full:
+        backend.queue.admit(3)
+    assert "--max-queue 3" in full.value.message and "2 front ends" in full.value.message
+    assert "share of it (2 images" in full.value.message
+
+
 def test_every_device_worker_dead_exits_3_and_stops_the_front_ends():
     code = """
 import sys
