@@ -4,6 +4,7 @@ the same limits, API key and deadlines as /classify. The engine's server runs in
 ends (the FP32 tensors then cross the shared-memory arena); the mpirun layout is in test_http_mpi."""
 
 import base64
+import gzip
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +15,11 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from conftest import TEST_DEVICE
+from fastapi.testclient import TestClient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from test_http_api import PNG
+from test_http_api import PNG, slow_app, wait_ready
 from test_http_frontends import running
 from test_http_process import wait_until
 from vggserve.labels import imagenet_labels
@@ -156,6 +158,8 @@ def test_a_mixed_batch_with_one_bad_image_is_a_400_naming_it(engine_server):
       "outputs": [{"name": "features"}]}, "unknown output"),
     ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}],
       "outputs": [{"name": "logits", "parameters": {"classification": 5000}}]}, "classification"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}],
+      "outputs": [{"name": "logits", "parameters": {"classification": 0}}]}, "classification"),
 ])
 def test_bad_requests_are_400_in_the_v2_shape(engine_server, body, fragment):
     r = httpx.post(engine_server.url + "/v2/models/vgg16/infer", json=body, timeout=30)
@@ -284,3 +288,36 @@ def metric(server, name: str) -> float:
     """`name`'s value in the server's /metrics (the images waiting in its queue, for vggserve_queue_length)."""
     text = httpx.get(server.url + "/metrics", headers=KEY, timeout=10).text
     return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+# --- through TestClient, with a stand-in model ----------------------------------------------------------------
+
+def infer_body(*images: bytes, **output_parameters) -> dict:
+    body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(images)],
+                        "data": [base64.b64encode(x).decode() for x in images]}]}
+    if output_parameters:
+        body["outputs"] = [{"name": "probabilities", "parameters": output_parameters}]
+    return body
+
+
+@pytest.mark.parametrize("count", [0, -3])
+def test_a_classification_count_below_one_is_refused_like_one_above_the_classes(count):
+    """Issue 22, item 20: `"classification": 0` was ignored silently (the whole tensor came back)."""
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        for given in (count, 5000):
+            r = client.post("/v2/models/vgg16/infer", json=infer_body(PNG, classification=given))
+            assert r.status_code == 400 and "classification must be a count from 1 to 1000" in r.json()["error"], r.text
+        assert client.post("/v2/models/vgg16/infer", json=infer_body(PNG, classification=1000)).status_code == 200
+
+
+def test_a_compressed_infer_body_is_inflated_and_other_encodings_are_415():
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        body = json.dumps(infer_body(PNG)).encode()
+        r = client.post("/v2/models/vgg16/infer", content=gzip.compress(body),
+                        headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert r.status_code == 200, r.text
+        r = client.post("/v2/models/vgg16/infer", content=body,
+                        headers={"content-type": "application/json", "content-encoding": "br"})
+        assert r.status_code == 415 and "Content-Encoding 'br'" in r.json()["error"], r.text

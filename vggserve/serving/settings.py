@@ -4,9 +4,10 @@ import os
 from dataclasses import dataclass, field, fields
 
 from ..errors import VggserveError
+from ..weights.spec import NUM_CLASSES
 
 API_KEY_ENV = "VGGSERVE_API_KEY"
-MAX_TOP_K = 100  # the `top_k` query parameter is bounded to 1..MAX_TOP_K
+MAX_TOP_K = NUM_CLASSES  # `top_k` is 1..MAX_TOP_K, as the CLI's --top-k and v2's `classification`
 MAX_TIMEOUT_MS = 600_000  # the largest deadline a request header may ask for (10 minutes)
 
 
