@@ -167,6 +167,22 @@ def test_bad_requests_are_400_in_the_v2_shape(engine_server, body, fragment):
     assert set(r.json()) == {"error"} and fragment in r.json()["error"], r.text
 
 
+def test_tritonclient_reads_the_statistics_extension(engine_server):
+    """Issue 22, item 21: get_inference_statistics() was `404 unknown model 'stats'`. With front ends, the batches
+    are counted in the engine process and the requests in the front ends."""
+    client = client_for(engine_server)
+    assert "statistics" in client.get_server_metadata()["extensions"]
+    before = client.get_inference_statistics()["model_stats"][0]
+    client.infer("vgg16", [image_input(IMAGES[:2])])
+    (after,) = client.get_inference_statistics()["model_stats"]  # GET /v2/models/stats
+    assert (after["name"], after["version"]) == ("vgg16", "1")
+    assert after["inference_count"] - before["inference_count"] == 2
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 1
+    assert after["last_inference"] >= before["last_inference"] > 0
+    assert client.get_inference_statistics("vgg16")["model_stats"] == [after]
+    assert client.get_inference_statistics("vgg16", "1")["model_stats"] == [after]
+
+
 def test_broken_json_wrong_binary_size_and_unknown_model_or_version(engine_server):
     url = engine_server.url
     r = httpx.post(url + "/v2/models/vgg16/infer", content=b'{"inputs": [', timeout=30)
@@ -309,6 +325,35 @@ def test_a_classification_count_below_one_is_refused_like_one_above_the_classes(
             r = client.post("/v2/models/vgg16/infer", json=infer_body(PNG, classification=given))
             assert r.status_code == 400 and "classification must be a count from 1 to 1000" in r.json()["error"], r.text
         assert client.post("/v2/models/vgg16/infer", json=infer_body(PNG, classification=1000)).status_code == 200
+
+
+def test_statistics_count_every_request_image_and_batch_of_the_model_in_tritons_shape():
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        empty = client.get("/v2/models/stats").json()["model_stats"][0]
+        assert empty["inference_count"] == empty["execution_count"] == empty["last_inference"] == 0
+        assert set(empty["inference_stats"]) >= {"success", "fail", "queue", "compute_input", "compute_infer",
+                                                 "compute_output"}
+        for _ in range(2):
+            assert client.post("/classify", content=PNG, headers={"content-type": "image/png"}).status_code == 200
+        assert client.post("/v2/models/vgg16/infer", json=infer_body(PNG, PNG)).status_code == 200
+        assert client.post("/classify", content=b"not an image", headers={"content-type": "image/png"}
+                           ).status_code == 400
+        (stats,) = client.get("/v2/models/stats").json()["model_stats"]
+        assert (stats["name"], stats["version"]) == ("vgg16", "1") and stats["last_inference"] > 0
+        inference = stats["inference_stats"]
+        assert (inference["success"]["count"], inference["fail"]["count"]) == (3, 1)
+        assert stats["inference_count"] == 4 == inference["queue"]["count"] == inference["compute_infer"]["count"]
+        assert inference["compute_input"]["count"] == 4
+        assert all(inference[k]["ns"] > 0 for k in ("success", "fail", "queue", "compute_input", "compute_infer"))
+        batches = stats["batch_stats"]
+        assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 4
+        assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 1
+        assert client.get("/v2/models/vgg16/stats").json()["model_stats"] == [stats]
+        assert client.get("/v2/models/vgg16/versions/1/stats").json()["model_stats"] == [stats]
+        for path in ("/v2/models/resnet50/stats", "/v2/models/vgg16/versions/2/stats"):
+            r = client.get(path)
+            assert r.status_code == 404 and set(r.json()) == {"error"}, path
 
 
 def test_a_compressed_infer_body_is_inflated_and_other_encodings_are_415():

@@ -121,7 +121,7 @@ def test_docs_load_every_asset_from_the_server_itself():
 
 GET_PATHS = ["/health/live", "/health/ready", "/metadata", "/metrics", "/docs", "/redoc", "/openapi.json", "/v2",
              "/v2/health/live", "/v2/health/ready", "/v2/models/vgg16", "/v2/models/vgg16/versions/1/ready",
-             "/v2/models/vgg16/config"]
+             "/v2/models/vgg16/config", "/v2/models/stats"]
 
 
 def test_head_answers_every_get_endpoint_like_get_without_a_body():

@@ -6,6 +6,7 @@ queue, batching, limits, API key, deadlines, drain and metrics, in every server 
     GET  /v2/models/vgg16[/versions/1]               model metadata: inputs and outputs from the model card
     GET  /v2/models/vgg16[/versions/1]/ready         200 or 503
     GET  /v2/models/vgg16[/versions/1]/config        the model configuration Triton's clients ask for
+    GET  /v2/models/stats, /v2/models/vgg16[/versions/1]/stats   statistics (Triton's extension, v2_stats)
     POST /v2/models/vgg16[/versions/1]/infer         inference (JSON and binary tensor data, classification)
 
 Errors are v2's `{"error": "..."}`: a malformed request, a wrong input name, datatype, shape or size, or an image
@@ -31,11 +32,12 @@ from ..settings import MAX_TIMEOUT_MS
 from .classify import client_gone
 from .encodings import inflated_body
 from .errors import ApiError, as_api_error
+from .v2_stats import model_statistics
 from .v2_codec import HEADER_LENGTH, V2RequestError, classifications, encode_response, parse_request, split_body
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics"]
 
 
 class V2Error(BaseModel):
@@ -171,6 +173,17 @@ async def model_config(request: Request, model: str, version: str | None = None)
                            "preprocessing": {"string_value": service.preprocessing}}}
 
 
+async def all_model_stats(request: Request):
+    """Triton's statistics extension, for every model served (the one)."""
+    service = request.app.state.service
+    return {"model_stats": [model_statistics(service.metrics.samples(), service.card)]}
+
+
+async def model_stats(request: Request, model: str, version: str | None = None):
+    _check_model(_card(request), model, version)
+    return await all_model_stats(request)
+
+
 # inference --------------------------------------------------------------------------------------------------
 def _v2_error(exc: BaseException) -> ApiError:
     """v2's status for one image's failure: an image that cannot be used is a bad request (400), whatever kind."""
@@ -251,13 +264,16 @@ async def infer(request: Request, model: str, version: str | None = None):
     return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
 
 
+_STATS = dict(summary="Statistics (Triton's statistics extension)", responses=_errors(401, 404))
+router.add_api_route("/models/stats", all_model_stats, methods=["GET"], **_STATS)  # before /models/{model} takes it
 for _path, _endpoint, _kwargs in (
         ("/models/{model}", model_metadata, dict(response_model=ModelMetadata, summary="Model metadata",
                                                  responses=_errors(401, 404))),
         ("/models/{model}/ready", model_ready, dict(response_model=ModelReady, summary="Model readiness",
                                                     responses={**_errors(401, 404), 503: {"model": ModelReady}})),
         ("/models/{model}/config", model_config, dict(summary="Model configuration (Triton's)",
-                                                      responses=_errors(401, 404)))):
+                                                      responses=_errors(401, 404))),
+        ("/models/{model}/stats", model_stats, _STATS)):
     for _route_path in (_path, _both(_path)):
         router.add_api_route(_route_path, _endpoint, methods=["GET"], **_kwargs)
 for _route_path in ("/models/{model}/infer", _both("/models/{model}/infer")):
