@@ -1,9 +1,12 @@
 """The HTTP API through TestClient with stand-in models: shapes, errors, limits, auth, readiness, queueing."""
 
+import gzip
 import io
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -91,10 +94,19 @@ def test_octet_stream_uploads_are_sniffed_like_any_image(client):
                                                                                      "unsupported_media_type")
 
 
-@pytest.mark.parametrize("query", ["top_k=0", "top_k=101", "top_k=abc"])
+@pytest.mark.parametrize("query", ["top_k=0", "top_k=1001", "top_k=abc"])
 def test_top_k_out_of_bounds_is_422_in_our_shape(client, query):
     r = client.post(f"/classify?{query}", content=PNG, headers={"content-type": "image/png"})
     assert_error(r, 422, "invalid_request", "top_k")
+
+
+def test_top_k_reaches_every_class_as_in_the_cli_and_v2(client):
+    """1..1000 everywhere (issue 22, item 17): the CLI's --top-k and v2's `classification` take 1000 too."""
+    r = client.post("/classify?top_k=1000", content=PNG, headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    assert sorted(p["index"] for p in r.json()["predictions"]) == list(range(1000))
+    batch = client.post("/classify/batch?top_k=1000", files={"files": ("a.png", PNG, "image/png")})
+    assert len(batch.json()["results"][0]["predictions"]) == 1000
 
 
 def test_request_timeout_header_is_validated(client):
@@ -104,6 +116,8 @@ def test_request_timeout_header_is_validated(client):
 
 @pytest.mark.parametrize("kwargs, status, code, words", [
     ({"content": b"", "headers": {"content-type": "image/png"}}, 400, "empty_body", ["empty"]),
+    ({}, 400, "empty_body", ["empty"]),  # nothing at all, no Content-Type either (issue 22, item 19)
+    ({"content": b"", "headers": {"content-type": "text/plain"}}, 400, "empty_body", ["empty"]),
     ({"content": b"just text", "headers": {"content-type": "image/jpeg"}}, 400, "invalid_image", ["not a recognised"]),
     ({"content": PNG, "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type", ["text/plain"]),
     ({"content": PNG}, 415, "unsupported_media_type", ["no Content-Type"]),
@@ -145,6 +159,38 @@ def test_batch_limits_and_content_type(client):
     assert_error(client.post("/classify/batch", content=PNG, headers={"content-type": "image/png"}),
                  415, "unsupported_media_type", "multipart")
     assert_error(client.post("/classify/batch", files={"file": ("a.png", PNG)}), 400, "missing_file", "'files'")
+    assert_error(client.post("/classify/batch"), 400, "empty_body", "empty")
+
+
+@pytest.mark.parametrize("coding, compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def test_a_compressed_body_is_inflated_first(client, coding, compress):
+    """Issue 22, item 30: `Content-Encoding: gzip` was ignored and the body called "not a recognised image"."""
+    plain = client.post("/classify", content=PNG, headers={"content-type": "image/png"}).json()["predictions"]
+    r = client.post("/classify", content=compress(PNG), headers={"content-type": "image/png",
+                                                                 "content-encoding": coding})
+    assert r.status_code == 200, r.text
+    assert r.json()["predictions"] == plain
+    form = httpx.Request("POST", "http://127.0.0.1/", files={"files": ("a.png", PNG, "image/png")})
+    batch = client.post("/classify/batch", content=compress(form.read()),
+                        headers={"content-type": form.headers["content-type"], "content-encoding": coding})
+    assert batch.status_code == 200 and batch.json()["results"][0]["predictions"] == plain, batch.text
+
+
+def test_a_body_that_inflates_past_the_limit_is_413_and_other_encodings_415():
+    with TestClient(slow_app(max_body_bytes=64 * 1024)) as client:
+        wait_ready(client)
+        bomb = gzip.compress(b"\0" * (10 << 20))  # 10 MB of zeros in about 10 KB
+        r = client.post("/classify", content=bomb, headers={"content-type": "image/png", "content-encoding": "gzip"})
+        assert_error(r, 413, "payload_too_large", "inflates", "65536")
+        for coding in ("br", "gzip, gzip"):
+            r = client.post("/classify", content=PNG, headers={"content-type": "image/png",
+                                                               "content-encoding": coding})
+            assert_error(r, 415, "unsupported_media_type", "Content-Encoding", "gzip or deflate")
+        r = client.post("/classify", content=PNG, headers={"content-type": "image/png", "content-encoding": "gzip"})
+        assert_error(r, 400, "bad_request", "not valid gzip")
+        r = client.post("/classify", content=gzip.compress(PNG)[:-30],
+                        headers={"content-type": "image/png", "content-encoding": "gzip"})
+        assert_error(r, 400, "bad_request", "truncated")
 
 
 def test_body_over_the_limit_is_413_from_content_length_and_while_streaming():
@@ -251,7 +297,7 @@ def test_full_queue_answers_429_with_retry_after_at_once():
         assert len(refused) >= 2, [r.status_code for r, _ in results]
         first_done = min(t for r, t in results if r.status_code == 200)
         for r, finished in refused:
-            assert_error(r, 429, "queue_full", "retry")
+            assert_error(r, 429, "queue_full", "retry", "--max-queue 2")
             assert r.headers["retry-after"] == "1"
             assert finished < first_done  # at once, not after the device frees up
         assert {r.status_code for r, _ in results} <= {200, 429}

@@ -27,6 +27,7 @@ from image_corpus import build_corpus
 from PIL import Image
 
 from test_http_api import PNG
+from test_http_connections import exchange, request
 from test_http_process import (HTTP, IMAGE, MEDIA, check_a_gone_client_is_withdrawn,
                                check_deadline_in_the_queue_is_504_and_not_computed,
                                check_full_queue_answers_429_at_once, check_sigterm_lets_the_requests_in_flight_finish,
@@ -392,6 +393,44 @@ def test_slow_model_readiness_429_504_gone_clients_and_drain(tmp_path):
         wait_until(lambda: no_process_left(server), 10, "every front end gone")
         assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
         assert "Traceback" not in server.output()
+
+
+SLOW_CLIENTS_SERVER = """
+import sys
+from vggserve.testing.models import SlowModel
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+settings = Settings(port=PORT, http_workers=2, max_batch_size=2, max_queue=8, max_files=4, read_timeout_s=1,
+                    preprocess_threads=2)
+sys.exit(run_server(settings, lambda device: SlowModel(device, 0.01, 2), log_level="warning"))
+"""
+
+
+def test_every_front_end_answers_slow_clients_408_and_closes_their_connections():
+    """Issue 22, item 3, with front ends: each of them applies --read-timeout, to headers and bodies alike."""
+    stalled = request("/classify", "Content-Type: image/png", "Content-Length: 1000", body=b"abc")
+    with running(ServerProcess.python_code(SLOW_CLIENTS_SERVER)) as server:
+        server.wait_ready(60)
+        with ThreadPoolExecutor(16) as pool:  # 16 connections: the kernel spreads them over both front ends
+            answers = list(pool.map(lambda _: exchange(server.port, stalled), range(16)))
+        assert {(status, closed) for status, _, _, closed in answers} == {(408, True)}, answers
+        assert all(json.loads(body)["error"]["code"] == "request_timeout" for _, _, body, _ in answers)
+        assert len({headers[HEADER.lower()] for _, headers, _, _ in answers}) == 2
+        status, _, body, closed = exchange(server.port, b"POST /classify HTTP/1.1\r\nHost: 127.0.0.1\r\nConte")
+        assert (status, closed) == (408, True) and json.loads(body)["error"]["code"] == "request_timeout"
+        assert classify(server.url).status_code == 200
+
+
+def test_a_front_ends_429_names_the_configured_queue_and_its_share():
+    """Issue 22, item 22: with --http-workers 2 --max-queue 3, the message gave the share (2) as the queue's size."""
+    from vggserve.serving.processes.remote import RemoteBackend
+    from vggserve.serving.scheduling.errors import QueueFull
+
+    backend = RemoteBackend(Settings(http_workers=2, max_queue=3, max_files=1), Metrics(), "unused", b"key", 0)
+    with pytest.raises(QueueFull) as full:
+        backend.queue.admit(3)
+    assert "--max-queue 3" in full.value.message and "2 front ends" in full.value.message
+    assert "share of it (2 images" in full.value.message
 
 
 def test_every_device_worker_dead_exits_3_and_stops_the_front_ends():

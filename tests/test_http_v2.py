@@ -4,6 +4,7 @@ the same limits, API key and deadlines as /classify. The engine's server runs in
 ends (the FP32 tensors then cross the shared-memory arena); the mpirun layout is in test_http_mpi."""
 
 import base64
+import gzip
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +15,11 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from conftest import TEST_DEVICE
+from fastapi.testclient import TestClient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from test_http_api import PNG
+from test_http_api import PNG, slow_app, wait_ready
 from test_http_frontends import running
 from test_http_process import wait_until
 from vggserve.labels import imagenet_labels
@@ -156,11 +158,29 @@ def test_a_mixed_batch_with_one_bad_image_is_a_400_naming_it(engine_server):
       "outputs": [{"name": "features"}]}, "unknown output"),
     ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}],
       "outputs": [{"name": "logits", "parameters": {"classification": 5000}}]}, "classification"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}],
+      "outputs": [{"name": "logits", "parameters": {"classification": 0}}]}, "classification"),
 ])
 def test_bad_requests_are_400_in_the_v2_shape(engine_server, body, fragment):
     r = httpx.post(engine_server.url + "/v2/models/vgg16/infer", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert set(r.json()) == {"error"} and fragment in r.json()["error"], r.text
+
+
+def test_tritonclient_reads_the_statistics_extension(engine_server):
+    """Issue 22, item 21: get_inference_statistics() was `404 unknown model 'stats'`. With front ends, the batches
+    are counted in the engine process and the requests in the front ends."""
+    client = client_for(engine_server)
+    assert "statistics" in client.get_server_metadata()["extensions"]
+    before = client.get_inference_statistics()["model_stats"][0]
+    client.infer("vgg16", [image_input(IMAGES[:2])])
+    (after,) = client.get_inference_statistics()["model_stats"]  # GET /v2/models/stats
+    assert (after["name"], after["version"]) == ("vgg16", "1")
+    assert after["inference_count"] - before["inference_count"] == 2
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 1
+    assert after["last_inference"] >= before["last_inference"] > 0
+    assert client.get_inference_statistics("vgg16")["model_stats"] == [after]
+    assert client.get_inference_statistics("vgg16", "1")["model_stats"] == [after]
 
 
 def test_broken_json_wrong_binary_size_and_unknown_model_or_version(engine_server):
@@ -284,3 +304,65 @@ def metric(server, name: str) -> float:
     """`name`'s value in the server's /metrics (the images waiting in its queue, for vggserve_queue_length)."""
     text = httpx.get(server.url + "/metrics", headers=KEY, timeout=10).text
     return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+# --- through TestClient, with a stand-in model ----------------------------------------------------------------
+
+def infer_body(*images: bytes, **output_parameters) -> dict:
+    body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(images)],
+                        "data": [base64.b64encode(x).decode() for x in images]}]}
+    if output_parameters:
+        body["outputs"] = [{"name": "probabilities", "parameters": output_parameters}]
+    return body
+
+
+@pytest.mark.parametrize("count", [0, -3])
+def test_a_classification_count_below_one_is_refused_like_one_above_the_classes(count):
+    """Issue 22, item 20: `"classification": 0` was ignored silently (the whole tensor came back)."""
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        for given in (count, 5000):
+            r = client.post("/v2/models/vgg16/infer", json=infer_body(PNG, classification=given))
+            assert r.status_code == 400 and "classification must be a count from 1 to 1000" in r.json()["error"], r.text
+        assert client.post("/v2/models/vgg16/infer", json=infer_body(PNG, classification=1000)).status_code == 200
+
+
+def test_statistics_count_every_request_image_and_batch_of_the_model_in_tritons_shape():
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        empty = client.get("/v2/models/stats").json()["model_stats"][0]
+        assert empty["inference_count"] == empty["execution_count"] == empty["last_inference"] == 0
+        assert set(empty["inference_stats"]) >= {"success", "fail", "queue", "compute_input", "compute_infer",
+                                                 "compute_output"}
+        for _ in range(2):
+            assert client.post("/classify", content=PNG, headers={"content-type": "image/png"}).status_code == 200
+        assert client.post("/v2/models/vgg16/infer", json=infer_body(PNG, PNG)).status_code == 200
+        assert client.post("/classify", content=b"not an image", headers={"content-type": "image/png"}
+                           ).status_code == 400
+        (stats,) = client.get("/v2/models/stats").json()["model_stats"]
+        assert (stats["name"], stats["version"]) == ("vgg16", "1") and stats["last_inference"] > 0
+        inference = stats["inference_stats"]
+        assert (inference["success"]["count"], inference["fail"]["count"]) == (3, 1)
+        assert stats["inference_count"] == 4 == inference["queue"]["count"] == inference["compute_infer"]["count"]
+        assert inference["compute_input"]["count"] == 4
+        assert all(inference[k]["ns"] > 0 for k in ("success", "fail", "queue", "compute_input", "compute_infer"))
+        batches = stats["batch_stats"]
+        assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 4
+        assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 1
+        assert client.get("/v2/models/vgg16/stats").json()["model_stats"] == [stats]
+        assert client.get("/v2/models/vgg16/versions/1/stats").json()["model_stats"] == [stats]
+        for path in ("/v2/models/resnet50/stats", "/v2/models/vgg16/versions/2/stats"):
+            r = client.get(path)
+            assert r.status_code == 404 and set(r.json()) == {"error"}, path
+
+
+def test_a_compressed_infer_body_is_inflated_and_other_encodings_are_415():
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        body = json.dumps(infer_body(PNG)).encode()
+        r = client.post("/v2/models/vgg16/infer", content=gzip.compress(body),
+                        headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert r.status_code == 200, r.text
+        r = client.post("/v2/models/vgg16/infer", content=body,
+                        headers={"content-type": "application/json", "content-encoding": "br"})
+        assert r.status_code == 415 and "Content-Encoding 'br'" in r.json()["error"], r.text

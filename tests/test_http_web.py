@@ -75,6 +75,22 @@ def test_cors_origin_lets_that_origin_in_even_with_an_api_key():
         assert other.headers.get("access-control-allow-origin") != "https://evil.example"
 
 
+def test_a_refused_preflight_is_our_json_error_with_the_request_id():
+    """Issue 22, item 18: it was Starlette's `400 Disallowed CORS origin` in text/plain, without X-Request-ID."""
+    with TestClient(slow_app(cors_origins=("https://app.example.com",))) as client:
+        wait_ready(client)
+        r = client.options("/classify", headers={**PREFLIGHT, "Origin": "https://evil.example",
+                                                 "X-Request-ID": "cors-1"})
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+        assert r.headers["x-request-id"] == "cors-1"
+        assert r.json()["error"]["code"] == "cors_refused"
+        assert "evil.example" in r.json()["error"]["message"] and "--cors-origin" in r.json()["error"]["message"]
+        method = client.options("/v2/models/vgg16/infer", headers={**PREFLIGHT, "Access-Control-Request-Method":
+                                                                   "DELETE"})
+        assert method.status_code == 400 and "method" in method.json()["error"]  # v2's shape under /v2
+        assert "x-request-id" in method.headers
+
+
 def test_cors_origin_flag_and_its_check():
     import pytest
 
@@ -101,3 +117,26 @@ def test_docs_load_every_asset_from_the_server_itself():
             assert r.status_code == 200 and len(r.content) > 1000, asset
         assert any(a.endswith("swagger-ui-bundle.js") for a in assets)
         assert client.get("/redoc").status_code == 200
+
+
+GET_PATHS = ["/health/live", "/health/ready", "/metadata", "/metrics", "/docs", "/redoc", "/openapi.json", "/v2",
+             "/v2/health/live", "/v2/health/ready", "/v2/models/vgg16", "/v2/models/vgg16/versions/1/ready",
+             "/v2/models/vgg16/config", "/v2/models/stats"]
+
+
+def test_head_answers_every_get_endpoint_like_get_without_a_body():
+    """Issue 22, item 8: load balancers and uptime probes send HEAD; it was 405."""
+    with TestClient(slow_app()) as client:
+        wait_ready(client)
+        for path in GET_PATHS:
+            head, get = client.head(path), client.get(path)
+            assert head.status_code == get.status_code == 200, (path, head.status_code)
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+            assert "x-request-id" in head.headers
+        assert int(client.head("/health/live").headers["content-length"]) == len(client.get("/health/live").content)
+        not_get = client.head("/classify")  # a POST endpoint: still 405
+        assert not_get.status_code == 405 and not_get.headers["allow"] == "POST"
+        assert client.head("/nowhere").status_code == 404
+        with TestClient(slow_app(api_key="k3y")) as keyed:
+            assert keyed.head("/health/live").status_code == 200
+            assert keyed.head("/metadata").status_code == 401

@@ -64,6 +64,10 @@ def register(subparsers) -> None:
     add_precision_arg(p)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
+    p.add_argument("--read-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a request's headers may take to arrive in full, and its body may pause; a slower "
+                        "client gets 408 and its connection is closed (default 60, as nginx's "
+                        "client_header_timeout and client_body_timeout)")
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on every endpoint but /health/* (default: "
                         "$VGGSERVE_API_KEY; none if unset). Prefer the variable: arguments show in `ps`")
@@ -87,7 +91,8 @@ def _settings(args, **overrides):
         max_pixels=args.max_pixels, max_files=args.max_files,
         preprocess_threads=args.preprocess_threads,  # None: the default for the number of processes
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
-        drain_timeout_s=args.drain_timeout, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        drain_timeout_s=args.drain_timeout, read_timeout_s=args.read_timeout,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         warmup=not args.no_warmup, resize_on=args.resize_on, decode=args.decode, precision=args.precision,
         cors_origins=tuple(args.cors_origin))
     values.update(overrides)

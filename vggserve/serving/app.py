@@ -12,13 +12,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
-from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__
 from .web.auth import OPEN_PATHS, ApiKeyMiddleware
+from .web.cors import JsonCORSMiddleware
 from .web.drain import DrainMiddleware
+from .web.head import HeadAsGetMiddleware
 from .protocols.errors import UnexpectedErrorMiddleware, install_error_handlers
-from .web.limits import BodySizeLimitMiddleware
+from .web.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from .web.request_id import HEADER as REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import RequestMetricsMiddleware
 from .protocols.classify import router as classify_router
@@ -59,18 +60,21 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
     app.include_router(health_router)
     app.include_router(info_router)
     app.include_router(v2_router)
-    # add_middleware puts each one outside the previous: requests meet metrics, CORS (preflights answered before
-    # the API key is asked for), the request id, the 500 for unexpected errors, drain, auth, then the body limit
+    # add_middleware puts each one outside the previous: requests meet metrics, the request id, CORS (preflights
+    # answered before the API key is asked for), the 500 for unexpected errors, drain, auth, the body's size limit and
+    # its timeout, then HEAD routed as GET
+    app.add_middleware(HeadAsGetMiddleware, router=app.router)
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.read_timeout_s)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(DrainMiddleware, drain=service.drain)
     app.add_middleware(UnexpectedErrorMiddleware)
-    app.add_middleware(RequestIdMiddleware)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"], max_age=600,
+        app.add_middleware(JsonCORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "HEAD", "POST"], allow_headers=["*"], max_age=600,
                            expose_headers=[REQUEST_ID_HEADER, "Retry-After", "Inference-Header-Content-Length"])
+    app.add_middleware(RequestIdMiddleware)
     app.add_middleware(RequestMetricsMiddleware, metrics=service.metrics)
     app.openapi = lambda: _openapi(app, bool(settings.api_key))
     return app

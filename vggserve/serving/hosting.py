@@ -11,6 +11,8 @@ import sys
 
 import uvicorn
 
+from .web.connection import protocol_class
+
 # after the drain, how long uvicorn waits for idle connections to close before it stops
 CLOSE_CONNECTIONS_S = 5
 NO_WORKERS_EXIT = 3  # every device worker died (as DeviceError): a supervisor should restart the service
@@ -51,8 +53,11 @@ def announce_when_ready(service, sock: socket.socket, host: str, banner: str) ->
 
 
 def uvicorn_config(app, log_level: str, access_log: bool, **where) -> uvicorn.Config:
-    """uvicorn's configuration for our app; `where` is host and port (or nothing, to serve given sockets)."""
+    """uvicorn's configuration for our app (from `create_app`: its service's settings and metrics apply to the
+    connections too); `where` is host and port (or nothing, to serve given sockets)."""
+    service = app.state.service
     return uvicorn.Config(app, log_level=log_level, access_log=access_log,
+                          http=protocol_class(service.settings.read_timeout_s, service.metrics),
                           timeout_graceful_shutdown=CLOSE_CONNECTIONS_S, lifespan="on", server_header=False, **where)
 
 

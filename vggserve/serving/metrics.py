@@ -11,7 +11,7 @@ import os
 import time
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
@@ -26,7 +26,8 @@ _V2_MODEL = [f"/v2/models/{VGG16_CARD.name}{v}" for v in ("", f"/versions/{VGG16
 V2_INFER = tuple(m + "/infer" for m in _V2_MODEL)
 KNOWN_ENDPOINTS = ("/classify", "/classify/batch", "/health/live", "/health/ready", "/metadata", "/metrics",
                    "/docs", "/openapi.json", "/v2", "/v2/health/live", "/v2/health/ready", *_V2_MODEL, *V2_INFER,
-                   *(m + "/ready" for m in _V2_MODEL), *(m + "/config" for m in _V2_MODEL))
+                   *(m + "/ready" for m in _V2_MODEL), *(m + "/config" for m in _V2_MODEL), "/v2/models/stats",
+                   *(m + "/stats" for m in _V2_MODEL))
 TIMED_ENDPOINTS = ("/classify", "/classify/batch", *V2_INFER)
 
 
@@ -95,6 +96,30 @@ class Metrics:
                                           "device.", ["device"], registry=r, multiprocess_mode="livemax")
         self.workers_ready = Gauge("vggserve_workers_ready", "Device workers that are ready.", registry=r,
                                    multiprocess_mode="livesum")
+        # what v2's statistics extension reports (protocols.v2_stats)
+        self.request_outcomes = Summary("vggserve_request_outcome_seconds", "Time per /classify, /classify/batch "
+                                        "and v2 infer request by outcome: success (status 200) or fail.",
+                                        ["outcome"], registry=r)
+        self.batches = Summary("vggserve_batch_inference_seconds", "Device time per batch, by the batch's size.",
+                               ["size"], registry=r)
+        self.last_inference = Gauge("vggserve_last_inference_timestamp_seconds", "When the last batch was "
+                                    "computed (Unix time).", registry=r, multiprocess_mode="max")
+
+    def batch_done(self, size: int, seconds: float) -> None:
+        """A device batch of `size` images computed in `seconds`."""
+        self.inference_seconds.observe(seconds)
+        self.batches.labels(size=str(size)).observe(seconds)
+        self.last_inference.set(time.time())
+
+    def samples(self) -> dict[tuple, float]:
+        """{(sample name, *sorted label items): value} of every metric (in multiprocess mode: of every process)."""
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        else:
+            registry = self.registry
+        return {(s.name, *sorted(s.labels.items())): s.value for family in registry.collect()
+                for s in family.samples}
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type (in multiprocess mode: every process's values)."""
@@ -133,4 +158,7 @@ class RequestMetricsMiddleware:
             endpoint = endpoint_label(scope.get("path", ""))
             self.metrics.requests.labels(endpoint=endpoint, status=str(status["code"])).inc()
             if endpoint in TIMED_ENDPOINTS:
-                self.metrics.request_seconds.observe(time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                self.metrics.request_seconds.observe(seconds)
+                outcome = "success" if status["code"] == 200 else "fail"
+                self.metrics.request_outcomes.labels(outcome=outcome).observe(seconds)

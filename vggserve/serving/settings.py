@@ -4,9 +4,10 @@ import os
 from dataclasses import dataclass, field, fields
 
 from ..errors import VggserveError
+from ..weights.spec import NUM_CLASSES
 
 API_KEY_ENV = "VGGSERVE_API_KEY"
-MAX_TOP_K = 100  # the `top_k` query parameter is bounded to 1..MAX_TOP_K
+MAX_TOP_K = NUM_CLASSES  # `top_k` is 1..MAX_TOP_K, as the CLI's --top-k and v2's `classification`
 MAX_TIMEOUT_MS = 600_000  # the largest deadline a request header may ask for (10 minutes)
 
 
@@ -102,8 +103,11 @@ _BOUNDS = {
     "preprocess_threads": (1, 256, "--preprocess-threads", "4"),
     "preprocess_procs": (0, 256, "--preprocess-procs", "8"),
     "drain_timeout_s": (0, 3600, "--drain-timeout", "30"),
+    "read_timeout_s": (0.01, 3600, "--read-timeout", "60"),
     "http_workers": (1, 64, "--http-workers", "4"),
 }
+
+_REAL = ("max_wait_ms", "drain_timeout_s", "read_timeout_s")  # the others are integers
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,9 @@ class Settings:
     # worker processes decoding images (0: decode in the threads above); see vggserve.serving.scheduling.procpool
     preprocess_procs: int = field(default_factory=default_preprocess_procs)
     drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight requests may take before exit
+    # a request's headers must all arrive within this time, and its body may pause no longer (408 and the connection
+    # closed), as nginx's client_header_timeout and client_body_timeout
+    read_timeout_s: float = 60.0
     api_key: str | None = None  # when set, every endpoint but /health/* needs `Authorization: Bearer <key>`
     warmup: bool = True  # each device worker runs one batch before the service reports ready
     mpi: bool = False  # set by `mpirun -n N vggserve serve`: batches are sharded over all ranks
@@ -188,12 +195,12 @@ class Settings:
     def _check_range(self, name: str, value) -> None:
         low, high, flag, example = _BOUNDS[name]
         is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if name in ("max_wait_ms", "drain_timeout_s"):
+        if name in _REAL:
             ok = is_number and value == value  # not NaN
         else:
             ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok or not low <= value <= high:
-            kind = "a number" if name in ("max_wait_ms", "drain_timeout_s") else "an integer"
+            kind = "a number" if name in _REAL else "an integer"
             raise SettingsError(f"{flag} must be {kind} from {low} to {high}, got {value!r}; "
                                 f"pass e.g. {flag} {example}")
 

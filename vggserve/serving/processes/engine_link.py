@@ -39,7 +39,7 @@ from typing import Callable
 
 from ...modelinput import ModelInput
 from ..scheduling.batcher import Admission
-from ..scheduling.errors import SchedulingError, Unavailable, shutting_down
+from ..scheduling.errors import QueueFull, SchedulingError, Unavailable, shutting_down
 from ..metrics import Metrics
 from ...ipc.shm import Arena, Shared, make_arena
 from ..threadnames import name_this_thread
@@ -136,16 +136,22 @@ class RemoteQueue(Admission):
     """The front end's queue: admission against this process's share of --max-queue (an image holds its place
     from admission until the engine answers it), images sent to the engine, answers matched back to them."""
 
-    def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None]):
+    def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None],
+                 shares: tuple[int, int] | None = None):
+        """`shares`: (--max-queue, front ends) that `capacity` is a share of, for the 429's message."""
         self._lock = threading.Lock()
         super().__init__(capacity, metrics, self._lock)
         self._send = send
+        self._shares = shares
         self._pending: dict[int, RemoteItem] = {}
         self._ids = itertools.count()
         self.arena: Arena | None = None  # set on connect when shared memory is available
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    def full(self) -> QueueFull:
+        return QueueFull(self.capacity, *self._shares) if self._shares else super().full()
 
     def submit(self, image: ModelInput, deadline: float, want_logits: bool = False) -> RemoteItem:
         """Send one admitted image to the engine."""
@@ -194,7 +200,8 @@ class RemoteQueue(Admission):
 class EngineClient:
     """A front end's connection to the engine: the link, the remote queue, the engine's last state, calls."""
 
-    def __init__(self, address: str, authkey: bytes, capacity: int, metrics: Metrics, index: int):
+    def __init__(self, address: str, authkey: bytes, capacity: int, metrics: Metrics, index: int,
+                 shares: tuple[int, int] | None = None):
         self.address = address
         self.authkey = authkey
         self.index = index
@@ -204,7 +211,7 @@ class EngineClient:
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
         self.link: Link | None = None
-        self.queue = RemoteQueue(capacity, metrics, self._send)
+        self.queue = RemoteQueue(capacity, metrics, self._send, shares)
         self._arena: Arena | None = None
         self._stopping = False
 

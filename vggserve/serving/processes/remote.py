@@ -20,7 +20,8 @@ class RemoteBackend:
     def __init__(self, settings: Settings, metrics: Metrics, address: str, authkey: bytes, index: int):
         self.settings = settings
         self.index = index
-        self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index)
+        self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index,
+                                   shares=(settings.max_queue, settings.http_workers))
         self.pool: ThreadPoolExecutor | None = None
         self.on_change: Callable[[], None] = lambda: None
         self.on_all_dead: Callable[[str], None] = lambda reasons: None

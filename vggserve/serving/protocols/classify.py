@@ -19,7 +19,8 @@ _BINARY = {"type": "string", "format": "binary"}
 SINGLE_BODY = {"requestBody": {"required": True, "description": (
     f"The image, either as the multipart field `{SINGLE_FIELD}` or as the raw body with an image/* Content-Type "
     "or application/octet-stream (the format is sniffed from the bytes). "
-    "JPEG, PNG, WebP, GIF (first frame), BMP and TIFF are accepted."), "content": {
+    "JPEG, PNG, WebP, GIF (first frame), BMP and TIFF are accepted. The body may come compressed "
+    "(`Content-Encoding: gzip` or `deflate`)."), "content": {
     "multipart/form-data": {"schema": {"type": "object", "required": [SINGLE_FIELD],
                                        "properties": {SINGLE_FIELD: _BINARY}}},
     "image/*": {"schema": _BINARY}, "application/octet-stream": {"schema": _BINARY}}}}
@@ -68,14 +69,14 @@ async def _classify(request: Request, service, uploads: list, started: float, de
 
 @router.post("/classify", response_model=ClassifyResponse, openapi_extra=SINGLE_BODY,
              summary="Classify one image",
-             responses=error_responses(400, 401, 413, 415, 422, 429, 500, 503, 504))
+             responses=error_responses(400, 401, 408, 413, 415, 422, 429, 500, 503, 504))
 async def classify(request: Request, top_k: int = TopK, x_request_timeout_ms: int = TimeoutHeader):
     """Classify one image with VGG16; requests arriving together are batched on the devices."""
     started = time.monotonic()
     service = request.app.state.service
     service.ensure_accepting()
     deadline = deadline_for(service, started, x_request_timeout_ms)
-    upload = await read_single(request)
+    upload = await read_single(request, service.settings.max_body_bytes)
     (result,) = await _classify(request, service, [upload], started, deadline)
     if result.error is not None:
         raise as_api_error(result.error)
@@ -86,7 +87,7 @@ async def classify(request: Request, top_k: int = TopK, x_request_timeout_ms: in
 
 @router.post("/classify/batch", response_model=BatchResponse, openapi_extra=BATCH_BODY,
              summary="Classify several images",
-             responses=error_responses(400, 401, 413, 415, 422, 429, 503))
+             responses=error_responses(400, 401, 408, 413, 415, 422, 429, 503))
 async def classify_batch(request: Request, top_k: int = TopK, x_request_timeout_ms: int = TimeoutHeader):
     """Classify several images sent in one multipart request. The answer is 200 with one entry per file, in order:
     predictions, or an error (same codes as /classify) for a file that failed."""
@@ -94,7 +95,7 @@ async def classify_batch(request: Request, top_k: int = TopK, x_request_timeout_
     service = request.app.state.service
     service.ensure_accepting()
     deadline = deadline_for(service, started, x_request_timeout_ms)
-    uploads = await read_batch(request, service.settings.max_files)
+    uploads = await read_batch(request, service.settings.max_files, service.settings.max_body_bytes)
     results = await _classify(request, service, uploads, started, deadline)
     entries = []
     for upload, result in zip(uploads, results):

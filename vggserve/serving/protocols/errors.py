@@ -20,8 +20,9 @@ log = logging.getLogger("vggserve.serving")
 
 # codes for HTTP errors that Starlette/FastAPI raise themselves
 _STATUS_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-                 406: "not_acceptable", 413: "payload_too_large", 415: "unsupported_media_type",
-                 422: "invalid_request", 429: "queue_full", 500: "internal_error", 503: "unavailable"}
+                 406: "not_acceptable", 408: "request_timeout", 413: "payload_too_large",
+                 415: "unsupported_media_type", 422: "invalid_request", 429: "queue_full", 500: "internal_error",
+                 503: "unavailable"}
 
 
 class ApiError(Exception):
@@ -194,14 +195,17 @@ def error_responses(*statuses: int) -> dict:
 
 
 ERROR_DESCRIPTIONS = {
-    400: "Bad request: not an image, empty body, truncated file, missing `file` field, malformed multipart "
-         "(codes `invalid_image`, `empty_body`, `missing_file`, `bad_request`).",
+    400: "Bad request: not an image, empty body, truncated file, missing `file` field, malformed multipart, a "
+         "compressed body that does not inflate (codes `invalid_image`, `empty_body`, `missing_file`, "
+         "`invalid_multipart`, `bad_request`).",
     401: "Missing or wrong `Authorization: Bearer <key>` when the server has an API key (code `unauthorized`).",
-    413: "Body larger than the server's limit (code `payload_too_large`), or an image with more pixels than "
-         "allowed, decided from its header (code `image_too_large`).",
-    415: "Content type not accepted, or an image format outside the allowlist such as SVG or PDF "
-         "(codes `unsupported_media_type`, `unsupported_image_format`).",
-    422: "A query parameter or header out of range, e.g. `top_k` (code `invalid_request`).",
+    408: "The body stopped arriving for the server's --read-timeout; the connection is closed (code "
+         "`request_timeout`).",
+    413: "Body larger than the server's limit, inflated when it came compressed (code `payload_too_large`), or an "
+         "image with more pixels than allowed, decided from its header (code `image_too_large`).",
+    415: "Content type or Content-Encoding not accepted (gzip and deflate are), or an image format outside the "
+         "allowlist such as SVG or PDF (codes `unsupported_media_type`, `unsupported_image_format`).",
+    422: "A query parameter or header out of range, e.g. `top_k` above 1000 (code `invalid_request`).",
     429: "The queue is full; retry after the `Retry-After` header's seconds (code `queue_full`).",
     500: "Inference failed on a device (code `inference_failed`), a preprocessing worker process died (code "
          "`preprocess_failed`) or an unexpected error (code `internal_error`).",

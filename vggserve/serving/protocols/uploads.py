@@ -1,6 +1,7 @@
 """Reading images out of a request: a multipart file field, or the raw body with an image/* content type or
 application/octet-stream (what many clients send for any file). The bytes decide the format either way: the
-decoder sniffs them, whatever the content type claims."""
+decoder sniffs them, whatever the content type claims. A request without a body is `empty_body` whatever its
+content type; a compressed body is inflated first (protocols.encodings)."""
 
 from dataclasses import dataclass
 
@@ -8,6 +9,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .encodings import decoded
 from .errors import ApiError
 
 SINGLE_FIELD = "file"
@@ -36,6 +38,22 @@ def _empty(name: str | None) -> ApiError:
     return ApiError(400, "empty_body", f"the {what} is empty; send the image's bytes")
 
 
+def _without_body(request: Request) -> bool:
+    """Whether the request says it has no body: Content-Length 0, or neither a length nor chunks (RFC 9112)."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        return length.strip() == "0"
+    return "transfer-encoding" not in request.headers
+
+
+async def _opened(request: Request, max_body_bytes: int) -> Request:
+    """The request to read the images from: `empty_body` first, whatever the content type, then inflated if it
+    came compressed."""
+    if _without_body(request):
+        raise _empty(None)
+    return await decoded(request, max_body_bytes)
+
+
 async def _read_form(request: Request, max_files: int):
     try:
         return await request.form(max_files=max_files, max_fields=MAX_FORM_FIELDS)
@@ -53,8 +71,9 @@ async def _read_file(value, field: str) -> Upload:
     return Upload(value.filename, data)
 
 
-async def read_single(request: Request) -> Upload:
+async def read_single(request: Request, max_body_bytes: int) -> Upload:
     """The one image of POST /classify."""
+    request = await _opened(request, max_body_bytes)
     media = media_type(request)
     if media == "multipart/form-data":
         form = await _read_form(request, max_files=1)
@@ -75,8 +94,9 @@ async def read_single(request: Request) -> Upload:
                        "body with an image/* Content-Type such as image/jpeg (or application/octet-stream)")
 
 
-async def read_batch(request: Request, max_files: int) -> list[Upload | ApiError]:
+async def read_batch(request: Request, max_files: int, max_body_bytes: int) -> list[Upload | ApiError]:
     """The images of POST /classify/batch, in order; an empty file becomes an error in its place."""
+    request = await _opened(request, max_body_bytes)
     media = media_type(request)
     if media != "multipart/form-data":
         raise _unsupported(media, f"send the images as multipart/form-data, each in a field named {BATCH_FIELD!r}")

@@ -6,16 +6,17 @@ queue, batching, limits, API key, deadlines, drain and metrics, in every server 
     GET  /v2/models/vgg16[/versions/1]               model metadata: inputs and outputs from the model card
     GET  /v2/models/vgg16[/versions/1]/ready         200 or 503
     GET  /v2/models/vgg16[/versions/1]/config        the model configuration Triton's clients ask for
+    GET  /v2/models/stats, /v2/models/vgg16[/versions/1]/stats   statistics (Triton's extension, v2_stats)
     POST /v2/models/vgg16[/versions/1]/infer         inference (JSON and binary tensor data, classification)
 
 Errors are v2's `{"error": "..."}`: a malformed request, a wrong input name, datatype, shape or size, or an image
-that cannot be decoded is 400; an unknown model or version 404; a full queue 429; a passed deadline 504; a server
-that is loading or draining 503. The request's `parameters.timeout` (microseconds, as Triton's clients send it) or
-the `X-Request-Timeout-Ms` header sets its deadline.
+that cannot be decoded is 400; an unknown model or version 404; a Content-Encoding other than gzip or deflate 415;
+a full queue 429; a passed deadline 504; a server that is loading or draining 503. The request's
+`parameters.timeout` (microseconds, as Triton's clients send it) or the `X-Request-Timeout-Ms` header sets its
+deadline.
 """
 
 import time
-import zlib
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -29,12 +30,14 @@ from ..modelcard import ModelCard
 from ..scheduling.pipeline import deadline_for, run_inputs
 from ..settings import MAX_TIMEOUT_MS
 from .classify import client_gone
+from .encodings import inflated_body
 from .errors import ApiError, as_api_error
+from .v2_stats import model_statistics
 from .v2_codec import HEADER_LENGTH, V2RequestError, classifications, encode_response, parse_request, split_body
 
 router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"])
 
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics"]
 
 
 class V2Error(BaseModel):
@@ -78,7 +81,9 @@ class ModelMetadata(BaseModel):
 _DESCRIPTIONS = {400: "A malformed request, a wrong input name, datatype, shape or size, or an undecodable image.",
                  401: "Missing or wrong `Authorization: Bearer <key>` when the server has an API key.",
                  404: "No such model or version.",
-                 413: "The body is larger than the server's --max-body-bytes.",
+                 408: "The body stopped arriving for the server's --read-timeout; the connection is closed.",
+                 413: "The body is larger than the server's --max-body-bytes (inflated, when it came compressed).",
+                 415: "A Content-Encoding other than gzip or deflate.",
                  429: "The queue is full; retry after `Retry-After` seconds.",
                  499: "The client went away.",
                  500: "Inference failed on a device, or an unexpected error.",
@@ -168,6 +173,17 @@ async def model_config(request: Request, model: str, version: str | None = None)
                            "preprocessing": {"string_value": service.preprocessing}}}
 
 
+async def all_model_stats(request: Request):
+    """Triton's statistics extension, for every model served (the one)."""
+    service = request.app.state.service
+    return {"model_stats": [model_statistics(service.metrics.samples(), service.card)]}
+
+
+async def model_stats(request: Request, model: str, version: str | None = None):
+    _check_model(_card(request), model, version)
+    return await all_model_stats(request)
+
+
 # inference --------------------------------------------------------------------------------------------------
 def _v2_error(exc: BaseException) -> ApiError:
     """v2's status for one image's failure: an image that cannot be used is a bad request (400), whatever kind."""
@@ -175,25 +191,6 @@ def _v2_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ImageError):
         return ApiError(400, error.code, error.message)
     return error
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, inflated when it came gzip- or deflate-compressed (tritonclient can), at most `limit`."""
-    body = await request.body()
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise ApiError(400, "invalid_request", f"Content-Encoding {encoding!r} is not supported; send gzip, deflate "
-                       "or an uncompressed body")
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise ApiError(400, "invalid_request", f"the {encoding} body cannot be inflated ({exc})") from None
-    if len(out) > limit:
-        raise ApiError(413, "payload_too_large", f"the inflated body is over {limit} bytes; send a smaller batch")
-    return out
 
 
 def _timeout_ms(request: Request, timeout_us: int | None) -> float | None:
@@ -239,7 +236,7 @@ async def infer(request: Request, model: str, version: str | None = None):
     card = service.card
     _check_model(card, model, version)
     service.ensure_accepting()
-    body = await _body(request, service.settings.max_body_bytes)
+    body = await inflated_body(request, service.settings.max_body_bytes)
     try:
         parsed = parse_request(*split_body(body, request.headers.get(HEADER_LENGTH)), card, service.settings.max_files)
     except V2RequestError as exc:
@@ -267,15 +264,18 @@ async def infer(request: Request, model: str, version: str | None = None):
     return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
 
 
+_STATS = dict(summary="Statistics (Triton's statistics extension)", responses=_errors(401, 404))
+router.add_api_route("/models/stats", all_model_stats, methods=["GET"], **_STATS)  # before /models/{model} takes it
 for _path, _endpoint, _kwargs in (
         ("/models/{model}", model_metadata, dict(response_model=ModelMetadata, summary="Model metadata",
                                                  responses=_errors(401, 404))),
         ("/models/{model}/ready", model_ready, dict(response_model=ModelReady, summary="Model readiness",
                                                     responses={**_errors(401, 404), 503: {"model": ModelReady}})),
         ("/models/{model}/config", model_config, dict(summary="Model configuration (Triton's)",
-                                                      responses=_errors(401, 404)))):
+                                                      responses=_errors(401, 404))),
+        ("/models/{model}/stats", model_stats, _STATS)):
     for _route_path in (_path, _both(_path)):
         router.add_api_route(_route_path, _endpoint, methods=["GET"], **_kwargs)
 for _route_path in ("/models/{model}/infer", _both("/models/{model}/infer")):
     router.add_api_route(_route_path, infer, methods=["POST"], summary="Inference", openapi_extra=_INFER_BODY,
-                         responses={**_INFER_OK, **_errors(400, 401, 404, 413, 429, 500, 503, 504)})
+                         responses={**_INFER_OK, **_errors(400, 401, 404, 408, 413, 415, 429, 500, 503, 504)})

@@ -229,8 +229,9 @@ def _outputs(outputs, binary_default: bool, card: ModelCard) -> list[RequestedOu
             raise V2RequestError(f"unknown output {name!r}; {card.name} gives "
                                  + " and ".join(f"{t.name!r}" for t in card.outputs))
         params = _parameters(requested, f"output {requested['name']!r}")
-        classes = params.get("classification", 0)
-        if not isinstance(classes, int) or isinstance(classes, bool) or not 0 <= classes <= card.classes:
+        classes = params.get("classification", 0)  # absent: the tensor itself; given, it must be a count
+        if "classification" in params and (not isinstance(classes, int) or isinstance(classes, bool)
+                                           or not 1 <= classes <= card.classes):
             raise V2RequestError(f"output {requested['name']!r}: classification must be a count from 1 to "
                                  f"{card.classes}, got {classes!r}")
         out.append(RequestedOutput(requested["name"], bool(params.get("binary_data", binary_default)), classes))

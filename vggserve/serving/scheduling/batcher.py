@@ -69,8 +69,12 @@ class Admission:
                 raise self._closed
             if self._admitted + n > self.capacity:
                 self.metrics.rejected.labels(reason="queue_full").inc()
-                raise QueueFull(self.capacity)
+                raise self.full()
             self._admitted += n
+
+    def full(self) -> QueueFull:
+        """The refusal of an image beyond the room."""
+        return QueueFull(self.capacity)
 
     def release(self, n: int) -> None:
         """Give back reserved room that will not be submitted (the image failed to decode, say)."""

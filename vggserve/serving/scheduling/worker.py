@@ -184,7 +184,7 @@ class DeviceWorker:
         if rows.ndim != 2 or len(rows) != len(batch):  # else zip would leave images unanswered, waiting forever
             raise RuntimeError(f"the model returned {len(rows) if rows.ndim else 0} rows for a batch of {len(batch)} "
                                f"images (shape {rows.shape})")
-        self.metrics.inference_seconds.observe(seconds)
+        self.metrics.batch_done(len(batch), seconds)
         self.batches += 1
         probs = softmax(rows) if want == "logits" else rows
         for item, prob, row in zip(batch, probs, rows):

@@ -1,2 +1,3 @@
-"""HTTP plumbing shared by every protocol: pure ASGI middlewares (API key, body limit, drain, request ids, CORS) and
-the self-hosted API docs."""
+"""HTTP plumbing shared by every protocol: the HTTP connection under uvicorn (deadline on the headers, JSON for what
+the parser refuses), pure ASGI middlewares (API key, the body's size and pace, drain, request ids, CORS, HEAD as GET)
+and the self-hosted API docs."""

@@ -13,6 +13,12 @@ current = contextvars.ContextVar("vggserve_request_id", default="-")
 log = logging.getLogger("vggserve.requests")
 
 
+def usable_id(given: str) -> str | None:
+    """A client's X-Request-ID if it is usable as it is (printable, no spaces, short), else None."""
+    given = given.strip()
+    return given if _USABLE.fullmatch(given) else None
+
+
 def request_id(scope) -> str:
     """The id of the request in `scope` (set by the middleware), or a fresh one."""
     return (scope.get("state") or {}).get("request_id") or uuid.uuid4().hex
@@ -47,8 +53,8 @@ class RequestIdMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        given = next((v.decode("latin-1").strip() for k, v in scope.get("headers", ()) if k == self.header), "")
-        rid = given if _USABLE.fullmatch(given) else uuid.uuid4().hex
+        given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == self.header), "")
+        rid = usable_id(given) or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
         token = current.set(rid)
         started, status = time.perf_counter(), {"code": 500}

@@ -1,0 +1,107 @@
+"""The HTTP/1.1 connection under uvicorn (its httptools protocol, specialised): what happens before a request reaches
+the app.
+
+- A request's headers must all arrive within `read_timeout_s` of its first byte (of the connection's opening, for
+  its first request), as nginx's client_header_timeout: else 408 and the connection is closed. A connection that
+  sends nothing at all in that time is closed without an answer (as an idle keep-alive connection is), since
+  browsers open spare connections they may never use. The body's timeout is the app's (web.limits).
+- A request the parser refuses (a Content-Length that is not a number, a malformed request line, ...) gets 400.
+
+Both answers are the project's JSON error body (v2's shape under /v2) with an X-Request-ID, not uvicorn's text/plain,
+and are counted in vggserve_requests_total like any answer.
+"""
+
+import json
+import sys
+import uuid
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from ..metrics import Metrics, endpoint_label
+from ..protocols.errors import error_body
+from .request_id import HEADER as REQUEST_ID_HEADER, usable_id
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on the headers and JSON answers for what the parser refuses.
+    `protocol_class` makes the subclass a server uses, with its timeout and metrics."""
+
+    read_timeout_s = 60.0
+    metrics: Metrics | None = None
+
+    def connection_made(self, transport) -> None:
+        self._head_timer = None
+        self._in_head = False  # between the first byte of a request and the end of its headers
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        if self._head_timer is None:
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """Called by uvicorn while it handles the parser's error (in its `except` block)."""
+        why = sys.exc_info()[1]
+        self._answer(400, "bad_request", f"the request is not valid HTTP/1.1: {why or msg}; check the request line "
+                     "and headers (a Content-Length must be a decimal number of bytes)")
+
+    # the deadline on the headers --------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.read_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _headers_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm()  # a pipelined request waits for the answer to the one before it; so does its deadline
+        elif not self._in_head:
+            self.transport.close()
+        else:
+            self._answer(408, "request_timeout", f"the request's headers did not arrive within the server's "
+                         f"{self.read_timeout_s:g} s (--read-timeout); send the whole request at once")
+
+    # answering without the app ----------------------------------------------------------------------------------
+    def _path(self) -> str:
+        url = getattr(self, "url", b"") or b""
+        return url.split(b"?", 1)[0].decode("latin-1")
+
+    def _answer(self, status: int, code: str, message: str) -> None:
+        """Write one JSON error answer and close the connection."""
+        path = self._path()
+        given = next((v.decode("latin-1") for k, v in self.headers or () if k == REQUEST_ID_HEADER.lower().encode()),
+                     "")
+        rid = usable_id(given) or uuid.uuid4().hex
+        body = json.dumps(error_body(code, message, path), separators=(",", ":")).encode()
+        head = [STATUS_LINE[status]]
+        for name, value in [*self.server_state.default_headers, (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
+                            (REQUEST_ID_HEADER.lower().encode(), rid.encode())]:
+            head.extend([name, b": ", value, b"\r\n"])
+        self.transport.write(b"".join([*head, b"\r\n", body]))
+        self.transport.close()
+        if self.metrics is not None:
+            self.metrics.requests.labels(endpoint=endpoint_label(path), status=str(status)).inc()
+
+
+def protocol_class(read_timeout_s: float, metrics: Metrics | None = None) -> type[GuardedProtocol]:
+    """The protocol class for uvicorn.Config(http=...): headers due within `read_timeout_s`, answers counted in
+    `metrics`."""
+    return type("VggserveHttpProtocol", (GuardedProtocol,), {"read_timeout_s": read_timeout_s, "metrics": metrics})
