@@ -8,6 +8,8 @@
  * means decoding every symbol that starts before the chunk's end, from an entry state; its exit state is the entry
  * of chunk j + 1. The first chunk of a segment knows its entry; the others start from a guess (the chunk's first
  * byte, u = 0, k = 0). Huffman codes resynchronise: a wrong start soon decodes the same symbols as a right one.
+ * While synchronising nothing stops a decode: a code no table has counts as an end of block after 16 bits, a run
+ * past coefficient 63 ends the block, bits past the data are zeros; jpeg_decode, from exact entries, flags these.
  *
  *   jpeg_sync (run JE_ROUNDS times): every chunk decodes from its entry -- the previous round's exit of the chunk
  *       before it -- and records its exit, the blocks it completed and the sum of the DC differences it read per
@@ -147,9 +149,17 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
         __global const int *t = tab + (dc ? cr[4] : cr[5]) * JH_TAB;
         const uint w = je_peek(d, *pos, *bit, end);
         int len, val;
-        const int sym = je_symbol(w, t, dc, &len, &val);
-        if (sym < 0) return JH_BAD_CODE;
-        if (!je_skip(d, pos, bit, len, end)) return JH_PAST_DATA;
+        int sym = je_symbol(w, t, dc, &len, &val);
+        if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, take 16 of them as an end of block */
+            if (coef) return JH_BAD_CODE;
+            sym = 0; len = 16; val = 0;
+        }
+        if (!je_skip(d, pos, bit, len, end)) {
+            if (coef) return JH_PAST_DATA;
+            *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
+            *bit = 0;
+            return 0;
+        }
         __global short *blk = 0;
         if (coef) {
             const int b = b0 + *blocks;
@@ -166,7 +176,10 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
             const int run = sym >> 4, size = sym & 15;
             if (size) {
                 *k += run;
-                if (*k > 63) return JH_BAD_INDEX;
+                if (*k > 63) {
+                    if (coef) return JH_BAD_INDEX;
+                    *k = 63;  /* while synchronising, as libjpeg does: the block ends */
+                }
                 if (blk) blk[je_natural[*k]] = (short)val;
                 *k += 1;
             } else if (run == 15) {
@@ -209,9 +222,7 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
     }
     int blocks = 0, dcsum[3] = {0, 0, 0};
     if (valid) {
-        const int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, dcsum, 0, 0, 0,
-                               0, 0);
-        valid = (why == 0);
+        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, dcsum, 0, 0, 0, 0, 0);
     }
     __global int *o = next + j * JE_STATE;
     const int p = pos * 8 + bit;
