@@ -226,9 +226,10 @@ class DecodePool:
     def _launch(self, region: int) -> _Process:
         """Start a process for `region` (a fresh interpreter; nothing of this process is inherited)."""
         ours, theirs = socket.socketpair()
+        shared = (self.ring.fd,) if self.ring is not None else ()  # the ring has no name: it goes by descriptor
         try:
             popen = subprocess.Popen([sys.executable, "-c", CHILD_CODE, PACKAGE_ROOT, str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                                     pass_fds=(theirs.fileno(), *shared), stdin=subprocess.DEVNULL)
         except OSError as exc:
             ours.close()
             raise DecodePoolError(f"cannot start a decode process: {exc}") from exc
