@@ -247,6 +247,32 @@ def test_a_summary_that_could_not_be_written_is_refused_before_the_job_starts(tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("which", ["summary", "output"])
+def test_an_output_path_that_takes_no_file_is_refused_before_the_job_starts_even_for_root(which, tmp_path,
+                                                                                          tiny_weights_path):
+    """`--summary /proc/nope/s.json` ran the whole job and failed at the end: /proc looks writable to root (the
+    permission bits do not stop root), yet takes no new file. Creating one is tried instead."""
+    from vggserve.distributed.job import BatchOptions, make_plan
+
+    image = _touch(tmp_path / "in" / "a.png")
+    paths = {"output": str(tmp_path / "out" / "r.jsonl"), "summary": str(tmp_path / "s.json")}
+    paths[which] = "/proc/nope/s.json" if which == "summary" else "/proc/nope/r.jsonl"
+    options = BatchOptions(input=str(image), output=paths["output"], weights=str(tiny_weights_path),
+                           summary_path=paths["summary"])
+    refused = r"cannot create /proc/nope/.*: (/proc does not take a folder|no permission to write in /proc)"
+    with pytest.raises(OutputError, match=refused):  # the first for root, the second (as before) for other users
+        make_plan(options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # and the probe left nothing behind
+
+
+def test_an_output_in_a_writable_folder_passes_the_check_and_leaves_nothing_behind(tmp_path):
+    from vggserve.distributed.store import check_creatable
+
+    check_creatable(tmp_path / "new" / "deeper" / "s.json")
+    check_creatable(tmp_path / "s.json")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_summary_folder_is_made_and_a_failed_write_is_one_line(tmp_path):
     from vggserve.distributed.job import _write_summary
 
