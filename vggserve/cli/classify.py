@@ -15,7 +15,7 @@ def register(subparsers) -> None:
                    help='one JSON object per image per line: {"image", "predictions": [{"index", "label", "probability"}]}')
     add_device_args(p, batch_default=8)
     add_decode_arg(p)
-    add_max_pixels_arg(p, "are refused with an error line (exit status 5)")
+    add_max_pixels_arg(p, "are refused with an error line, and the exit status is 5")
     p.set_defaults(func=run)
 
 
