@@ -14,21 +14,24 @@
 # MPIRUN_ARGS (extra launcher arguments, word-split), VGGSERVE_* (forwarded to every rank).
 set -euo pipefail
 
+die() { echo "batch.sh: $*" >&2; exit 2; }
+# an option of this script given without its value (the last argument): one usage line, not `$2: unbound variable`
+usage="usage: deploy/batch.sh [-n RANKS] [--hostfile FILE] [--dry-run] [--] BATCH ARGS..."
+missing() { die "$1 needs a value ($2); $usage"; }
+
 ranks=""
 hostfile=""
 dry_run=0
 batch_args=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        -n|--ranks) ranks="$2"; shift 2 ;;
-        --hostfile) hostfile="$2"; shift 2 ;;
+        -n|--ranks) [[ $# -ge 2 ]] || missing "$1" "the number of ranks, e.g. $1 4"; ranks="$2"; shift 2 ;;
+        --hostfile) [[ $# -ge 2 ]] || missing "$1" "a hostfile, e.g. $1 hosts"; hostfile="$2"; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         --) shift; batch_args+=("$@"); break ;;
         *) batch_args+=("$1"); shift ;;
     esac
 done
-
-die() { echo "batch.sh: $*" >&2; exit 2; }
 
 launcher="${MPIRUN:-}"
 if [[ -z "$launcher" ]]; then

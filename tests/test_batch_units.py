@@ -10,6 +10,7 @@ from PIL import Image
 
 from vggserve.distributed.devices import rank_device
 from vggserve.distributed.inputs import InputError, list_inputs
+from vggserve.distributed.mpi import SingleProcess
 from vggserve.distributed.pipeline import ChunkRunner, RankStats
 from vggserve.distributed.sharding import offsets, split_counts
 from vggserve.distributed.store import OutputError, ResultStore, errors_path_for, result_line
@@ -63,6 +64,29 @@ def test_an_input_naming_no_images_is_a_clear_error_not_an_empty_job(tmp_path):
 
 
 # ---- device binding ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mine, everyone, share", [
+    (range(16), [range(16)] * 4, 4.0),  # 4 ranks in one 16-core cpuset (srun --cpu-bind=none): a quarter each
+    (range(4, 8), [range(0, 4), range(4, 8), range(8, 12), range(12, 16)], 4.0),  # bound to 4 cores apiece
+    (range(2), [range(2), range(2)], 1.0),  # 2 ranks on a 2-core machine
+    (range(4), [range(4), range(2, 6)], 3.0),  # overlapping bindings: the 2 shared cores count half
+    (range(8), [range(8)], 8.0),  # alone
+])
+def test_a_rank_counts_its_share_of_the_cores_it_may_run_on(mine, everyone, share):
+    """Every rank of a Slurm allocation sees the whole cpuset: each used to count all of it, and start that many
+    decode processes, several times the cores there are."""
+    from vggserve.distributed.cores import cpu_share
+
+    assert cpu_share(set(mine), [sorted(cpus) for cpus in everyone]) == pytest.approx(share)
+
+
+def test_a_single_rank_counts_the_cores_of_its_affinity(monkeypatch):
+    from vggserve.distributed import cores
+
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {3, 5, 7})
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 64)
+    assert cores.rank_cores(SingleProcess()) == 3.0
+
+
 @pytest.mark.parametrize("spec, local_rank, local_size, expected", [
     ("gpu", 0, 4, "gpu:0"),
     ("gpu", 3, 4, "gpu:3"),
@@ -221,6 +245,32 @@ def test_a_summary_that_could_not_be_written_is_refused_before_the_job_starts(tm
         with pytest.raises(OutputError, match=message):
             make_plan(options)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("which", ["summary", "output"])
+def test_an_output_path_that_takes_no_file_is_refused_before_the_job_starts_even_for_root(which, tmp_path,
+                                                                                          tiny_weights_path):
+    """`--summary /proc/nope/s.json` ran the whole job and failed at the end: /proc looks writable to root (the
+    permission bits do not stop root), yet takes no new file. Creating one is tried instead."""
+    from vggserve.distributed.job import BatchOptions, make_plan
+
+    image = _touch(tmp_path / "in" / "a.png")
+    paths = {"output": str(tmp_path / "out" / "r.jsonl"), "summary": str(tmp_path / "s.json")}
+    paths[which] = "/proc/nope/s.json" if which == "summary" else "/proc/nope/r.jsonl"
+    options = BatchOptions(input=str(image), output=paths["output"], weights=str(tiny_weights_path),
+                           summary_path=paths["summary"])
+    refused = r"cannot create /proc/nope/.*: (/proc does not take a folder|no permission to write in /proc)"
+    with pytest.raises(OutputError, match=refused):  # the first for root, the second (as before) for other users
+        make_plan(options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # and the probe left nothing behind
+
+
+def test_an_output_in_a_writable_folder_passes_the_check_and_leaves_nothing_behind(tmp_path):
+    from vggserve.distributed.store import check_creatable
+
+    check_creatable(tmp_path / "new" / "deeper" / "s.json")
+    check_creatable(tmp_path / "s.json")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_summary_folder_is_made_and_a_failed_write_is_one_line(tmp_path):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import TEST_DEVICE
 
@@ -175,3 +176,37 @@ def test_bench_refuses_a_negative_warmup_as_a_usage_error():
                                ("--batch-size", "-2", "expected a positive integer, got -2")):
         r = vggserve("bench", flag, value)
         assert r.returncode == 2 and f"argument {flag}: {words}" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_classify_max_pixels_lets_a_larger_photo_through_or_refuses_a_smaller_one(tiny_weights_path):
+    """A 48 MP camera photo was refused (40 MP limit) with no way round it: `serve` had --max-pixels, classify not.
+    Here the limits are scaled down: sunset.jpg is 320x240 = 76800 pixels, rings_gray.png 200x150 = 30000."""
+    sunset, rings = str(ROOT / "examples/images/sunset.jpg"), str(ROOT / "examples/images/rings_gray.png")
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json", "--max-pixels",
+                 "50000", sunset, rings)
+    assert r.returncode == 5
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and sunset in errors[0] and "76800 pixels, more than the limit of 50000" in errors[0]
+    assert [json.loads(line)["image"] for line in r.stdout.splitlines()] == [rings]
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json", "--max-pixels",
+                 "76800", sunset)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["image"] == sunset
+
+
+def test_max_pixels_is_checked_alike_by_classify_batch_and_serve(tmp_path):
+    """The same range as serve's --max-pixels (1 to 2**31), refused before anything runs (exit status 2)."""
+    from vggserve.serving.settings import Settings, SettingsError
+
+    for value in ("0", "2147483649", "many"):
+        for command in (["classify", IMAGES[0]], ["batch", "--input", IMAGES[0], "--output", tmp_path / "r.jsonl"]):
+            r = vggserve(*command, "--max-pixels", value)
+            assert r.returncode == 2, (command, value, r.stderr)
+            last = r.stderr.strip().splitlines()[-1]
+            shown = repr(value) if value == "many" else value
+            assert f"argument --max-pixels: must be an integer from 1 to 2147483648, got {shown}" in last
+        if value != "many":
+            refused = f"--max-pixels must be an integer from 1 to 2147483648, got {value}"
+            with pytest.raises(SettingsError, match=refused):
+                Settings(max_pixels=int(value))
+    assert not (tmp_path / "r.jsonl").exists()

@@ -355,21 +355,25 @@ def test_frames_are_read_whole_however_the_bytes_arrive():
         ours.close()
 
 
-@pytest.mark.parametrize("cpus, allowed, local_ranks, want", [
-    (16, 16, 1, 15),  # one rank on a 16-core machine: all cores but its own
-    (16, 16, 4, 3),  # four ranks share them
-    (16, 4, 4, 3),  # the launcher bound the rank to 4 cores: those
-    (16, 1, 4, 1),  # bound to one core: still one process
-    (2, 2, 1, 1),
-    (2, 2, 2, 1),
+@pytest.mark.parametrize("cores, want", [
+    (16, 15),  # one rank with 16 cores: all but its own
+    (4, 3),  # four ranks sharing 16, or a rank bound to 4
+    (3.9999999, 3),  # a sum of 1/n shares just short of a whole core
+    (1, 1), (0.5, 1),  # one core, or half of one: still one process
 ])
-def test_decode_processes_by_default_are_the_ranks_share_of_the_cores_less_one(monkeypatch, cpus, allowed,
-                                                                           local_ranks, want):
+def test_decode_processes_by_default_are_the_cores_a_process_counts_less_one(cores, want):
     from vggserve.decoding import pool
 
-    monkeypatch.setattr(pool.os, "cpu_count", lambda: cpus)
-    monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(range(allowed)))
-    assert pool.default_procs(local_ranks) == want
+    assert pool.default_procs(cores) == want
+
+
+def test_without_a_share_a_process_counts_the_cores_it_may_run_on_not_the_machines(monkeypatch):
+    """A cgroup cpuset of 4 cores on a 64-core machine: 3 decode processes, not 63."""
+    from vggserve.decoding import pool
+
+    monkeypatch.setattr(pool.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: set(range(8, 12)))
+    assert pool.default_procs() == 3
 
 
 @pytest.mark.parametrize("value, message", [("-1", "expected a positive integer"), ("many", "expected a positive")])

@@ -82,6 +82,62 @@ def test_batch_sh_with_a_hostfile_asks_each_rank_for_its_gpu(tmp_path):
     assert command[:3] == ["mpirun", "-n", "8"] and command[-2:] == ["--device", "gpu"]
 
 
+@pytest.mark.parametrize("args", [["-n"], ["--ranks"], ["--input", "in", "--hostfile"], ["--dry-run", "-n"]])
+def test_batch_sh_option_without_its_value_is_a_one_line_usage_error(tmp_path, args):
+    """`deploy/batch.sh -n` ended with bash's `$2: unbound variable`."""
+    done = batch_sh(tmp_path, *args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "unbound" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"batch.sh: {args[-1]} needs a value (") and "usage: deploy/batch.sh" in done.stderr
+
+
+HOSTFILE = DEPLOY / "hostfile.example"
+
+
+def test_hostfile_example_is_read_by_mpich_and_places_four_ranks_on_each_machine(tmp_path):
+    """It was written in Open MPI's syntax (`slots=4`), which MPICH, the MPI the project installs, refuses
+    (`token slots not supported`). Hydra's ssh launcher is pointed at a stand-in that runs each machine's proxy
+    here, so the file goes through MPICH's own parser and placement."""
+    mpiexec = shutil.which("mpiexec")
+    assert mpiexec, "mpiexec not found: install the `mpich` package (pip install mpich)"
+    log = tmp_path / "hosts.log"
+    # the stand-in ssh: skip its options, note the machine, run the proxy command here
+    fake_bin(tmp_path / "bin", ssh=f'while [ "${{1#-}}" != "$1" ]; do shift; done; echo "$1" >> {log}; shift; '
+                                   'exec sh -c "$*"')
+    ranks = subprocess.run([mpiexec, "-f", str(HOSTFILE), "-launcher", "ssh", "-launcher-exec",
+                            str(tmp_path / "bin" / "ssh"), "-n", "8", "sh", "-c",
+                            'echo "$PMI_RANK $MPI_LOCALRANKID"'], capture_output=True, text=True, timeout=120)
+    assert ranks.returncode == 0, ranks.stderr
+    placed = sorted(tuple(map(int, line.split())) for line in ranks.stdout.splitlines())
+    assert placed == [(rank, rank % 4) for rank in range(8)]  # ranks 0-3 on the first machine, 4-7 on the second
+    assert sorted(log.read_text().split()) == ["gpu-node01", "gpu-node02"]
+    command = launched(batch_sh(tmp_path, "--hostfile", str(HOSTFILE), "--input", "in", "--output", "o"))
+    assert command[:3] == ["mpirun", "-n", "8"]  # what batch.sh counts agrees
+
+
+def test_hostfile_example_comments_name_paths_that_exist_or_that_they_say_to_create():
+    """Its comments named deploy/hostfile, which does not exist."""
+    comments = "\n".join(line for line in HOSTFILE.read_text().splitlines() if line.startswith("#"))
+    named = set(re.findall(r"deploy/[\w.]+", comments))
+    assert named and all((ROOT / path).exists() for path in named), named
+    copy = re.search(r"cp deploy/hostfile.example (\S+)", comments).group(1)
+    assert f"--hostfile {copy} " in comments and "slots=4" in comments  # the copy is what is passed; Open MPI's form
+
+
+def test_sbatch_passes_no_option_that_does_nothing(tmp_path):
+    """It passed --decode-threads, which only --decode-procs 0 reads: decoding runs in processes by default."""
+    log = tmp_path / "srun.args"
+    folder = fake_bin(tmp_path / "bin", srun=f'printf "%s\\n" "$@" > {log}')
+    done = subprocess.run(["bash", str(DEPLOY / "batch.sbatch"), "--input", "in", "--output", "o.jsonl"],
+                          env={"PATH": f"{folder}:/usr/bin:/bin", "SLURM_CPUS_PER_TASK": "4"}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    args = log.read_text().split("\n")
+    assert args[args.index("-m"):] == ["-m", "vggserve", "batch", "--device", "gpu", "--input", "in", "--output",
+                                       "o.jsonl", ""]
+    assert not any(a.startswith("--decode-threads") for a in args)
+
+
 # ---- systemd ------------------------------------------------------------------------------------------------------
 UNIT = (DEPLOY / "vggserve.service").read_text()
 INSTALL_STEPS = [line.removeprefix("#   ") for line in UNIT.splitlines() if line.startswith("#   ")]

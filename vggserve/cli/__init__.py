@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 
+from ..distributed.stopping import Stopped, catch_stop_signals, stop_exit_code
 from ..errors import VggserveError
 
 # subcommand modules, in the order `vggserve --help` lists them
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # commands that build a model on --device: they start OpenCL's discovery before importing the rest
 MODEL_COMMANDS = {"classify": "auto", "bench": "auto", "batch": "auto", "serve": "all", "tune": "auto"}
+# commands that end cleanly on SIGTERM (distributed/stopping.py): the handler goes in before OpenCL starts
+STOPPABLE_COMMANDS = {"batch"}
 
 
 def peek_device(argv: list[str]) -> tuple[str | None, str | None]:
@@ -51,6 +54,8 @@ def peek_device(argv: list[str]) -> tuple[str | None, str | None]:
 def main(argv=None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command, device = peek_device(words)
+    if command in STOPPABLE_COMMANDS:
+        catch_stop_signals()
     if command in MODEL_COMMANDS and not {"-h", "--help"} & set(words):
         from .. import start_device_discovery
 
@@ -65,5 +70,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("vggserve: interrupted", file=sys.stderr)
         return 130
+    except Stopped as exc:  # before the command's own handling began
+        print(f"vggserve: {exc}", file=sys.stderr)
+        return stop_exit_code(exc)
     except BrokenPipeError:
         return 0

@@ -2,13 +2,14 @@
 
     mpirun -n 4 vggserve batch --weights W --input DIR_OR_LIST --output results.jsonl --device gpu
 
-Without mpirun it runs as one rank. See docs/batch.md for the output files, resuming and deploy/ scripts.
+Without mpirun it runs as one rank. See docs/batch.md for the output files, the exit status (5 when images are in
+the errors file), resuming and deploy/ scripts.
 mpi4py is imported only when the command runs, so other subcommands never start MPI.
 """
 
 import argparse
 
-from .common import add_decode_arg, add_precision_arg, positive_int, top_k
+from .common import add_decode_arg, add_max_pixels_arg, add_precision_arg, positive_int, top_k
 
 
 def register(subparsers) -> None:
@@ -17,7 +18,8 @@ def register(subparsers) -> None:
         help="classify many images under mpirun, one device per rank; resumable",
         description="Classify every image of --input into --output (one JSON line per image, as `classify "
                     "--json` prints it). Run under mpirun/mpiexec for several devices; a rerun with the same "
-                    "--output finishes what is missing.",
+                    "--output finishes what is missing. Exit status 0 when every image has a result, 5 when some "
+                    "are in the errors file; SIGTERM or Ctrl-C stop it cleanly (143, 130).",
     )
     parser.add_argument("--input", required=True, metavar="DIR_OR_LIST",
                         help="directory (searched recursively for image files), list file (one path per line, "
@@ -36,14 +38,15 @@ def register(subparsers) -> None:
                         help="classify again the images listed in the errors file (default: skip them)")
     parser.add_argument("--decode-procs", type=_decode_procs, default="auto", metavar="N",
                         help="decode processes per rank, reading and preprocessing images ahead into shared memory: "
-                             "auto (the rank's share of the cores less one), or N; 0 decodes on --decode-threads "
-                             "threads of the rank instead (default auto)")
+                             "auto (the rank's share of the cores it may run on, less one), or N; 0 decodes on "
+                             "--decode-threads threads of the rank instead (default auto)")
     parser.add_argument("--decode-threads", type=positive_int, default=2, metavar="T",
                         help="with --decode-procs 0: threads per rank decoding ahead (default 2)")
     parser.add_argument("--decode-timeout", type=_seconds, default=60.0, metavar="S",
                         help="longest decode of one image; a decode process that takes longer is killed and "
                              "replaced, and the image is recorded as an error (default 60)")
     add_decode_arg(parser)
+    add_max_pixels_arg(parser, "are recorded in the errors file")
     add_precision_arg(parser)
     parser.add_argument("--summary", default=None, metavar="FILE.json",
                         help="also write the final summary (per-rank throughput) as JSON")
@@ -84,6 +87,7 @@ def _run(args) -> int:
         decode_procs=args.decode_procs,
         decode_timeout_s=args.decode_timeout,
         decode=args.decode,
+        max_pixels=args.max_pixels,
         precision=args.precision,
         progress=not args.no_progress,
         summary_path=args.summary,

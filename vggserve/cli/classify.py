@@ -2,7 +2,7 @@
 
 import sys
 
-from .common import add_decode_arg, add_device_args, load_model, top_k
+from .common import add_decode_arg, add_device_args, add_max_pixels_arg, load_model, top_k
 
 
 def register(subparsers) -> None:
@@ -15,6 +15,7 @@ def register(subparsers) -> None:
                    help='one JSON object per image per line: {"image", "predictions": [{"index", "label", "probability"}]}')
     add_device_args(p, batch_default=8)
     add_decode_arg(p)
+    add_max_pixels_arg(p, "are refused with an error line, and the exit status is 5")
     p.set_defaults(func=run)
 
 
@@ -29,8 +30,8 @@ def run(args) -> int:
     failures = 0
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start:start + args.batch_size]
-        decoded = (decode_input(path, model.preprocessing, on_device=on_device, decode=args.decode, catch=ImageError)
-                   for path in paths)
+        decoded = (decode_input(path, model.preprocessing, on_device=on_device, decode=args.decode, catch=ImageError,
+                                max_pixels=args.max_pixels) for path in paths)
         classified, failed = classify_decoded(model, paths, decoded, args.top_k)
         failures += len(failed)
         for _path, (reason, _kind) in failed:  # an ImageError's message names the file

@@ -27,6 +27,34 @@ def add_decode_arg(parser) -> None:
                              "on almost every image)")
 
 
+MAX_PIXELS_RANGE = (1, 1 << 31)  # as `serve --max-pixels` (serving/settings.py)
+
+
+def add_max_pixels_arg(parser, refused: str) -> None:
+    """--max-pixels, as `serve` has it; `refused`: what becomes of a larger image."""
+    from ..images import DEFAULT_MAX_PIXELS
+
+    parser.add_argument("--max-pixels", type=max_pixels, default=DEFAULT_MAX_PIXELS, metavar="N",
+                        help=f"largest image in pixels (width x height, from its header); larger ones {refused} "
+                             f"(default {DEFAULT_MAX_PIXELS}; a 48 MP photo needs e.g. 50000000)")
+
+
+def max_pixels(text: str) -> int:
+    """--max-pixels: an integer in MAX_PIXELS_RANGE, else a usage error (exit status 2) worded as serve's."""
+    import argparse
+
+    low, high = MAX_PIXELS_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        shown = repr(text) if value is None else value
+        raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {shown}; pass e.g. "
+                                         f"--max-pixels 50000000")
+    return value
+
+
 def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 

@@ -64,16 +64,15 @@ class DecodePoolError(VggserveError):
     """The decode processes cannot be started."""
 
 
-def default_procs(local_ranks: int = 1) -> int:
-    """Decode processes for one of `local_ranks` processes sharing this machine: its share of the cores (the cores
-    it is bound to, when a launcher bound it to fewer than all), less one for itself; at least 1."""
-    cpus = os.cpu_count() or 1
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        allowed = cpus
-    share = allowed if allowed < cpus else cpus // max(1, local_ranks)
-    return max(1, share - 1)
+def default_procs(cores: float | None = None) -> int:
+    """Decode processes for a process that may count `cores` cores as its own (an MPI rank: its share,
+    vggserve.distributed.cores; None: every core this process may run on), less one for itself; at least 1."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+    return max(1, int(round(cores, 6)) - 1)  # round: a sum of 1/n shares may fall just short of a whole core
 
 
 def region_bytes(procs: int, in_flight: int) -> int:
@@ -227,9 +226,10 @@ class DecodePool:
     def _launch(self, region: int) -> _Process:
         """Start a process for `region` (a fresh interpreter; nothing of this process is inherited)."""
         ours, theirs = socket.socketpair()
+        shared = (self.ring.fd,) if self.ring is not None else ()  # the ring has no name: it goes by descriptor
         try:
             popen = subprocess.Popen([sys.executable, "-c", CHILD_CODE, PACKAGE_ROOT, str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                                     pass_fds=(theirs.fileno(), *shared), stdin=subprocess.DEVNULL)
         except OSError as exc:
             ours.close()
             raise DecodePoolError(f"cannot start a decode process: {exc}") from exc

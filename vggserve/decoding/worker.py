@@ -14,8 +14,9 @@ sources and answers each list with one message: the list of its sources' answers
 ring's header that it begins one (`RegionWriter.begin`), so the pool knows which source of a list it died or hung
 on. It ends when the pool sends
 None or closes the socket, and dies with the pool (Linux: PR_SET_PDEATHSIG, tied to the pool's supervisor thread,
-which starts every process). SIGINT is
-ignored: a Ctrl+C in the terminal reaches the whole process group, and the pool stops its processes itself.
+which starts every process). SIGINT and
+SIGTERM are ignored: a Ctrl+C in the terminal reaches the whole process group, as does a SIGTERM sent to the group
+(or to a container's processes), and the pool stops its processes itself once its rank has stopped.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def serve(conn: Connection) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(int(sys.argv[-1]))
     try:
         serve(conn)

@@ -3,6 +3,7 @@
     bound = load_rank_model("vgg16.safetensors", device="gpu", max_batch_size=16)   # collective
     bound.model       # this rank's VGG16, on device bound.device (e.g. "gpu:1" for local rank 1)
     bound.ranks       # every rank's {"rank", "device", "device_name"}, in rank order
+    bound.cores       # this rank's share of the cores it may run on (cores.py)
 
 If any rank fails (no such GPU, unreadable weights, kernel build error) every rank raises RankSetupError with
 the failing ranks' messages, instead of the healthy ranks waiting forever in their first collective.
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import VggserveError, describe
+from .cores import rank_cores
 from .devices import rank_device
 from .mpi import barrier, node_layout, world
 
@@ -34,7 +36,8 @@ class BoundModel:
     model: object
     device: str
     ranks: list[dict]
-    local_size: int = 1  # ranks on this rank's machine (they share its cores)
+    local_size: int = 1  # ranks on this rank's machine
+    cores: float = 1.0  # this rank's share of the cores it may run on (cores.rank_cores)
 
 
 def load_model(weights, device: str, max_batch_size: int, precision: str = "fp32"):
@@ -49,6 +52,7 @@ def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm
     """Collective: bind this rank's device from the `device` spec (see devices.py) and load `weights` on it."""
     comm = comm if comm is not None else world()
     local_rank, local_size = node_layout(comm)
+    cores = rank_cores(comm)
     model, bound, problem = None, device, None
     try:
         bound = rank_device(device, local_rank, local_size)
@@ -66,7 +70,7 @@ def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm
         raise RankSetupError(_failure_message(failed, len(reports)), failed[0]["problem"][1])
     for report in reports:
         del report["problem"]
-    return BoundModel(model, bound, reports, local_size)
+    return BoundModel(model, bound, reports, local_size, cores)
 
 
 def _failure_message(failed: list[dict], size: int) -> str:

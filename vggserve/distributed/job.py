@@ -4,8 +4,11 @@
     exit_code = run_batch(BatchOptions(input="photos/", output="results.jsonl", device="gpu"))  # collective
 
 Phases, all ranks together:
-1. plan (rank 0): find the weights, list the inputs, open the output if it exists (cutting a torn tail), drop
-   the images already done; broadcast the weights path or the error.
+0. clean up (local rank 0 of each machine, before MPI starts): release the shared memory that killed runs left in
+   /dev/shm (ipc/orphans.py), in one line on stderr.
+1. plan (rank 0): find the weights, list the inputs, check that every output file (results, errors, summary)
+   can be written, open the output if it exists (cutting a torn tail), drop the images already done;
+   broadcast the weights path or the error.
 2. setup (every rank): bind the device by local rank, load the model; any failure ends every rank cleanly,
    with no output file created.
 3. run: rank 0 creates the output files that do not exist yet, then coordinates (coordinator.Coordinator, on
@@ -14,6 +17,11 @@ Phases, all ranks together:
    rank) prints that rank's message and aborts every rank (MPI_Abort, exit status 1); with one rank it is raised
    as usual.
 4. summary (rank 0): progress bar closed, totals and per-rank throughput printed (and written as JSON).
+
+Exit status (every rank alike): 0 when every image of the input has a result line; 5 (as `classify`) when the job
+is complete but some images are in the errors file, recorded by this run or an earlier one and not retried; 143
+after SIGTERM and 130 after Ctrl-C (stopping.py: the work done so far is kept, one line says how to go on); others
+for errors before or during the work.
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import describe
+from ..errors import ImageError, describe
+from ..images import DEFAULT_MAX_PIXELS
 from ..jsonfile import write_json_atomically
 from .binding import RankSetupError, load_rank_model
 from .inputs import list_inputs
 from .coordinator import Coordinator
-from .mpi import abort_all, barrier, helper_threads_allowed, world
+from .mpi import abort_all, barrier, end_all, helper_threads_allowed, local_rank_from_environment, world
 from .pipeline import ChunkOutcome, ChunkRunner, RankStats
+from .stopping import STOPS, signal_name, stop_exit_code, stop_signal, stop_signals
 from .store import OutputError, ResultStore, check_creatable
 from .summary import format_summary, summarize
 from .workqueue import CoordinatorLink, chunk_size, chunked, work_for_coordinator
@@ -49,6 +59,7 @@ class BatchOptions:
     decode_procs: int | str = "auto"  # decode processes per rank; "auto": decoding.pool.default_procs
     decode_timeout_s: float = 60.0  # a decode process taking longer on one image is replaced (the image: an error)
     decode: str = "exact"  # or "fast" (vggserve.decoding.decode)
+    max_pixels: int = DEFAULT_MAX_PIXELS  # larger images (width x height from the header) are recorded as errors
     precision: str = "fp32"  # the engine's precision (ops/precision.py)
     progress: bool = True  # tqdm bar on rank 0
     summary_path: str | None = None  # also write the summary dict as JSON here
@@ -77,12 +88,23 @@ def make_plan(options: BatchOptions) -> Plan:
 
 
 def run_batch(options: BatchOptions, comm=None) -> int:
-    """Collective over `comm` (default MPI.COMM_WORLD). Returns the exit code; errors before any image is
-    classified are raised on rank 0 (one line for the user) and returned quietly as a code elsewhere."""
-    comm = comm if comm is not None else world()
+    """Collective over `comm` (default MPI.COMM_WORLD). Returns the exit code (module docstring); errors before any
+    image is classified are raised on rank 0 (one line for the user) and returned quietly as a code elsewhere."""
+    _release_orphans()
+    with stop_signals():
+        comm = comm if comm is not None else world()
+        plan = None
+        try:
+            plan, shared = _share_plan(options, comm)
+            return _set_up_and_run(options, comm, plan, shared)
+        except STOPS as exc:  # stopped before the work began (during it, _run ends the job)
+            _stopped(exc, comm, plan)
+            return stop_exit_code(exc)
+
+
+def _set_up_and_run(options: BatchOptions, comm, plan: Plan | None, shared: dict) -> int:
     rank = comm.Get_rank()
     started = time.perf_counter()
-    plan, shared = _share_plan(options, comm)
     if "error" in shared:
         if rank == 0:
             raise shared["exception"]
@@ -90,9 +112,10 @@ def run_batch(options: BatchOptions, comm=None) -> int:
     if shared["todo"] == 0:
         if rank == 0:
             plan.store.close()
+            failed = f", {shared['failed']} of them in its errors file ({_retry_hint()})" if shared["failed"] else ""
             print(f"batch: nothing to do: all {plan.skipped} images are already in {options.output} "
-                  f"or its errors file")
-        return 0
+                  f"or its errors file{failed}")
+        return _exit_code(shared["failed"])
     try:
         bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm,
                                 precision=options.precision)
@@ -104,13 +127,56 @@ def run_batch(options: BatchOptions, comm=None) -> int:
     return _run(options, comm, plan, bound, setup_seconds=time.perf_counter() - started)
 
 
+def _exit_code(failed: int) -> int:
+    """5 (ImageError's, as `classify`) when images are in the errors file, else 0."""
+    return ImageError.exit_code if failed else 0
+
+
+def _retry_hint() -> str:
+    return "fix or replace them and rerun with --retry-errors to classify them again"
+
+
+def _release_orphans() -> None:
+    """Release the shared memory that killed runs left on this machine, saying so in one line (on local rank 0 of
+    each machine, known from the launcher's variables before MPI starts; every rank where none says)."""
+    from ..ipc.orphans import describe_released, release_orphans
+
+    if local_rank_from_environment() not in (None, 0):
+        return
+    released = release_orphans()
+    if released:
+        print(f"vggserve batch: {describe_released(released)}", file=sys.stderr, flush=True)
+
+
+def _stopped(exc: BaseException, comm, plan: Plan | None) -> None:
+    """After a stop signal: rank 0 closes the output and says in one line what is done and how to go on; with
+    several ranks every rank is then ended (end_all: does not return)."""
+    if comm.Get_rank() == 0:
+        if plan is not None:
+            plan.store.close()
+        print(f"vggserve batch: {_stop_message(exc, plan)}", file=sys.stderr, flush=True)
+    if comm.Get_size() > 1:
+        end_all(comm, stop_exit_code(exc))
+
+
+def _stop_message(exc: BaseException, plan: Plan | None) -> str:
+    stopped = f"stopped by {signal_name(stop_signal(exc))}"
+    if plan is None:
+        return f"{stopped} before any image was classified; run the same command again to start"
+    store = plan.store
+    total = plan.skipped + len(plan.todo)
+    done = store.result_count + store.error_count
+    return (f"{stopped}; {done} of {total} images are recorded in {store.output} and {store.errors_path.name}; run "
+            f"the same command again to classify the other {total - done}")
+
+
 def _share_plan(options: BatchOptions, comm) -> tuple[Plan | None, dict]:
     """Rank 0 makes the plan; every rank learns the weights path and the amount of work, or the error."""
     plan, shared, error = None, None, None
     if comm.Get_rank() == 0:
         try:
             plan = make_plan(options)
-            shared = {"weights": plan.weights, "todo": len(plan.todo)}
+            shared = {"weights": plan.weights, "todo": len(plan.todo), "failed": plan.store.error_count}
             if plan.store.discarded_bytes:
                 print(f"vggserve batch: cut a partial last line ({plan.store.discarded_bytes} bytes) left by an "
                       f"interrupted run", file=sys.stderr)
@@ -127,8 +193,8 @@ def _share_plan(options: BatchOptions, comm) -> tuple[Plan | None, dict]:
 def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: float) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=options.decode_threads,
-                         decode_procs=_decode_procs(options.decode_procs, bound.local_size),
-                         decode=options.decode, decode_timeout_s=options.decode_timeout_s)
+                         decode_procs=_decode_procs(options.decode_procs, bound.cores), decode=options.decode,
+                         decode_timeout_s=options.decode_timeout_s, max_pixels=options.max_pixels)
     stats = RankStats(rank, bound.device, clock=runner.clock, waits=runner.waits, decoder=runner.decoder)
     progress = None
     try:
@@ -148,17 +214,23 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
             if size > 1:
                 if progress is not None:
                     progress.close()
+                if isinstance(exc, STOPS):
+                    _stopped(exc, comm, plan)
                 abort_all(comm, f"rank {rank} ({bound.device})", exc, program="vggserve batch")
             raise
         barrier(comm)
+        code = comm.bcast(_exit_code(plan.store.error_count) if rank == 0 else None, root=0)
         if rank == 0:
             progress.close()
             summary = summarize(stats_by_rank, bound.ranks, wall, setup_seconds, plan.skipped,
                                 str(plan.store.output), str(plan.store.errors_path))
             print(format_summary(summary), flush=True)
+            if code:
+                print(f"vggserve batch: {plan.store.error_count} images could not be classified: they are listed "
+                      f"in {plan.store.errors_path} ({_retry_hint()})", file=sys.stderr, flush=True)
             if options.summary_path:
                 _write_summary(Path(options.summary_path), summary)
-        return 0
+        return code
     finally:
         runner.close()
         if hasattr(bound.model, "close"):
@@ -184,12 +256,12 @@ def _write_summary(path: Path, summary: dict) -> None:
         raise OutputError(f"cannot write the summary {path}: {exc.strerror or exc}") from exc
 
 
-def _decode_procs(setting: int | str, local_size: int) -> int:
-    """--decode-procs as a number: "auto" is this rank's share of its machine's cores, less one for itself."""
+def _decode_procs(setting: int | str, cores: float) -> int:
+    """--decode-procs as a number: "auto" is this rank's share of the cores it may run on, less one for itself."""
     if setting == "auto":
         from ..decoding.pool import default_procs
 
-        return default_procs(local_size)
+        return default_procs(cores)
     return int(setting)
 
 

@@ -14,7 +14,9 @@
 - `Outbox(comm)`: non-blocking sends, so that a large message does not stall its sender.
 - `helper_threads_allowed()`: whether the MPI thread level lets this thread make MPI calls while helper threads
   (which make none) run beside it.
-- `abort_all(comm, who, exc)`: print the failing rank's message on stderr, then MPI_Abort every rank.
+- `abort_all(comm, who, exc)`: print the failing rank's message on stderr, then MPI_Abort every rank;
+  `end_all(comm, code)`: MPI_Abort without a message. Both first unlink the MPICH shared memory this rank maps
+  (MPI_Finalize, which would have, is never reached).
 
 mpi4py is imported inside the functions: importing this module does not start MPI.
 """
@@ -161,7 +163,7 @@ def node_layout(comm) -> tuple[int, int]:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         fallback, local_size = node.Get_rank(), node.Get_size()
-        from_env = _local_rank_from_environment()
+        from_env = local_rank_from_environment()
         claimed = node.allgather(from_env)
     finally:
         node.Free()
@@ -170,7 +172,8 @@ def node_layout(comm) -> tuple[int, int]:
     return fallback, local_size
 
 
-def _local_rank_from_environment() -> int | None:
+def local_rank_from_environment() -> int | None:
+    """This rank's index on its node from the launcher's variables; None where none is set."""
     for name in LOCAL_RANK_VARIABLES:
         value = os.environ.get(name, "").strip()
         if value.isdigit():
@@ -250,8 +253,30 @@ def abort_all(comm, who: str, exc: BaseException, program: str = "vggserve") -> 
     if not isinstance(exc, (VggserveError, KeyboardInterrupt)):
         traceback.print_exception(exc, file=sys.stderr)
     print(f"{program}: error: {who}: {describe(exc)} (aborting all ranks)", file=sys.stderr, flush=True)
+    end_all(comm, 1)
+
+
+def end_all(comm, code: int) -> None:
+    """MPI_Abort every rank of `comm` with exit status `code`, after unlinking the MPICH shared memory this rank
+    maps and a moment's grace for the output already printed. Does not return: a further Ctrl-C or SIGTERM (the
+    launcher passes them on) is ignored meanwhile."""
+    from ..ipc.orphans import release_own_mpi_segments
+
+    _ignore_stop_signals()
+    release_own_mpi_segments()
     sys.stdout.flush()
+    sys.stderr.flush()
     # the launcher forwards a rank's output through its own pipes, and an abort kills every rank at once: without
-    # a moment's grace the error line can be lost on the way (seen about 1 run in 15 with MPICH's hydra)
+    # a moment's grace the last lines can be lost on the way (seen about 1 run in 15 with MPICH's hydra)
     time.sleep(ABORT_GRACE_S)
-    comm.Abort(1)
+    comm.Abort(code)
+    os._exit(code)  # MPI_Abort does not return; should it, this process ends all the same
+
+
+def _ignore_stop_signals() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)

@@ -164,7 +164,8 @@ class ChunkRunner:
     """Decode-ahead classification of chunks on one model (which only this runner's thread may call).
 
     Decoding runs in `decode_procs` decode processes (vggserve.decoding.pool; the batch job's default), or with
-    decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode).
+    decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode);
+    `max_pixels`: larger images are errors (None: open_image's default).
     `on_device`: whether to hand the model image inputs to resize on its device (default: when the model can).
 
     With a model that resizes on its device, the device always has the next chunk queued behind the one it
@@ -185,15 +186,16 @@ class ChunkRunner:
     SLOTS = 2  # the engine's staging slots: a submit waits for the batch submitted SLOTS submits before it
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2, *, decode_procs: int = 0,
-                 decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None):
+                 decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None,
+                 max_pixels: int | None = None):
         from ..modelinput import uses_device_resize
 
         self.model = model
         self.top_k = top_k
         self.on_device = uses_device_resize(model) if on_device is None else on_device
         in_flight = IN_FLIGHT_CHUNKS * int(getattr(model, "max_batch_size", 16))
-        self.decoder = make_decoder(DecodeJob(model.preprocessing, self.on_device, decode), decode_procs,
-                                    decode_threads, decode_timeout_s, in_flight)
+        job = DecodeJob(model.preprocessing, self.on_device, decode, max_pixels=max_pixels)
+        self.decoder = make_decoder(job, decode_procs, decode_threads, decode_timeout_s, in_flight)
         self.clock = self.decoder.clock  # the decoder's stages, and this runner's "stage" and "result"
         self.waits = StageClock(time.perf_counter)  # wall time waiting: "device", "decode"
         self._queue: deque[_Chunk] = deque()  # submitted and not yet run, oldest first; the first ones started

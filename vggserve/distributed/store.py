@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -213,7 +214,9 @@ class ResultStore:
 
 def check_creatable(path: Path) -> None:
     """OutputError now, rather than after the models are loaded, when `path` could not be created: its nearest
-    existing folder is not a folder, or not writable."""
+    existing folder is not a folder, or takes no new entry. That is tried, not inferred from permissions (root may
+    write anywhere, except in /proc, on a read-only mount, ...): a hidden file made and removed in `path`'s folder,
+    or a hidden folder in the nearest existing one when `path`'s folder is still to be made."""
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -221,6 +224,17 @@ def check_creatable(path: Path) -> None:
         raise OutputError(f"cannot create {path}: {folder} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"cannot create {path}: no permission to write in {folder}")
+    what = "a file" if folder == path.parent else "a folder"
+    try:
+        if folder == path.parent:
+            fd, probe = tempfile.mkstemp(prefix=".vggserve-probe-", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".vggserve-probe-", dir=folder))
+    except OSError as exc:
+        raise OutputError(f"cannot create {path}: {folder} does not take {what} ({exc.strerror or exc}); "
+                          f"choose a path in a folder you can write") from None
 
 
 def _empty_atomically(path: Path) -> None:

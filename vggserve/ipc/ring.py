@@ -2,7 +2,9 @@
 writes an image's pixels into a block of its own region and sends only where they lie; nothing is pickled.
 
 One segment, made and owned by the consumer (`Ring`), holds one region per decode process, after a header with
-one 64-byte line per region:
+one 64-byte line per region. The segment has no name (shm.anonymous_segment): the writers get its descriptor when
+they are started (Popen's pass_fds), so nothing is left in /dev/shm whichever way the processes end, a kill -9
+included.
 
     [ line 0 | line 1 | ... ][ region 0 ............ ][ region 1 ............ ] ...
     line: released (int64, written by the consumer), begun (int64) and began_at (float64, written by the writer)
@@ -28,6 +30,7 @@ told which image it died or hung on.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -36,16 +39,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .shm import Mapped, create_segment
+from .shm import anonymous_segment, map_descriptor
 
 LINE = 64  # header bytes per region, and the alignment of every block
 
 
 @dataclass(frozen=True)
 class RegionSpec:
-    """What a writer needs to write into region `index` of segment `name`, from position `start` on."""
+    """What a writer needs to write into region `index` of the segment open as descriptor `fd` (in the writer's
+    process: the consumer passes it to the child under the same number), from position `start` on."""
 
-    name: str
+    fd: int
     index: int
     counter_offset: int
     data_offset: int
@@ -78,14 +82,10 @@ class Ring:
             raise ValueError(f"a ring needs at least one region, got {regions}")
         self.regions = regions
         self.region_bytes = _aligned(max(LINE, region_bytes))
-        segment = create_segment(regions * (LINE + self.region_bytes))
-        self.name = segment.name
-        # views are made on a mapping of our own, never closed: it is unmapped when the last view is gone (numpy
-        # holds no buffer export, so closing a mapping would not wait for the views); the segment object keeps
-        # only the name, to unlink it
-        self.mapping = Mapped(self.name).memory
-        segment.close()
-        self._segment = segment
+        self.fd = anonymous_segment(regions * (LINE + self.region_bytes))  # for the writers (pass_fds)
+        # views are made on a mapping that is never closed: it is unmapped when the last view is gone (numpy holds
+        # no buffer export, so closing a mapping would not wait for the views)
+        self.mapping = map_descriptor(self.fd)
         self._released = np.ndarray((regions,), np.int64, self.mapping, 0, (LINE,))
         self._released[:] = 0
         self._begun = np.ndarray((regions,), np.int64, self.mapping, 8, (LINE,))
@@ -101,7 +101,7 @@ class Ring:
         """For a (new) writer of `region`: it continues after the last block reported."""
         with self._lock:
             start = self._reported[region]
-        return RegionSpec(self.name, region, region * LINE, self._data_offset(region), self.region_bytes, start)
+        return RegionSpec(self.fd, region, region * LINE, self._data_offset(region), self.region_bytes, start)
 
     def take(self, block: Block, shape: tuple, dtype) -> np.ndarray:
         """Note a block a writer reported and return a view of its array (valid until `free(block)`)."""
@@ -141,13 +141,13 @@ class Ring:
             return sum(len(live) for live in self._live)
 
     def close(self) -> None:
-        """Unlink the segment; the mapping goes when no view of it is left."""
+        """Close the descriptor (no new writer can be started); the memory goes when no view of it is left here
+        and no writer maps it."""
         self._released = self._begun = self._began_at = None
         self.mapping = None
-        try:
-            self._segment.unlink()
-        except FileNotFoundError:
-            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class RegionWriter:
@@ -155,10 +155,10 @@ class RegionWriter:
 
     def __init__(self, spec: RegionSpec):
         self.spec = spec
-        self.mapped = Mapped(spec.name)
-        self._released = np.ndarray((1,), np.int64, self.mapped.memory, spec.counter_offset)
-        self._begun = np.ndarray((1,), np.int64, self.mapped.memory, spec.counter_offset + 8)
-        self._began_at = np.ndarray((1,), np.float64, self.mapped.memory, spec.counter_offset + 16)
+        self.memory = map_descriptor(spec.fd)
+        self._released = np.ndarray((1,), np.int64, self.memory, spec.counter_offset)
+        self._begun = np.ndarray((1,), np.int64, self.memory, spec.counter_offset + 8)
+        self._began_at = np.ndarray((1,), np.float64, self.memory, spec.counter_offset + 16)
         self._begun[0] = 0  # a new writer: nothing begun yet (before it says it is ready)
         self.head = spec.start
         self._last: tuple[Block, int] | None = None  # the latest block and the head before it
@@ -174,7 +174,7 @@ class RegionWriter:
         block = Block(self.spec.index, start, end)
         self._last, self.head = (block, self.head), end
         offset = self.spec.data_offset + start % size
-        return block, np.ndarray(shape, dtype, self.mapped.memory, offset)
+        return block, np.ndarray(shape, dtype, self.memory, offset)
 
     def begin(self) -> None:
         """Note that the next image starts now (for `Ring.progress`)."""
@@ -189,4 +189,4 @@ class RegionWriter:
 
     def close(self) -> None:
         self._released = self._begun = self._began_at = None
-        self.mapped.close()  # unmapped once no view is left
+        self.memory = None  # unmapped once no view is left

@@ -13,11 +13,17 @@ not to compute them), so a block is never reused while the engine may still read
 Blocks are handed out first-in first-out around the segment (answers come back in about the order images went
 out); when the arena has no room (or no shared memory could be made, e.g. a tiny /dev/shm) the pixels travel
 inline in the message as before.
+
+Named segments are called `vggserve_<pid>_<random>` after the process that made them (`segment_name`), so that
+one left behind by a killed process can be told from a live one's and released (ipc/orphans.py).
+`anonymous_segment` makes one that has no name at all: the decode processes' ring (ring.py) is handed to them as a
+descriptor, so the kernel frees it with the last process that holds it, however that process ends.
 """
 
 import logging
 import mmap
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -30,6 +36,7 @@ log = logging.getLogger("vggserve.ipc")
 
 ARENA_BYTES = 32 << 20  # per front end: ~57 decoded 500x375 photos in flight
 ALIGN = 64
+SEGMENT_PREFIX = "vggserve_"  # named segments: vggserve_<pid of the creator>_<random hex>
 
 
 @dataclass(frozen=True)
@@ -105,18 +112,61 @@ class Arena:
         self.memory.unlink()
 
 
+def segment_name() -> str:
+    """A new segment name that says which process made it: vggserve_<pid>_<8 hex digits>."""
+    return f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+
+
 def create_segment(nbytes: int) -> shared_memory.SharedMemory:
-    """A new POSIX shared-memory segment of `nbytes`, its pages reserved now: a full /dev/shm then fails here
-    (OSError, ENOSPC), not later with SIGBUS on a write. The creator closes and unlinks it."""
-    memory = shared_memory.SharedMemory(create=True, size=nbytes)
+    """A new POSIX shared-memory segment of `nbytes` named by `segment_name`, its pages reserved now: a full
+    /dev/shm then fails here (OSError, ENOSPC), not later with SIGBUS on a write. The creator closes and unlinks
+    it; one left by a killed creator is released by the next `vggserve batch` (ipc/orphans.py)."""
+    for _ in range(8):
+        try:
+            memory = shared_memory.SharedMemory(name=segment_name(), create=True, size=nbytes)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError("no free shared-memory name after 8 attempts")
     try:
-        if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
-            os.posix_fallocate(memory._fd, 0, nbytes)
+        _reserve(memory._fd, nbytes)
     except OSError:
         memory.close()
         memory.unlink()
         raise
     return memory
+
+
+def anonymous_segment(nbytes: int) -> int:
+    """A descriptor of `nbytes` of new shared memory that no name refers to (close-on-exec: pass it to a child in
+    Popen's pass_fds; map it with `map_descriptor`). Linux: memfd_create; elsewhere a POSIX segment unlinked as
+    soon as it is open. Its pages are reserved now, as in `create_segment`."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("vggserve-ring", os.MFD_CLOEXEC)
+    else:
+        import _posixshmem
+
+        name = "/" + segment_name()
+        fd = _posixshmem.shm_open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600)
+        _posixshmem.shm_unlink(name)
+    try:
+        os.ftruncate(fd, nbytes)
+        _reserve(fd, nbytes)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def map_descriptor(fd: int) -> mmap.mmap:
+    """The whole of a shared-memory descriptor, mapped (the mapping keeps its own reference to the memory)."""
+    return mmap.mmap(fd, os.fstat(fd).st_size)
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the segment is used as it is
+        os.posix_fallocate(fd, 0, nbytes)
 
 
 class Mapped:
