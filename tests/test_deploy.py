@@ -1,7 +1,7 @@
 """deploy/: what can be checked without root, systemd or GPUs. batch.sh's choices with stand-in commands on PATH
 (nvidia-smi, mpirun) and --dry-run; the systemd unit's contents; nginx's config with the real nginx where it is
 installed (error pages in the service's JSON shape, the deadline header capped below proxy_read_timeout); the
-Docker build context and entrypoint."""
+Docker build context, entrypoint and healthcheck."""
 
 import http.server
 import json
@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -286,11 +287,12 @@ def test_nginx_in_front_caps_the_deadline_and_answers_its_errors_in_json(nginx_i
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 
 
-def entrypoint(tmp_path, *args) -> list[str]:
-    """What deploy/docker-entrypoint.sh runs for `docker run IMAGE args...` (stand-ins print their arguments)."""
+def entrypoint(tmp_path, *args, **env) -> list[str]:
+    """What deploy/docker-entrypoint.sh runs for `docker run [-e NAME=VALUE...] IMAGE args...` (stand-ins print
+    their arguments)."""
     folder = fake_bin(tmp_path / "bin", vggserve='echo vggserve "$@"', mpiexec='echo mpiexec "$@"')
     done = subprocess.run(["sh", str(DEPLOY / "docker-entrypoint.sh"), *args], capture_output=True, text=True,
-                          env={"PATH": f"{folder}:/usr/bin:/bin"}, timeout=30)
+                          env={"PATH": f"{folder}:/usr/bin:/bin", **env}, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
@@ -304,6 +306,49 @@ def test_docker_image_runs_the_service_by_default_and_any_command_on_request(tmp
     assert entrypoint(tmp_path, "batch", "--input", "/in") == ["vggserve", "batch", "--input", "/in"]
     launch = ["mpiexec", "-n", "2", "vggserve", "batch"]
     assert entrypoint(tmp_path, *launch) == launch
+
+
+def healthcheck(cmdline: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
+    """deploy/docker-healthcheck.py with `cmdline` standing in for the container's first process's."""
+    (tmp_path / "cmdline").write_bytes(b"\0".join(arg.encode() for arg in cmdline) + b"\0")
+    return subprocess.run([sys.executable, str(DEPLOY / "docker-healthcheck.py"), str(tmp_path / "cmdline")],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env}, timeout=30)
+
+
+@pytest.fixture
+def ready_service():
+    """The port of a stand-in answering 200 on /health/ready, on 127.0.0.1."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_docker_healthcheck_asks_the_port_the_service_was_started_on(tmp_path, ready_service):
+    """HEALTHCHECK asked 127.0.0.1:8000 whatever --port the entrypoint was given: a service on 9000 was unhealthy."""
+    port, closed = str(ready_service), str(free_port())
+    assert entrypoint(tmp_path, VGGSERVE_PORT=port)[:6] == ["vggserve", "serve", "--host", "0.0.0.0", "--port", port]
+    started = {  # the container's first process: the service the entrypoint exec'd, or docker-init before it
+        "-e VGGSERVE_PORT": entrypoint(tmp_path, "--weights", "/w", VGGSERVE_PORT=port),
+        "--port": entrypoint(tmp_path, "--weights", "/w", "--port", port),
+        "serve --port=": entrypoint(tmp_path, "serve", f"--port={port}"),
+        "--init": ["/sbin/docker-init", "--", "vggserve-entrypoint", "--port", port],
+    }
+    for how, cmdline in started.items():
+        assert healthcheck(cmdline, tmp_path).returncode == 0, how
+    assert healthcheck(["/sbin/docker-init", "--", "vggserve-entrypoint"], tmp_path,
+                       VGGSERVE_PORT=port).returncode == 0
+    unhealthy = healthcheck(entrypoint(tmp_path, "--port", closed), tmp_path, VGGSERVE_PORT=port)
+    assert unhealthy.returncode == 1 and f"127.0.0.1:{closed}/health/ready" in unhealthy.stderr
+    assert unhealthy.stderr.count("\n") == 1
+
+
+def test_docker_image_healthcheck_is_the_script_that_follows_the_port():
+    (check,) = re.findall(r"^HEALTHCHECK .*$", re.sub(r"\\\n\s*", " ", DOCKERFILE), re.M)  # continuations joined
+    assert check.endswith('CMD ["vggserve-healthcheck"]') and "8000" not in check
+    assert "install -m 0755 /src/deploy/docker-healthcheck.py /usr/local/bin/vggserve-healthcheck" in DOCKERFILE
+    assert dockerignore_keeps("deploy/docker-healthcheck.py")
 
 
 def test_docker_entrypoint_knows_every_vggserve_command():
