@@ -1,5 +1,6 @@
 """deploy/: what can be checked without root, systemd or GPUs. batch.sh's choices with stand-in commands on PATH
-(nvidia-smi, mpirun) and --dry-run; the systemd unit's contents; nginx's config with the real nginx where it is
+(nvidia-smi, mpirun) and --dry-run; install.sh's and quickstart.sh's with a stand-in system Python, apt-get and
+pip (a .venv, what each installs); the systemd unit's contents; nginx's config with the real nginx where it is
 installed (error pages in the service's JSON shape, the deadline header capped below proxy_read_timeout); the
 Docker build context, entrypoint and healthcheck."""
 
@@ -81,6 +82,109 @@ def test_batch_sh_with_a_hostfile_asks_each_rank_for_its_gpu(tmp_path):
     hosts.write_text("# two machines\nnode1:4\nnode2:4\n")
     command = launched(batch_sh(tmp_path, "--hostfile", str(hosts), "--input", "in", "--output", "o"))
     assert command[:3] == ["mpirun", "-n", "8"] and command[-2:] == ["--device", "gpu"]
+
+
+# ---- install.sh and quickstart.sh ---------------------------------------------------------------------------------
+# Run on a copy of the scripts, with only stand-ins and a few real tools on PATH: no apt-get, pip or sudo runs.
+REAL_TOOLS = ("bash", "sh", "id", "env", "grep", "ls", "dirname")
+
+
+def debian_python3(log: Path, has_venv: Path) -> str:
+    """A stand-in for Debian 12's /usr/bin/python3: externally managed (`-m pip` refuses, as PEP 668 has it), and
+    without ensurepip until `has_venv` exists (apt-get installing python3.11-venv makes it). `-m venv DIR` makes a
+    DIR/bin/python that logs what it is asked and succeeds."""
+    venv_python = f'#!/bin/sh\necho "venv-python $*" >> {log}'
+    return f"""echo "python3 $*" >> {log}
+case "$1 $2" in
+  "-m pip") echo "error: externally-managed-environment" >&2; exit 1 ;;
+  "-m venv") [ -e {has_venv} ] || {{ echo "ensurepip is not available" >&2; exit 1; }}
+             for dir; do :; done; /bin/mkdir -p "$dir/bin"
+             printf '%s\\n' '{venv_python}' > "$dir/bin/python"; /bin/chmod +x "$dir/bin/python" ;;
+  "-c "*ensurepip*) [ -e {has_venv} ] ;;
+  "-c "*version_info*) echo 3.11 ;;
+esac"""
+
+
+def install_standins(tmp_path, apt=True, venv_package=False, **more) -> tuple[dict, Path]:
+    """({PATH: a folder of stand-ins and real tools}, the log the stand-ins write); `venv_package`: python3 can
+    make virtual environments from the start."""
+    log, has_venv = tmp_path / "calls.log", tmp_path / "python3-venv-installed"
+    if venv_package:
+        has_venv.touch()
+    scripts = {"python3": debian_python3(log, has_venv), "sudo": 'exec "$@"',
+               "mkdir": f'echo "mkdir $*" >> {log}', "tee": f'echo "tee $*" >> {log}', **more}
+    if apt:
+        scripts["apt_get"] = f'echo "apt-get $*" >> {log}; case "$*" in *python3.11-venv*) /bin/touch {has_venv};; esac'
+    folder = fake_bin(tmp_path / "bin", **scripts)
+    for tool in REAL_TOOLS:
+        (folder / tool).symlink_to(shutil.which(tool))
+    return {"PATH": str(folder), "HOME": str(tmp_path)}, log
+
+
+def run_script(tmp_path, env, script: str, *args) -> subprocess.CompletedProcess:
+    """deploy/<script> run from a copy of deploy/ in tmp_path/repo (so .venv is made there)."""
+    repo = tmp_path / "repo"
+    if not repo.exists():
+        shutil.copytree(DEPLOY, repo / "deploy")
+    return subprocess.run(["bash", str(repo / "deploy" / script), *args], capture_output=True, text=True, env=env,
+                          timeout=60, cwd=tmp_path)
+
+
+def calls(log: Path, prefix: str) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith(prefix)] if log.exists() else []
+
+
+def test_install_on_a_system_python_that_refuses_pip_installs_into_a_venv(tmp_path):
+    """`python3 -m pip install --upgrade pip` stopped install.sh on Debian 12 and Ubuntu (PEP 668)."""
+    env, log = install_standins(tmp_path)
+    done = run_script(tmp_path, env, "install.sh")
+    assert done.returncode == 0, done.stderr
+    assert "apt-get install -y -qq python3.11-venv" in calls(log, "apt-get")
+    assert calls(log, "python3 -m") == ["python3 -m venv --clear .venv"]  # never its pip
+    assert calls(log, "venv-python -m") == ["venv-python -m pip install -q --upgrade pip",
+                                            "venv-python -m pip install -q -e .[dev]",
+                                            "venv-python -m pip uninstall -y -q pocl-binary-distribution",
+                                            "venv-python -m vggserve devices"]
+    assert "source .venv/bin/activate" in done.stderr.splitlines()[-1]
+    again = run_script(tmp_path, env, "install.sh")  # a working .venv is kept
+    assert again.returncode == 0 and calls(log, "python3 -m") == ["python3 -m venv --clear .venv"], again.stderr
+
+
+def test_install_where_python3_makes_venvs_installs_nothing_for_it(tmp_path):
+    env, log = install_standins(tmp_path, venv_package=True)
+    done = run_script(tmp_path, env, "install.sh")
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in calls(log, "apt-get") if "venv" in line]
+    assert calls(log, "python3 -m") == ["python3 -m venv --clear .venv"]
+
+
+def test_install_without_apt_or_ensurepip_says_what_to_install_in_one_line(tmp_path):
+    env, log = install_standins(tmp_path, apt=False)
+    done = run_script(tmp_path, env, "install.sh")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot make a virtual environment" in done.stderr and "python3.11-venv package" in done.stderr
+    assert not (tmp_path / "repo" / ".venv").exists() and calls(log, "python3 -m") == []
+
+
+def test_quickstart_installs_what_classifying_needs_and_not_the_test_tools(tmp_path):
+    """The quickstart installed Chromium and nginx (the test extras) with apt, just to classify three images."""
+    env, log = install_standins(tmp_path, venv_package=True)
+    done = run_script(tmp_path, env, "quickstart.sh")
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in calls(log, "apt-get") if "chromium" in line or "nginx" in line]
+    pip = [line for line in calls(log, "venv-python -m pip install") if " -e " in line]
+    assert pip == ["venv-python -m pip install -q -e ."]
+    assert [line.split()[3] for line in calls(log, "venv-python -m vggserve")] == ["devices", "weights", "classify"]
+    tests = run_script(tmp_path, env, "install.sh")  # the README's test command: the test extras and their tools
+    assert tests.returncode == 0, tests.stderr
+    assert "apt-get install -y -qq chromium nginx-light" in calls(log, "apt-get")
+    assert "venv-python -m pip install -q -e .[dev]" in calls(log, "venv-python")
+
+
+def test_readme_test_command_is_what_ci_runs_and_uses_the_venv_install_makes():
+    readme = (ROOT / "README.md").read_text()
+    (command,) = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
+    assert command.startswith("bash deploy/install.sh && source .venv/bin/activate && ") and command in readme
 
 
 # ---- systemd ------------------------------------------------------------------------------------------------------
