@@ -8,7 +8,8 @@
 and matmul, its default for convolutions), fp16 (PyTorch `.half()` with channels_last). Always cudnn.benchmark.
 
 For each batch, also "streamed": batches submitted back to back, host array in, host array out (vggserve's
-`submit`, whose uploads overlap the previous batch's kernels; PyTorch with pinned input and non-blocking copies).
+`submit`, whose uploads overlap the previous batch's kernels; PyTorch with pinned input and non-blocking copies
+on a GPU, its end-to-end loop on the CPU).
 For each batch: images/s of vggserve end to end (input upload, all kernels, logits read back) and of
 torchvision's VGG16 (rebuilt layer for layer in torch.nn) in FP32 with TF32 off (input already on the GPU,
 CUDA-event timed; host clock on the CPU), their ratio, per-layer
@@ -151,6 +152,28 @@ def torch_layers(model, x, torch, device):
     return rows
 
 
+def torch_wording(torch_device: str) -> dict:
+    """How the report names PyTorch's two timings on its device. On a GPU: the input already on the GPU, and the
+    streamed loop's pinned input with non-blocking copies. On the CPU there is no copy: the input is in place, and
+    the streamed loop is the end-to-end one, batch after batch."""
+    if torch_device.startswith("cuda"):
+        return {"resident": "on-GPU input", "streamed": "pinned, non-blocking"}
+    return {"resident": "input in place", "streamed": "back to back"}
+
+
+def batch_report(row: dict, wording: dict) -> list[str]:
+    """The two lines printed per batch, from its row of the results."""
+    resident = wording["resident"]
+    return [f"batch {row['batch']:4d}: vggserve {row['vggserve_img_s']:8.1f} img/s ({row['vggserve_ms']:8.2f} ms host "
+            f"to host, kernels {row['vggserve_kernels_ms']:.2f} ms) | torch {row['torch_img_s']:8.1f} img/s "
+            f"({row['torch_ms']:8.2f} ms {resident}, {row['torch_end_to_end_ms']:8.2f} ms host to host) | ratio "
+            f"{row['ratio_vggserve_over_torch']:.3f} vs {resident}, {row['ratio_end_to_end']:.3f} host to host | "
+            f"max rel diff {row['max_rel_diff_vs_torch']:.2e}",
+            f"            streamed: vggserve {row['vggserve_streamed_img_s']:8.1f} img/s | torch ({wording['streamed']}) "
+            f"{row['torch_streamed_img_s']:8.1f} img/s | ratio {row['ratio_streamed']:.3f}; vggserve streamed over "
+            f"torch {resident} {row['ratio_vggserve_streamed_over_torch_on_gpu']:.3f}"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="gpu", help="vggserve device spec (default gpu)")
@@ -247,14 +270,9 @@ def main():
             row["max_rel_err_vs_float64"] = {"vggserve": float(np.abs(v_logits[:1] - ref).max() / np.abs(ref).max()),
                                              "torch": float(np.abs(t_logits[:1] - ref).max() / np.abs(ref).max())}
         results["batches"].append(row)
-        print(f"batch {batch:4d}: vggserve {row['vggserve_img_s']:8.1f} img/s ({v_ms:8.2f} ms host to host, kernels "
-              f"{row['vggserve_kernels_ms']:.2f} ms) | torch {row['torch_img_s']:8.1f} img/s ({t_ms:8.2f} ms on-GPU input, "
-              f"{t_e2e:8.2f} ms host to host) | ratio {row['ratio_vggserve_over_torch']:.3f} vs on-GPU, "
-              f"{row['ratio_end_to_end']:.3f} host to host | max rel diff {diff:.2e}", flush=True)
-        print(f"            streamed: vggserve {row['vggserve_streamed_img_s']:8.1f} img/s | torch (pinned, non-blocking) "
-              f"{row['torch_streamed_img_s']:8.1f} img/s | ratio {row['ratio_streamed']:.3f}; vggserve streamed over "
-              f"torch on-GPU input {row['ratio_vggserve_streamed_over_torch_on_gpu']:.3f}", flush=True)
-    print(f"\nper layer at batch {batches[-1]}, {args.precision} (ceiling {CEILING_TFLOPS[args.precision]:.0f} TFLOP/s)")
+        for line in batch_report(row, torch_wording(tdev)):
+            print(line, flush=True)
+    print(f"\nper layer at batch {batches[-1]}, {args.precision} (H100 ceiling {CEILING_TFLOPS[args.precision]:.0f} TFLOP/s)")
     print(f"{'layer':16s} {'torch ms':>9s} {'TFLOP/s':>8s} {'vggserve ms':>12s} {'TFLOP/s':>8s} {'of ceiling':>10s}")
     for layer in results["batches"][-1]["layers"]:
         print(f"{layer['name']:16s} {layer['torch_ms']:9.3f} {layer['torch_tflops']:8.2f} {layer['vggserve_ms']:12.3f} "

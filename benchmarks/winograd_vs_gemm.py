@@ -11,7 +11,7 @@ kernels' shares input/GEMM/output), effective TFLOP/s = DIRECT-convolution flops
 with conv_gemm's and cuDNN's), and the max relative error (max |err| / max |ref|) against a float64 direct
 convolution of the first image (--no-reference skips it). The winner per shape is marked. GemmLayer uses the
 device kind's default parameters (params.TABLE; --tuned: the tuned table for this batch), the Winograd variants
-the defaults in vggserve/model/winograd.py unless --winograd-params / --winograd4-params '{"TM": 128, ...}'
+the defaults in vggserve/ops/winograd.py unless --winograd-params / --winograd4-params '{"TM": 128, ...}'
 override some.
 """
 

@@ -1,7 +1,8 @@
 """deploy/: what can be checked without root, systemd or GPUs. batch.sh's choices with stand-in commands on PATH
-(nvidia-smi, mpirun) and --dry-run; the systemd unit's contents; nginx's config with the real nginx where it is
+(nvidia-smi, mpirun) and --dry-run; install.sh's and quickstart.sh's with a stand-in system Python, apt-get and
+pip (a .venv, what each installs); the systemd unit's contents; nginx's config with the real nginx where it is
 installed (error pages in the service's JSON shape, the deadline header capped below proxy_read_timeout); the
-Docker build context and entrypoint."""
+Docker build context, entrypoint and healthcheck."""
 
 import http.server
 import json
@@ -10,6 +11,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -136,6 +138,109 @@ def test_sbatch_passes_no_option_that_does_nothing(tmp_path):
     assert args[args.index("-m"):] == ["-m", "vggserve", "batch", "--device", "gpu", "--input", "in", "--output",
                                        "o.jsonl", ""]
     assert not any(a.startswith("--decode-threads") for a in args)
+
+
+# ---- install.sh and quickstart.sh ---------------------------------------------------------------------------------
+# Run on a copy of the scripts, with only stand-ins and a few real tools on PATH: no apt-get, pip or sudo runs.
+REAL_TOOLS = ("bash", "sh", "id", "env", "grep", "ls", "dirname")
+
+
+def debian_python3(log: Path, has_venv: Path) -> str:
+    """A stand-in for Debian 12's /usr/bin/python3: externally managed (`-m pip` refuses, as PEP 668 has it), and
+    without ensurepip until `has_venv` exists (apt-get installing python3.11-venv makes it). `-m venv DIR` makes a
+    DIR/bin/python that logs what it is asked and succeeds."""
+    venv_python = f'#!/bin/sh\necho "venv-python $*" >> {log}'
+    return f"""echo "python3 $*" >> {log}
+case "$1 $2" in
+  "-m pip") echo "error: externally-managed-environment" >&2; exit 1 ;;
+  "-m venv") [ -e {has_venv} ] || {{ echo "ensurepip is not available" >&2; exit 1; }}
+             for dir; do :; done; /bin/mkdir -p "$dir/bin"
+             printf '%s\\n' '{venv_python}' > "$dir/bin/python"; /bin/chmod +x "$dir/bin/python" ;;
+  "-c "*ensurepip*) [ -e {has_venv} ] ;;
+  "-c "*version_info*) echo 3.11 ;;
+esac"""
+
+
+def install_standins(tmp_path, apt=True, venv_package=False, **more) -> tuple[dict, Path]:
+    """({PATH: a folder of stand-ins and real tools}, the log the stand-ins write); `venv_package`: python3 can
+    make virtual environments from the start."""
+    log, has_venv = tmp_path / "calls.log", tmp_path / "python3-venv-installed"
+    if venv_package:
+        has_venv.touch()
+    scripts = {"python3": debian_python3(log, has_venv), "sudo": 'exec "$@"',
+               "mkdir": f'echo "mkdir $*" >> {log}', "tee": f'echo "tee $*" >> {log}', **more}
+    if apt:
+        scripts["apt_get"] = f'echo "apt-get $*" >> {log}; case "$*" in *python3.11-venv*) /bin/touch {has_venv};; esac'
+    folder = fake_bin(tmp_path / "bin", **scripts)
+    for tool in REAL_TOOLS:
+        (folder / tool).symlink_to(shutil.which(tool))
+    return {"PATH": str(folder), "HOME": str(tmp_path)}, log
+
+
+def run_script(tmp_path, env, script: str, *args) -> subprocess.CompletedProcess:
+    """deploy/<script> run from a copy of deploy/ in tmp_path/repo (so .venv is made there)."""
+    repo = tmp_path / "repo"
+    if not repo.exists():
+        shutil.copytree(DEPLOY, repo / "deploy")
+    return subprocess.run(["bash", str(repo / "deploy" / script), *args], capture_output=True, text=True, env=env,
+                          timeout=60, cwd=tmp_path)
+
+
+def calls(log: Path, prefix: str) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith(prefix)] if log.exists() else []
+
+
+def test_install_on_a_system_python_that_refuses_pip_installs_into_a_venv(tmp_path):
+    """`python3 -m pip install --upgrade pip` stopped install.sh on Debian 12 and Ubuntu (PEP 668)."""
+    env, log = install_standins(tmp_path)
+    done = run_script(tmp_path, env, "install.sh")
+    assert done.returncode == 0, done.stderr
+    assert "apt-get install -y -qq python3.11-venv" in calls(log, "apt-get")
+    assert calls(log, "python3 -m") == ["python3 -m venv --clear .venv"]  # never its pip
+    assert calls(log, "venv-python -m") == ["venv-python -m pip install -q --upgrade pip",
+                                            "venv-python -m pip install -q -e .[dev]",
+                                            "venv-python -m pip uninstall -y -q pocl-binary-distribution",
+                                            "venv-python -m vggserve devices"]
+    assert "source .venv/bin/activate" in done.stderr.splitlines()[-1]
+    again = run_script(tmp_path, env, "install.sh")  # a working .venv is kept
+    assert again.returncode == 0 and calls(log, "python3 -m") == ["python3 -m venv --clear .venv"], again.stderr
+
+
+def test_install_where_python3_makes_venvs_installs_nothing_for_it(tmp_path):
+    env, log = install_standins(tmp_path, venv_package=True)
+    done = run_script(tmp_path, env, "install.sh")
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in calls(log, "apt-get") if "venv" in line]
+    assert calls(log, "python3 -m") == ["python3 -m venv --clear .venv"]
+
+
+def test_install_without_apt_or_ensurepip_says_what_to_install_in_one_line(tmp_path):
+    env, log = install_standins(tmp_path, apt=False)
+    done = run_script(tmp_path, env, "install.sh")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot make a virtual environment" in done.stderr and "python3.11-venv package" in done.stderr
+    assert not (tmp_path / "repo" / ".venv").exists() and calls(log, "python3 -m") == []
+
+
+def test_quickstart_installs_what_classifying_needs_and_not_the_test_tools(tmp_path):
+    """The quickstart installed Chromium and nginx (the test extras) with apt, just to classify three images."""
+    env, log = install_standins(tmp_path, venv_package=True)
+    done = run_script(tmp_path, env, "quickstart.sh")
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in calls(log, "apt-get") if "chromium" in line or "nginx" in line]
+    pip = [line for line in calls(log, "venv-python -m pip install") if " -e " in line]
+    assert pip == ["venv-python -m pip install -q -e ."]
+    assert [line.split()[3] for line in calls(log, "venv-python -m vggserve")] == ["devices", "weights", "classify"]
+    tests = run_script(tmp_path, env, "install.sh")  # the README's test command: the test extras and their tools
+    assert tests.returncode == 0, tests.stderr
+    assert "apt-get install -y -qq chromium nginx-light" in calls(log, "apt-get")
+    assert "venv-python -m pip install -q -e .[dev]" in calls(log, "venv-python")
+
+
+def test_readme_test_command_is_what_ci_runs_and_uses_the_venv_install_makes():
+    readme = (ROOT / "README.md").read_text()
+    (command,) = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
+    assert command.startswith("bash deploy/install.sh && source .venv/bin/activate && ") and command in readme
 
 
 # ---- systemd ------------------------------------------------------------------------------------------------------
@@ -342,11 +447,12 @@ def test_nginx_in_front_caps_the_deadline_and_answers_its_errors_in_json(nginx_i
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 
 
-def entrypoint(tmp_path, *args) -> list[str]:
-    """What deploy/docker-entrypoint.sh runs for `docker run IMAGE args...` (stand-ins print their arguments)."""
+def entrypoint(tmp_path, *args, **env) -> list[str]:
+    """What deploy/docker-entrypoint.sh runs for `docker run [-e NAME=VALUE...] IMAGE args...` (stand-ins print
+    their arguments)."""
     folder = fake_bin(tmp_path / "bin", vggserve='echo vggserve "$@"', mpiexec='echo mpiexec "$@"')
     done = subprocess.run(["sh", str(DEPLOY / "docker-entrypoint.sh"), *args], capture_output=True, text=True,
-                          env={"PATH": f"{folder}:/usr/bin:/bin"}, timeout=30)
+                          env={"PATH": f"{folder}:/usr/bin:/bin", **env}, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
@@ -360,6 +466,49 @@ def test_docker_image_runs_the_service_by_default_and_any_command_on_request(tmp
     assert entrypoint(tmp_path, "batch", "--input", "/in") == ["vggserve", "batch", "--input", "/in"]
     launch = ["mpiexec", "-n", "2", "vggserve", "batch"]
     assert entrypoint(tmp_path, *launch) == launch
+
+
+def healthcheck(cmdline: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
+    """deploy/docker-healthcheck.py with `cmdline` standing in for the container's first process's."""
+    (tmp_path / "cmdline").write_bytes(b"\0".join(arg.encode() for arg in cmdline) + b"\0")
+    return subprocess.run([sys.executable, str(DEPLOY / "docker-healthcheck.py"), str(tmp_path / "cmdline")],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env}, timeout=30)
+
+
+@pytest.fixture
+def ready_service():
+    """The port of a stand-in answering 200 on /health/ready, on 127.0.0.1."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_docker_healthcheck_asks_the_port_the_service_was_started_on(tmp_path, ready_service):
+    """HEALTHCHECK asked 127.0.0.1:8000 whatever --port the entrypoint was given: a service on 9000 was unhealthy."""
+    port, closed = str(ready_service), str(free_port())
+    assert entrypoint(tmp_path, VGGSERVE_PORT=port)[:6] == ["vggserve", "serve", "--host", "0.0.0.0", "--port", port]
+    started = {  # the container's first process: the service the entrypoint exec'd, or docker-init before it
+        "-e VGGSERVE_PORT": entrypoint(tmp_path, "--weights", "/w", VGGSERVE_PORT=port),
+        "--port": entrypoint(tmp_path, "--weights", "/w", "--port", port),
+        "serve --port=": entrypoint(tmp_path, "serve", f"--port={port}"),
+        "--init": ["/sbin/docker-init", "--", "vggserve-entrypoint", "--port", port],
+    }
+    for how, cmdline in started.items():
+        assert healthcheck(cmdline, tmp_path).returncode == 0, how
+    assert healthcheck(["/sbin/docker-init", "--", "vggserve-entrypoint"], tmp_path,
+                       VGGSERVE_PORT=port).returncode == 0
+    unhealthy = healthcheck(entrypoint(tmp_path, "--port", closed), tmp_path, VGGSERVE_PORT=port)
+    assert unhealthy.returncode == 1 and f"127.0.0.1:{closed}/health/ready" in unhealthy.stderr
+    assert unhealthy.stderr.count("\n") == 1
+
+
+def test_docker_image_healthcheck_is_the_script_that_follows_the_port():
+    (check,) = re.findall(r"^HEALTHCHECK .*$", re.sub(r"\\\n\s*", " ", DOCKERFILE), re.M)  # continuations joined
+    assert check.endswith('CMD ["vggserve-healthcheck"]') and "8000" not in check
+    assert "install -m 0755 /src/deploy/docker-healthcheck.py /usr/local/bin/vggserve-healthcheck" in DOCKERFILE
+    assert dockerignore_keeps("deploy/docker-healthcheck.py")
 
 
 def test_docker_entrypoint_knows_every_vggserve_command():

@@ -248,3 +248,33 @@ def test_a_stalled_server_cannot_hold_a_level_past_its_drain_limit(image_dir, tm
     assert run.end_s - run.window_end_s < 1.3 + 0.3  # ended within the drain limit after the schedule
     assert row["requests"] == 10 and row["errors_timeout"] + row["cancelled"] == 10
     assert row["cancelled"] > 0 and row["ok"] == 0 and not row["interrupted"]
+
+
+def test_the_standin_says_where_it_listens_and_then_answers(tmp_path):
+    """`python -m vggserve.loadtest.standin` printed nothing: whoever started it could not tell when it was ready."""
+    import httpx
+
+    process = subprocess.Popen([sys.executable, "-m", "vggserve.loadtest.standin", "--port", "0"],
+                               stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        import select
+
+        assert select.select([process.stderr], [], [], 60)[0], "nothing said within 60 s"
+        line = process.stderr.readline()
+        assert line.startswith("vggserve stand-in: listening on http://127.0.0.1:"), line
+        url = line.split()[4]
+        assert httpx.get(f"{url}/health/ready", timeout=30).json() == {"ready": True}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_standin_on_a_taken_port_is_a_one_line_error():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "vggserve.loadtest.standin", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use: choose another --port" in done.stderr

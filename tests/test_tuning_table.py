@@ -92,6 +92,7 @@ def test_tune_refuses_shapes_that_select_nothing_in_one_line(tmp_path, shapes, m
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and message in r.stderr, r.stderr
     assert not (tmp_path / "tuned.json").exists()
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], "refused before `tuning ... candidates` is announced"
 
 
 def test_tune_refuses_sparse_timing_at_tf32_rather_than_timing_fp32(tmp_path):

@@ -133,6 +133,28 @@ def fusion_possible(caps, prec) -> bool:
     return any(a.fuses_pool(p) for a in registry.for_layer(caps, prec, layer) for p in a.candidates(caps, prec, layer))
 
 
+def select_shapes(shapes: list, only, precision: str) -> list:
+    """The shapes whose keys `only` names (all of them when only is None); a key that is not there is a
+    VggserveError naming those that are."""
+    if only is None:
+        return shapes
+    unknown = sorted(set(only) - {s[0] for s in shapes})
+    if unknown:
+        raise VggserveError(f"unknown shape {', '.join(unknown)} at {precision}: choose from "
+                            f"{', '.join(s[0] for s in shapes)}")
+    return [s for s in shapes if s[0] in only]
+
+
+def shapes_to_tune(info, device, batch: int, precision: str = "fp32", only=None) -> list:
+    """What `tune` times on this device at this precision: VGG16's shapes (`layer_shapes`, "+pool" ones where the
+    family can fuse the pooling), or those of them that `only` names. Refuses, before anything is timed, a precision
+    the device cannot run and a shape key that is not one of them (VggserveError)."""
+    prec = precisions.get(precision)
+    caps = device_caps.of(device, info.kind, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label)
+    return select_shapes(layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
+
+
 def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=None, progress=print,
          winograd_too: bool = False, precision: str = "fp32", only=None) -> tuple[dict, list]:
     """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...]).
@@ -158,13 +180,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     reference = dict(REFERENCE) if family == "portable" else default_algo.default(caps, prec)
     tol = TOLERANCE[prec.name]
     rng = np.random.default_rng(0)
-    shapes = shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec))
-    if only is not None:
-        unknown = sorted(set(only) - {s[0] for s in shapes})
-        if unknown:
-            raise VggserveError(f"unknown shape {', '.join(unknown)} at {prec.name}: choose from "
-                             f"{', '.join(s[0] for s in shapes)}")
-        shapes = [s for s in shapes if s[0] in only]
+    shapes = select_shapes(shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
     winners, trials = {}, []
     for key, cin, cout, size, ks in shapes:
         pool = key.endswith(POOL_SUFFIX)

@@ -40,10 +40,12 @@ def run(args) -> int:
     info = devs.resolve(args.device)
     if args.sparse:
         return _sparse(args, info)
-    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, {args.candidates} candidates "
-         f"per shape and algorithm")
-    winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
-                                  progress=note, winograd_too=args.winograd, precision=args.precision, only=only)
+    device = devs.cl_device(info)
+    shapes = tuning.shapes_to_tune(info, device, args.batch_size, args.precision, only)  # refused before announced
+    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}: {len(shapes)} shapes, "
+         f"{args.candidates} candidates per shape and algorithm")
+    winners, trials = tuning.tune(info, device, args.batch_size, args.candidates, args.repeats, shapes=shapes,
+                                  progress=note, winograd_too=args.winograd, precision=args.precision)
     if not args.dry_run:
         tuning.store(info.label, winners, args.batch_size, args.precision)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")

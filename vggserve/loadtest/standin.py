@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -181,7 +183,7 @@ def main(argv=None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--port", type=int, default=8001, help="default 8001; 0 takes a free port")
     parser.add_argument("--delay-ms", type=float, default=10.0, help="device time per batch (ms)")
     parser.add_argument("--per-image-ms", type=float, default=0.0, help="extra device time per image (ms)")
     parser.add_argument("--max-batch", type=int, default=8)
@@ -190,7 +192,24 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     config = StandinConfig(delay_s=args.delay_ms / 1000.0, per_image_s=args.per_image_ms / 1000.0,
                            max_batch=args.max_batch, queue_limit=args.queue_limit, reject=args.reject)
-    uvicorn.run(Standin(config).app, host=args.host, port=args.port, log_level="warning")
+    sock = listening_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print(f"vggserve stand-in: listening on http://{host}:{port} (Ctrl+C to stop)", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(Standin(config).app, log_level="warning"))
+    server.run(sockets=[sock])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port (port 0: a free one), or SystemExit with a one-line reason and fix.
+    Connections that come before uvicorn serves wait in its backlog, so the address can be announced at once."""
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=2048)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SystemExit(f"vggserve stand-in: cannot listen on {host}:{port}: {reason}: "
+                         "choose another --port (0 takes a free one) or --host") from None
+    return sock
 
 
 if __name__ == "__main__":
