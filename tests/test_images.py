@@ -153,6 +153,14 @@ def test_non_image_source_types_are_type_errors(tmp_path):
         open_image(fp)
 
 
+def test_a_text_mode_file_of_image_bytes_is_a_type_error_not_a_unicode_error(tmp_path):
+    """open_image(open("cat.jpg")) raised UnicodeDecodeError from reading the JPEG as text; docs say TypeError."""
+    jpeg = tmp_path / "cat.jpg"
+    jpeg.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xd9")
+    with open(jpeg, encoding="utf-8") as fp, pytest.raises(TypeError, match=r"binary file object \(opened with 'rb'\)"):
+        open_image(fp)
+
+
 @pytest.mark.parametrize("name", ["animated.gif", "rgb.tiff", "photo.webp"])
 def test_returned_image_is_loaded_and_holds_no_file_handle(corpus, name):
     path = corpus[name]  # multi-frame images and unconverted RGB ones would normally keep their file open

@@ -225,6 +225,8 @@ def _binary_stream(source: Source) -> Iterator[tuple[BinaryIO, str]]:
         return
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
+    elif isinstance(source, io.TextIOBase):  # reading it would decode the image's bytes as text first
+        raise TypeError("open_image needs a binary file object (opened with 'rb'), not a text-mode file")
     elif hasattr(source, "read"):
         data = source.read()
         if not isinstance(data, (bytes, bytearray)):
