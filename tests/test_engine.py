@@ -88,6 +88,15 @@ def test_an_input_of_the_wrong_form_names_its_own_shape_and_the_other_function(t
         getattr(tiny_model, call)(array)
 
 
+def test_a_model_ends_its_program_cache_run_when_its_start_is_over(tiny_tensors, monkeypatch):
+    """The summary of a long run of compiles ("compiled 13 OpenCL programs in 128.3 s") comes at the end of the
+    model's start (runtime/buildprogress.py); nothing else would end the run."""
+    finished = []
+    monkeypatch.setattr(ProgramCache, "finish", lambda self: finished.append(self))
+    with VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        assert finished == [model.program_cache]
+
+
 def test_weights_info_names_the_file_and_its_checksum(tiny_model, tiny_weights_path):
     import hashlib
 

@@ -30,6 +30,7 @@ from ..errors import SettingError
 from ..runtime.params import params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
+from ..wording import count
 from .staging import Pending, Slot
 
 LOGIT = np.dtype(np.float32).itemsize  # logits and probabilities are float32 whatever the precision
@@ -99,7 +100,7 @@ class Engine:
         if b * per_image > INDEX_LIMIT:
             raise SettingError(f"max_batch_size={b} is more than this network's kernels can index: its largest "
                              f"activation is {per_image:,} values per image and the kernels count a batch's "
-                             f"values in 32-bit integers, so at most {INDEX_LIMIT // per_image} images per batch")
+                             f"values in 32-bit integers, so at most {count(INDEX_LIMIT // per_image, 'image')} per batch")
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.pong = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
@@ -110,6 +111,7 @@ class Engine:
     def _finish_startup(self, t_upload: float, built_before: float) -> None:
         self.queue.finish()
         cache = self.program_cache
+        cache.finish()
         self.startup.upload_s = time.perf_counter() - t_upload - (cache.seconds - built_before)
         self.startup.build_s = cache.seconds
         self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
