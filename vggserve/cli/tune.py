@@ -2,6 +2,7 @@
 
 import json
 
+from ..wording import count
 from .common import add_device_args, note, positive_int
 
 
@@ -40,8 +41,8 @@ def run(args) -> int:
     info = devs.resolve(args.device)
     if args.sparse:
         return _sparse(args, info)
-    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, {args.candidates} candidates "
-         f"per shape and algorithm")
+    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}, "
+         f"{count(args.candidates, 'candidate')} per shape and algorithm")
     winners, trials = tuning.tune(info, devs.cl_device(info), args.batch_size, args.candidates, args.repeats,
                                   progress=note, winograd_too=args.winograd, precision=args.precision, only=only)
     if not args.dry_run:

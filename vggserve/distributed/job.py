@@ -34,6 +34,7 @@ from .pipeline import ChunkOutcome, ChunkRunner, RankStats
 from .store import OutputError, ResultStore, check_creatable
 from .summary import format_summary, summarize
 from .workqueue import CoordinatorLink, chunk_size, chunked, work_for_coordinator
+from ..wording import count
 
 
 @dataclass
@@ -90,8 +91,8 @@ def run_batch(options: BatchOptions, comm=None) -> int:
     if shared["todo"] == 0:
         if rank == 0:
             plan.store.close()
-            print(f"batch: nothing to do: all {plan.skipped} images are already in {options.output} "
-                  f"or its errors file")
+            print(f"batch: nothing to do: {'the' if plan.skipped == 1 else 'all'} {count(plan.skipped, 'image')} "
+                  f"{'is' if plan.skipped == 1 else 'are'} already in {options.output} or its errors file")
         return 0
     try:
         bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm,

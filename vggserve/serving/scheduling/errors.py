@@ -2,6 +2,8 @@
 the cause and the fix, and nothing about HTTP: each protocol (`protocols.classify`, `protocols.v2`) maps the class
 to its own status and error shape. They pickle whole, so they cross the engine link and process pools unchanged."""
 
+from ...wording import count
+
 
 class SchedulingError(Exception):
     """Base class. `retry_after_s`: when the client may retry (None: retrying the same request will not help)."""
@@ -30,8 +32,8 @@ class QueueFull(SchedulingError):
     retry_after_s = 1
 
     def __init__(self, capacity: int):
-        super().__init__(f"the server's queue is full ({capacity} images waiting or being decoded); retry after "
-                         f"{self.retry_after_s} s")
+        super().__init__(f"the server's queue is full ({count(capacity, 'image')} waiting or being decoded); "
+                         f"retry after {self.retry_after_s} s")
 
 
 class DeadlineExceeded(SchedulingError):
