@@ -147,7 +147,7 @@ def test_a_platform_and_device_spec_that_selects_nothing_says_which_part_is_wron
         platform = devices[0].platform_index
         count = sum(d.platform_index == platform for d in devices)
         with pytest.raises(DeviceError, match=rf"^no OpenCL device {platform}:{count}: platform {platform} has "
-                                              rf"{count} device\(s\), numbered from 0 \("):
+                                              rf"{count} device{'' if count == 1 else 's'}, numbered from 0 \("):
             devs.resolve(f"{platform}:{count}")
 
 
