@@ -15,7 +15,8 @@ def register(subparsers) -> None:
                    help="random seed, a whole number >= 0; the same seed gives the same file")
     p.add_argument("--output", type=Path, required=True, help="safetensors file to write")
     p.add_argument("--width", type=_width, default=1.0,
-                   help="channel width multiplier, for tests (default 1 = VGG16; 0.125 = the tiny test net)")
+                   help="channel width multiplier in (0, 1], snapped to a multiple of 1/64, for tests "
+                        "(default 1 = VGG16; 0.125 = the tiny test net)")
     p.set_defaults(func=_init)
 
     p = sub.add_parser("fetch", help="download published ImageNet weights and verify their checksum")
