@@ -100,7 +100,8 @@ class Engine:
         if b * per_image > INDEX_LIMIT:
             raise SettingError(f"max_batch_size={b} is more than this network's kernels can index: its largest "
                              f"activation is {per_image:,} values per image and the kernels count a batch's "
-                             f"values in 32-bit integers, so at most {count(INDEX_LIMIT // per_image, 'image')} per batch")
+                             f"values in 32-bit integers, so at most {count(INDEX_LIMIT // per_image, 'image')} "
+                             "per batch")
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.pong = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
