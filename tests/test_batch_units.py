@@ -347,7 +347,7 @@ def test_summary_counts_every_rank_including_ranks_that_got_no_work():
     assert summary["images_per_second"] == 4.0 and summary["already_done"] == 3
     assert [r["images"] for r in summary["ranks"]] == [4, 6, 0]
     text = format_summary(summary)
-    assert "10 images (9 classified, 1 errors)" in text and "4.00 images/s" in text and len(text.splitlines()) == 6
+    assert "10 images (9 classified, 1 error)" in text and "4.00 images/s" in text and len(text.splitlines()) == 6
 
 
 # ---- launcher or not ----------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The whole network on the OpenCL engine against the float64 numpy reference, and the engine's mechanics."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -66,8 +68,33 @@ def test_repeated_calls_reuse_buffers_and_give_identical_results(tiny_model):
 
 
 def test_wrong_input_shape_is_a_clear_error(tiny_model):
-    with pytest.raises(ValueError, match=r"expected input of shape \(N, 3, 224, 224\)"):
+    with pytest.raises(ValueError, match=r"logits takes normalised float32 \(N, 3, 224, 224\), got float32 "):
         tiny_model.logits(np.zeros((1, 3, 32, 32), np.float32))
+
+
+@pytest.mark.parametrize("call, array, own, other", [
+    ("logits", np.zeros((1, 3, 224, 224), np.uint8), r"normalised float32 \(N, 3, 224, 224\)", "logits_from_pixels"),
+    ("probabilities", np.zeros((1, 224, 224, 3), np.float32), r"normalised float32 \(N, 3, 224, 224\)",
+     "probabilities_from_pixels"),
+    ("probabilities_from_pixels", np.zeros((1, 224, 224, 3), np.float32), r"uint8 RGB crops \(N, 224, 224, 3\)",
+     "probabilities"),
+    ("logits_from_pixels", np.zeros((1, 3, 224, 224), np.uint8), r"uint8 RGB crops \(N, 224, 224, 3\)", "logits"),
+])
+def test_an_input_of_the_wrong_form_names_its_own_shape_and_the_other_function(tiny_model, call, array, own, other):
+    """logits(uint8 NCHW) quoted the pixel functions' (N, 224, 224, 3), probabilities_from_pixels(float32 NHWC)
+    the tensor functions' (N, 3, 224, 224): each now says what it takes and which function takes the other form."""
+    got = re.escape(f"got {array.dtype} {array.shape}")
+    with pytest.raises(ValueError, match=rf"^{call} takes {own}, {got}; for .* use {other}$"):
+        getattr(tiny_model, call)(array)
+
+
+def test_a_model_ends_its_program_cache_run_when_its_start_is_over(tiny_tensors, monkeypatch):
+    """The summary of a long run of compiles ("compiled 13 OpenCL programs in 128.3 s") comes at the end of the
+    model's start (runtime/buildprogress.py); nothing else would end the run."""
+    finished = []
+    monkeypatch.setattr(ProgramCache, "finish", lambda self: finished.append(self))
+    with VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=1) as model:
+        assert finished == [model.program_cache]
 
 
 def test_weights_info_names_the_file_and_its_checksum(tiny_model, tiny_weights_path):
@@ -120,7 +147,7 @@ def test_a_platform_and_device_spec_that_selects_nothing_says_which_part_is_wron
         platform = devices[0].platform_index
         count = sum(d.platform_index == platform for d in devices)
         with pytest.raises(DeviceError, match=rf"^no OpenCL device {platform}:{count}: platform {platform} has "
-                                              rf"{count} device\(s\), numbered from 0 \("):
+                                              rf"{count} device{'' if count == 1 else 's'}, numbered from 0 \("):
             devs.resolve(f"{platform}:{count}")
 
 
@@ -220,6 +247,18 @@ def test_classify_names_the_image_of_a_list_that_cannot_be_read(tiny_tensors, tm
             model.classify([good, Image.open(good), bad, good])
         assert info.value.index == 2
         assert len(model.classify([good, Image.open(good)], top_k=2)) == 2
+
+
+@pytest.mark.parametrize("single", ["cat.jpg", b"\xff\xd8", "path", "image"])
+def test_classify_of_one_image_not_in_a_list_is_a_type_error_saying_to_pass_a_list(tiny_model, tmp_path, single):
+    """classify("cat.jpg") read the string letter by letter: `images[0]: file 'c' does not exist`."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    single = {"path": Path("cat.jpg"), "image": Image.new("RGB", (8, 8))}.get(single, single)
+    with pytest.raises(TypeError, match=r"classify takes a list of images .*: pass \[image\]"):
+        tiny_model.classify(single)
 
 
 def test_submit_survives_another_thread_collecting_the_slot_between_its_look_and_its_wait(tiny_tensors):

@@ -294,4 +294,4 @@ def test_serving_on_is_said_once_the_port_is_bound_and_the_devices_ready(tiny_we
         said = [line for line in server.output().splitlines() if "serving on" in line]
         ready = HTTP.get(server.url + "/health/ready", timeout=10)
         assert ready.status_code == 200, (said, ready.text)  # true when said: bound, model loaded and warm
-        assert said == [f"vggserve: serving on {server.url} with 1 device worker(s) ({TEST_DEVICE})"], said
+        assert said == [f"vggserve: serving on {server.url} with 1 device worker ({TEST_DEVICE})"], said

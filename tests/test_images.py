@@ -71,7 +71,7 @@ def test_error_classes_carry_http_status_and_code():
 def test_messages_say_what_was_wrong(corpus):
     with pytest.raises(ImageDecodeError, match="empty body"):
         open_image(b"")
-    with pytest.raises(ImageDecodeError, match="image data is truncated"):
+    with pytest.raises(ImageDecodeError, match="^input is truncated: its image data ends early$"):
         open_image(corpus["truncated.jpg"].read_bytes())
     with pytest.raises(UnsupportedImageFormat, match=r"format 'PDF' of input is not accepted; accepted: .*JPEG"):
         open_image(corpus["document.pdf"].read_bytes())
@@ -153,6 +153,35 @@ def test_non_image_source_types_are_type_errors(tmp_path):
         open_image(fp)
 
 
+def test_messages_name_the_file_or_input_in_lower_case_wherever_they_stand(tmp_path, corpus):
+    """"File 'x' is not a recognised image" stood beside "file 'x' does not exist": one spelling now."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image")
+    cases = [(tmp_path / "missing.jpg", "file '"), (notes, "file '"), (b"not an image", "input "),
+             (corpus["truncated.png"], "file '"), (corpus["truncated.jpg"].read_bytes(), "input ")]
+    for source, start in cases:
+        with pytest.raises(ImageError) as info:
+            open_image(source)
+        assert str(info.value).startswith(start), str(info.value)
+
+
+def test_a_truncated_image_says_so_once():
+    """It said "image data is truncated: input ends early (image file is truncated (19 bytes not processed))"."""
+    from image_corpus import _noise_jpeg_truncated
+
+    with pytest.raises(ImageDecodeError) as info:
+        open_image(_noise_jpeg_truncated())
+    assert str(info.value) == "input is truncated: its image data ends early"
+
+
+def test_a_text_mode_file_of_image_bytes_is_a_type_error_not_a_unicode_error(tmp_path):
+    """open_image(open("cat.jpg")) raised UnicodeDecodeError from reading the JPEG as text; docs say TypeError."""
+    jpeg = tmp_path / "cat.jpg"
+    jpeg.write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xd9")
+    with open(jpeg, encoding="utf-8") as fp, pytest.raises(TypeError, match=r"binary file object \(opened with 'rb'\)"):
+        open_image(fp)
+
+
 @pytest.mark.parametrize("name", ["animated.gif", "rgb.tiff", "photo.webp"])
 def test_returned_image_is_loaded_and_holds_no_file_handle(corpus, name):
     path = corpus[name]  # multi-frame images and unconverted RGB ones would normally keep their file open
@@ -198,7 +227,7 @@ def test_bomb_message_quotes_one_limit_ours(size):
     ours, two different limits in one line."""
     with pytest.raises(ImageTooLarge) as info:
         open_image(png_with_header_size(*size), max_pixels=20_000_000)
-    assert str(info.value) == f"Input is {size[0] * size[1]} pixels, more than the limit of 20000000 pixels"
+    assert str(info.value) == f"input is {size[0] * size[1]} pixels, more than the limit of 20000000 pixels"
 
 
 def test_our_limit_decides_between_pillows_warning_and_error_thresholds(monkeypatch, corpus):

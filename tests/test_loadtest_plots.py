@@ -68,3 +68,45 @@ def test_server_split_draws_means_of_different_things_side_by_side_not_stacked(f
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))  # side by side, no overlap
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
     assert any("per request" in label for label in labels) and any("per batch" in label for label in labels)
+
+
+def _top_of_points(ax):
+    return max(y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y))
+
+
+@pytest.mark.parametrize("latency", [100.0, 1.0])  # a linear y axis; a log one (p50 1 ms against max 1,000 ms)
+def test_latency_plot_leaves_room_above_its_highest_marker(figures, tmp_path, latency):
+    """The y axis ended at the largest value, cutting its marker in half."""
+    rows = [level_row(c, latency * c, latency_max_ms=1000.0 * c) for c in (1, 4)]
+    plots.plot_latency(rows, "closed", tmp_path / "latency.png")
+    ax = figures[0].axes[0]
+    factor = plots.LOG_HEADROOM if ax.get_yscale() == "log" else plots.HEADROOM
+    assert ax.get_ylim()[1] >= _top_of_points(ax) * factor
+
+
+def test_throughput_and_timeline_plots_leave_room_above_their_highest_point(figures, tmp_path):
+    rows = [level_row(c, 100.0, throughput_ips=3.0 * c, start_s=10.0 * i, window_start_s=10.0 * i + 1)
+            for i, c in enumerate((2, 4))]
+    plots.plot_throughput(rows, "open", tmp_path / "throughput.png")
+    series = [{"t_s": float(t), "width_s": 1.0, "level": "r2", "ok": 3, "errors": 1, "throughput_ips": 3.0 + t,
+               "p95_ms": 100.0 + t} for t in range(20)]
+    plots.plot_timeline(series, rows, tmp_path / "timeline.png")
+    for ax in [figures[0].axes[0], *figures[1].axes]:
+        data = [line for line in ax.get_lines() if line.get_label() and not line.get_label().startswith("_")]
+        top = max(y for line in data for y in line.get_ydata() if math.isfinite(y))
+        assert ax.get_ylim()[1] >= top * plots.HEADROOM, ax.get_ylabel()
+
+
+def test_a_p99_equal_to_max_stays_visible_beside_it(figures, tmp_path):
+    """With p99 == max the max line covered the p99 line entirely: they now differ in line style and marker,
+    and max's markers are hollow, drawn over p99's."""
+    rows = [level_row(c, 100.0 * c) for c in (1, 4)]
+    for row in rows:
+        row["latency_p99_ms"] = row["latency_max_ms"]
+    plots.plot_latency(rows, "closed", tmp_path / "latency.png")
+    lines = {line.get_label(): line for line in figures[0].axes[0].get_lines()}
+    p99, top = lines["p99"], lines["max"]
+    assert list(p99.get_ydata()) == list(top.get_ydata())
+    assert (p99.get_linestyle(), p99.get_marker()) != (top.get_linestyle(), top.get_marker())
+    assert top.get_linestyle() != "-" and top.get_markerfacecolor() == "none"
+    assert top.get_zorder() >= p99.get_zorder() and list(lines).index("max") > list(lines).index("p99")

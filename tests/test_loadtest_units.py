@@ -120,6 +120,30 @@ def test_server_split_is_delta_sum_over_delta_count_in_ms():
     assert set(split) == set(SERVER_KEYS)
 
 
+def test_a_counter_the_server_exports_without_a_sample_yet_counts_zero_not_empty():
+    """vggserve_rejected_total is labelled by reason: until the first rejection /metrics shows its HELP and TYPE
+    and no sample, and summary.csv wrote server_rejected empty, as for a metric the server does not have."""
+    exported = "# HELP vggserve_rejected_total Requests refused.\n# TYPE vggserve_rejected_total counter\n"
+    split = server_split(Snapshot.parse(METRICS_BEFORE + exported), Snapshot.parse(METRICS_AFTER.split(
+        "# TYPE vggserve_rejected_total")[0] + exported))
+    assert split["server_rejected"] == 0
+    assert split["server_timeouts"] is None  # not exported at all: still no number
+
+
+def test_summary_csv_writes_a_whole_level_without_a_decimal_point(tmp_path):
+    """summary.csv wrote 16 clients as 16.0 (the level is a float, for rates such as 12.5)."""
+    import csv
+
+    from vggserve.loadtest.report import write_summary
+
+    rows = [{"mode": "closed", "level": 16.0, "label": "c16", "server_rejected": 0.0},
+            {"mode": "open", "level": 12.5, "label": "r12.5", "server_rejected": None}]
+    csv_path, _, _ = write_summary(tmp_path, rows, {}, [])
+    written = list(csv.DictReader(csv_path.open()))
+    assert [row["level"] for row in written] == ["16", "12.5"]
+    assert [row["server_rejected"] for row in written] == ["0.0", ""]
+
+
 def test_server_split_without_scrapes_has_every_key_empty():
     assert server_split(None, None) == dict.fromkeys(SERVER_KEYS)
 

@@ -64,5 +64,5 @@ def test_result_lines_are_json_dumps_byte_for_byte():
 
 
 def test_result_lines_refuse_a_count_mismatch():
-    with pytest.raises(ValueError, match="2 images for 1 rows"):
+    with pytest.raises(ValueError, match="2 images for 1 row of probabilities"):
         result_lines(["a", "b"], np.ones((1, 1000), np.float32), 5)

@@ -79,3 +79,22 @@ def test_an_unwritable_cache_folder_only_costs_a_compile(tmp_path, device):
     cache = ProgramCache(cl.Context([device]), device, folder=blocker / "programs")
     cache.build("softmax.cl", {})
     assert cache.compiles == 1
+
+
+def test_the_binary_is_read_through_the_loader_not_pyopencls_get_info(tmp_path, device, monkeypatch):
+    """PoCL makes the machine code when the binary is asked for (minutes for a pruned network's generated programs);
+    pyopencl's get_info holds the GIL meanwhile, so the build progress could not tick: the cache asks through
+    ctypes, which lets the GIL go, and stores the same bytes."""
+    from vggserve.runtime.binaries import program_binary
+
+    program = cl.Program(cl.Context([device]), "__kernel void k(__global float *a) { a[0] = 1.0f; }").build()
+    want = program.get_info(cl.program_info.BINARIES)[0]
+
+    def refuse(self, what):
+        raise AssertionError("get_info was asked for the binary")
+
+    monkeypatch.setattr(cl.Program, "get_info", refuse)
+    assert program_binary(program) == want
+    cache = ProgramCache(cl.Context([device]), device, folder=tmp_path)
+    cache.build("softmax.cl", {})
+    assert len(list(tmp_path.glob("*.bin"))) == 1

@@ -299,9 +299,9 @@ def test_a_model_answering_fewer_rows_than_images_fails_the_batch_instead_of_lea
     items = fill(queue, inputs(2))
     worker = start_worker("fake-short", model, queue, metrics, 2)
     for item in items:
-        assert_inference_failed(item, "1 rows for a batch of 2 images")
+        assert_inference_failed(item, "1 row for a batch of 2 images")
     worker.join(TIMEOUT)
-    assert worker.state == "failed" and "1 rows for a batch of 2" in worker.error
+    assert worker.state == "failed" and "1 row for a batch of 2" in worker.error
     queue.close(shutting_down())
 
 

@@ -48,6 +48,37 @@ def test_init_rejects_a_bad_width(tmp_path, capsys):
     assert "width must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_every_accepted_width_gives_shapes_the_loader_reads_back():
+    """init rounded each layer (round(c * w)) while the loader read the width from features.0 / 64: at 0.1 a file
+    had 13 channels in features.5 where the loader expected 12. One rule (`scaled`) now serves both."""
+    from vggserve.weights.spec import infer_width, vgg16_spec
+
+    for width in [i / 1000 for i in range(1, 1001)]:
+        made = vgg16_spec(width).shapes()
+        read = vgg16_spec(infer_width({"features.0.weight": np.empty(made["features.0.weight"])})).shapes()
+        assert read == made, width
+
+
+@pytest.mark.parametrize("width, snapped", [("0.1", 0.09375), ("0.3", 0.296875), ("0.01", 0.015625)])
+def test_init_at_an_odd_width_writes_a_file_that_loads(tmp_path, capsys, width, snapped):
+    path = tmp_path / "w.safetensors"
+    code, out, _ = _run(capsys, "init", "--seed", "0", "--width", width, "--output", str(path))
+    assert code == 0 and _field(out, "width") == f"{snapped:g} ({width} snapped to a multiple of 1/64)"
+    w = load_weights(path)
+    assert w.width == snapped and float(w.metadata["width"]) == snapped
+
+
+@pytest.mark.parametrize("seed", ["-1", "1.5", "x"])
+def test_init_rejects_a_bad_seed_with_a_usage_error(tmp_path, capsys, seed):
+    """--seed -1 used to end in numpy's ValueError traceback."""
+    with pytest.raises(SystemExit) as exc:
+        main(["weights", "init", "--seed", seed, "--output", str(tmp_path / "w.safetensors")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "seed must be a whole number >= 0" in err and "Traceback" not in err
+    assert not (tmp_path / "w.safetensors").exists()
+
+
 def test_info_prints_format_scheme_count_width_sha_and_preprocessing(tiny_weights_path, capsys):
     import hashlib
 

@@ -150,6 +150,16 @@ def test_cli_prune_2_4_then_info_reports_every_layer(tmp_path, capsys, tiny_weig
     assert "pruned:        2:4, 0.5 per layer, layers fc" in out
 
 
+def test_cli_prune_global_says_overall_not_per_global(tmp_path, capsys, tiny_weights_path):
+    """`--scope global` printed "0.9 per global"."""
+    out_path = tmp_path / "g.safetensors"
+    code, out, _ = _run(capsys, "prune", "--sparsity", "0.9", "--scope", "global", str(tiny_weights_path),
+                        str(out_path))
+    assert code == 0 and "0.9 overall (one threshold over the layers)" in out and "per global" not in out
+    code, out, _ = _run(capsys, "info", str(out_path))
+    assert code == 0 and "0.9 overall (one threshold over the layers), layers all" in out and "per global" not in out
+
+
 def test_cli_info_prints_sparsity_of_an_unpruned_file(capsys, tiny_weights_path):
     code, out, _ = _run(capsys, "info", str(tiny_weights_path))
     assert code == 0 and "sparsity:      0.0000 of the weights are zero" in out and "pruned:" not in out

@@ -225,6 +225,8 @@ def _binary_stream(source: Source) -> Iterator[tuple[BinaryIO, str]]:
         return
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
+    elif isinstance(source, io.TextIOBase):  # reading it would decode the image's bytes as text first
+        raise TypeError("open_image needs a binary file object (opened with 'rb'), not a text-mode file")
     elif hasattr(source, "read"):
         data = source.read()
         if not isinstance(data, (bytes, bytearray)):
@@ -255,11 +257,11 @@ def _open_header(stream: BinaryIO, where: str, max_pixels: int, accepted: frozen
         if foreign is not None:
             raise _not_accepted(foreign, where, accepted) from None
         size = stream.seek(0, io.SEEK_END)
-        raise ImageDecodeError(f"{_capital(where)} is not a recognised image ({size} bytes)") from None
+        raise ImageDecodeError(f"{where} is not a recognised image ({size} bytes)") from None
     except MemoryError:
         raise
     except Exception as exc:  # plugins raise many types on malformed headers
-        raise ImageDecodeError(f"{_capital(where)} has a corrupt image header: {exc}") from None
+        raise ImageDecodeError(f"{where} has a corrupt image header: {exc}") from None
 
 
 def _too_large(where: str, exc: Exception, max_pixels: int | None) -> ImageTooLarge:
@@ -267,15 +269,15 @@ def _too_large(where: str, exc: Exception, max_pixels: int | None) -> ImageTooLa
     (Pillow's message quotes its own threshold, a second and different limit). Without a limit of ours (while
     decoding), Pillow's message alone."""
     if max_pixels is None:
-        return ImageTooLarge(f"{_capital(where)} is too large to decode: {exc}")
+        return ImageTooLarge(f"{where} is too large to decode: {exc}")
     found = _PILLOW_SIZE.search(str(exc))
     if found is None:
-        return ImageTooLarge(f"{_capital(where)} is more than the limit of {max_pixels} pixels")
+        return ImageTooLarge(f"{where} is more than the limit of {max_pixels} pixels")
     pixels = int(found.group(1))
     if pixels > max_pixels:
-        return ImageTooLarge(f"{_capital(where)} is {pixels} pixels, more than the limit of {max_pixels} pixels")
+        return ImageTooLarge(f"{where} is {pixels} pixels, more than the limit of {max_pixels} pixels")
     # within our limit, but past the one Pillow always enforces (twice Image.MAX_IMAGE_PIXELS)
-    return ImageTooLarge(f"{_capital(where)} is {pixels} pixels, more than the limit of "
+    return ImageTooLarge(f"{where} is {pixels} pixels, more than the limit of "
                          f"{2 * Image.MAX_IMAGE_PIXELS} pixels that Pillow enforces (Image.MAX_IMAGE_PIXELS)")
 
 
@@ -304,11 +306,11 @@ def _check_pixels(size: tuple[int, int], max_pixels: int, where: str) -> None:
     width, height = size
     if width * height > max_pixels:
         raise ImageTooLarge(
-            f"{_capital(where)} is {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{where} is {width}x{height} = {width * height} pixels, more than the limit of "
             f"{max_pixels} pixels"
         )
     if width < 1 or height < 1:
-        raise ImageDecodeError(f"{_capital(where)} declares an empty size {width}x{height}")
+        raise ImageDecodeError(f"{where} declares an empty size {width}x{height}")
 
 
 def _decode(image: Image.Image, where: str) -> None:
@@ -322,7 +324,8 @@ def _decode(image: Image.Image, where: str) -> None:
     except (OSError, EOFError) as exc:
         text = str(exc) or type(exc).__name__
         if isinstance(exc, EOFError) or "truncated" in text.lower():
-            raise ImageDecodeError(f"image data is truncated: {where} ends early ({text})") from None
+            # Pillow's own words ("image file is truncated (19 bytes not processed)") would say it twice
+            raise ImageDecodeError(f"{where} is truncated: its image data ends early") from None
         raise ImageDecodeError(f"image data of {where} is corrupt: {text}") from None
     except Exception as exc:  # zlib.error, struct.error, SyntaxError, ValueError... from decoders
         raise ImageDecodeError(f"image data of {where} is corrupt: {exc}") from None
@@ -368,6 +371,3 @@ def _scale_to_uint8(img: Image.Image) -> np.ndarray:
 def _gray_to_rgb(gray: np.ndarray) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(gray)).convert("RGB")
 
-
-def _capital(text: str) -> str:
-    return text[:1].upper() + text[1:]

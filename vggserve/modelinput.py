@@ -173,6 +173,21 @@ def check_array(x: np.ndarray) -> np.ndarray:
     return x
 
 
+TENSOR_INPUT = f"normalised float32 (N, 3, {CROP_SIZE}, {CROP_SIZE})"
+CROP_INPUT = f"uint8 RGB crops (N, {CROP_SIZE}, {CROP_SIZE}, 3)"
+
+
+def check_form(x, pixels: bool, name: str, other: str) -> np.ndarray:
+    """`check_array` for a function `name` that takes one form: uint8 crops if `pixels`, else float tensors. The
+    error names the form `name` takes and the function `other` that takes the form given."""
+    x = np.asarray(x)
+    shape = CROP_SHAPE if pixels else TENSOR_SHAPE
+    if (x.dtype == np.uint8) != pixels or x.ndim != 4 or x.shape[1:] != shape:
+        want, other_want = (CROP_INPUT, TENSOR_INPUT) if pixels else (TENSOR_INPUT, CROP_INPUT)
+        raise ValueError(f"{name} takes {want}, got {x.dtype} {x.shape}; for {other_want} use {other}")
+    return check_array(x)
+
+
 def split_images(images) -> tuple[dict, list]:
     """A batch given as a list of image and crop inputs (bare uint8 crops too) -> ({index: uint8 crop},
     [(index, image pixels)]): images that need a resize go to the device resize, the others are cropped here (a

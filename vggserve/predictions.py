@@ -15,6 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from .labels import imagenet_labels
+from .wording import count
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -66,7 +67,7 @@ def result_lines(images: list[str], probabilities: np.ndarray, k: int) -> list[s
     that is `json.dumps({"image": image, "predictions": [...]})`, written from a template."""
     rows, order, chosen = _best(probabilities, k)
     if len(images) != rows:
-        raise ValueError(f"{len(images)} images for {rows} rows of probabilities")
+        raise ValueError(f"{count(len(images), 'image')} for {count(rows, 'row')} of probabilities")
     labels = _json_labels()
     lines = []
     for image, idx, values in zip(images, order, chosen):

@@ -172,7 +172,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     family = registry.family_for(caps, prec)
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    cache = ProgramCache(ctx, device)
+    cache = ProgramCache(ctx, device, progress=False)  # compiles interleave with timings: `progress` reports
     env = BuildEnv(caps=caps, max_batch=batch, tables=params_for(info.kind, info.label))
     default_algo = registry.get(registry.DEFAULT_ALGO[family])
     from .ops.gemm import REFERENCE

@@ -1,7 +1,8 @@
 """`vggserve` command line: one module per subcommand, each with `register(subparsers)`.
 
 A subcommand module adds its parser and sets `func` (called with the parsed args; returns an exit code).
-Errors derived from VggserveError are printed as one line on stderr, never as a traceback.
+Errors derived from VggserveError are printed as one line on stderr, never as a traceback. Program compiles that
+take long are shown on stderr while they go on (buildlog.py).
 """
 
 import argparse
@@ -10,6 +11,7 @@ import sys
 
 from ..distributed.stopping import Stopped, catch_stop_signals, stop_exit_code
 from ..errors import VggserveError
+from .buildlog import build_progress_on_stderr
 
 # subcommand modules, in the order `vggserve --help` lists them
 SUBCOMMANDS = ("classify", "devices", "weights", "bench", "batch", "serve", "loadtest", "tune")
@@ -63,7 +65,8 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with build_progress_on_stderr():  # a first start's compiles can take minutes: say so (cli/buildlog.py)
+            return int(args.func(args) or 0)
     except VggserveError as exc:
         print(f"vggserve: error: {exc}", file=sys.stderr)
         return exc.exit_code

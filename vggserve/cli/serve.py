@@ -13,6 +13,7 @@ import os
 import signal
 
 from ..distributed.mpi import several_ranks
+from ..wording import count
 from .common import add_decode_arg, add_precision_arg
 
 
@@ -114,7 +115,7 @@ def _run(args) -> int:
 
     settings = _settings(args)
     fronts = f" and {settings.http_workers} HTTP front-end processes" if settings.http_workers > 1 else ""
-    banner = f"with {len(settings.devices)} device worker(s) ({', '.join(settings.devices)}){fronts}"
+    banner = f"with {count(len(settings.devices), 'device worker')} ({', '.join(settings.devices)}){fronts}"
     return run_server(settings, log_level=args.log_level, access_log=args.access_log, banner=banner)
 
 

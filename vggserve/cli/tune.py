@@ -2,6 +2,7 @@
 
 import json
 
+from ..wording import count
 from .common import add_device_args, note, positive_int
 
 
@@ -42,8 +43,8 @@ def run(args) -> int:
         return _sparse(args, info)
     device = devs.cl_device(info)
     shapes = tuning.shapes_to_tune(info, device, args.batch_size, args.precision, only)  # refused before announced
-    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}: {len(shapes)} shapes, "
-         f"{args.candidates} candidates per shape and algorithm")
+    note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}: {count(len(shapes), 'shape')}, "
+         f"{count(args.candidates, 'candidate')} per shape and algorithm")
     winners, trials = tuning.tune(info, device, args.batch_size, args.candidates, args.repeats, shapes=shapes,
                                   progress=note, winograd_too=args.winograd, precision=args.precision)
     if not args.dry_run:

@@ -11,10 +11,12 @@ def register(subparsers) -> None:
     sub.required = True
 
     p = sub.add_parser("init", help="write deterministic random weights (for tests and benchmarks)")
-    p.add_argument("--seed", type=int, required=True, help="random seed; the same seed gives the same file")
+    p.add_argument("--seed", type=_seed, required=True,
+                   help="random seed, a whole number >= 0; the same seed gives the same file")
     p.add_argument("--output", type=Path, required=True, help="safetensors file to write")
     p.add_argument("--width", type=_width, default=1.0,
-                   help="channel width multiplier, for tests (default 1 = VGG16; 0.125 = the tiny test net)")
+                   help="channel width multiplier in (0, 1], snapped to a multiple of 1/64, for tests "
+                        "(default 1 = VGG16; 0.125 = the tiny test net)")
     p.set_defaults(func=_init)
 
     p = sub.add_parser("fetch", help="download published ImageNet weights and verify their checksum")
@@ -59,6 +61,16 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed must be a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seed must be a whole number >= 0, got {value}")
+    return value
+
+
 def _width(text: str) -> float:
     value = _number(text)
     if not 0 < value <= 1:
@@ -77,13 +89,16 @@ def _init(args) -> int:
     from ..weights.init import init_weights
     from ..weights.loaded import sha256_file
     from ..weights.safetensors_io import save_safetensors
+    from ..weights.spec import snap_width
 
-    tensors = init_weights(args.seed, args.width)
-    metadata = {"source": "vggserve weights init", "seed": str(args.seed), "width": repr(args.width),
+    width = snap_width(args.width)
+    tensors = init_weights(args.seed, width)
+    metadata = {"source": "vggserve weights init", "seed": str(args.seed), "width": repr(width),
                 "key_scheme": "torchvision", "preprocessing": "torchvision"}
     path = save_safetensors(tensors, args.output, metadata)
     count = sum(t.size for t in tensors.values())
     print(f"path: {path}")
+    print(f"width: {width:g}" + ("" if width == args.width else f" ({args.width:g} snapped to a multiple of 1/64)"))
     print(f"parameters: {count:,}")
     print(f"sha256: {sha256_file(path)}")
     return 0
@@ -142,7 +157,8 @@ def _prune(args) -> int:
     metadata = provenance(args.input.name, w.sha256, w.metadata, target, args.pattern, args.layers, args.scope,
                           result.layer_sparsity, w.preprocessing, w.width)
     path = save_safetensors(result.tensors, args.output, metadata)
-    print(f"{args.input} -> {path}: {args.pattern} pruning, {target:g} per {args.scope}, layers: {args.layers}")
+    print(f"{args.input} -> {path}: {args.pattern} pruning, {_target(f'{target:g}', args.scope)}, "
+          f"layers: {args.layers}")
     _print_layers(result.layer_sparsity, result.tensors)
     return 0
 
@@ -156,10 +172,17 @@ def _print_sparsity(w) -> None:
     print(f"{'sparsity:':15}{zeros / weights:.4f} of the weights are zero ({zeros:,} of {weights:,})")
     if "prune_pattern" in w.metadata:
         m = w.metadata
-        print(f"{'pruned:':15}{m['prune_pattern']}, {m.get('prune_sparsity', '?')} per {m.get('prune_scope', '?')}, "
+        print(f"{'pruned:':15}{m['prune_pattern']}, {_target(m.get('prune_sparsity', '?'), m.get('prune_scope'))}, "
               f"layers {m.get('prune_layers', '?')}, from {m.get('source_file', '?')} "
               f"(sha256 {m.get('source_sha256', '?')})")
     _print_layers(sparsity, w.tensors)
+
+
+def _target(sparsity: str, scope: str | None) -> str:
+    """How a pruning target reads: "0.9 per layer", "0.9 overall (one threshold over the layers)"."""
+    if scope == "global":
+        return f"{sparsity} overall (one threshold over the layers)"
+    return f"{sparsity} per {scope or '?'}"
 
 
 def _print_layers(sparsity: dict, tensors: dict) -> None:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from ..errors import DeviceError
+from ..wording import count
 
 
 def rank_device(spec: str, local_rank: int, local_size: int) -> str:
@@ -23,8 +24,8 @@ def rank_device(spec: str, local_rank: int, local_size: int) -> str:
     if len(entries) > 1:
         if local_rank >= len(entries):
             raise DeviceError(
-                f"--device {spec!r} lists {len(entries)} devices, but this node runs at least "
-                f"{local_rank + 1} ranks; give one device per rank on the node"
+                f"--device {spec!r} lists {count(len(entries), 'device')}, but this node runs at least "
+                f"{count(local_rank + 1, 'rank')}; give one device per rank on the node"
             )
         entry = entries[local_rank]
     else:

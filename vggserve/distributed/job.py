@@ -44,6 +44,7 @@ from .stopping import STOPS, signal_name, stop_exit_code, stop_signal, stop_sign
 from .store import OutputError, ResultStore, check_creatable
 from .summary import format_summary, summarize
 from .workqueue import CoordinatorLink, chunk_size, chunked, work_for_coordinator
+from ..wording import count
 
 
 @dataclass
@@ -113,8 +114,8 @@ def _set_up_and_run(options: BatchOptions, comm, plan: Plan | None, shared: dict
         if rank == 0:
             plan.store.close()
             failed = f", {shared['failed']} of them in its errors file ({_retry_hint()})" if shared["failed"] else ""
-            print(f"batch: nothing to do: all {plan.skipped} images are already in {options.output} "
-                  f"or its errors file{failed}")
+            print(f"batch: nothing to do: {'the' if plan.skipped == 1 else 'all'} {count(plan.skipped, 'image')} "
+                  f"{'is' if plan.skipped == 1 else 'are'} already in {options.output} or its errors file{failed}")
         return _exit_code(shared["failed"])
     try:
         bound = load_rank_model(shared["weights"], options.device, options.batch_size, comm,

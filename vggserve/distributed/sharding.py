@@ -63,6 +63,7 @@ import numpy as np
 from ..errors import VggserveError, describe
 from ..predictions import top_k as top_k_predictions
 from ..weights.spec import NUM_CLASSES
+from ..wording import count
 from .binding import RankSetupError, load_rank_model
 from .mpi import mpi_world, wait
 
@@ -154,7 +155,7 @@ class ShardedModel:
     # -- the model-like surface ------------------------------------------------------------------------
     @property
     def device_name(self) -> str:
-        return f"{self.size} ranks: " + ", ".join(info["device_name"] for info in self.ranks)
+        return f"{count(self.size, 'rank')}: " + ", ".join(info["device_name"] for info in self.ranks)
 
     @property
     def max_batch_size(self) -> int:

@@ -18,6 +18,8 @@ Summary dict layout:
 
 from __future__ import annotations
 
+from ..wording import count
+
 
 def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, setup: float, skipped: int,
               output: str, errors_file: str) -> dict:
@@ -57,9 +59,10 @@ def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, se
 def format_summary(summary: dict) -> str:
     """Human-readable lines: totals, then one row per rank."""
     lines = [
-        f"batch: {summary['images']} images ({summary['classified']} classified, {summary['errors']} errors) "
-        f"in {summary['wall_seconds']:.2f} s = {summary['images_per_second']:.2f} images/s "
-        f"on {len(summary['ranks'])} rank(s); {summary['already_done']} already done before this run; "
+        f"batch: {count(summary['images'], 'image')} ({summary['classified']} classified, "
+        f"{count(summary['errors'], 'error')}) in {summary['wall_seconds']:.2f} s = "
+        f"{summary['images_per_second']:.2f} images/s on {count(len(summary['ranks']), 'rank')}; "
+        f"{summary['already_done']} already done before this run; "
         f"setup {summary['setup_seconds']:.1f} s",
         f"  {'rank':>4}  {'device':<10} {'images':>7} {'errors':>7} {'images/s':>9}  device name",
     ]
@@ -89,4 +92,4 @@ def _decoding(entry: dict) -> str:
     if not procs:
         return "decoded on threads of the rank"
     restarts = entry.get("decode_restarts", 0)
-    return f"{procs} decode process{'es' if procs != 1 else ''}" + (f", {restarts} replaced" if restarts else "")
+    return f"{count(procs, 'decode process', 'decode processes')}" + (f", {restarts} replaced" if restarts else "")

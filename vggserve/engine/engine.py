@@ -24,12 +24,13 @@ from ..ops.pixels import KERNEL_FILE as PIXELS_FILE, PixelInput
 from ..ops.resize import DeviceResize, place_images
 from ..ops.softmax import KERNEL_FILE as SOFTMAX_FILE, Softmax
 from ..predictions import top_k as top_k_predictions
-from ..modelinput import check_array as check_input, split_images
+from ..modelinput import check_array as check_input, check_form, split_images
 from ..runtime import caps as device_caps, devices as devs, warmstart
 from ..errors import SettingError
 from ..runtime.params import params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
+from ..wording import count
 from .staging import Pending, Slot
 
 LOGIT = np.dtype(np.float32).itemsize  # logits and probabilities are float32 whatever the precision
@@ -99,7 +100,8 @@ class Engine:
         if b * per_image > INDEX_LIMIT:
             raise SettingError(f"max_batch_size={b} is more than this network's kernels can index: its largest "
                              f"activation is {per_image:,} values per image and the kernels count a batch's "
-                             f"values in 32-bit integers, so at most {INDEX_LIMIT // per_image} images per batch")
+                             f"values in 32-bit integers, so at most {count(INDEX_LIMIT // per_image, 'image')} "
+                             "per batch")
         self.ping = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.pong = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
         self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
@@ -110,6 +112,7 @@ class Engine:
     def _finish_startup(self, t_upload: float, built_before: float) -> None:
         self.queue.finish()
         cache = self.program_cache
+        cache.finish()
         self.startup.upload_s = time.perf_counter() - t_upload - (cache.seconds - built_before)
         self.startup.build_s = cache.seconds
         self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
@@ -211,32 +214,36 @@ class Engine:
         return np.concatenate([p.result() for p in pending])
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """Pre-softmax scores (N, 1000) for normalised float32 input (N, 3, 224, 224)."""
-        return self._run(x, "logits")
+        """Pre-softmax scores (N, 1000) for normalised float32 input (N, 3, 224, 224) (uint8 crops: the
+        `_from_pixels` functions; a ValueError names them)."""
+        return self._run(check_form(x, False, "logits", "logits_from_pixels"), "logits")
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """Softmax of the logits, computed on the device."""
-        return self._run(x, "probabilities")
+        return self._run(check_form(x, False, "probabilities", "probabilities_from_pixels"), "probabilities")
 
     def logits_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
         """Logits for uint8 (N, 224, 224, 3) RGB centre crops (`preprocessing.center_crop`), normalised on the device
         with the model's preprocessing mode: the same input `preprocess` would give, 4x less to upload."""
-        return self._run(pixels, "logits")
+        return self._run(check_form(pixels, True, "logits_from_pixels", "logits"), "logits")
 
     def probabilities_from_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        return self._run(pixels, "probabilities")
+        """Softmax of `logits_from_pixels`, computed on the device."""
+        return self._run(check_form(pixels, True, "probabilities_from_pixels", "probabilities"), "probabilities")
 
     def classify(self, images, top_k: int = 5) -> list[list[dict]]:
         """PIL images, paths or encoded bytes -> per image, the top_k classes [{"index", "label", "probability"}].
 
-        All or nothing: an image that cannot be read raises its ImageError before anything runs, with the message
-        starting `images[i]: ` and the position in `.index` (to go on past bad images, open them first with
-        `vggserve.images.open_image`, as `vggserve classify` and the batch job do).
+        `images` is a list (or other sequence) even for one image: a lone path, bytes or PIL image is a TypeError
+        (pass `[image]`). All or nothing: an image that cannot be read raises its ImageError before anything runs,
+        with the message starting `images[i]: ` and the position in `.index` (to go on past bad images, open them
+        first with `vggserve.images.open_image`, as `vggserve classify` and the batch job do).
         """
         from PIL import Image
 
         from ..preprocessing import center_crop
 
+        _check_listed(images)
         if not images:
             return []
         pictures = [img if isinstance(img, Image.Image) else _open_listed(img, i) for i, img in enumerate(images)]
@@ -292,6 +299,17 @@ def _collect(slot) -> None:
     pending = slot.pending
     if pending is not None:
         pending.result()
+
+
+def _check_listed(images) -> None:
+    """TypeError for one image given where `classify` takes a list: a string would be read letter by letter."""
+    import os
+
+    from PIL import Image
+
+    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image)) or hasattr(images, "read"):
+        raise TypeError(f"classify takes a list of images (paths, bytes or PIL images), got one "
+                        f"{type(images).__name__}: pass [image]")
 
 
 def _open_listed(source, index: int):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import VggserveError
+from ..wording import count
 
 CONTENT_TYPES = {
     ".jpg": "image/jpeg",
@@ -66,4 +67,4 @@ class ImageSet:
     def describe(self) -> str:
         """'12 images, 3.1-148.0 KiB' for the run header."""
         sizes = [len(image.data) / 1024 for image in self.images]
-        return f"{len(self.images)} images, {min(sizes):.1f}-{max(sizes):.1f} KiB"
+        return f"{count(len(self.images), 'image')}, {min(sizes):.1f}-{max(sizes):.1f} KiB"

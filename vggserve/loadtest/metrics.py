@@ -25,23 +25,28 @@ SERVER_KEYS = tuple(SPLIT_HISTOGRAMS) + ("server_batch_size", "server_requests",
 class Snapshot:
     """One scrape: every sample as (name, sorted label pairs) -> value."""
 
-    def __init__(self, samples: dict[tuple[str, tuple], float]):
+    def __init__(self, samples: dict[tuple[str, tuple], float], families: frozenset[str] = frozenset()):
         self.samples = samples
+        self.families = families  # the names of the metrics exported, with or without samples
 
     @classmethod
     def parse(cls, text: str) -> "Snapshot":
         """Parse Prometheus text exposition format (raises ValueError on malformed text)."""
-        samples = {}
+        samples, families = {}, set()
         for family in text_string_to_metric_families(text):
+            families.add(family.name)
             for sample in family.samples:
                 samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-        return cls(samples)
+        return cls(samples, frozenset(families))
 
     def total(self, name: str, **labels: str) -> float | None:
-        """Sum of the samples called `name` whose labels include `labels`; None if there is none."""
+        """Sum of the samples called `name` whose labels include `labels`; None if the server does not export
+        `name`, 0 if it does without such a sample (a labelled counter shows no sample before its first event)."""
         values = [v for (n, pairs), v in self.samples.items()
                   if n == name and all(dict(pairs).get(k) == want for k, want in labels.items())]
-        return sum(values) if values else None
+        if values:
+            return sum(values)
+        return 0.0 if name.removesuffix("_total") in self.families or name in self.families else None
 
 
 def _delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> float | None:

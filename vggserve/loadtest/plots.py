@@ -13,6 +13,11 @@ from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 PCT_STYLES = (("latency_p50_ms", "p50"), ("latency_p90_ms", "p90"), ("latency_p95_ms", "p95"),
               ("latency_p99_ms", "p99"), ("latency_max_ms", "max"))
+# p99 often equals max (few requests per level): max is drawn last, dashed with hollow markers, so the solid p99
+# line shows between its dashes and p99's diamonds inside its circles
+PCT_LOOKS = {"p50": {"marker": "o"}, "p90": {"marker": "s"}, "p95": {"marker": "^"}, "p99": {"marker": "D"},
+             "max": {"marker": "o", "linestyle": "--", "markerfacecolor": "none", "markersize": 9}}
+HEADROOM, LOG_HEADROOM = 1.1, 1.5  # the y axis ends this factor above the highest point (linear, log)
 # means over different things (a request, an image, a batch): drawn side by side, never added up
 SPLIT_PARTS = (("server_queue_ms", "queue (mean per request)", "#4c72b0"),
                ("server_preprocess_ms", "preprocess (mean per image)", "#dd8452"),
@@ -39,20 +44,35 @@ def _log_x(ax, rows: list[dict]) -> None:
     ax.minorticks_off()
 
 
+def _room_above(ax, values: list, log: bool = False) -> None:
+    """y from 0 (log: a factor below the lowest point) to a factor above the highest of `values`, so the top
+    marker is drawn whole rather than cut by the frame."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    top = max(finite, default=0.0)
+    if log:
+        positive = [v for v in finite if v > 0]
+        ax.set_ylim(min(positive) / LOG_HEADROOM, top * LOG_HEADROOM)
+    else:
+        ax.set_ylim(0, top * HEADROOM if top > 0 else 1.0)
+
+
 def plot_throughput(rows: list[dict], mode: str, path: Path) -> Path:
     """Images/s against load; in the open loop the offered rate is drawn as a dashed reference."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(_x(rows), [r["throughput_ips"] for r in rows], "o-", label="achieved (2xx answers/s)")
+    drawn = [r["throughput_ips"] for r in rows]
+    ax.plot(_x(rows), drawn, "o-", label="achieved (2xx answers/s)")
     if mode == "open":
         ax.plot(_x(rows), _x(rows), "--", color="gray", label="offered rate")
+        drawn += _x(rows)
     errors = [r["errors"] / r["answer_span_s"] if r["answer_span_s"] else 0 for r in rows]
     if any(errors):
         ax.plot(_x(rows), errors, "x:", color="tab:red", label="errors/s (dropped included)")
+        drawn += errors
     _log_x(ax, rows)
     ax.set_xlabel(_load_axis(mode))
     ax.set_ylabel("throughput (images/s)")
     ax.set_title(f"Throughput against load ({mode} loop)")
-    ax.set_ylim(bottom=0)
+    _room_above(ax, drawn)
     ax.grid(True, alpha=0.3)
     ax.legend()
     return _save(fig, path)
@@ -63,20 +83,21 @@ def plot_latency(rows: list[dict], mode: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, name in PCT_STYLES:
         if any(r[key] is not None for r in rows):  # a level without a value breaks the line, not bridged over
-            ax.plot(_x(rows), [math.nan if r[key] is None else r[key] for r in rows], "o-", label=name)
+            ax.plot(_x(rows), [math.nan if r[key] is None else r[key] for r in rows], label=name, **PCT_LOOKS[name])
     _log_x(ax, rows)
     _mark_levels_without_successes(ax, rows)
     start = "due time" if mode == "open" else "send time"
     values = [r[k] for r in rows for k, _ in PCT_STYLES if r[k]]
-    if values and max(values) / min(values) > 20:
+    log = bool(values) and max(values) / min(values) > 20
+    if log:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_ylabel(f"latency from {start} (ms, log scale)")
     else:
-        ax.set_ylim(bottom=0)
         ax.set_ylabel(f"latency from {start} (ms)")
+    _room_above(ax, values, log)
     ax.set_xlabel(_load_axis(mode))
     ax.set_title(f"Latency percentiles against load ({mode} loop, successful requests)")
     ax.grid(True, which="both", alpha=0.3)
@@ -151,9 +172,8 @@ def plot_timeline(series: list[dict], rows: list[dict], path: Path) -> Path:
     axes[1].set_ylabel("p95 latency (ms)")
     axes[2].set_ylabel("errors (per s)")
     axes[2].set_xlabel("time since start of run (s); shaded: warm-up, not counted")
-    for ax in axes:
-        ax.set_ylim(bottom=0)
-        ax.margins(y=0.15)
+    for ax, key in zip(axes, ("throughput_ips", "p95_ms", "errors_ps")):
+        _room_above(ax, [b[key] for b in errors])
         ax.grid(True, alpha=0.3)
     _mark_levels(axes, rows)
     return _save(fig, path)

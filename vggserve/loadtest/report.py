@@ -46,6 +46,11 @@ def _cell(value):
     return value
 
 
+def _level_cell(level):
+    """A level as it was given: 16 clients, not 16.0; a rate of 12.5 as it is."""
+    return int(level) if isinstance(level, float) and level.is_integer() else _cell(level)
+
+
 def write_summary(folder: Path, rows: list[dict], meta: dict, series: list[dict]) -> tuple[Path, Path, Path]:
     """summary.csv (one row per level), summary.json (settings, levels, time series) and timeline.csv."""
     csv_path = folder / "summary.csv"
@@ -53,7 +58,7 @@ def write_summary(folder: Path, rows: list[dict], meta: dict, series: list[dict]
         writer = csv.DictWriter(handle, fieldnames=SUMMARY_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in SUMMARY_FIELDS})
+            writer.writerow({**{k: _cell(row.get(k)) for k in SUMMARY_FIELDS}, "level": _level_cell(row.get("level"))})
     json_path = folder / "summary.json"
     document = {**meta, "levels": [_json_safe(row) for row in rows], "timeline": _json_safe(series)}
     json_path.write_text(json.dumps(document, indent=2) + "\n")

@@ -19,6 +19,7 @@ import pyopencl as cl
 from .launch import Launch, round_up, upload
 from .registry import Algorithm, register
 from ..runtime.programs import Generated
+from ..wording import count
 from .sparse_formats import codegen_cases, groups, tap_masks, weights_digest
 
 MF = cl.mem_flags
@@ -92,8 +93,8 @@ class PadWorkspace:
     def enqueue(self, queue, src, n: int, c: int, h: int, w: int, pw: int):
         rows = n * c * (h + 2)
         if rows * pw > self.floats:
-            raise ValueError(f"{n} images of {c} x {h} x {w} need {rows * pw} padded floats; the workspace holds "
-                             f"{self.floats} (raise max_batch/max_h/max_w)")
+            raise ValueError(f"{count(n, 'image')} of {c} x {h} x {w} need {rows * pw} padded floats; the workspace "
+                             f"holds {self.floats} (raise max_batch/max_h/max_w)")
         return self.kernel(queue, (round_up(pw, self.wg), rows), (self.wg, 1), src, self.buf, h, w, h + 2, pw)
 
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 import pyopencl as cl
 
 from ..errors import DeviceError
+from ..wording import count
 from . import warmstart
 
 NVIDIA_LIB = "libnvidia-opencl.so.1"
@@ -202,7 +203,7 @@ def resolve(spec: str = "auto") -> DeviceInfo:
                     raise DeviceError(f"device {spec} {d.label} is unusable: {d.problem}")
                 return d
         on_platform = sum(d.platform_index == int(kind) for d in devices)
-        where = (f"platform {kind} has {on_platform} device(s), numbered from 0" if on_platform
+        where = (f"platform {kind} has {count(on_platform, 'device')}, numbered from 0" if on_platform
                  else f"there is no OpenCL platform {kind} with devices")
         raise missing(f"no OpenCL device {spec}: {where}")
     raise DeviceError(f"bad device spec {spec!r}: use auto, cpu, gpu, gpu:N, cpu:N or P:D (see `vggserve devices`)")

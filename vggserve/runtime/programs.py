@@ -24,6 +24,8 @@ from platformdirs import user_cache_dir
 
 from ..errors import KernelBuildError
 from ..tempfiles import replace_atomically
+from .binaries import program_binary
+from .buildprogress import BuildProgress
 
 _HERE = Path(__file__).resolve().parent.parent
 MAGIC = b"vggserve-program-1\n"  # then the binary's sha256 (32 bytes), then the binary
@@ -89,14 +91,18 @@ def cache_key(device, source: str, options: str) -> str:
 class ProgramCache:
     """Builds programs for one context/device, reusing cached binaries; counts hits and compiles."""
 
-    def __init__(self, context, device, options: str = "-cl-mad-enable", folder: Path | None = None):
-        """folder: where binaries are kept (default: `cache_dir()`, read when the cache is made)."""
+    def __init__(self, context, device, options: str = "-cl-mad-enable", folder: Path | None = None,
+                 progress: bool = True):
+        """folder: where binaries are kept (default: `cache_dir()`, read when the cache is made).
+        progress: report compiles that take long (runtime/buildprogress.py); the owner calls `finish` when its
+        start-up's builds are over."""
         self.context, self.device, self.options = context, device, options
         self.folder = Path(folder) if folder is not None else cache_dir()
         self.enabled = os.environ.get("VGGSERVE_NO_PROGRAM_CACHE", "") not in ("1", "true", "yes")
         self.hits = self.compiles = 0
         self.seconds = 0.0
         self._built: dict = {}  # (name, defines) -> program, so layers sharing parameters share one program
+        self.progress = BuildProgress(device.name.strip(), self.folder) if progress else None
 
     def build(self, name: str, defines: dict, generated: Generated | None = None):
         """The program of kernels/`name` with `defines`, and with `generated` included where the template says."""
@@ -114,17 +120,35 @@ class ProgramCache:
         path = self.folder / f"{key}.bin"
         program = self._from_binary(path) if self.enabled else None
         if program is None:
-            if source is None:
-                source = kernel_source(name, defines, {generated.name: generated.make()})
-            program = self._compile(name, source)
+            program = self._compile_and_store(name, defines, source, generated, path)
             self.compiles += 1
-            if self.enabled:
-                self._store(path, program)
         else:
             self.hits += 1
         self.seconds += time.perf_counter() - t0
         self._built[memo] = program
         return program
+
+    def finish(self) -> None:
+        """The builds of a start are over: a long run of compiles is summed up (`BuildProgress.finish`)."""
+        if self.progress is not None:
+            self.progress.finish()
+
+    def _compile_and_store(self, name: str, defines: dict, source: str | None, generated: Generated | None,
+                           path: Path):
+        """The miss, reported as one compile: the piece written, the build, and the binary stored (PoCL makes
+        the machine code only when asked for the binary: that is most of a CPU's time)."""
+        if self.progress is not None:
+            self.progress.compiling(name)
+        try:
+            if source is None:
+                source = kernel_source(name, defines, {generated.name: generated.make()})
+            program = self._compile(name, source)
+            if self.enabled:
+                self._store(path, program)
+            return program
+        finally:
+            if self.progress is not None:
+                self.progress.compiled()
 
     def _from_binary(self, path: Path):
         try:
@@ -150,7 +174,7 @@ class ProgramCache:
 
     def _store(self, path: Path, program) -> None:
         try:
-            binary = program.get_info(cl.program_info.BINARIES)[0]
+            binary = program_binary(program)  # minutes on PoCL for big programs: without the GIL
             path.parent.mkdir(parents=True, exist_ok=True)
             replace_atomically(path, MAGIC + hashlib.sha256(binary).digest() + binary)
         except (OSError, cl.Error):

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 
 from ..errors import VggserveError
 from ..weights.spec import NUM_CLASSES
+from ..wording import count
 
 API_KEY_ENV = "VGGSERVE_API_KEY"
 MAX_TOP_K = NUM_CLASSES  # `top_k` is 1..MAX_TOP_K, as the CLI's --top-k and v2's `classification`
@@ -188,8 +189,9 @@ class Settings:
             raise SettingsError(f"--http-workers {n} does not work under mpirun (rank 0 serves HTTP in one "
                                 "process); drop --http-workers or run without mpirun")
         if self.frontend_queue_share < self.max_files:
-            raise SettingsError(f"with --http-workers {n} each front end admits {self.frontend_queue_share} images "
-                                f"(--max-queue {self.max_queue} / {n}), fewer than --max-files {self.max_files}; "
+            raise SettingsError(f"with --http-workers {n} each front end admits "
+                                f"{count(self.frontend_queue_share, 'image')} (--max-queue {self.max_queue} / {n}), "
+                                f"fewer than --max-files {self.max_files}; "
                                 f"raise --max-queue to at least {self.max_files * n} or lower --max-files")
 
     def _check_range(self, name: str, value) -> None:

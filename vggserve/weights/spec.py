@@ -11,7 +11,9 @@ Keys are ``features.{i}.weight``/``.bias`` for the 13 convolutions (i = 0, 2, 5,
 
 ``width`` scales every channel count and the hidden fc size (width 1 is VGG16 itself). Reduced widths exist
 for fast tests of everything around the engine; the layer structure, the 224x224 input and the 1000 classes
-stay, so every kernel path is exercised.
+stay, so every kernel path is exercised. Every layer's channels are a whole multiple of the first convolution's
+(`scaled`), so a file's width is known from ``features.0`` alone: a width is snapped to a multiple of 1/64
+(`snap_width`), the same way when weights are made (`vggserve weights init`) and when they are loaded.
 """
 
 from dataclasses import dataclass
@@ -67,13 +69,32 @@ class VGG16Spec:
         return total
 
 
+BASE = CONFIG_D[0]  # features.0's output channels at width 1; every channel count above is a multiple of it
+
+
+def base_channels(width: float) -> int:
+    """features.0's output channels at `width`: the nearest whole number to 64 * width, at least 1."""
+    return max(1, int(round(BASE * width)))
+
+
+def snap_width(width: float) -> float:
+    """The width a network of `width` really has: base_channels(width) / 64 (0.1 -> 0.09375; 0.125 stays)."""
+    return base_channels(width) / BASE
+
+
 def scaled(channels: int, width: float) -> int:
-    return max(1, int(round(channels * width)))
+    """A layer's channels (64, 128, ..., 4096 at width 1) at `width`: a whole multiple of base_channels(width).
+
+    The one rule for init and loader alike; rounding each layer on its own would give channel counts that the
+    width read back from features.0 does not reproduce (0.1: 13 = round(12.8) against 12 = 2 * round(6.4)).
+    """
+    return base_channels(width) * (channels // BASE)
 
 
 def vgg16_spec(width: float = 1.0) -> VGG16Spec:
     if width <= 0:
         raise ValueError(f"width must be positive, got {width}")
+    width = snap_width(width)
     convs: list[ConvSpec] = []
     cin, index = 3, 0
     for j, item in enumerate(CONFIG_D):
@@ -99,4 +120,4 @@ def infer_width(tensors: dict) -> float:
     first = tensors.get("features.0.weight")
     if first is None:
         return 1.0
-    return first.shape[0] / 64.0
+    return first.shape[0] / BASE

@@ -2,6 +2,8 @@
 the cause and the fix, and nothing about HTTP: each protocol (`protocols.classify`, `protocols.v2`) maps the class
 to its own status and error shape. They pickle whole, so they cross the engine link and process pools unchanged."""
 
+from ...wording import count
+
 
 class SchedulingError(Exception):
     """Base class. `retry_after_s`: when the client may retry (None: retrying the same request will not help)."""
@@ -32,10 +34,10 @@ class QueueFull(SchedulingError):
     def __init__(self, capacity: int, max_queue: int | None = None, front_ends: int = 1):
         """`capacity`: the room that is taken; with HTTP front ends, a front end's share of `max_queue`."""
         if front_ends > 1 and max_queue is not None:
-            held = (f": this HTTP front end's share of it ({capacity} images of --max-queue {max_queue}, over "
-                    f"{front_ends} front ends) is waiting or being decoded")
+            held = (f": this HTTP front end's share of it ({count(capacity, 'image')} of --max-queue {max_queue}, "
+                    f"over {front_ends} front ends) is waiting or being decoded")
         else:
-            held = f" ({capacity} images waiting or being decoded, --max-queue {capacity})"
+            held = f" ({count(capacity, 'image')} waiting or being decoded, --max-queue {capacity})"
         super().__init__(f"the server's queue is full{held}; retry after {self.retry_after_s} s")
 
 

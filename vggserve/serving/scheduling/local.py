@@ -12,6 +12,7 @@ from ...modelinput import ModelInput
 from ..metrics import Metrics
 from ..settings import Settings, SettingsError
 from .batcher import BatchQueue
+from ...wording import count
 from .errors import Unavailable, shutting_down
 from .imaging import decode_and_crop, normalize, prepare_image
 from .procpool import ProcessPool
@@ -118,7 +119,7 @@ class LocalBackend:
             waiting.append(f"{self.settings.preprocess_procs} preprocessing processes (starting)")
         if waiting:
             return False, "not_ready", "waiting for " + ", ".join(waiting)
-        return True, "ready", f"{len(self.workers)} device worker(s) ready"
+        return True, "ready", f"{count(len(self.workers), 'device worker')} ready"
 
     def liveness(self) -> tuple[bool, str]:
         """(alive, detail): alive while some device worker is alive or still starting."""

@@ -21,6 +21,7 @@ import numpy as np
 from ...errors import VggserveError
 from ...modelinput import CROP_SHAPE, TENSOR_SHAPE, prepare_batch, uses_device_resize
 from ...predictions import softmax
+from ...wording import count
 from ..metrics import Metrics
 from .batcher import BatchQueue, Item, Outcome
 from .devicestats import device_figures
@@ -182,8 +183,8 @@ class DeviceWorker:
     def resolve(self, batch: list[Item], rows: np.ndarray, want: str, started: float, seconds: float) -> None:
         """Answer a computed batch: row i of `rows` (what `want` asked the model for) is batch[i]'s."""
         if rows.ndim != 2 or len(rows) != len(batch):  # else zip would leave images unanswered, waiting forever
-            raise RuntimeError(f"the model returned {len(rows) if rows.ndim else 0} rows for a batch of {len(batch)} "
-                               f"images (shape {rows.shape})")
+            raise RuntimeError(f"the model returned {count(len(rows) if rows.ndim else 0, 'row')} for a batch of "
+                               f"{count(len(batch), 'image')} (shape {rows.shape})")
         self.metrics.batch_done(len(batch), seconds)
         self.batches += 1
         probs = softmax(rows) if want == "logits" else rows
