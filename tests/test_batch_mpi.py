@@ -396,7 +396,8 @@ def test_sigterm_stops_a_single_process_job_in_one_line_that_says_how_to_go_on(m
     assert process.returncode == 143, stderr
     done = len(read_jsonl(output)) + len(read_jsonl(tmp_path / "results.errors.jsonl"))
     lines = [line for line in stderr.splitlines() if not line.startswith("vggserve batch: released ")]  # others' orphans
-    assert lines == [f"vggserve batch: stopped by SIGTERM; {done} of {MANY} images are recorded in {output} and "
+    verb = "is" if done == 1 else "are"
+    assert lines == [f"vggserve batch: stopped by SIGTERM; {done} of {MANY} images {verb} recorded in {output} and "
                      f"results.errors.jsonl; run the same command again to classify the other {MANY - done}"]
     assert decoders and not any(Path(f"/proc/{pid}").exists() for pid in decoders)
 
@@ -412,7 +413,7 @@ def test_exit_status_is_5_while_images_are_in_the_errors_file_and_0_once_each_ha
     first = run(batch_command(None, tiny_weights_path, folder, output), tmp_path)
     assert first.returncode == 5, first.stderr
     assert len(read_jsonl(output)) == 2 and len(read_jsonl(tmp_path / "results.errors.jsonl")) == 1
-    assert "vggserve batch: 1 images could not be classified: they are listed in" in first.stderr
+    assert "vggserve batch: 1 image could not be classified: it is listed in" in first.stderr
     again = run(batch_command(None, tiny_weights_path, folder, output), tmp_path)
     assert again.returncode == 5 and "nothing to do" in again.stdout and "--retry-errors" in again.stdout
     (folder / "not_an_image.jpg").write_bytes((images / "img02.jpg").read_bytes())  # fixed

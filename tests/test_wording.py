@@ -40,8 +40,8 @@ def test_the_batch_summary_of_one_image_one_error_and_one_rank_is_singular():
 def test_messages_with_a_count_of_one_are_singular():
     from vggserve.serving.scheduling.errors import QueueFull
 
-    assert "(1 image waiting or being decoded)" in str(QueueFull(1))
-    assert "(2 images waiting or being decoded)" in str(QueueFull(2))
+    assert "(1 image waiting or being decoded," in str(QueueFull(1))
+    assert "(2 images waiting or being decoded," in str(QueueFull(2))
 
 
 def _bare_counts(tree: ast.AST):

@@ -167,8 +167,8 @@ def _stop_message(exc: BaseException, plan: Plan | None) -> str:
     store = plan.store
     total = plan.skipped + len(plan.todo)
     done = store.result_count + store.error_count
-    return (f"{stopped}; {done} of {total} images are recorded in {store.output} and {store.errors_path.name}; run "
-            f"the same command again to classify the other {total - done}")
+    return (f"{stopped}; {done} of {count(total, 'image')} {'is' if done == 1 else 'are'} recorded in {store.output} "
+            f"and {store.errors_path.name}; run the same command again to classify the other {total - done}")
 
 
 def _share_plan(options: BatchOptions, comm) -> tuple[Plan | None, dict]:
@@ -227,8 +227,9 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
                                 str(plan.store.output), str(plan.store.errors_path))
             print(format_summary(summary), flush=True)
             if code:
-                print(f"vggserve batch: {plan.store.error_count} images could not be classified: they are listed "
-                      f"in {plan.store.errors_path} ({_retry_hint()})", file=sys.stderr, flush=True)
+                n = plan.store.error_count
+                print(f"vggserve batch: {count(n, 'image')} could not be classified: {'it is' if n == 1 else 'they are'} "
+                      f"listed in {plan.store.errors_path} ({_retry_hint()})", file=sys.stderr, flush=True)
             if options.summary_path:
                 _write_summary(Path(options.summary_path), summary)
         return code
