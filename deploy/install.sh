@@ -8,7 +8,7 @@
 #     externally managed (Debian 12's, Ubuntu's) is left alone. `source .venv/bin/activate` then puts its python3
 #     and vggserve on PATH;
 #   - vggserve itself (editable) in .venv, with the extras given as $1 (default: dev = tests, MPICH, h5py,
-#     schemathesis, and Chromium and nginx from apt for the tests that need them; "" = the package alone).
+#     schemathesis, and Chromium, nginx and cjpeg from apt for the tests that need them; "" = the package alone).
 # Safe to run again: a working .venv is reused.
 set -euo pipefail
 
@@ -34,10 +34,12 @@ opencl_driver() {
   fi
 }
 
-test_tools() {  # test_tools EXTRAS: Chromium and nginx, for the dev extras' tests of /docs and deploy/nginx.conf
+test_tools() {  # test_tools EXTRAS: Chromium, nginx and cjpeg, for the dev extras' tests of /docs,
+                #   deploy/nginx.conf and the device JPEG decoder (JPEG kinds Pillow cannot write)
   if [[ ",$1," == *",dev,"* ]] && command -v apt-get >/dev/null \
-     && { ! command -v chromium >/dev/null || ! command -v nginx >/dev/null; }; then
-    apt_install "the tests of /docs in a browser and of deploy/nginx.conf need Chromium and nginx" chromium nginx-light
+     && { ! command -v chromium >/dev/null || ! command -v nginx >/dev/null || ! command -v cjpeg >/dev/null; }; then
+    apt_install "the tests of /docs in a browser, of deploy/nginx.conf and of the device JPEG decoder need Chromium, \
+nginx and cjpeg" chromium nginx-light libjpeg-turbo-progs
   fi
 }
 
