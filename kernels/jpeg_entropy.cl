@@ -55,9 +55,21 @@ inline int je_is_data(__global const uchar *d, const int q, const int end)
     return q < end && (d[q] != 0xFF || (q + 1 < end && d[q + 1] == 0));
 }
 
-/* the next 32 bits from bit `bit` of byte `pos`, stuffing removed; zeros from a marker or the end on */
-inline uint je_peek(__global const uchar *d, int q, const int bit, const int end)
+/* the next 32 bits from bit `bit` of byte `pos`, stuffing removed; zeros from a marker or the end on. *clean is set
+ * when the 5 bytes read hold no 0xFF and lie before the end (the common case: then a skip is plain arithmetic). */
+inline uint je_peek(__global const uchar *d, int q, const int bit, const int end, int *clean)
 {
+    if (q + 5 <= end) {
+        const uchar8 v = vload8(0, d + q);  /* may read 3 bytes past the 5 used: the buffer has padding */
+        const int ff = (v.s0 == 0xFF) | (v.s1 == 0xFF) | (v.s2 == 0xFF) | (v.s3 == 0xFF) | (v.s4 == 0xFF);
+        if (!ff) {
+            *clean = 1;
+            const ulong acc = ((ulong)v.s0 << 32) | ((ulong)v.s1 << 24) | ((ulong)v.s2 << 16) | ((ulong)v.s3 << 8) |
+                              (ulong)v.s4;
+            return (uint)(acc >> (8 - bit));
+        }
+    }
+    *clean = 0;
     ulong acc = 0;
     int live = 1;
     for (int i = 0; i < 5; ++i) {
@@ -115,46 +127,43 @@ inline int je_symbol(const uint w, __global const int *t, const int dc, int *len
 
 typedef struct {
     __global const int *cp;  /* the image's component records */
-    int ncomp, bpm;          /* components, blocks per MCU */
-    int comp_of[10], first_of[10];  /* per block of the MCU: its component, and its index within that component */
+    int b1, b2, bpm;         /* blocks of component 0, of components 0 and 1, of the MCU */
 } je_mcu;
 
 inline void je_mcu_init(je_mcu *m, __global const int *cp, const int ncomp)
 {
     m->cp = cp;
-    m->ncomp = ncomp;
-    int u = 0;
-    for (int c = 0; c < ncomp; ++c) {
-        const int hv = cp[c * JH_COMP + 2] * cp[c * JH_COMP + 3];
-        for (int b = 0; b < hv && u < 10; ++b, ++u) {
-            m->comp_of[u] = c;
-            m->first_of[u] = b;
-        }
-    }
-    m->bpm = u;
+    m->b1 = cp[2] * cp[3];
+    m->b2 = ncomp > 1 ? m->b1 + cp[JH_COMP + 2] * cp[JH_COMP + 3] : 1 << 20;
+    m->bpm = ncomp > 2 ? m->b2 + cp[2 * JH_COMP + 2] * cp[2 * JH_COMP + 3] : (ncomp > 1 ? m->b2 : m->b1);
 }
 
 /* decode symbols starting before bit `stop_p`, from (p, u, k); with `coef` non-null also write the coefficients of
  * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
-                  int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dcsum,
+                  int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
                   __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total)
 {
     *blocks = 0;
     while ((long)*pos * 8 + *bit < stop_p) {
         if (coef && b0 + *blocks >= total) break;
-        const int c = m->comp_of[*u];
+        const int c = (*u >= m->b1) + (*u >= m->b2);
         __global const int *cr = m->cp + c * JH_COMP;
         const int dc = (*k == 0);
         __global const int *t = tab + (dc ? cr[4] : cr[5]) * JH_TAB;
-        const uint w = je_peek(d, *pos, *bit, end);
+        int clean;
+        const uint w = je_peek(d, *pos, *bit, end, &clean);
         int len, val;
         int sym = je_symbol(w, t, dc, &len, &val);
         if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, take 16 of them as an end of block */
             if (coef) return JH_BAD_CODE;
             sym = 0; len = 16; val = 0;
         }
-        if (!je_skip(d, pos, bit, len, end)) {
+        if (clean) {  /* no 0xFF among the bytes read: plain arithmetic (len <= 31 stays within them) */
+            *bit += len;
+            *pos += *bit >> 3;
+            *bit &= 7;
+        } else if (!je_skip(d, pos, bit, len, end)) {
             if (coef) return JH_PAST_DATA;
             *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
             *bit = 0;
@@ -163,14 +172,15 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
         __global short *blk = 0;
         if (coef) {
             const int b = b0 + *blocks;
-            const int mcu = first_mcu + b / m->bpm, within = m->first_of[*u];
+            const int mcu = first_mcu + b / m->bpm, within = *u - (c == 0 ? 0 : (c == 1 ? m->b1 : m->b2));
             const int h = cr[2];
             const int row = (mcu / mcus_x) * cr[3] + within / h, col = (mcu % mcus_x) * h + within % h;
             blk = coef + ((long)cr[0] + (long)row * cr[1] + col) * 64;
         }
         if (dc) {
-            dcsum[c] += val;
-            if (blk) blk[0] = (short)dcsum[c];
+            int *dcp = (c == 0) ? dc0 : ((c == 1) ? dc1 : dc2);
+            *dcp += val;
+            if (blk) blk[0] = (short)*dcp;
             *k = 1;
         } else {
             const int run = sym >> 4, size = sym & 15;
@@ -220,16 +230,16 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
         __global const int *e = prev + (j - 1) * JE_STATE;
         pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2]; valid = e[7];
     }
-    int blocks = 0, dcsum[3] = {0, 0, 0};
+    int blocks = 0, d0 = 0, d1 = 0, d2 = 0;
     if (valid) {
-        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, dcsum, 0, 0, 0, 0, 0);
+        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0);
     }
     __global int *o = next + j * JE_STATE;
     const int p = pos * 8 + bit;
     if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u || prev[j * JE_STATE + 2] != k ||
                       prev[j * JE_STATE + 7] != valid))
         settled[ch[0]] = 0;
-    o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = dcsum[0]; o[5] = dcsum[1]; o[6] = dcsum[2]; o[7] = valid;
+    o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = d0; o[5] = d1; o[6] = d2; o[7] = valid;
 }
 
 __kernel void jpeg_prefix(__global const int *meta, const int seg_at, const int nseg, __global const int *state,
@@ -273,11 +283,11 @@ __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, 
         if (!e[7]) { status[sg] = JH_BAD_CODE; return; }
         pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2];
     }
-    int dcsum[3] = {en[1], en[2], en[3]};
+    int d0 = en[1], d1 = en[2], d2 = en[3];
     const int last = (j == s[6] + s[7] - 1);
     int blocks = 0;
     int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, last ? 0x7FFFFFFFFFFFL : (long)ch[2] * 8, &blocks,
-                     dcsum, coef, en[0], s[3], im[0], total);
+                     &d0, &d1, &d2, coef, en[0], s[3], im[0], total);
     if (!why && last && en[0] + blocks != total) why = JE_BAD_COUNT;
     if (!why && en[0] + blocks == total) {
         /* this chunk completed the segment: libjpeg's clean end, only padding bits (< 8, within the byte at pos)
