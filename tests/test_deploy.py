@@ -233,7 +233,7 @@ def test_quickstart_installs_what_classifying_needs_and_not_the_test_tools(tmp_p
     assert [line.split()[3] for line in calls(log, "venv-python -m vggserve")] == ["devices", "weights", "classify"]
     tests = run_script(tmp_path, env, "install.sh")  # the README's test command: the test extras and their tools
     assert tests.returncode == 0, tests.stderr
-    assert "apt-get install -y -qq chromium nginx-light" in calls(log, "apt-get")
+    assert "apt-get install -y -qq chromium nginx-light libjpeg-turbo-progs" in calls(log, "apt-get")
     assert "venv-python -m pip install -q -e .[dev]" in calls(log, "venv-python")
 
 
