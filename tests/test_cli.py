@@ -210,3 +210,29 @@ def test_max_pixels_is_checked_alike_by_classify_batch_and_serve(tmp_path):
             with pytest.raises(SettingsError, match=refused):
                 Settings(max_pixels=int(value))
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_classify_with_the_device_jpeg_decoder_prints_what_exact_prints(tiny_weights_path, tmp_path):
+    """`--decode gpu` (here on the test device): the same results, errors and exit status as the CPU decode."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    made = []
+    for name, save in [("base.jpg", dict(quality=90)), ("sub422.jpg", dict(subsampling=1)),
+                       ("progressive.jpg", dict(progressive=True)), ("restart.jpg", dict(restart_marker_blocks=2)),
+                       ("pic.png", {})]:
+        path = tmp_path / name
+        Image.fromarray(rng.integers(0, 255, (300, 260, 3), dtype=np.uint8)).save(path, **save)
+        made.append(str(path))
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(Path(made[0]).read_bytes()[:700])
+    args = ["classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--json", "--top-k", "3",
+            *IMAGES, *made, str(broken), str(tmp_path / "missing.jpg")]
+    exact = vggserve(*args, "--decode", "exact")
+    device = vggserve(*args, "--decode", "gpu")
+    assert exact.returncode == device.returncode == 5, device.stderr
+    assert device.stdout == exact.stdout and len(exact.stdout.splitlines()) == len(IMAGES) + len(made)
+    errors = lambda r: sorted(line for line in r.stderr.splitlines() if line.startswith("vggserve: error"))  # noqa: E731
+    assert errors(device) == errors(exact) and len(errors(exact)) == 2

@@ -355,3 +355,31 @@ def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup
             assert_same(y, data, name)
         if ok_a:
             assert_same(x, data, name)
+
+
+# ---- the whole path: decoded on the model's device, resized and cropped there, classified ----------------------
+
+def test_logits_through_the_device_decoder_are_the_cpu_decodes_exactly(tiny_tensors, test_device):
+    from PIL import Image as PILImage
+
+    from vggserve.decoding.device.onmodel import CROP, IMAGE, DeviceImage, decode_for_model
+    from vggserve.model.vgg16 import VGG16
+    from vggserve.modelinput import device_input
+
+    model = VGG16(tiny_tensors, device=test_device, max_batch_size=8)
+    datas = [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=90, subsampling=s)
+             for w, h, s in [(300, 200, 2), (256, 300, 1), (1000, 90, 0), (224, 224, 2), (33, 700, 1)]]
+    png = io.BytesIO()
+    PILImage.fromarray(corpus.picture(120, 90)).save(png, "PNG")
+    datas += [png.getvalue(), with_exif_orientation(datas[0], 6), b"junk"]
+    items = decode_for_model(model, datas)
+    kinds = [x.kind if isinstance(x, DeviceImage) else type(x).__name__ for x in items]
+    assert kinds == [IMAGE, CROP, IMAGE, IMAGE, IMAGE, "ModelInput", IMAGE, "ImageDecodeError"]
+    good = items[:-1]
+    got = model.submit(good, "logits").result()
+    want = model.submit([device_input(decode_pixels(d)) for d in datas[:-1]], "logits").result()
+    assert np.array_equal(got, want)
+    # mixed with host inputs in one batch, at their places
+    host = [device_input(decode_pixels(datas[i])) for i in (5, 0, 1, 2)]
+    mixed = [host[0], items[0], host[2], items[2]]
+    assert np.array_equal(model.submit(mixed, "logits").result(), model.submit(host, "logits").result())

@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true",
                    help='one JSON object per image per line: {"image", "predictions": [{"index", "label", "probability"}]}')
     add_device_args(p, batch_default=8)
-    add_decode_arg(p)
+    add_decode_arg(p, device=True)
     add_max_pixels_arg(p, "are refused with an error line, and the exit status is 5")
     p.set_defaults(func=run)
 
@@ -27,11 +27,18 @@ def run(args) -> int:
 
     model = load_model(args.weights, args.device, args.batch_size, precision=args.precision)
     on_device = uses_device_resize(model)  # the device resizes and crops, bit for bit as on the CPU
+    on_gpu = args.decode == "gpu" or (args.decode == "auto" and model.device_info.kind == "gpu")
     failures = 0
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start:start + args.batch_size]
-        decoded = (decode_input(path, model.preprocessing, on_device=on_device, decode=args.decode, catch=ImageError,
-                                max_pixels=args.max_pixels) for path in paths)
+        if on_gpu:
+            from ..decoding.device import decode_inputs
+
+            decoded = decode_inputs(paths, model, model.preprocessing, on_device, max_pixels=args.max_pixels)
+        else:
+            decode = "exact" if args.decode == "auto" else args.decode
+            decoded = (decode_input(path, model.preprocessing, on_device=on_device, decode=decode,
+                                    catch=ImageError, max_pixels=args.max_pixels) for path in paths)
         classified, failed = classify_decoded(model, paths, decoded, args.top_k)
         failures += len(failed)
         for _path, (reason, _kind) in failed:  # an ImageError's message names the file

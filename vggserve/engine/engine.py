@@ -60,6 +60,16 @@ class Step:
     how: str = ""
 
 
+def _split_host_images(batch) -> tuple[dict, list]:
+    """`split_images` of a batch's host inputs, with their positions in the whole batch (device-decoded inputs,
+    placed by `_place_device_images`, left out)."""
+    where = [i for i, d in enumerate(batch) if getattr(d, "form", None) != "device"]
+    if not where:
+        return {}, []
+    crops, raws = split_images([batch[i] for i in where])
+    return {where[i]: c for i, c in crops.items()}, [(where[i], r) for i, r in raws]
+
+
 class Engine:
     resizes_on_device = True  # submit takes image ModelInputs and resizes them itself (ops/resize.py)
 
@@ -143,8 +153,10 @@ class Engine:
         if want not in ("logits", "probabilities"):
             raise ValueError(f"want must be 'logits' or 'probabilities', got {want!r}")
         as_images = isinstance(x, (list, tuple))
+        on_device = []
         if as_images:
-            crops, raws = split_images(x)
+            on_device = [(i, d) for i, d in enumerate(x) if getattr(d, "form", None) == "device"]
+            crops, raws = _split_host_images(x) if on_device else split_images(x)
             n = len(x)
         else:
             x = check_input(x)
@@ -157,7 +169,7 @@ class Engine:
             self._turn ^= 1
             _collect(slot)  # its batch is done with the slot's staging and input buffers
             if as_images:
-                uploads, placed = slot.stage_images(self.copy_queue, crops, raws)
+                uploads, placed = slot.stage_images(self.copy_queue, crops, raws) if (crops or raws) else ([], [])
             else:
                 uploads, placed = [slot.stage(self.copy_queue, x, pinned)], []
             self.copy_queue.flush()
@@ -166,6 +178,8 @@ class Engine:
                 ev = self.resize_op.enqueue(self.queue, slot.raw.device, placed, slot.pixels)
                 if events is not None:
                     events.append(("resize", ev, 0.0))
+            if on_device:
+                self._place_device_images(slot, on_device, events)
             if as_images or x.dtype == np.uint8:
                 ev = self.pixel_op.enqueue(self.queue, slot.pixels, slot.input, n, INPUT_SIZE * INPUT_SIZE)
                 if events is not None:
@@ -181,6 +195,32 @@ class Engine:
             self.queue.flush()
             slot.pending = Pending(slot, n, read)
             return slot.pending
+
+    def _place_device_images(self, slot, items: list, events) -> None:
+        """Device-decoded inputs (decoding.device.onmodel.DeviceImage) into the slot's crops: images resized from
+        their buffers, crops copied, each at its index of the batch."""
+        crop_bytes = INPUT_SIZE * INPUT_SIZE * 3
+        by_buffer: dict = {}
+        for index, d in items:
+            if d.kind == "crop":
+                cl.enqueue_copy(self.queue, slot.pixels, d.buffer, byte_count=crop_bytes, src_offset=d.offset,
+                                dst_offset=index * crop_bytes)
+            else:
+                by_buffer.setdefault(id(d.buffer), (d.buffer, []))[1].append((d.offset, d.width, d.height, index))
+        for buffer, placed in by_buffer.values():
+            ev = self.resize_op.enqueue(self.queue, buffer, placed, slot.pixels)
+            if events is not None:
+                events.append(("resize", ev, 0.0))
+
+    def jpeg_decoder(self):
+        """(JpegDecoder, its queue, its lock) on this engine's context and device, made on first use: the device
+        JPEG decoder (vggserve.decoding.device) sharing the engine's program cache."""
+        if getattr(self, "_jpeg", None) is None:
+            from ..decoding.device import JpegDecoder
+
+            self._jpeg = (JpegDecoder(self.context, self.device, self.program_cache), cl.CommandQueue(self.context),
+                          threading.Lock())
+        return self._jpeg
 
     def resize_matches_pillow(self) -> bool:
         """Whether this device's resize gives the installed Pillow's crops, bit for bit, on probe images of both

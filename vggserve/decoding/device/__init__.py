@@ -45,10 +45,12 @@ class Decoded(list):
         self.paths, self.reasons = paths, reasons
 
 
-def _decoder_for(device: str):
-    """(decoder, queue) for a device spec, made once per process."""
+def _decoder_for(device):
+    """(decoder, queue, lock) for a device spec, made once per process; or a model's own (`Engine.jpeg_decoder`)."""
     from ...runtime import devices as devs
 
+    if hasattr(device, "jpeg_decoder"):
+        return device.jpeg_decoder()
     info = devs.resolve(device)
     key = (info.platform_index, info.device_index)
     with _lock:
@@ -59,10 +61,11 @@ def _decoder_for(device: str):
         return _decoders[key]
 
 
-def decode_on_device(datas, device: str = "auto", *, max_pixels: int = DEFAULT_MAX_PIXELS,
+def decode_on_device(datas, device="auto", *, max_pixels: int = DEFAULT_MAX_PIXELS,
                      formats=ALLOWED_FORMATS) -> Decoded:
     """Decode a list of encoded images (bytes): JPEGs the device decoder takes in one sequence of launches on
-    `device`, everything else through `decode_pixels` on the CPU, with its results and errors."""
+    `device` (a device spec, or a model, whose context and programs are then used), everything else through
+    `decode_pixels` on the CPU, with its results and errors."""
     from ..decode import decode_pixels
 
     datas = [bytes(d) for d in datas]
@@ -103,3 +106,38 @@ def decode_on_device(datas, device: str = "auto", *, max_pixels: int = DEFAULT_M
                     raise
                 items[i] = exc
     return Decoded(items, paths, reasons)
+
+
+def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
+    """`decoding.decode_input`'s answer for each of `sources` (paths or bytes), with the JPEGs decoded on `model`'s
+    device and left there (`onmodel.DeviceImage`, resized and cropped in place by its submit): [(input, None) or
+    (None, (reason, exception type))], in order. Used by `classify --decode gpu`. A model that does not resize on
+    its device (`on_device` False) gets the decoded pixels as tensors, prepared here."""
+    from ...errors import ImageError
+    from ...images import read_source
+    from ...modelinput import ModelInput
+    from ...preprocessing import preprocess
+    from ..decode import decode_input, problem_of
+    from .onmodel import decode_for_model
+
+    out: list = [None] * len(sources)
+    datas, where = [], []
+    for i, source in enumerate(sources):
+        try:
+            datas.append(read_source(source)[0])
+            where.append(i)
+        except ImageError as exc:
+            out[i] = (None, problem_of(exc))
+    if not datas:
+        return out
+    if on_device:
+        items = decode_for_model(model, datas, **limits)
+    else:
+        items = [x if isinstance(x, Exception) else ModelInput.tensor(preprocess(x, mode))
+                 for x in decode_on_device(datas, model, **limits)]
+    for i, item in zip(where, items):
+        if isinstance(item, Exception):  # the CPU path again on the source itself: its message names the file
+            out[i] = decode_input(sources[i], mode, on_device=on_device, catch=ImageError, **limits)
+        else:
+            out[i] = (item, None)
+    return out
