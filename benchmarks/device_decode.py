@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--chunk-bytes", type=int, default=None, help="parallel entropy decoding's chunk (default: "
                     "the decoder's)")
     ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
+    ap.add_argument("--network", metavar="PRECISION", default=None,
+                    help="also classify: device decode + VGG16 at this precision (random weights), against the engine "
+                         "alone on ready crops and the CPU decode feeding it")
     ap.add_argument("--json")
     args = ap.parse_args()
     import pyopencl as cl
@@ -237,9 +240,56 @@ def main() -> None:
         print(f"torchvision {torchvision.__version__} decode_jpeg(device='cuda'): "
               f"{res['torchvision_cuda_images_per_s']:,.0f} images/s, {res['torchvision_cuda_cpu_ms']:.3f} ms CPU per "
               f"image; identical to Pillow: {same}/64, mean |diff| {res['torchvision_mean_abs_diff']:.3f}")
+    if args.network:
+        res.update(network(args, files))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=1)
+
+
+def network(args, files) -> dict:
+    """images/s of the whole path, streamed with two batches in flight: the engine alone on ready uint8 crops; device
+    decode (decode_for_model) + engine; this process's CPU decode (one thread) + engine."""
+    from vggserve.decoding import decode_pixels
+    from vggserve.decoding.device.onmodel import decode_for_model
+    from vggserve.model.vgg16 import VGG16
+    from vggserve.modelinput import device_input
+    from vggserve.weights.init import init_weights
+
+    model = VGG16(init_weights(seed=0, width=1.0), device=args.device, max_batch_size=args.batch,
+                  precision=args.network)
+    b = args.batch
+    groups = [files[i:i + b] for i in range(0, len(files) - b + 1, b)]
+    crops = np.zeros((b, 224, 224, 3), np.uint8)
+
+    def stream(make) -> tuple[float, float]:
+        pending, n = [], 0
+        make(groups[0])
+        model.submit(make(groups[0]), "logits").result()
+        t0, c0 = time.perf_counter(), time.process_time()
+        while time.perf_counter() - t0 < args.seconds:
+            for g in groups:
+                pending.append(model.submit(make(g), "logits"))
+                if len(pending) > 1:
+                    pending.pop(0).result()
+                n += len(g)
+        for p in pending:
+            p.result()
+        wall = time.perf_counter() - t0
+        return n / wall, (time.process_time() - c0) * 1e3 / n
+
+    out = {}
+    out["engine_images_per_s"], _ = stream(lambda g: crops)
+    out["device_decode_network_images_per_s"], out["device_decode_network_cpu_ms"] = stream(
+        lambda g: decode_for_model(model, g))
+    out["cpu_decode_network_images_per_s"], out["cpu_decode_network_cpu_ms"] = stream(
+        lambda g: [device_input(decode_pixels(d)) for d in g])
+    print(f"VGG16 {args.network}, batch {b}, streamed: engine alone on ready crops {out['engine_images_per_s']:,.0f} "
+          f"images/s; device decode + network {out['device_decode_network_images_per_s']:,.0f} images/s "
+          f"({out['device_decode_network_cpu_ms']:.3f} ms CPU per image in this process); one CPU thread decoding "
+          f"+ network {out['cpu_decode_network_images_per_s']:,.0f} images/s "
+          f"({out['cpu_decode_network_cpu_ms']:.3f} ms CPU per image)")
+    return out
 
 
 if __name__ == "__main__":
