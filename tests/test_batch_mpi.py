@@ -535,3 +535,15 @@ def test_three_images_over_two_ranks_give_rank_1_work(images, expected, tiny_wei
     assert_same_predictions(read_jsonl(output), {str(folder / n): expected[str(images / n)] for n in names})
     counts = [entry["images"] for entry in json.loads(summary.read_text())["ranks"]]
     assert counts[1] >= 1 and sum(counts) == 3, counts
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_the_device_jpeg_decoder_gives_the_batch_job_the_same_results_and_errors(ranks, images, expected,
+                                                                                  tiny_weights_path, tmp_path):
+    """`--decode gpu` (on the test device): JPEGs decoded where the model runs, the rest on the rank; same lines."""
+    output = tmp_path / "results.jsonl"
+    done = run(batch_command(ranks, tiny_weights_path, images, output, "--decode", "gpu"), tmp_path)
+    assert done.returncode == 5, done.stderr  # the unreadable files are in the errors file
+    assert_same_predictions(read_jsonl(output), expected)
+    errors = read_jsonl(tmp_path / "results.errors.jsonl")
+    assert sorted(os.path.relpath(e["image"], images) for e in errors) == sorted(BAD)

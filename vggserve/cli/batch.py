@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--decode-timeout", type=_seconds, default=60.0, metavar="S",
                         help="longest decode of one image; a decode process that takes longer is killed and "
                              "replaced, and the image is recorded as an error (default 60)")
-    add_decode_arg(parser)
+    add_decode_arg(parser, device=True)
     add_max_pixels_arg(parser, "are recorded in the errors file")
     add_precision_arg(parser)
     parser.add_argument("--summary", default=None, metavar="FILE.json",

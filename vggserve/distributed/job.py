@@ -59,7 +59,7 @@ class BatchOptions:
     decode_threads: int = 2  # per rank, with decode_procs=0
     decode_procs: int | str = "auto"  # decode processes per rank; "auto": decoding.pool.default_procs
     decode_timeout_s: float = 60.0  # a decode process taking longer on one image is replaced (the image: an error)
-    decode: str = "exact"  # or "fast" (vggserve.decoding.decode)
+    decode: str = "exact"  # or "fast" (vggserve.decoding.decode), "gpu", "auto" (vggserve.decoding.device)
     max_pixels: int = DEFAULT_MAX_PIXELS  # larger images (width x height from the header) are recorded as errors
     precision: str = "fp32"  # the engine's precision (ops/precision.py)
     progress: bool = True  # tqdm bar on rank 0

@@ -164,7 +164,8 @@ class ChunkRunner:
     """Decode-ahead classification of chunks on one model (which only this runner's thread may call).
 
     Decoding runs in `decode_procs` decode processes (vggserve.decoding.pool; the batch job's default), or with
-    decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode);
+    decode_procs=0 on `decode_threads` threads of this process. `decode`: "exact" or "fast" (decoding.decode), or
+    "gpu" (JPEGs decoded on the model's device, decoding.device.chunks; "auto": gpu on a GPU, else exact);
     `max_pixels`: larger images are errors (None: open_image's default).
     `on_device`: whether to hand the model image inputs to resize on its device (default: when the model can).
 
@@ -194,8 +195,16 @@ class ChunkRunner:
         self.top_k = top_k
         self.on_device = uses_device_resize(model) if on_device is None else on_device
         in_flight = IN_FLIGHT_CHUNKS * int(getattr(model, "max_batch_size", 16))
-        job = DecodeJob(model.preprocessing, self.on_device, decode, max_pixels=max_pixels)
-        self.decoder = make_decoder(job, decode_procs, decode_threads, decode_timeout_s, in_flight)
+        on_gpu = decode == "gpu" or (decode == "auto" and getattr(getattr(model, "device_info", None), "kind",
+                                                                  None) == "gpu")
+        job = DecodeJob(model.preprocessing, self.on_device, "exact" if decode in ("gpu", "auto") else decode,
+                        max_pixels=max_pixels)
+        if on_gpu and hasattr(model, "jpeg_decoder"):
+            from ..decoding.device.chunks import DeviceChunkDecoder
+
+            self.decoder = DeviceChunkDecoder(model, job)  # JPEGs on the model's device; the rest on its thread
+        else:
+            self.decoder = make_decoder(job, decode_procs, decode_threads, decode_timeout_s, in_flight)
         self.clock = self.decoder.clock  # the decoder's stages, and this runner's "stage" and "result"
         self.waits = StageClock(time.perf_counter)  # wall time waiting: "device", "decode"
         self._queue: deque[_Chunk] = deque()  # submitted and not yet run, oldest first; the first ones started
