@@ -65,7 +65,7 @@ def main() -> None:
 
     from vggserve.decoding import decode_pixels
     from vggserve.decoding.device import JpegDecoder, Window, prepare
-    from vggserve.ops.resize import DeviceResize, crop_tables
+    from vggserve.ops.resize import DeviceResize
     from vggserve.preprocessing import aspect_box
     from vggserve.runtime import devices as devs
     from vggserve.runtime.programs import ProgramCache
@@ -160,7 +160,6 @@ def main() -> None:
         return run
 
     # per-stage device times of one batch, from a profiled run of each kernel
-    from vggserve.decoding.device import decoder as decmod
     kernels = {}
     orig = (decoder.k_huffman, decoder.k_idct, decoder.k_color)
 
@@ -180,7 +179,6 @@ def main() -> None:
         stage_times(batch)
     queue.finish()
     decoder.k_huffman, decoder.k_idct, decoder.k_color, decoder.k_sync, decoder.k_decode = orig
-    calls = max(len(v) for v in kernels.values()) // max(1, decoder.rounds) if decoder.rounds else 1
     per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / len(kernels["idct"])
            for k, evs in kernels.items()}
     res["stage_ms_per_batch"] = per

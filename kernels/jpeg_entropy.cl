@@ -29,25 +29,11 @@
  *   settled: int32 per segment, 1 before the rounds: the last round sets 0 where it changed an exit
  */
 
-#define JH_SEG 8
-#define JH_IMG 4
-#define JH_COMP 8
-#define JH_TAB 816
+#include "jpeg_scan.clh"
 #define JE_CHUNK_INTS 4
 #define JE_STATE 8
 #define JE_ENTRY 4
 
-#define JH_OK 0
-#define JH_BAD_CODE 1
-#define JH_PAST_DATA 2
-#define JH_BAD_INDEX 3
-#define JH_TRAILING 4
-#define JE_BAD_COUNT 6   /* the segment's blocks do not come out at its MCUs' count */
-
-__constant int je_natural[64] = {
-    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14,
-    21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53,
-    60, 61, 54, 47, 55, 62, 63};
 
 /* is byte q the start of data (not a marker, not past the end)? */
 inline int je_is_data(__global const uchar *d, const int q, const int end)
@@ -190,7 +176,7 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
                     if (coef) return JH_BAD_INDEX;
                     *k = 63;  /* while synchronising, as libjpeg does: the block ends */
                 }
-                if (blk) blk[je_natural[*k]] = (short)val;
+                if (blk) blk[jpeg_natural[*k]] = (short)val;
                 *k += 1;
             } else if (run == 15) {
                 *k += 16;

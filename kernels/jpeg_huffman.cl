@@ -26,22 +26,8 @@
  * for the last). Work is bounded by the segment's MCUs whatever the bytes say.
  */
 
-#define JH_SEG 8
-#define JH_IMG 4
-#define JH_COMP 8
-#define JH_TAB 816
-#define JH_LOOK 9
+#include "jpeg_scan.clh"
 
-#define JH_OK 0
-#define JH_BAD_CODE 1      /* a code no table entry has (libjpeg: "Corrupt JPEG data: bad Huffman code") */
-#define JH_PAST_DATA 2     /* the segment needs more bits than it has (libjpeg: premature end, zeros fed) */
-#define JH_BAD_INDEX 3     /* a coefficient index past 63 (libjpeg writes it to coefficient 63) */
-#define JH_TRAILING 4      /* data, or no marker, where the segment should end */
-
-__constant int jh_natural[64] = {
-    0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6, 7, 14,
-    21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31, 39, 46, 53,
-    60, 61, 54, 47, 55, 62, 63};
 
 typedef struct {
     ulong buf;    /* left-aligned bits */
@@ -163,7 +149,7 @@ __kernel void jpeg_huffman(__global const uchar *data, __global const int *meta,
                         k += run;
                         const int val = jh_extend(jh_bits(&r, size), size);
                         if (k > 63) { why = JH_BAD_INDEX; break; }
-                        blk[jh_natural[k]] = (short)val;
+                        blk[jpeg_natural[k]] = (short)val;
                     } else {
                         if (run != 15) break;  /* end of block */
                         k += 15;               /* sixteen zeros */

@@ -25,7 +25,7 @@ import pyopencl as cl
 
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from .decoder import JpegDecoder, Prepared, Run, Window, prepare
-from .parse import Frame, Refusal, parse
+from .parse import Refusal, parse
 
 __all__ = ["DEVICE", "CPU", "Decoded", "JpegDecoder", "Prepared", "Refusal", "Run", "Window", "decode_on_device",
            "parse", "prepare"]

@@ -17,7 +17,7 @@ component has one block per MCU over ceil(width / 8) x ceil(height / 8) blocks o
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -72,19 +72,10 @@ class Frame:
     restart_interval: int  # MCUs per restart interval, 0 for none
     scan_start: int  # offset of the first entropy-coded byte in the file
     pillow_header: bool  # APP1 or APP2 present (EXIF, XMP, MPF): orientation and format are read through Pillow
-    extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def mcus(self) -> int:
         return self.mcus_x * self.mcus_y
-
-    @property
-    def interleaved(self) -> bool:
-        return len(self.components) > 1
-
-    @property
-    def gray(self) -> bool:
-        return len(self.components) == 1
 
 
 def parse(data: bytes) -> Frame | Refusal:

@@ -77,7 +77,6 @@ class Batch:
     seg_image: np.ndarray  # the image of each segment
     plane_bytes: int  # sample bytes of every plane
     blocks: int
-    sample_offsets: list  # per image, per component: (offset, stride) of its plane in the samples buffer
     chunk: np.ndarray | None = None  # jpeg_entropy.cl's chunks (segment, first byte, end byte, 0), after chunked()
 
     def chunked(self, size: int) -> None:
@@ -99,10 +98,9 @@ class Batch:
         segs, imgs, comps, planes = [], [], [], []
         tabs: dict = {}
         quants: dict = {}
-        offsets, base, block, sample = [], 0, 0, 0
+        base, block, sample = 0, 0, 0
         for i, (frame, data) in enumerate(zip(frames, datas)):
             imgs.append((frame.mcus_x, len(frame.components), len(comps), 0))
-            per = []
             for c in frame.components:
                 dc = tabs.setdefault((c.dc, 0), len(tabs))
                 ac = tabs.setdefault((c.ac, 1), len(tabs))
@@ -110,10 +108,8 @@ class Batch:
                 comps.append((block, c.blocks_w, c.h, c.v, dc, ac, q, 0))
                 method, fh, fv = upsampling(frame, c)
                 planes.append((block, c.blocks_w, c.blocks_h, q, sample, i, c.width, c.height, fh, fv, method, 0))
-                per.append((sample, c.blocks_w * 8))
                 block += c.blocks_w * c.blocks_h
                 sample += c.blocks_w * c.blocks_h * 64
-            offsets.append(per)
             start, end = base + frame.scan_start, base + len(data)
             ri = frame.restart_interval
             if ri:
@@ -132,7 +128,7 @@ class Batch:
         seg = np.array(segs, np.int32).reshape(-1, SEG)
         return cls(np.frombuffer(b"".join(datas), np.uint8), seg, np.array(imgs, np.int32).reshape(-1, IMG),
                    np.array(comps, np.int32).reshape(-1, COMP), tab, np.array(planes, np.int32).reshape(-1, PLANE),
-                   quant, seg[:, 0].copy(), sample, block, offsets)
+                   quant, seg[:, 0].copy(), sample, block)
 
 
 def find_restarts(data: bytes, frame: Frame) -> list[int] | None:
