@@ -11,8 +11,8 @@
  * While synchronising nothing stops a decode: a code no table has counts as an end of block after 16 bits, a run
  * past coefficient 63 ends the block, bits past the data are zeros; jpeg_decode, from exact entries, flags these.
  *
- *   jpeg_sync (run JE_ROUNDS times): every chunk decodes from its entry -- the previous round's exit of the chunk
- *       before it -- and records its exit, the blocks it completed and the sum of the DC differences it read per
+ *   jpeg_sync (run `rounds` times, decoder.py): every chunk decodes from its entry -- the previous round's exit of the chunk
+ *       before it (a chunk whose entry is the same as in the round before copies its exit instead) -- and records its exit, the blocks it completed and the sum of the DC differences it read per
  *       component. Once a round changes no exit, every entry is the true one (the first is exact and each exit is a
  *       function of its entry); the last round's "changed" flag per segment says whether that happened.
  *   jpeg_prefix (per segment): the first block of each chunk and the DC predictors at its entry, by prefix sums.
@@ -195,11 +195,24 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
 
 __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
                         const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
-                        __global const int *prev, __global int *next, __global int *settled, const int round,
-                        const int last_round)
+                        __global const int *prev2, __global const int *prev, __global int *next,
+                        __global int *settled, const int round, const int last_round)
 {
     const int j = get_global_id(0);
     if (j >= nchunks) return;
+    {   /* an entry that did not change since the last round gives the same exit: copy it */
+        __global const int *ch0 = chunk + j * JE_CHUNK_INTS;
+        const int first = (j == (meta + seg_at)[ch0[0] * JH_SEG + 6]);
+        int same = first ? round >= 1 : round >= 2;
+        if (same && !first) {
+            __global const int *a = prev + (j - 1) * JE_STATE, *b = prev2 + (j - 1) * JE_STATE;
+            same = a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[7] == b[7];
+        }
+        if (same) {
+            for (int i = 0; i < JE_STATE; ++i) next[j * JE_STATE + i] = prev[j * JE_STATE + i];
+            return;
+        }
+    }
     __global const int *seg = meta + seg_at, *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
     __global const int *ch = chunk + j * JE_CHUNK_INTS;
     __global const int *s = seg + ch[0] * JH_SEG;

@@ -169,7 +169,7 @@ class JpegDecoder:
         self._samples = _Grown(context, mf.READ_WRITE)
         self._status = _Grown(context, mf.READ_WRITE)
         self._chunks = _Grown(context, mf.READ_ONLY)
-        self._states = [_Grown(context, mf.READ_WRITE), _Grown(context, mf.READ_WRITE)]
+        self._states = [_Grown(context, mf.READ_WRITE) for _ in range(3)]  # a round's exits, and the two before
         self._entry = _Grown(context, mf.READ_WRITE)
         self._settled = _Grown(context, mf.READ_WRITE)
 
@@ -227,9 +227,9 @@ class JpegDecoder:
         grid = (round_up(n, wg),)
         for r in range(self.rounds):
             ev = [self.k_sync(queue, grid, (wg,), data_buf, meta_buf, *tables, chunk_buf, np.int32(n),
-                              states[(r + 1) % 2], states[r % 2], settled, np.int32(r), np.int32(self.rounds - 1),
-                              wait_for=ev)]
-        last = states[(self.rounds - 1) % 2]
+                              states[(r + 1) % 3], states[(r + 2) % 3], states[r % 3], settled, np.int32(r),
+                              np.int32(self.rounds - 1), wait_for=ev)]
+        last = states[(self.rounds - 1) % 3]
         ev = [self.k_prefix(queue, (round_up(nseg, wg),), (wg,), meta_buf, np.int32(at[0]), np.int32(nseg), last,
                             entry, wait_for=ev)]
         return [self.k_decode(queue, grid, (wg,), data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last, entry,
