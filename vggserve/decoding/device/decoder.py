@@ -26,8 +26,8 @@ from .parse import Frame, Refusal, parse
 from .tables import WIN, Batch, find_restarts
 
 PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
-CHUNK_BYTES = 512  # bytes of scan per work-item in the parallel entropy decoding
-ROUNDS = 5  # its synchronisation rounds; a segment not settled by then is decoded serially
+CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decoding
+ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
