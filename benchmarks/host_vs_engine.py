@@ -46,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default=None, help="fp32, fp16...: passed where the model and CLI take it")
     p.add_argument("--images", type=int, default=8192, help="JPEGs for the batch job (default 8192)")
     p.add_argument("--decode-procs", default=None, help="the batch job's --decode-procs (default: auto)")
+    p.add_argument("--batch-decode", default=None, help="the batch job's --decode (exact, fast, gpu, auto; default: "
+                   "the job's)")
     p.add_argument("--http-workers", default=None, help="the server's --http-workers (default: the server's)")
     p.add_argument("--duration", type=float, default=25.0, help="measured seconds per service run (default 25)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
@@ -92,6 +94,8 @@ def batch(args, weights: str, workdir: Path) -> dict:
                                  weights=weights, decode_procs=args.decode_procs, decode_threads=None, timeout=3600)
     extra = ("--precision", args.precision) if args.precision and serve_saturation.cli_takes("batch", "--precision") \
         else ()
+    if args.batch_decode:
+        extra += ("--decode", args.batch_decode)
     summary = batch_scaling.run_once(options, 1, images, workdir, extra)
     rank = summary["ranks"][0]
     return {"images_per_s": summary["images_per_second"], "cpu_ms_per_image": rank.get("cpu_ms_per_image", {}),
