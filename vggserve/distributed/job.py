@@ -113,7 +113,7 @@ def _set_up_and_run(options: BatchOptions, comm, plan: Plan | None, shared: dict
     if shared["todo"] == 0:
         if rank == 0:
             plan.store.close()
-            failed = f", {shared['failed']} of them in its errors file ({_retry_hint()})" if shared["failed"] else ""
+            failed = f", {shared['failed']} of them in its errors file ({_retry_hint(shared['failed'])})" if shared["failed"] else ""
             print(f"batch: nothing to do: {'the' if plan.skipped == 1 else 'all'} {count(plan.skipped, 'image')} "
                   f"{'is' if plan.skipped == 1 else 'are'} already in {options.output} or its errors file{failed}")
         return _exit_code(shared["failed"])
@@ -133,8 +133,10 @@ def _exit_code(failed: int) -> int:
     return ImageError.exit_code if failed else 0
 
 
-def _retry_hint() -> str:
-    return "fix or replace them and rerun with --retry-errors to classify them again"
+def _retry_hint(n: int = 2) -> str:
+    """How to classify the `n` images of the errors file again."""
+    them = "it" if n == 1 else "them"
+    return f"fix or replace {them} and rerun with --retry-errors to classify {them} again"
 
 
 def _release_orphans() -> None:
@@ -229,7 +231,7 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
             if code:
                 n = plan.store.error_count
                 print(f"vggserve batch: {count(n, 'image')} could not be classified: {'it is' if n == 1 else 'they are'} "
-                      f"listed in {plan.store.errors_path} ({_retry_hint()})", file=sys.stderr, flush=True)
+                      f"listed in {plan.store.errors_path} ({_retry_hint(n)})", file=sys.stderr, flush=True)
             if options.summary_path:
                 _write_summary(Path(options.summary_path), summary)
         return code
