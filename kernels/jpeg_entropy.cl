@@ -11,10 +11,13 @@
  * While synchronising nothing stops a decode: a code no table has counts as an end of block after 16 bits, a run
  * past coefficient 63 ends the block, bits past the data are zeros; jpeg_decode, from exact entries, flags these.
  *
- *   jpeg_sync (run `rounds` times, decoder.py): every chunk decodes from its entry -- the previous round's exit of the chunk
- *       before it (a chunk whose entry is the same as in the round before copies its exit instead) -- and records its exit, the blocks it completed and the sum of the DC differences it read per
- *       component. Once a round changes no exit, every entry is the true one (the first is exact and each exit is a
- *       function of its entry); the last round's "changed" flag per segment says whether that happened.
+ *   jpeg_sync (run `rounds` times, decoder.py): every chunk decodes from its entry and records the entry it used,
+ *       its exit, the blocks it completed and the sum of the DC differences it read per component. In round 0 the
+ *       entry is a guess: the state reached by decoding from `lookback` bytes before the chunk (a decode started
+ *       anywhere has mostly synchronised by then). From round 1 the entry is the previous round's exit of the
+ *       chunk before; a chunk whose entry is the one it used last copies its exit instead of decoding again. Once a
+ *       round changes no exit, every entry is the true one (the first is exact and each exit is a function of its
+ *       entry); the last round's "changed" flag per segment says whether that happened.
  *   jpeg_prefix (per segment): the first block of each chunk and the DC predictors at its entry, by prefix sums.
  *   jpeg_decode (per chunk): decodes its chunk again from its now exact entry, writing coefficients (DC absolute);
  *       the chunk that completes the segment's blocks checks libjpeg's clean end; chunks after it (the padding and
@@ -25,6 +28,7 @@
  *   chunk:  int32, JE_CHUNK_INTS per chunk: c[0] segment, c[1] first byte, c[2] end byte
  *   seg:    as jpeg_huffman.cl, plus s[6] the segment's first chunk, s[7] its chunks
  *   state:  int32, JE_STATE ints per chunk: exit p, u, k, blocks completed, DC sums (3), valid
+ *   used:   int32, JE_USED ints per chunk: the entry (p, u, k, valid) its last decode started from
  *   entry:  int32, JE_ENTRY ints per chunk (jpeg_prefix): first block, DC predictors (3)
  *   settled: int32 per segment, 1 before the rounds: the last round sets 0 where it changed an exit
  */
@@ -33,6 +37,7 @@
 #define JE_CHUNK_INTS 4
 #define JE_STATE 8
 #define JE_ENTRY 4
+#define JE_USED 4
 
 
 /* is byte q the start of data (not a marker, not past the end)? */
@@ -114,6 +119,7 @@ inline int je_symbol(const uint w, __global const int *t, const int dc, int *len
 typedef struct {
     __global const int *cp;  /* the image's component records */
     int b1, b2, bpm;         /* blocks of component 0, of components 0 and 1, of the MCU */
+    int dc0, dc1, dc2, ac0, ac1, ac2;  /* each component's Huffman tables (indices into tab) */
 } je_mcu;
 
 inline void je_mcu_init(je_mcu *m, __global const int *cp, const int ncomp)
@@ -122,25 +128,88 @@ inline void je_mcu_init(je_mcu *m, __global const int *cp, const int ncomp)
     m->b1 = cp[2] * cp[3];
     m->b2 = ncomp > 1 ? m->b1 + cp[JH_COMP + 2] * cp[JH_COMP + 3] : 1 << 20;
     m->bpm = ncomp > 2 ? m->b2 + cp[2 * JH_COMP + 2] * cp[2 * JH_COMP + 3] : (ncomp > 1 ? m->b2 : m->b1);
+    m->dc0 = cp[4]; m->ac0 = cp[5];
+    m->dc1 = ncomp > 1 ? cp[JH_COMP + 4] : 0; m->ac1 = ncomp > 1 ? cp[JH_COMP + 5] : 0;
+    m->dc2 = ncomp > 2 ? cp[2 * JH_COMP + 4] : 0; m->ac2 = ncomp > 2 ? cp[2 * JH_COMP + 5] : 0;
+}
+
+/* A window of the data held in registers: bytes [q, q + clean) big-endian in hi:lo, none of them 0xFF. Most
+ * symbols are read from it, with no memory access: one 16-byte load serves a dozen symbols or so. */
+typedef struct {
+    ulong hi, lo;
+    int q, clean;
+} je_window;
+
+inline void je_load(__global const uchar *d, const int q, const int end, je_window *w)
+{
+    w->q = q;
+    w->clean = 0;
+    if (q + 16 > end) return;  /* the scan's last bytes go the byte-wise way */
+    const uchar16 v = vload16(0, d + q);
+    const ulong a = ~as_ulong(v.lo), b = ~as_ulong(v.hi);  /* little-endian; a 0xFF byte is now a zero byte */
+    const ulong K1 = 0x0101010101010101UL, K8 = 0x8080808080808080UL;
+    const ulong za = (a - K1) & ~a & K8, zb = (b - K1) & ~b & K8;  /* exact at the lowest zero byte */
+    if (za) w->clean = (int)(63 - clz(za & (~za + 1))) >> 3;
+    else if (zb) w->clean = 8 + ((int)(63 - clz(zb & (~zb + 1))) >> 3);
+    else w->clean = 16;
+    w->hi = as_ulong(v.s76543210);
+    w->lo = as_ulong(v.sfedcba98);
+}
+
+/* the 32 bits from bit `bit` of byte `pos`, which lies in the window with 5 clean bytes from it */
+inline uint je_window_peek(const je_window *w, const int pos, const int bit)
+{
+    const int s = (pos - w->q) * 8 + bit;  /* 0 .. 95 */
+    ulong v;
+    if (s == 0) v = w->hi;
+    else if (s < 64) v = (w->hi << s) | (w->lo >> (64 - s));
+    else v = w->lo << (s - 64);
+    return (uint)(v >> 32);
 }
 
 /* decode symbols starting before bit `stop_p`, from (p, u, k); with `coef` non-null also write the coefficients of
- * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code. */
+ * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code.
+ * What depends only on the block (its component, tables, DC predictor, coefficients' place) is found once per
+ * block; the bits come from a register window (je_window) where no 0xFF is near. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
                   int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
                   __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total)
 {
     *blocks = 0;
+    je_window w;
+    w.q = 0; w.clean = 0; w.hi = 0; w.lo = 0;
+    int c = 0, fresh = 1;
+    __global const int *tdc = tab, *tac = tab;
+    __global short *blk = 0;
     while ((long)*pos * 8 + *bit < stop_p) {
         if (coef && b0 + *blocks >= total) break;
-        const int c = (*u >= m->b1) + (*u >= m->b2);
-        __global const int *cr = m->cp + c * JH_COMP;
+        if (*k == 0 || fresh) {  /* a new block (or the first symbol of this call): its component and tables */
+            fresh = 0;
+            c = (*u >= m->b1) + (*u >= m->b2);
+            tdc = tab + (c == 0 ? m->dc0 : (c == 1 ? m->dc1 : m->dc2)) * JH_TAB;
+            tac = tab + (c == 0 ? m->ac0 : (c == 1 ? m->ac1 : m->ac2)) * JH_TAB;
+            if (coef) {
+                __global const int *cr = m->cp + c * JH_COMP;
+                const int b = b0 + *blocks;
+                const int mcu = first_mcu + b / m->bpm, within = *u - (c == 0 ? 0 : (c == 1 ? m->b1 : m->b2));
+                const int h = cr[2];
+                const int row = (mcu / mcus_x) * cr[3] + within / h, col = (mcu % mcus_x) * h + within % h;
+                blk = coef + ((long)cr[0] + (long)row * cr[1] + col) * 64;
+            }
+        }
         const int dc = (*k == 0);
-        __global const int *t = tab + (dc ? cr[4] : cr[5]) * JH_TAB;
+        __global const int *t = dc ? tdc : tac;
         int clean;
-        const uint w = je_peek(d, *pos, *bit, end, &clean);
+        uint word;
+        if (*pos < w.q || *pos + 5 > w.q + w.clean) je_load(d, *pos, end, &w);
+        if (*pos + 5 <= w.q + w.clean) {
+            word = je_window_peek(&w, *pos, *bit);
+            clean = 1;
+        } else {
+            word = je_peek(d, *pos, *bit, end, &clean);
+        }
         int len, val;
-        int sym = je_symbol(w, t, dc, &len, &val);
+        int sym = je_symbol(word, t, dc, &len, &val);
         if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, take 16 of them as an end of block */
             if (coef) return JH_BAD_CODE;
             sym = 0; len = 16; val = 0;
@@ -155,18 +224,10 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
             *bit = 0;
             return 0;
         }
-        __global short *blk = 0;
-        if (coef) {
-            const int b = b0 + *blocks;
-            const int mcu = first_mcu + b / m->bpm, within = *u - (c == 0 ? 0 : (c == 1 ? m->b1 : m->b2));
-            const int h = cr[2];
-            const int row = (mcu / mcus_x) * cr[3] + within / h, col = (mcu % mcus_x) * h + within % h;
-            blk = coef + ((long)cr[0] + (long)row * cr[1] + col) * 64;
-        }
         if (dc) {
             int *dcp = (c == 0) ? dc0 : ((c == 1) ? dc1 : dc2);
             *dcp += val;
-            if (blk) blk[0] = (short)*dcp;
+            if (coef) blk[0] = (short)*dcp;
             *k = 1;
         } else {
             const int run = sym >> 4, size = sym & 15;
@@ -176,7 +237,7 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
                     if (coef) return JH_BAD_INDEX;
                     *k = 63;  /* while synchronising, as libjpeg does: the block ends */
                 }
-                if (blk) blk[jpeg_natural[*k]] = (short)val;
+                if (coef) blk[jpeg_natural[*k]] = (short)val;
                 *k += 1;
             } else if (run == 15) {
                 *k += 16;
@@ -195,48 +256,55 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
 
 __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
                         const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
-                        __global const int *prev2, __global const int *prev, __global int *next,
-                        __global int *settled, const int round, const int last_round)
+                        __global const int *prev, __global int *next, __global int *used, __global int *settled,
+                        const int round, const int last_round, const int lookback)
 {
     const int j = get_global_id(0);
     if (j >= nchunks) return;
-    {   /* an entry that did not change since the last round gives the same exit: copy it */
-        __global const int *ch0 = chunk + j * JE_CHUNK_INTS;
-        const int first = (j == (meta + seg_at)[ch0[0] * JH_SEG + 6]);
-        int same = first ? round >= 1 : round >= 2;
-        if (same && !first) {
-            __global const int *a = prev + (j - 1) * JE_STATE, *b = prev2 + (j - 1) * JE_STATE;
-            same = a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[7] == b[7];
+    __global const int *seg = meta + seg_at;
+    __global const int *ch = chunk + j * JE_CHUNK_INTS;
+    __global const int *s = seg + ch[0] * JH_SEG;
+    const int first = (j == s[6]);
+    __global int *o = next + j * JE_STATE;
+    __global int *in = used + j * JE_USED;
+    int pos, bit = 0, u = 0, k = 0, valid = 1;
+    if (round > 0) {
+        /* the entry is the exit of the chunk before (the first chunk's is exact and never changes); the same entry
+         * as this chunk's last decode used gives the same exit: copy it */
+        if (!first) {
+            __global const int *e = prev + (j - 1) * JE_STATE;
+            pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2]; valid = e[7];
         }
-        if (same) {
-            for (int i = 0; i < JE_STATE; ++i) next[j * JE_STATE + i] = prev[j * JE_STATE + i];
+        if (first || (in[0] == pos * 8 + bit && in[1] == u && in[2] == k && in[3] == valid)) {
+            for (int i = 0; i < JE_STATE; ++i) o[i] = prev[j * JE_STATE + i];
             return;
         }
     }
-    __global const int *seg = meta + seg_at, *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
-    __global const int *ch = chunk + j * JE_CHUNK_INTS;
-    __global const int *s = seg + ch[0] * JH_SEG;
+    __global const int *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
     __global const int *im = img + s[0] * JH_IMG;
     je_mcu m;
     je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);
-    int pos, bit = 0, u = 0, k = 0, valid = 1;
-    if (j == s[6]) {
-        pos = s[1];
-    } else if (round == 0) {
-        pos = ch[1];
-        if (pos > s[1] && data[pos - 1] == 0xFF && data[pos] == 0x00) pos += 1;  /* never inside a stuffed pair */
-    } else {
-        __global const int *e = prev + (j - 1) * JE_STATE;
-        pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2]; valid = e[7];
-    }
     int blocks = 0, d0 = 0, d1 = 0, d2 = 0;
+    if (round == 0) {
+        if (first) {
+            pos = s[1];
+        } else {
+            /* a guess: start `lookback` bytes before the chunk (at the segment's start, exact, if that is nearer)
+             * and decode up to the chunk, so that the decode has synchronised by the time it enters it */
+            pos = max(s[1], ch[1] - lookback);
+            if (pos > s[1] && data[pos - 1] == 0xFF && data[pos] == 0x00) pos += 1;  /* never inside a stuffed pair */
+            if (pos < ch[1])
+                je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[1] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0);
+            blocks = 0; d0 = 0; d1 = 0; d2 = 0;
+        }
+    }
+    in[0] = pos * 8 + bit; in[1] = u; in[2] = k; in[3] = valid;
     if (valid) {
         je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0);
     }
-    __global int *o = next + j * JE_STATE;
     const int p = pos * 8 + bit;
-    if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u || prev[j * JE_STATE + 2] != k ||
-                      prev[j * JE_STATE + 7] != valid))
+    if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
+                                             prev[j * JE_STATE + 2] != k || prev[j * JE_STATE + 7] != valid))
         settled[ch[0]] = 0;
     o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = d0; o[5] = d1; o[6] = d2; o[7] = valid;
 }

@@ -311,12 +311,14 @@ def cl_setup(test_device):
     return ctx, dev, cl.CommandQueue(ctx)
 
 
-@pytest.mark.parametrize("chunk_bytes, rounds", [(8, 2), (16, 3), (37, 4), (64, 2), (256, 3), (100000, 2), (64, 0)])
-def test_parallel_entropy_decoding_in_any_chunking_gives_pillows_pixels(cl_setup, chunk_bytes, rounds):
+@pytest.mark.parametrize("chunk_bytes, rounds, lookback", [(8, 2, 0), (16, 3, None), (37, 4, 100), (64, 2, None),
+                                                           (64, 3, 0), (32, 2, 1000), (256, 3, 0), (100000, 2, None),
+                                                           (64, 0, None)])
+def test_parallel_entropy_decoding_in_any_chunking_gives_pillows_pixels(cl_setup, chunk_bytes, rounds, lookback):
     from vggserve.decoding.device import JpegDecoder
 
     ctx, dev, queue = cl_setup
-    decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds)
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback)
     datas = [d for _, d in corpus.pillow_corpus()[::3]]
     datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=95, subsampling=s) for w, h, s in
               [(160, 120, 2), (99, 201, 1), (250, 17, 0)]]
@@ -336,6 +338,38 @@ def test_a_decoder_refuses_one_round_which_could_not_tell_settled_segments(cl_se
     ctx, dev, _ = cl_setup
     with pytest.raises(ValueError, match="rounds must be 0 or at least 2"):
         JpegDecoder(ctx, dev, rounds=1)
+    with pytest.raises(ValueError, match="lookback must be 0 or more bytes"):
+        JpegDecoder(ctx, dev, lookback=-1)
+
+
+def test_batches_enqueued_one_after_another_before_any_is_read_each_get_their_own_pixels(cl_setup):
+    """The decoder's pinned staging memory is reused batch after batch: more batches in flight than it has slots
+    must each decode their own files, and each keep its own statuses."""
+    from vggserve.decoding.device import JpegDecoder, Window
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3)
+    groups = [[corpus.pillow_jpeg(corpus.picture(w + i, h, i), quality=60 + 7 * i, subsampling=i % 3)
+               for w, h in [(90, 70), (41, 130)]] for i in range(5)]
+    corrupt = bytearray(groups[2][1])
+    corrupt[len(corrupt) // 2:len(corrupt) // 2 + 40] = b"\xa5" * 40  # the stream no longer adds up
+    groups[2][1] = bytes(corrupt)
+    runs = []
+    for datas in groups:
+        files = [prepare(d) for d in datas]
+        windows, offset = [], 0
+        for f in files:
+            windows.append(Window.whole(f, offset))
+            offset += f.size[0] * f.size[1] * 3
+        out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, offset)
+        runs.append((datas, files, windows, out, decoder.enqueue(queue, files, windows, out)))
+    for datas, files, windows, out, run in runs:
+        host = np.empty(out.size, np.uint8)
+        cl.enqueue_copy(queue, host, out)
+        for data, f, w, ok in zip(datas, files, windows, run.ok()):
+            assert ok or data is groups[2][1]
+            if ok:  # what the device accepts is Pillow's, exactly
+                assert_same(host[w.offset:w.offset + f.size[0] * f.size[1] * 3].reshape(f.size[1], f.size[0], 3), data)
 
 
 @pytest.mark.parametrize("chunk_bytes", [8, 64])

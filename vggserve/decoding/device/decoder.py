@@ -23,11 +23,13 @@ from PIL import Image
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, _accepted_formats, exif_orientation, open_checked
 from ...ops.launch import round_up
 from .parse import Frame, Refusal, parse
+from .staging import StagingRing
 from .tables import WIN, Batch, find_restarts
 
 PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
 CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decoding
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
+LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
@@ -112,18 +114,29 @@ class Run:
     """One enqueued batch: `ok()` waits for the statuses and says, per file, whether its pixels are exact."""
 
     batch: Batch
-    status: np.ndarray
+    status: np.ndarray  # read into the staging slot's pinned memory (an asynchronous copy), then kept here
     read: object  # the statuses' read event
     done: object  # the colour kernel's event (its output is complete)
-    host: tuple  # host arrays the uploads read, kept alive until the run is done
+    host: tuple  # (the queue the statuses are mapped on,)
     parallel: np.ndarray  # per segment, 1 where jpeg_entropy.cl decoded it, 0 where jpeg_huffman.cl did
+    _kept: bool = False
+
+    def keep(self) -> None:
+        """Wait for the statuses, copy them out of the staging slot's mapped buffers and unmap those (before the slot
+        serves another batch)."""
+        if not self._kept:
+            self.read.wait()
+            mapped = (self.status, self.parallel)
+            self.status, self.parallel, self._kept = self.status.copy(), self.parallel.copy(), True
+            for array in mapped:
+                array.base.release(self.host[0])
 
     def segments_in_parallel(self) -> int:
-        self.read.wait()
+        self.keep()
         return int(self.parallel.sum())
 
     def ok(self) -> list[bool]:
-        self.read.wait()
+        self.keep()
         nseg = self.batch.seg.shape[0]
         bad = np.zeros(self.batch.img.shape[0], bool)
         np.logical_or.at(bad, self.batch.seg_image, self.status[:nseg] != 0)
@@ -132,7 +145,7 @@ class Run:
 
     def reasons(self) -> list[int]:
         """Per file, the first nonzero status code of its segments or its IDCT (kernels' JH_*, JI_*), 0 if none."""
-        self.read.wait()
+        self.keep()
         nseg = self.batch.seg.shape[0]
         out = self.status[nseg:].tolist()
         for image, code in zip(self.batch.seg_image.tolist(), self.status[:nseg].tolist()):
@@ -145,9 +158,10 @@ class JpegDecoder:
     """The three decoding kernels of one OpenCL context and device, with their scratch buffers."""
 
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
-                 rounds: int = ROUNDS):
+                 rounds: int = ROUNDS, lookback: int | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
-        decodes every segment with one work-item (jpeg_huffman.cl alone)."""
+        decodes every segment with one work-item (jpeg_huffman.cl alone). lookback: the bytes before its chunk
+        from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks)."""
         from ...runtime.programs import ProgramCache
 
         if rounds == 1 or rounds < 0 or chunk_bytes < 8:
@@ -155,6 +169,9 @@ class JpegDecoder:
                              f"nothing), chunk_bytes at least 8; got {rounds}, {chunk_bytes}")
         cache = cache or ProgramCache(context, device)
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
+        self.lookback = LOOKBACK_CHUNKS * chunk_bytes if lookback is None else lookback
+        if self.lookback < 0:
+            raise ValueError(f"lookback must be 0 or more bytes, got {lookback}")
         programs = [cache.build(name, {}) for name in PROGRAMS]
         self.k_huffman = cl.Kernel(programs[0], "jpeg_huffman")
         self.k_idct = cl.Kernel(programs[1], "jpeg_idct")
@@ -167,73 +184,97 @@ class JpegDecoder:
         self._meta = _Grown(context, mf.READ_ONLY)
         self._coef = _Grown(context, mf.READ_WRITE)
         self._samples = _Grown(context, mf.READ_WRITE)
-        self._status = _Grown(context, mf.READ_WRITE)
         self._chunks = _Grown(context, mf.READ_ONLY)
-        self._states = [_Grown(context, mf.READ_WRITE) for _ in range(3)]  # a round's exits, and the two before
+        self._states = [_Grown(context, mf.READ_WRITE) for _ in range(2)]  # a round's exits, and the round's before
+        self._used = _Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
+        self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
         self._entry = _Grown(context, mf.READ_WRITE)
-        self._settled = _Grown(context, mf.READ_WRITE)
+        self._staging = StagingRing(context)  # pinned host memory the uploads read, a slot per batch in flight
 
     def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None) -> Run:
         """Decode `files` into `out` (a device buffer) at their `windows`: upload, entropy decoding, IDCT, upsampling
         and colour, one launch each; the statuses are read back without blocking (Run.ok waits for them)."""
         if not files:
             raise ValueError("a device decode needs at least one file")
-        batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files])
+        slot = self._staging.next()
+        self.events = {}
+        batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files],
+                           place=lambda nbytes: slot.array(queue, "data", nbytes + 16))
         if self.rounds:
             batch.chunked(self.chunk_bytes)
         win, pixels = _windows(files, windows, batch)
         parts = [batch.seg, batch.img, batch.comp, batch.tab, batch.plane, batch.quant, win]
         at = np.cumsum([0] + [p.size for p in parts])[:-1].tolist()
-        meta = np.concatenate([p.ravel() for p in parts]).astype(np.int32)
+        meta = slot.array(queue, "meta", 4 * int(at[-1] + win.size), np.int32)
+        for p, a in zip(parts, at):
+            meta[a:a + p.size] = p.ravel()
         nseg, nimg, nplanes = batch.seg.shape[0], batch.img.shape[0], batch.plane.shape[0]
-        status = np.empty(nseg + nimg, np.int32)
         data_buf = self._data.get(batch.data.nbytes + 16)
         meta_buf = self._meta.get(meta.nbytes)
         coef_buf = self._coef.get(batch.blocks * 128)
         samples_buf = self._samples.get(batch.plane_bytes)
-        status_buf = self._status.get(status.nbytes)
-        ev = [cl.enqueue_copy(queue, data_buf, batch.data, is_blocking=False, wait_for=wait_for),
-              cl.enqueue_copy(queue, meta_buf, meta, is_blocking=False, wait_for=wait_for),
-              cl.enqueue_fill_buffer(queue, status_buf, np.int32(0), 0, status.nbytes)]
+        status_buf = slot.device("status", 4 * (nseg + nimg))  # mapped for reading once the batch is done
+        # one in-order queue: each command follows the one before, so no event lists are passed between them (the
+        # NVIDIA driver made such a launch wait on the host for the kernel before it)
+        slot.reads = [cl.enqueue_copy(queue, data_buf, batch.data, is_blocking=False, wait_for=wait_for),
+                      cl.enqueue_copy(queue, meta_buf, meta, is_blocking=False, wait_for=wait_for)]
+        cl.enqueue_fill_buffer(queue, status_buf, np.int32(0), 0, 4 * (nseg + nimg))
         wg = self.wg
-        settled = self._settled.get(4 * nseg)
-        ev.append(cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg))
+        settled = slot.device("settled", 4 * nseg)
+        cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg)
         if self.rounds:
-            ev = self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, ev)
-        e1 = self.k_huffman(queue, (round_up(nseg, wg),), (wg,), data_buf, meta_buf, np.int32(at[0]),
-                            np.int32(at[1]), np.int32(at[2]), np.int32(at[3]), coef_buf, status_buf,
-                            np.int32(nseg), settled, wait_for=ev)
-        e2 = self.k_idct(queue, (round_up(batch.blocks, wg),), (wg,), coef_buf, meta_buf, np.int32(at[4]),
-                         np.int32(at[5]), samples_buf, status_buf, np.int32(nseg), np.int32(nplanes), np.int32(batch.blocks), wait_for=[e1])
-        e3 = self.k_color(queue, (round_up(pixels, wg),), (wg,), samples_buf, meta_buf, np.int32(at[4]),
-                          np.int32(at[6]), out, np.int32(len(files)), np.int32(pixels), wait_for=[e2])
-        parallel = np.empty(nseg, np.int32)
-        read = cl.enqueue_copy(queue, status, status_buf, is_blocking=False, wait_for=[e3])
-        read = cl.enqueue_copy(queue, parallel, settled, is_blocking=False, wait_for=[read])
+            self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot)
+        self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, np.int32(at[0]), np.int32(at[1]),
+                     np.int32(at[2]), np.int32(at[3]), coef_buf, status_buf, np.int32(nseg), settled)
+        self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, np.int32(at[4]), np.int32(at[5]),
+                     samples_buf, status_buf, np.int32(nseg), np.int32(nplanes), np.int32(batch.blocks))
+        done = self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, np.int32(at[4]),
+                            np.int32(at[6]), out, np.int32(len(files)), np.int32(pixels))
+        # the statuses come back through non-blocking maps of the slot's own buffers (a read into host memory made
+        # the NVIDIA driver wait for the batch on the host)
+        status, _ = cl.enqueue_map_buffer(queue, status_buf, cl.map_flags.READ, 0, (nseg + nimg,), np.int32,
+                                          is_blocking=False)
+        parallel, read = cl.enqueue_map_buffer(queue, settled, cl.map_flags.READ, 0, (nseg,), np.int32,
+                                               is_blocking=False)
         queue.flush()
-        return Run(batch, status, read, e3, (batch.data, meta, batch.chunk), parallel)
+        slot.run = Run(batch, status, read, done, (queue,), parallel)
+        return slot.run
 
-    def _parallel(self, queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, wait_for):
+    def _parallel(self, queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot) -> None:
         """jpeg_entropy.cl: zeroed coefficients, the synchronisation rounds, the prefix sums, the decode."""
         wg, nseg = self.wg, batch.seg.shape[0]
-        chunk = batch.chunk
+        chunk = slot.put(queue, "chunk", batch.chunk)
         n = chunk.shape[0]
         chunk_buf = self._chunks.get(chunk.nbytes)
         states = [g.get(n * 8 * 4) for g in self._states]
+        used = self._used.get(n * 4 * 4)
         entry = self._entry.get(n * 4 * 4)
-        ev = [cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False, wait_for=wait_for),
-              cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128), *wait_for]
+        slot.reads.append(cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False))
+        cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128)
         tables = (np.int32(at[0]), np.int32(at[1]), np.int32(at[2]), np.int32(at[3]))
         grid = (round_up(n, wg),)
+        # the rounds differ in three arguments: set the rest once and launch directly (pyopencl's call path costs
+        # tens of microseconds of host time per launch with this many arguments)
+        k = self.k_sync
+        k.set_args(data_buf, meta_buf, *tables, chunk_buf, np.int32(n), states[1], states[0], used, settled,
+                   np.int32(0), np.int32(self.rounds - 1), np.int32(self.lookback))
         for r in range(self.rounds):
-            ev = [self.k_sync(queue, grid, (wg,), data_buf, meta_buf, *tables, chunk_buf, np.int32(n),
-                              states[(r + 1) % 3], states[(r + 2) % 3], states[r % 3], settled, np.int32(r),
-                              np.int32(self.rounds - 1), wait_for=ev)]
-        last = states[(self.rounds - 1) % 3]
-        ev = [self.k_prefix(queue, (round_up(nseg, wg),), (wg,), meta_buf, np.int32(at[0]), np.int32(nseg), last,
-                            entry, wait_for=ev)]
-        return [self.k_decode(queue, grid, (wg,), data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last, entry,
-                              settled, coef_buf, status_buf, wait_for=ev)]
+            if r:
+                k.set_arg(8, states[(r + 1) % 2])
+                k.set_arg(9, states[r % 2])
+                k.set_arg(12, np.int32(r))
+            self.events.setdefault("sync", []).append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
+        last = states[(self.rounds - 1) % 2]
+        self._launch("prefix", queue, self.k_prefix, nseg, meta_buf, np.int32(at[0]), np.int32(nseg), last, entry)
+        self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last,
+                     entry, settled, coef_buf, status_buf)
+
+    def _launch(self, name: str, queue, kernel, items: int, *args):
+        """One launch of `items` work-items (rounded up to whole work-groups), noted in `events`."""
+        kernel.set_args(*args)
+        event = cl.enqueue_nd_range_kernel(queue, kernel, (round_up(items, self.wg),), (self.wg,))
+        self.events.setdefault(name, []).append(event)
+        return event
 
 
 def _windows(files: list[Prepared], windows: list[Window], batch: Batch) -> tuple[np.ndarray, int]:

@@ -92,9 +92,10 @@ class Batch:
         self.chunk[:, 0], self.chunk[:, 1], self.chunk[:, 2] = owner, lo, np.minimum(lo + size, end[owner])
 
     @classmethod
-    def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None) -> "Batch":
+    def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None) -> "Batch":
         """restarts[i]: the byte offsets (within file i) of its restart markers, in order, when it has a restart
-        interval (`find_restarts`)."""
+        interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
+        e.g. pinned staging memory); a fresh array by default."""
         segs, imgs, comps, planes = [], [], [], []
         tabs: dict = {}
         quants: dict = {}
@@ -126,9 +127,24 @@ class Batch:
         quant = (np.stack([np.frombuffer(q, "<u2").astype(np.int32) for q in quants]) if quants
                  else np.zeros((0, 64), np.int32))
         seg = np.array(segs, np.int32).reshape(-1, SEG)
-        return cls(np.frombuffer(b"".join(datas), np.uint8), seg, np.array(imgs, np.int32).reshape(-1, IMG),
+        return cls(_joined(datas, base, place), seg, np.array(imgs, np.int32).reshape(-1, IMG),
                    np.array(comps, np.int32).reshape(-1, COMP), tab, np.array(planes, np.int32).reshape(-1, PLANE),
                    quant, seg[:, 0].copy(), sample, block)
+
+
+def _joined(datas: list[bytes], total: int, place=None) -> np.ndarray:
+    """The files back to back in one uint8 array (of `place(total)` when given, else a new one)."""
+    if place is None:
+        return np.frombuffer(b"".join(datas), np.uint8)
+    from ...runtime.hostcopy import copy_many
+
+    out = place(total)[:total]
+    pairs, at = [], 0
+    for data in datas:
+        pairs.append((out[at:at + len(data)], np.frombuffer(data, np.uint8)))
+        at += len(data)
+    copy_many(pairs)  # a few threads for a large batch (numpy copies without the GIL)
+    return out
 
 
 def find_restarts(data: bytes, frame: Frame) -> list[int] | None:
