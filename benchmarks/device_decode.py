@@ -56,9 +56,13 @@ def main() -> None:
     ap.add_argument("--chunk-bytes", type=int, default=None, help="parallel entropy decoding's chunk (default: "
                     "the decoder's)")
     ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
+    ap.add_argument("--lookback", type=int, default=None, help="bytes before a chunk from which round 0 decodes to "
+                    "guess its entry (default: the decoder's)")
+    ap.add_argument("--no-torch", action="store_true", help="skip torchvision's GPU decode")
     ap.add_argument("--network", metavar="PRECISION", default=None,
                     help="also classify: device decode + VGG16 at this precision (random weights), against the engine "
                          "alone on ready crops and the CPU decode feeding it")
+    ap.add_argument("--profile-host", action="store_true", help="print a profile of the streamed loop's host work")
     ap.add_argument("--json")
     args = ap.parse_args()
     import pyopencl as cl
@@ -87,9 +91,10 @@ def main() -> None:
     ctx = cl.Context([dev])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, dev)
-    tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds)) if v is not None}
+    tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds),
+                                ("lookback", args.lookback)) if v is not None}
     decoder = JpegDecoder(ctx, dev, cache, **tuning)
-    res["chunk_bytes"], res["rounds"] = decoder.chunk_bytes, decoder.rounds
+    res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
     resize = DeviceResize(ctx, cache.build("resize.cl", {}))
     prepared = [prepare(f) for f in files]
     assert all(prepared), [p.reason for p in prepared if not p]
@@ -119,7 +124,7 @@ def main() -> None:
     res["identical_to_pillow"] = f"{same}/{len(distinct)}"
     res["device_ok"] = sum(ok)
     res["segments_in_parallel"] = run.segments_in_parallel()
-    print(f"chunks of {decoder.chunk_bytes} bytes, {decoder.rounds} rounds: device decode identical to Pillow: "
+    print(f"chunks of {decoder.chunk_bytes} bytes, lookback {decoder.lookback}, {decoder.rounds} rounds: device decode identical to Pillow: "
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "
           f"{res['segments_in_parallel']}/{len(distinct)})")
 
@@ -159,32 +164,28 @@ def main() -> None:
         run.ok()
         return run
 
-    # per-stage device times of one batch, from a profiled run of each kernel
-    kernels = {}
-    orig = (decoder.k_huffman, decoder.k_idct, decoder.k_color)
-
-    class Spy:
-        def __init__(self, name, k):
-            self.name, self.k = name, k
-
-        def __call__(self, *a, **kw):
-            ev = self.k(*a, **kw)
-            kernels.setdefault(self.name, []).append(ev)
-            return ev
-    orig = orig + (decoder.k_sync, decoder.k_decode)
-    decoder.k_huffman, decoder.k_idct, decoder.k_color = (Spy("entropy serial", orig[0]), Spy("idct", orig[1]),
-                                                          Spy("colour", orig[2]))
-    decoder.k_sync, decoder.k_decode = Spy("entropy sync rounds", orig[3]), Spy("entropy decode", orig[4])
+    # per-stage device times of one batch, from the events of each kernel of a profiled run
+    kernels: dict = {}
     for batch in batches[:4]:
         stage_times(batch)
+        for name, evs in decoder.events.items():
+            kernels.setdefault(name, []).extend(evs)
     queue.finish()
-    decoder.k_huffman, decoder.k_idct, decoder.k_color, decoder.k_sync, decoder.k_decode = orig
-    per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / len(kernels["idct"])
+    per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / 4
            for k, evs in kernels.items()}
     res["stage_ms_per_batch"] = per
     print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
+    rounds = kernels.get("sync", [])
+    if rounds and decoder.rounds:
+        by_round = np.array([(e.profile.end - e.profile.start) * 1e-6 for e in rounds]).reshape(-1, decoder.rounds)
+        res["sync_round_ms"] = by_round.mean(axis=0).round(4).tolist()
+        print("sync rounds, ms each: " + " ".join(f"{v:.3f}" for v in res["sync_round_ms"]))
+    first = min(e.profile.start for evs in kernels.values() for e in evs[:1])
+    res["device_span_ms_first_batch"] = (kernels["colour"][0].profile.end - first) * 1e-6
+    res["stage_ms_per_batch"] = per
+    print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
 
-    def decode_crop(batch, stages):
+    def crop_windows(batch):
         wins, placed, offset = [], [], 0
         for i, p in enumerate(batch):
             pw, ph = p.size
@@ -193,6 +194,10 @@ def main() -> None:
             wins.append(Window(offset, box[0], box[1], bw, bh))
             placed.append((offset, bw, bh, i))
             offset += bw * bh * 3
+        return wins, placed, offset
+
+    def decode_crop(batch, stages):
+        wins, placed, offset = crop_windows(batch)
         raw = buf("raw", offset)
         crops = buf("crops", len(batch) * 224 * 224 * 3)
         run = decoder.enqueue(queue, batch, wins, raw)
@@ -200,9 +205,59 @@ def main() -> None:
         resize.enqueue(queue, raw, placed, crops)
     rate, _ = timed(decode_crop)
     res["decode_resize_crop_images_per_s"] = rate
-    print(f"device decode + Resize(256) + CenterCrop(224): {rate:,.0f} images/s")
+    print(f"device decode + Resize(256) + CenterCrop(224), one batch at a time: {rate:,.0f} images/s")
+
+    # streamed from the files' bytes, as a pipeline runs it: the host parses and lays out batch i + 1 (prepare,
+    # enqueue) while the device decodes batch i; batch i's statuses are read once batch i + 1 is enqueued.
+    raw_files = [files[i:i + b] for i in range(0, len(files), b)]
+    slots = [{}, {}]
+
+    def streamed(group, stages, state={"turn": 0, "pending": None}):
+        t0 = time.process_time()
+        batch = [prepare(f) for f in group]
+        wins, placed, offset = crop_windows(batch)
+        own = slots[state["turn"]]
+        state["turn"] ^= 1
+        if own.get("size", 0) < offset:
+            own["size"], own["raw"] = offset, cl.Buffer(ctx, cl.mem_flags.READ_WRITE, offset)
+        crops = buf("crops", len(batch) * 224 * 224 * 3)
+        run = decoder.enqueue(queue, batch, wins, own["raw"])
+        resize.enqueue(queue, own["raw"], placed, crops)
+        stages["host"] = stages.get("host", 0.0) + time.process_time() - t0
+        if state["pending"] is not None:
+            state["pending"].ok()
+        state["pending"] = run
+
+    stages: dict = {}
+    streamed(raw_files[0], stages)
+    queue.finish()
+    stages.clear()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        for group in raw_files:
+            streamed(group, stages)
+            n += len(group)
+    queue.finish()
+    rate = n / (time.perf_counter() - t0)
+    if args.profile_host:  # where the host's time goes in the streamed loop (calls that block show up here)
+        import cProfile
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.enable()
+        for group in raw_files:
+            streamed(group, stages)
+        queue.finish()
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    res["streamed_decode_resize_crop_images_per_s"] = rate
+    res["streamed_host_cpu_ms_per_image"] = stages["host"] * 1e3 / n
+    print(f"device decode + Resize(256) + CenterCrop(224), streamed from bytes (host parse included): {rate:,.0f} "
+          f"images/s; host CPU {res['streamed_host_cpu_ms_per_image']:.4f} ms per image (prepare + enqueue)")
 
     try:
+        if args.no_torch:
+            raise ImportError("--no-torch")
         import torch
         import torchvision
         from torchvision.io import decode_jpeg
