@@ -150,12 +150,12 @@ class BatchQueue(Admission):
     def hand_back(self, batch: list[Item]) -> bool:
         """Return a batch that a worker took but will not compute (its device failed) to the front of the queue, for
         the other workers; False (the batch untouched) when no other worker is enlisted to compute it. Once the queue
-        is closed, the batch is failed with the close reason instead."""
+        is closed (and other workers are), the batch is failed with the close reason instead."""
         with self._cond:
+            if self._workers <= 0:
+                return False
             error = self._closed
             if error is None:
-                if self._workers <= 0:
-                    return False
                 self._items.extendleft(reversed(batch))
                 self._admitted += len(batch)
                 self._note_length()

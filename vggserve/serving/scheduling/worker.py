@@ -60,6 +60,7 @@ class DeviceWorker:
         self.batches = 0
         self._enlisted = False  # counted among the queue's workers (from start until it fails or stops)
         self.metrics.device_up.labels(device=device).set(0)
+        self.metrics.device_failures.labels(device=device)  # exported as 0 from the start, so rate() sees the first
         self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{device}", daemon=True)
 
     @property
@@ -212,7 +213,7 @@ class DeviceWorker:
         items = [item for item in batch if not item.future.done()]
         if not items:
             return
-        if self.queue.hand_back(items):
+        if self.queue.hand_back(items):  # back in the queue, or failed with its close reason (shutting down)
             log.warning("device %s is out (%s): %s of its batch went back to the queue for the other device workers",
                         self.device, self.error or exc, count(len(items), "image"))
             return
