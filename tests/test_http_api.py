@@ -248,7 +248,7 @@ def test_readiness_waits_for_loading_and_warmup():
         assert "vggserve_ready 1.0" in c.get("/metrics").text
 
 
-def test_a_dead_worker_turns_readiness_503_and_requests_get_a_clear_error():
+def test_the_only_worker_dead_turns_readiness_503_and_requests_get_a_clear_error():
     with TestClient(slow_app(fail_after=1)) as c:  # the warm-up batch is the one that succeeds
         wait_ready(c)
         r = c.post("/classify", content=PNG, headers={"content-type": "image/png"})

@@ -249,7 +249,7 @@ def test_the_real_engine_in_flight_gives_each_image_its_own_row(tiny_weights_pat
         assert not any(np.allclose(want[i], want[j], rtol=1e-5, atol=1e-9) for j in range(len(want)) if j != i)
 
 
-def test_a_batch_taken_by_a_worker_that_failed_meanwhile_goes_back_to_the_other_workers(tmp_path):
+def test_the_batch_of_a_worker_that_fails_goes_back_to_the_queue_for_the_other_workers(tmp_path):
     metrics, queue = queue_of(16)
     hold = tmp_path / "hold"
     hold.touch()
@@ -264,18 +264,38 @@ def test_a_batch_taken_by_a_worker_that_failed_meanwhile_goes_back_to_the_other_
     wait_until(lambda: len(failing.submitted) == 1, "the failing worker's batch on its device")
     wait_until(lambda: len(queue._cond._waiters) == 1, "its feeder waiting in take_batch for the next batch")
     failing.release(0)
-    wait_until(lambda: failing_worker.state == "failed", "the failing worker failed")
-    assert_inference_failed(doomed, "simulated device failure in batch 0")
-    (later,) = fill(queue, inputs(1))  # arrives after the failure: the failed worker's feeder wakes up for it
     failing_worker.join(TIMEOUT)
-    assert not failing_worker._thread.is_alive() and len(failing.submitted) == 1
-    assert not later.future.done() and len(queue) == 1, "handed back, not failed"
+    assert not failing_worker._thread.is_alive(), "the failed worker's feeder stops waiting for a batch"
+    assert failing_worker.state == "failed" and "simulated device failure in batch 0" in failing_worker.error
+    assert not doomed.future.done() and len(queue) == 1, "handed back, not failed"
+    (later,) = fill(queue, inputs(1))
+    assert len(failing.submitted) == 1 and len(queue) == 2
+    assert metrics.device_up.labels(device="fake-failing")._value.get() == 0
+    assert metrics.device_failures.labels(device="fake-failing")._value.get() == 1
+    assert metrics.device_up.labels(device="fake-healthy")._value.get() == 1
     hold.unlink()
-    assert busy.future.result(timeout=TIMEOUT).device == "fake-healthy"
-    assert later.future.result(timeout=TIMEOUT).device == "fake-healthy"
+    for item in (busy, doomed, later):
+        assert item.future.result(timeout=TIMEOUT).device == "fake-healthy"
     queue.close(shutting_down())
     healthy_worker.join(TIMEOUT)
     assert healthy_worker.state == "stopped" and queue.admitted == 0
+
+
+def test_a_failed_serial_workers_batch_goes_to_the_other_worker_and_fails_only_with_the_last_one():
+    """Two serial workers that each fail on their first batch: the batch goes back to the queue from the first that
+    fails, the other takes it, and, being the last worker left, answers it with InferenceFailed."""
+    metrics, queue = queue_of(8)
+    workers = [start_worker(f"fake-{name}", SlowModel(name, seconds_per_batch=0.0, max_batch_size=2, fail_after=0),
+                            queue, metrics, 2) for name in ("first", "second")]
+    wait_until(lambda: all(w.ready for w in workers), "both workers ready")
+    items = fill(queue, inputs(2))
+    for worker in workers:
+        worker.join(TIMEOUT)
+        assert worker.state == "failed" and metrics.device_failures.labels(device=worker.device)._value.get() == 1
+    for item in items:
+        assert_inference_failed(item, "simulated device failure")
+    assert queue.admitted == 0 and len(queue) == 0
+    queue.close(shutting_down())
 
 
 class ShortSlowModel(SlowModel):

@@ -96,6 +96,11 @@ class Metrics:
                                           "device.", ["device"], registry=r, multiprocess_mode="livemax")
         self.workers_ready = Gauge("vggserve_workers_ready", "Device workers that are ready.", registry=r,
                                    multiprocess_mode="livesum")
+        self.device_up = Gauge("vggserve_device_up", "1 while the device's worker is ready to compute, else 0 "
+                               "(loading, failed or stopped).", ["device"], registry=r, multiprocess_mode="livemax")
+        self.device_failures = Counter("vggserve_device_failures_total", "Device workers failed, by device (a failed "
+                                       "device is not used again; its images go to the other devices).", ["device"],
+                                       registry=r)
         # what v2's statistics extension reports (protocols.v2_stats)
         self.request_outcomes = Summary("vggserve_request_outcome_seconds", "Time per /classify, /classify/batch "
                                         "and v2 infer request by outcome: success (status 200) or fail.",

@@ -19,10 +19,10 @@ async def live(request: Request):
 
 
 @router.get("/health/ready", response_model=Health, tags=["health"], summary="Readiness",
-            responses={503: {"model": Health, "description": "Loading, warming up, a worker died, or draining."}})
+            responses={503: {"model": Health, "description": "Loading, warming up, every worker died, or draining."}})
 async def ready(request: Request):
-    """200 once the weights are loaded and every device worker has run its warm-up batch; 503 before that,
-    when a worker dies, and while draining for shutdown."""
+    """200 once the weights are loaded and every device worker has run its warm-up batch, then while at least one
+    serves; 503 before that, once every worker has died, and while draining for shutdown."""
     ok, code, detail = request.app.state.service.readiness()
     return JSONResponse({"status": code, "detail": detail}, status_code=200 if ok else 503,
                         headers=None if ok else {"Retry-After": "1"})

@@ -3,9 +3,19 @@
 Admission is counted in images: `admit(n)` reserves room before an image is decoded, so a full queue refuses
 (QueueFull) at once and decoding work is bounded too; `submit` turns reserved room into waiting items. A worker's
 `take_batch` waits at most `max_wait` after the oldest waiting image arrived for a batch to fill, drops images
-whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images (a worker
-that failed while it waited `put_back`s them for the others). Handlers `withdraw` images whose deadline passed or
-whose client went away while they still wait, so those are never computed either.
+whose deadline has passed (DeadlineExceeded, never computed), and hands back up to `max_size` images. Handlers
+`withdraw` images whose deadline passed or whose client went away while they still wait, so those are never
+computed either.
+
+Batches are formed as Triton's dynamic batcher forms them, only for a device that can run them: the workers waiting
+in `take_batch` queue up, and one at a time (the first whose device is idle, else the first) fills its batch while
+the others wait behind it. A worker whose device is still busy with an earlier batch (the in-flight runner taking
+its next batch early, `busy()` true) takes only a full batch; once its device is idle (`nudge`), a partial one
+after `max_wait`, as a lone worker does. So under load every batch is full, and several devices never split the
+queue into small batches between them.
+
+Workers `enlist` when they start and `leave` when they fail or stop: a batch that a worker took but cannot compute
+(its device failed) goes back to the front of the queue (`hand_back`) while another worker is enlisted.
 """
 
 import threading
@@ -13,6 +23,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -90,6 +101,8 @@ class BatchQueue(Admission):
         super().__init__(capacity, metrics, self._cond)
         self._items: deque[Item] = deque()
         self._filling: list[int] = []  # the batch sizes that workers waiting for a batch to fill want
+        self._takers: list[_Taker] = []  # workers waiting in take_batch, in arrival order
+        self._workers = 0  # workers enlisted and neither failed nor stopped
 
     def __len__(self) -> int:
         return len(self._items)
@@ -124,10 +137,23 @@ class BatchQueue(Admission):
             self.metrics.abandoned.inc()
         return True
 
-    def put_back(self, batch: list[Item]) -> None:
-        """Return a batch that a worker took but cannot compute (it failed while waiting for it) to the front of
-        the queue, for the other workers; once the queue is closed, fail it with the close reason instead."""
+    def enlist(self) -> None:
+        """A device worker starts taking batches from this queue."""
         with self._cond:
+            self._workers += 1
+
+    def leave(self) -> None:
+        """A device worker failed or stopped: it takes no more batches."""
+        with self._cond:
+            self._workers -= 1
+
+    def hand_back(self, batch: list[Item]) -> bool:
+        """Return a batch that a worker took but will not compute (its device failed) to the front of the queue, for
+        the other workers; False (the batch untouched) when no other worker is enlisted to compute it. Once the queue
+        is closed (and other workers are), the batch is failed with the close reason instead."""
+        with self._cond:
+            if self._workers <= 0:
+                return False
             error = self._closed
             if error is None:
                 self._items.extendleft(reversed(batch))
@@ -137,38 +163,65 @@ class BatchQueue(Admission):
         if error is not None:
             for item in batch:
                 item.future.set_exception(error)
+        return True
 
-    def take_batch(self, max_size: int, max_wait_s: float) -> list[Item] | None:
-        """Block until a batch is ready and return it; None once the queue is closed and empty."""
-        while True:
-            expired: list[Item] = []
+    def nudge(self) -> None:
+        """A waiting worker's device became idle (or its worker failed): let the takers look again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def take_batch(self, max_size: int, max_wait_s: float, busy: Callable[[], bool] | None = None,
+                   quit: Callable[[], bool] | None = None) -> list[Item] | None:
+        """Block until a batch is ready and return it; None once the queue is closed and empty, or once `quit()`.
+        `busy()`: the taker's device still computes an earlier batch (only a full batch is taken then)."""
+        me = _Taker(max_size, busy or _never, quit or _never)
+        with self._cond:
+            self._takers.append(me)
+            self._filling.append(max_size)
+        try:
+            while True:
+                expired: list[Item] = []
+                with self._cond:
+                    if not self._wait_for_turn(me, max_wait_s):
+                        return None
+                    batch: list[Item] = []
+                    now = time.monotonic()
+                    while self._items and len(batch) < max_size:
+                        item = self._items.popleft()
+                        self._admitted -= 1
+                        (expired if item.deadline <= now else batch).append(item)
+                    self._note_length()
+                for item in expired:
+                    item.expire(now)
+                    self.metrics.timeouts.inc()
+                if batch:
+                    return batch
+        finally:
             with self._cond:
-                while not self._items and self._closed is None:
-                    self._cond.wait()
-                if not self._items:
-                    return None
-                fill_by = self._items[0].enqueued + max_wait_s
-                self._filling.append(max_size)
-                try:
-                    while 0 < len(self._items) < max_size and self._closed is None:
-                        remaining = fill_by - time.monotonic()
-                        if remaining <= 0:
-                            break
-                        self._cond.wait(remaining)
-                finally:
-                    self._filling.remove(max_size)
-                batch: list[Item] = []
-                now = time.monotonic()
-                while self._items and len(batch) < max_size:
-                    item = self._items.popleft()
-                    self._admitted -= 1
-                    (expired if item.deadline <= now else batch).append(item)
-                self._note_length()
-            for item in expired:
-                item.expire(now)
-                self.metrics.timeouts.inc()
-            if batch:
-                return batch
+                self._takers.remove(me)
+                self._filling.remove(max_size)
+                if self._takers:
+                    self._cond.notify_all()  # the next taker's turn
+
+    def _wait_for_turn(self, me: "_Taker", max_wait_s: float) -> bool:
+        """Wait (holding the lock) until `me` may take a batch: True then, False once it should stop."""
+        while True:
+            if me.quit() or (self._closed is not None and not self._items):
+                return False
+            if self._items and self._turn() is me:
+                if len(self._items) >= me.max_size or self._closed is not None:
+                    return True
+                if not me.busy():
+                    remaining = self._items[0].enqueued + max_wait_s - time.monotonic()
+                    if remaining <= 0:
+                        return True
+                    self._cond.wait(remaining)
+                    continue
+            self._cond.wait()
+
+    def _turn(self) -> "_Taker":
+        """The taker that fills the next batch: the first whose device is idle, else the first."""
+        return next((t for t in self._takers if not t.busy() and not t.quit()), self._takers[0])
 
     def _note_length(self) -> None:
         """Multiprocess metrics cannot ask the queue at scrape time: set the gauge as the length changes."""
@@ -186,3 +239,16 @@ class BatchQueue(Admission):
             self._cond.notify_all()
         for item in left:
             item.future.set_exception(error)
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(eq=False)
+class _Taker:
+    """A worker waiting in take_batch: the batch size it takes, whether its device is busy, whether it stops."""
+
+    max_size: int
+    busy: Callable[[], bool]
+    quit: Callable[[], bool]

@@ -6,10 +6,14 @@ semaphore of DEPTH slots, taken by the feeder before it takes a batch and given 
 batch's results are in (or it failed), keeps at most DEPTH batches in flight: while the device computes one batch,
 the next is already taken, stacked and uploaded, and the previous one's answers go out.
 
-A failure (from `submit` or from `result()`) fails its batch and every batch still in flight with InferenceFailed,
-marks the worker failed, and stops the feeder; a batch the feeder was waiting for when the failure came goes back
-to the queue (`BatchQueue.put_back`), for the other device workers. `run` then raises the failure. When the queue
-closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
+The feeder takes its batch as a busy taker (`BatchQueue.take_batch`'s `busy`) while a batch of its own is still on
+the device: a full batch then, a partial one only once the device is idle, so that an early take never splits the
+queue into small batches; the completer nudges the queue when the device has no batch left.
+
+A failure (from `submit` or from `result()`) marks the worker failed and stops the feeder; its batch, every batch
+still in flight and one the feeder took meanwhile go back to the queue for the other device workers, or, when none
+is left, are failed with InferenceFailed (`DeviceWorker.requeue_or_fail`). `run` then raises the failure. When the
+queue closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
 """
 
 import queue
@@ -32,6 +36,7 @@ class InflightRunner:
         self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
+        self._on_device = 0  # batches submitted whose results are not in yet
         # when the previous batch's results were in: the device (one in-order queue) starts a batch no earlier, so a
         # batch's device time runs from then or from its submit, whichever is later, not from its submit alone
         self._last_done = float("-inf")
@@ -56,22 +61,21 @@ class InflightRunner:
             self._slots.acquire()  # given back by the completer
             if self.failure is not None:
                 return
-            batch = worker.queue.take_batch(self.max_size, worker.max_wait_s)
-            if batch is None:  # closed: the completer finishes what is in flight
-                return
-            if self.failure is not None:  # failed while this feeder waited: the other workers may compute it
-                worker.queue.put_back(batch)
+            batch = worker.queue.take_batch(self.max_size, worker.max_wait_s, busy=self._busy, quit=self._failed)
+            if batch is None:  # closed (the completer finishes what is in flight), or failed
                 return
             try:
                 taken = worker.note_taken(batch)
                 if self.failure is None:
                     submitted, want = time.perf_counter(), worker.wants(batch)
                     pending = self.model.submit(worker.prepare(batch), want)
+                    with self._lock:
+                        self._on_device += 1
                     self._handoff.put((batch, pending, want, taken, submitted))
                     continue
             except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
                 self._fail(exc)
-            worker.fail_items(batch, self.failure)  # taken after (or failed at) the failure: never computed
+            worker.requeue_or_fail(batch, self.failure)  # taken after (or failed at) the failure: never computed
             return
 
     def _complete(self) -> None:
@@ -88,6 +92,7 @@ class InflightRunner:
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             finally:
+                self._left_device()
                 self._slots.release()
             try:
                 if self.failure is None:
@@ -95,12 +100,27 @@ class InflightRunner:
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             if self.failure is not None:
-                worker.fail_items(batch, self.failure)  # those not answered yet
+                worker.requeue_or_fail(batch, self.failure)  # those not answered yet
+
+    def _busy(self) -> bool:
+        """A batch of this worker's is still on the device (read under the queue's lock: no lock of its own)."""
+        return self._on_device > 0
+
+    def _failed(self) -> bool:
+        return self.failure is not None
+
+    def _left_device(self) -> None:
+        """A batch's results are in (or it failed): the device may be idle now, which the queue's takers weigh."""
+        with self._lock:
+            self._on_device -= 1
+        self.worker.queue.nudge()
 
     def _fail(self, exc: BaseException) -> None:
-        """Record the first failure and mark the worker failed before any of its requests hears of it."""
+        """Record the first failure; the worker is marked failed (and has left the queue) before any other thread
+        sees `failure`, so before any request hears of it and before any of its batches goes back to the queue."""
         with self._lock:
             if self.failure is not None:
                 return
+            self.worker.mark_failed(exc)
             self.failure = exc
-        self.worker.mark_failed(exc)
+        self.worker.queue.nudge()  # a feeder waiting for a batch stops

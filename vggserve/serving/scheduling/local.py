@@ -107,19 +107,21 @@ class LocalBackend:
 
     # what the service asks ------------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str, str]:
-        """Ready once every worker has loaded and warmed up (and the decoding processes started), and none died."""
+        """Ready once every worker has loaded and warmed up (and the decoding processes started), and while at least
+        one of them serves: a device that failed leaves the others serving, and the detail names it."""
         if not self.workers:
             return False, "not_ready", "the service has not started"
         dead = [w for w in self.workers if not w.alive and w.state != "starting"]
-        if dead:
-            return False, "worker_failed", "; ".join(f"device worker {w.device} is {w.state}"
-                                                     + (f": {w.error}" if w.error else "") for w in dead)
-        waiting = [f"{w.device} ({w.state})" for w in self.workers if not w.ready]
+        out = "; ".join(f"device worker {w.device} is {w.state}" + (f": {w.error}" if w.error else "") for w in dead)
+        live = [w for w in self.workers if w not in dead]
+        if not live:
+            return False, "worker_failed", out
+        waiting = [f"{w.device} ({w.state})" for w in live if not w.ready]
         if self._procs_started is not None and not self._procs_started.done():
             waiting.append(f"{self.settings.preprocess_procs} preprocessing processes (starting)")
         if waiting:
             return False, "not_ready", "waiting for " + ", ".join(waiting)
-        return True, "ready", f"{count(len(self.workers), 'device worker')} ready"
+        return True, "ready", f"{count(len(live), 'device worker')} ready" + (f"; {out}" if dead else "")
 
     def liveness(self) -> tuple[bool, str]:
         """(alive, detail): alive while some device worker is alive or still starting."""

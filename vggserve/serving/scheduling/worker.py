@@ -9,7 +9,11 @@ then their softmax, on the CPU), else probabilities (on the device).
 
 A model with the engine's `submit` runs with two batches in flight (`inflight.InflightRunner`, through the public
 methods below): the next batch is taken and uploaded while the device computes the current one. Other models (the
-stand-ins in `vggserve.testing.models`, the MPI ShardedModel) run one batch at a time here."""
+stand-ins in `vggserve.testing.models`, the MPI ShardedModel) run one batch at a time here.
+
+A device that fails once is not trusted again: its worker is failed (`vggserve_device_up` 0, one more
+`vggserve_device_failures_total`), leaves the queue, and the images of its batches go back to the queue for the other
+workers (inference is idempotent); only when no other worker is left are they answered with InferenceFailed."""
 
 import logging
 import threading
@@ -54,6 +58,9 @@ class DeviceWorker:
         self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size, precision once loaded
         self._model_takes_pixels = False
         self.batches = 0
+        self._enlisted = False  # counted among the queue's workers (from start until it fails or stops)
+        self.metrics.device_up.labels(device=device).set(0)
+        self.metrics.device_failures.labels(device=device)  # exported as 0 from the start, so rate() sees the first
         self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{device}", daemon=True)
 
     @property
@@ -65,6 +72,8 @@ class DeviceWorker:
         return self.state == "ready" and self._thread.is_alive()
 
     def start(self) -> None:
+        self.queue.enlist()
+        self._enlisted = True
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
@@ -76,6 +85,12 @@ class DeviceWorker:
 
     def _set(self, state: str, error: str | None = None) -> None:
         self.state, self.error = state, error
+        self.metrics.device_up.labels(device=self.device).set(1 if state == "ready" else 0)
+        if state == "failed":
+            self.metrics.device_failures.labels(device=self.device).inc()
+        if state in ("failed", "stopped") and self._enlisted:  # before anyone hears of it: see requeue_or_fail
+            self._enlisted = False
+            self.queue.leave()
         self.on_change()
 
     def mark_failed(self, exc: BaseException) -> None:
@@ -155,7 +170,7 @@ class DeviceWorker:
             self.resolve(batch, rows, want, started, time.perf_counter() - t0)
         except BaseException as exc:
             self.mark_failed(exc)
-            self.fail_items(batch, exc)
+            self.requeue_or_fail(batch, exc)
             raise
 
     def note_taken(self, batch: list[Item]) -> float:
@@ -192,12 +207,19 @@ class DeviceWorker:
             logits = row if item.want_logits else None
             item.future.set_result(Outcome(prob, started - item.enqueued, seconds, len(batch), self.device, logits))
 
-    def fail_items(self, batch: list[Item], exc: BaseException) -> None:
-        """Answer every still-unanswered item of the batch with InferenceFailed."""
+    def requeue_or_fail(self, batch: list[Item], exc: BaseException) -> None:
+        """The still-unanswered items of a batch this failed worker will not compute: back to the front of the queue
+        for the other workers, or, when none is left, answered with InferenceFailed."""
+        items = [item for item in batch if not item.future.done()]
+        if not items:
+            return
+        if self.queue.hand_back(items):  # back in the queue, or failed with its close reason (shutting down)
+            log.warning("device %s is out (%s): %s of its batch went back to the queue for the other device workers",
+                        self.device, self.error or exc, count(len(items), "image"))
+            return
         error = InferenceFailed(self.device, exc)
-        for item in batch:
-            if not item.future.done():
-                item.future.set_exception(error)
+        for item in items:
+            item.future.set_exception(error)
 
     def _warm_up(self, model) -> None:
         if self.pixels and hasattr(model, "probabilities_from_pixels"):
