@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU measurements in one call. Installs carried wheels (.whl/), registers NVIDIA's OpenCL ICD, then runs the
 # stages named in $STAGES (default: all of them, in this order). Every figure is printed and saved under $OUT.
+# With arguments, runs them as one command instead of the stages, in the same environment ($VGGSERVE_WEIGHTS: the
+# seed-0 weights; $OUT exported), e.g. `bash benchmarks/gpu_run.sh python3 benchmarks/scaling.py --gpus 2`.
 #   tests     kernel/engine/CLI tests on the GPU (VGGSERVE_TEST_DEVICE=gpu)
 #   tune      vggserve tune at batch 64 and batch 1, for each of $TUNE_PRECISIONS (default fp32) (winners stored,
 #             used by the later stages; copied to $OUT/tuned.json)
@@ -14,6 +16,9 @@
 #             $HTTP_WORKERS (default "default 1") and $RESIZE_ON (default "device")
 #   loadtest  vggserve loadtest (closed and open loop) against vggserve serve on the GPU
 #   scaling   benchmarks/batch_scaling.py with 1, 2, 4 ranks (needs a machine with 4 GPUs)
+#   multigpu  benchmarks/scaling.py on every GPU of the machine: the batch job (1 rank vs all), the service
+#             (--device gpu vs all) and nginx in front of one instance per GPU vs one, FP32 and FP16 (the nginx rows
+#             need nginx on the machine); table in the log, JSON in $OUT/scaling_multigpu.json
 #   host      benchmarks/host_vs_engine.py at batch 32: the batch job (one rank, $HOST_IMAGES JPEGs) and the service
 #             (500x375; the photo mix exact and fast) against the engine's streamed rate, for each of $PRECISIONS
 #             (default fp32), and benchmarks/decoders.py (decoders and decode modes on this host's CPU)
@@ -46,6 +51,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -m vggserve devices 2>/dev/null | tee -a "$LOG"
 W=/tmp/vgg16-seed0.safetensors
 python3 -m vggserve weights init --seed 0 --output $W > /dev/null
+if [ $# -gt 0 ]; then  # one command instead of the stages
+  say "$*"
+  export OUT VGGSERVE_WEIGHTS=$W
+  "$@" 2>&1 | tee -a "$LOG"
+  exit "${PIPESTATUS[0]}"
+fi
 for stage in $STAGES; do
   say "$stage"
   case $stage in
@@ -109,6 +120,9 @@ PY
           cp /tmp/vgcache/tuned.json "$OUT/tuned.json" ;;
   scaling) timeout 500 python3 benchmarks/batch_scaling.py --weights $W --images ${SCALING_IMAGES:-1024} --ranks 1,2,4 \
              --batch-size 32 --json "$OUT/scaling.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+  multigpu) timeout 590 python3 benchmarks/scaling.py --weights $W --images ${MULTIGPU_IMAGES:-4096} \
+              --duration ${MULTIGPU_DURATION:-15} --json "$OUT/scaling_multigpu.json" 2>&1 | grep -v Warning \
+              | tail -15 | tee -a "$LOG" ;;
   host) for p in ${PRECISIONS:-fp32}; do timeout 580 python3 benchmarks/host_vs_engine.py --weights $W --device gpu \
           --batch-size 32 --precision $p --images ${HOST_IMAGES:-8192} --duration 20 --warmup 4 --engine-seconds 6 \
           --workdir /tmp/host --json "$OUT/host-$p.json" 2>&1 | grep -v Warning | tail -9 | tee -a "$LOG"; done

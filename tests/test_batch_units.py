@@ -87,6 +87,62 @@ def test_a_single_rank_counts_the_cores_of_its_affinity(monkeypatch):
     assert cores.rank_cores(SingleProcess()) == 3.0
 
 
+@pytest.mark.parametrize("cores, host, ranks, procs, copy_threads", [
+    (4.0, 16, 4, 3, 4),     # 4 ranks on 16 cores
+    (2.0, 16, 8, 1, 2),     # 8 ranks on 16 cores: one decode process, two copy threads each
+    (1.0, 2, 2, 1, 1),      # 2 ranks on a 2-core machine
+    (16.0, 16, 1, 15, 4),   # alone on 16 cores: copying never takes more than 4 threads
+    (3.9999999, 16, 4, 3, 4),  # shares summed from 1/n fractions may fall just short
+])
+def test_a_rank_sizes_its_decoders_and_copy_threads_from_its_share_of_the_host(cores, host, ranks, procs,
+                                                                               copy_threads):
+    from vggserve.distributed.cores import HostShare
+
+    share = HostShare(cores, host, ranks)
+    assert (share.decode_procs, share.decode_threads, share.copy_threads) == (procs, procs, copy_threads)
+    assert share.choose("auto", "auto") == {"cores": round(cores, 3), "host_cores": host, "local_ranks": ranks,
+                                            "decode_processes": procs, "decode_threads": 0,
+                                            "copy_threads": copy_threads}
+
+
+def test_explicit_decode_settings_win_over_the_share():
+    from vggserve.distributed.cores import HostShare
+
+    share = HostShare(4.0, 16, 4)
+    assert share.choose(7, "auto")["decode_processes"] == 7
+    assert share.choose(0, "auto")["decode_threads"] == 3  # threads follow the share
+    assert share.choose(0, 5)["decode_threads"] == 5
+    assert share.choose("auto", 5)["decode_threads"] == 0  # threads only with --decode-procs 0
+
+
+@pytest.mark.parametrize("threads, said", [("auto", "1 decode thread"), (3, "3 decode threads")])
+def test_the_batch_job_sizes_a_rank_by_its_share_of_the_host_and_says_so(monkeypatch, tmp_path, capsys,
+                                                                         tiny_weights_path, threads, said):
+    """8 ranks on a 16-core host (the core count and MPI's local rank count stand in): each rank counts 2 cores, so
+    one decode thread (unless --decode-threads says otherwise) and 2 copy threads; the summary says it."""
+    from vggserve.distributed import binding, cores
+    from vggserve.distributed.job import BatchOptions, run_batch
+    from vggserve.runtime import hostcopy
+
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(binding, "node_layout", lambda comm: (0, 8))
+    monkeypatch.setattr(binding, "rank_cores", lambda comm: cores.cpu_share(set(range(16)), [range(16)] * 8))
+    monkeypatch.setattr(hostcopy, "THREADS", hostcopy.THREADS)  # put back after the test
+    for i in range(3):
+        Image.new("RGB", (40 + i, 30), (i * 60, 90, 0)).save(tmp_path / f"{i}.png")
+    summary = tmp_path / "summary.json"
+    code = run_batch(BatchOptions(input=str(tmp_path), output=str(tmp_path / "out.jsonl"),
+                                  weights=str(tiny_weights_path), device="cpu", batch_size=2, decode_procs=0,
+                                  decode_threads=threads, progress=False, summary_path=str(summary)))
+    assert code == 0
+    assert f"rank 0 share of its host: 2 of 16 cores (8 ranks on the host): {said}, 2 copy threads" \
+        in capsys.readouterr().out
+    share = json.loads(summary.read_text())["ranks"][0]["host_share"]
+    assert share == {"cores": 2.0, "host_cores": 16, "local_ranks": 8, "decode_processes": 0,
+                     "decode_threads": 1 if threads == "auto" else threads, "copy_threads": 2}
+    assert hostcopy.THREADS == 2
+
+
 @pytest.mark.parametrize("spec, local_rank, local_size, expected", [
     ("gpu", 0, 4, "gpu:0"),
     ("gpu", 3, 4, "gpu:3"),

@@ -1,14 +1,19 @@
 """deploy/: what can be checked without root, systemd or GPUs. batch.sh's choices with stand-in commands on PATH
 (nvidia-smi, mpirun) and --dry-run; install.sh's and quickstart.sh's with a stand-in system Python, apt-get and
-pip (a .venv, what each installs); the systemd unit's contents; nginx's config with the real nginx where it is
-installed (error pages in the service's JSON shape, the deadline header capped below proxy_read_timeout); the
-Docker build context, entrypoint and healthcheck."""
+pip (a .venv, what each installs); the systemd unit's contents; nginx's configs with the real nginx (the tests fail
+without it): error pages in the service's JSON shape, the deadline header capped below proxy_read_timeout, and
+nginx-upstream.conf in front of two `vggserve serve` instances (requests spread, a stopped or not-ready instance
+passed over, a POST an instance may have computed never sent to another); the Docker build context, entrypoint and
+healthcheck."""
 
+import contextlib
 import http.server
+import io
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -380,19 +385,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def nginx_in_front(tmp_path):
-    """(nginx URL, upstream server) with deploy/nginx.conf included as documented; only the addresses and
-    proxy_read_timeout (1 s instead of 65 s, for the 504) are changed."""
+def nginx_binary() -> str:
+    """The nginx executable; the test fails (not skips) without one: deploy/install.sh installs it for the tests."""
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if nginx is None:
-        pytest.skip("nginx is not installed (apt-get install nginx-light); the static checks above still ran")
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=upstream.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    port = free_port()
-    snippet = (NGINX.replace("listen 80;", f"listen 127.0.0.1:{port};")
-               .replace("server 127.0.0.1:8000;", f"server 127.0.0.1:{upstream.server_address[1]};")
-               .replace("proxy_read_timeout 65s;", "proxy_read_timeout 1s;"))
+        pytest.fail("nginx is not installed: `apt-get install nginx-light` (deploy/install.sh does, with the dev "
+                    "extras); the tests of deploy/nginx*.conf run the real nginx")
+    return nginx
+
+
+def nginx_prefix(tmp_path, snippet: str) -> list[str]:
+    """nginx's arguments for a main config under `tmp_path` (pid, logs, temp files there: no root needed) that
+    includes `snippet` in its http {} block, as the deploy files are meant to be included."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "vggserve.conf").write_text(snippet)
     user = "user root;" if os.geteuid() == 0 else ""
     temp = " ".join(f"{kind}_temp_path {tmp_path}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
@@ -400,12 +405,23 @@ def nginx_in_front(tmp_path):
     (tmp_path / "nginx.conf").write_text(
         f"{user} pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; events {{}}\n"
         f"http {{ access_log off; {temp} include {tmp_path}/vggserve.conf; }}\n")
-    checked = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                             capture_output=True, text=True, timeout=30)
-    assert checked.returncode == 0, checked.stderr
-    process = subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+    return ["-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")]
+
+
+def nginx_test(tmp_path, snippet: str) -> subprocess.CompletedProcess:
+    """What `nginx -t` says of `snippet` included as documented."""
+    return subprocess.run([nginx_binary(), "-t", *nginx_prefix(tmp_path, snippet)], capture_output=True, text=True,
+                          timeout=30)
+
+
+@contextlib.contextmanager
+def nginx_running(tmp_path, snippet: str, port: int):
+    """nginx in the foreground with `snippet` (which listens on 127.0.0.1:`port`), after `nginx -t` passed; its
+    URL."""
+    checked = nginx_test(tmp_path, snippet)
+    assert checked.returncode == 0 and "syntax is ok" in checked.stderr, checked.stderr
+    process = subprocess.Popen([nginx_binary(), *nginx_prefix(tmp_path, snippet), "-g", "daemon off;"],
                                stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
             try:
@@ -413,10 +429,26 @@ def nginx_in_front(tmp_path):
                 break
             except OSError:
                 time.sleep(0.05)
-        yield url, upstream
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture
+def nginx_in_front(tmp_path):
+    """(nginx URL, upstream server) with deploy/nginx.conf included as documented; only the addresses and
+    proxy_read_timeout (1 s instead of 65 s, for the 504) are changed."""
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=upstream.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    port = free_port()
+    snippet = (NGINX.replace("listen 80;", f"listen 127.0.0.1:{port};")
+               .replace("server 127.0.0.1:8000;", f"server 127.0.0.1:{upstream.server_address[1]};")
+               .replace("proxy_read_timeout 65s;", "proxy_read_timeout 1s;"))
+    try:
+        with nginx_running(tmp_path, snippet, port) as url:
+            yield url, upstream
+    finally:
         upstream.shutdown()
         upstream.server_close()
 
@@ -441,6 +473,193 @@ def test_nginx_in_front_caps_the_deadline_and_answers_its_errors_in_json(nginx_i
     r = httpx.get(f"{url}/echo", timeout=10)
     assert r.status_code == 502 and r.headers["content-type"] == "application/json"
     assert r.json()["error"]["code"] == "bad_gateway" and r.headers["retry-after"] == "5"
+
+
+# ---- nginx in front of several instances (deploy/nginx-upstream.conf) ---------------------------------------------
+UPSTREAM_CONF = (DEPLOY / "nginx-upstream.conf").read_text()
+
+
+def upstream_snippet(tmp_path, port: int, instances: list[int]) -> str:
+    """deploy/nginx-upstream.conf with only the addresses changed: the public block on 127.0.0.1:`port`, the inner
+    one's socket in `tmp_path`, the upstream's two servers replaced by `instances` (ports on 127.0.0.1)."""
+    servers = re.findall(r"\n    server 127\.0\.0\.1:\d+ (max_fails=\d+ fail_timeout=\w+);", UPSTREAM_CONF)
+    assert len(servers) == 2 and len(set(servers)) == 1, servers
+    listed = "".join(f"\n    server 127.0.0.1:{p} {servers[0]};" for p in instances)
+    snippet = re.sub(r"(\n    server 127\.0\.0\.1:\d+ max_fails=\d+ fail_timeout=\w+;)+", lambda _: listed,
+                     UPSTREAM_CONF, count=1)
+    return (snippet.replace("listen 80;", f"listen 127.0.0.1:{port};")
+            .replace("/run/nginx-vggserve.sock", str(tmp_path / "balancer.sock")))
+
+
+def test_nginx_upstream_config_passes_nginx_t_and_never_retries_a_sent_post(tmp_path):
+    """`nginx -t` accepts it as documented; no proxy_next_upstream has non_idempotent (which would pass on a POST that
+    an instance may be computing); only 503 (and nginx's own 502) is intercepted where requests are passed on; the
+    public block keeps nginx.conf's JSON error pages and deadline cap."""
+    checked = nginx_test(tmp_path, upstream_snippet(tmp_path, free_port(), [8000, 8001]))
+    assert checked.returncode == 0 and "test is successful" in checked.stderr, checked.stderr
+    directives = re.findall(r"^\s*proxy_next_upstream\s+([^;]*);", UPSTREAM_CONF, re.M)
+    assert directives and not [d for d in directives if "non_idempotent" in d], directives
+    intercepting = re.search(r"proxy_intercept_errors on;.*?\n    \}", UPSTREAM_CONF, re.S).group(0)
+    assert sorted(re.findall(r"error_page (\d+)", intercepting)) == ["502", "503"]
+    assert UPSTREAM_CONF.count("proxy_intercept_errors on;") == 1
+    for line in ('"~^0*[1-9][0-9]{4,}$"                         60000;', "proxy_read_timeout 65s;",
+                 "client_max_body_size 20m;", "error_page 413 = @payload_too_large;", "error_page 504 = @gateway_timeout;",
+                 '"code": "bad_gateway"', '"code": "gateway_timeout"', '"code": "payload_too_large"'):
+        assert line in UPSTREAM_CONF and line in NGINX, line
+
+
+class _Instance(http.server.BaseHTTPRequestHandler):
+    """Stands in for one instance: counts what reaches it and answers as `self.server.answer` says: "ok" (200 with
+    its port), "503" (not ready), "504" (its own deadline error), "429" (queue full), "drop" (reads the request,
+    then closes the connection without an answer, as a process that dies while computing)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.seen.append(self.command)
+        answer = self.server.answer
+        if answer == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        codes = {"ok": (200, "ok"), "503": (503, "not_ready"), "504": (504, "deadline_exceeded"),
+                 "429": (429, "queue_full")}
+        status, code = codes[answer]
+        body = {"port": self.server.server_address[1]} if status == 200 else {"error": {"code": code, "message": "x"}}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def stand_in_instances(*answers: str):
+    servers = []
+    try:
+        for answer in answers:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Instance)
+            server.answer, server.seen = answer, []
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            servers.append(server)
+        yield servers
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize("answer, status, code", [("drop", 502, "bad_gateway"), ("504", 504, "deadline_exceeded"),
+                                                  ("429", 429, "queue_full")])
+def test_nginx_upstream_does_not_pass_on_a_post_an_instance_may_have_computed(tmp_path, answer, status, code):
+    """A POST whose connection broke after it was sent, or that got the instance's own 504 or 429, is answered as it
+    is: the other instance never sees it."""
+    import httpx
+
+    port = free_port()
+    with stand_in_instances(answer, "ok") as (first, second):
+        with nginx_running(tmp_path, upstream_snippet(tmp_path, port, [first.server_address[1],
+                                                                       second.server_address[1]]), port) as url:
+            answers = []
+            while not first.seen and len(answers) < 4:  # round robin: `first` has its turn within two requests
+                answers.append(httpx.post(f"{url}/classify", content=b"jpeg", timeout=30))
+            *passed, refused = answers
+            assert refused.status_code == status and refused.json()["error"]["code"] == code, refused.text
+            assert refused.headers["content-type"] == "application/json"
+            assert [r.status_code for r in passed] == [200] * len(passed)
+            assert len(first.seen) == 1 and len(second.seen) == len(passed)  # the refused one was not passed on
+
+
+def test_nginx_upstream_passes_a_503_on_to_the_other_instance(tmp_path):
+    """An instance that is not ready (or draining) answers 503 before it takes the request: the POST is sent to the
+    other instance, once, and the client sees only 200s. When every instance answers 503, the last 503 is the answer."""
+    import httpx
+
+    port = free_port()
+    with stand_in_instances("503", "ok") as (refusing, taking):
+        with nginx_running(tmp_path, upstream_snippet(tmp_path, port, [refusing.server_address[1],
+                                                                       taking.server_address[1]]), port) as url:
+            answers = [httpx.post(f"{url}/classify", content=b"jpeg", timeout=30) for _ in range(6)]
+            assert [r.status_code for r in answers] == [200] * 6
+            assert {r.json()["port"] for r in answers} == {taking.server_address[1]}
+            assert refusing.seen and len(taking.seen) == 6
+            taking.answer = "503"
+            r = httpx.post(f"{url}/classify", content=b"jpeg", timeout=30)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+
+
+NOT_READY_SERVER = """
+import sys
+from vggserve.testing.models import SlowModel
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+settings = Settings(port=PORT, max_batch_size=2, max_wait_ms=5, drain_timeout_s=5)
+sys.exit(run_server(settings, lambda device: SlowModel(device, 0.01, 2, load_seconds=600), log_level="warning"))
+"""
+
+
+def classified_here(url: str, status: str = "200") -> float:
+    """POST /classify answers with `status` this instance has counted (its own /metrics)."""
+    import httpx
+
+    from vggserve.loadtest.metrics import Snapshot
+
+    metrics = Snapshot.parse(httpx.get(url + "/metrics", timeout=10).text)
+    return metrics.total("vggserve_requests_total", endpoint="/classify", status=status) or 0.0
+
+
+def test_nginx_upstream_spreads_requests_over_two_services_and_goes_on_when_one_stops(tmp_path, tiny_weights_path):
+    """Two real `vggserve serve` instances behind deploy/nginx-upstream.conf: requests are spread over both (each
+    one's /metrics); after one is stopped (SIGTERM: drained, then gone) every request still succeeds, through the
+    other. Then an instance still loading its model (503 not_ready) beside a ready one: it is tried, refuses, and
+    every request is answered by the ready one."""
+    import httpx
+    from PIL import Image
+
+    from vggserve.testing.servers import ServerProcess
+
+    body = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 120, 40)).save(body, "JPEG")
+    args = ["--weights", str(tiny_weights_path), "--device", "cpu", "--max-batch-size", "2", "--max-wait-ms", "5",
+            "--log-level", "warning"]
+    port = free_port()
+    with ServerProcess.serve_cli(args) as one, ServerProcess.serve_cli(args) as two, \
+            ServerProcess.python_code(NOT_READY_SERVER) as loading, httpx.Client(timeout=60) as client:
+        def classify(url):
+            r = client.post(f"{url}/classify", content=body.getvalue(), headers={"content-type": "image/jpeg"})
+            assert r.status_code == 200 and r.json()["predictions"], r.text
+            return r
+
+        one.wait_ready(180)
+        two.wait_ready(180)
+        with nginx_running(tmp_path / "two", upstream_snippet(tmp_path / "two", port, [one.port, two.port]),
+                           port) as url:
+            for _ in range(8):
+                classify(url)
+            assert classified_here(one.url) > 0 and classified_here(two.url) > 0
+            assert classified_here(one.url) + classified_here(two.url) == 8
+            two.signal(signal.SIGTERM)
+            assert two.wait(60) == 0, two.output()[-2000:]
+            before = classified_here(one.url)
+            for _ in range(6):
+                classify(url)
+            assert classified_here(one.url) == before + 6
+
+        loading.wait_ready(60, path="/health/live")
+        with nginx_running(tmp_path / "loading", upstream_snippet(tmp_path / "loading", port, [loading.port, one.port]),
+                           port) as url:
+            before = classified_here(one.url)
+            for _ in range(6):
+                classify(url)
+            assert classified_here(one.url) == before + 6
+            assert classified_here(loading.url, "503") > 0  # tried, refused before taking it, passed on
 
 
 # ---- Docker -------------------------------------------------------------------------------------------------------

@@ -56,3 +56,31 @@ def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_
     assert {"load_generator", "engine_process", "other_server_processes"} <= set(result["cpu_ms_per_image"])
     assert any(name.startswith("device-") for name, _ in result["engine_threads_cpu_ms_per_image"])
     assert "CPU ms per image: front ends" in done.stdout
+
+
+def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_path):
+    """benchmarks/scaling.py --smoke: the batch job (1 rank vs 2), the service (one device worker vs two) and nginx in
+    front of 1 instance vs 2, at FP32 and FP16, with the CPU standing in for each GPU: a row for each, with images/s
+    and the ratio, in the table and the JSON. nginx must be installed (deploy/install.sh installs it)."""
+    import shutil
+
+    assert shutil.which("nginx") or Path("/usr/sbin/nginx").exists(), \
+        "nginx is not installed: apt-get install nginx-light (deploy/install.sh does, with the dev extras)"
+    out = tmp_path / "scaling.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--smoke", "--weights",
+                           str(tiny_weights_path), "--workdir", str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["gpus"] == 2 and result["smoke"] is True and result["notes"] == []
+    rows = [(r["run"], r["precision"]) for r in result["rows"]]
+    assert rows == [(run, p) for p in ("fp32", "fp16") for run in ("batch", "service", "nginx")]
+    for r in result["rows"]:
+        assert r["one_images_per_s"] > 0 and r["all_images_per_s"] > 0, r
+        assert r["ratio"] == pytest.approx(r["all_images_per_s"] / r["one_images_per_s"])
+    assert [r["all"]["device"] for r in result["rows"] if r["run"] == "service"] == ["cpu,cpu"] * 2
+    assert [len(r["all"]["instances"]) for r in result["rows"] if r["run"] == "nginx"] == [2, 2]
+    assert all(set(r["all"]["statuses"]) == {"200"} for r in result["rows"] if r["run"] != "batch")
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert table[0] == "| run | precision | 1 device, images/s | 2 devices, images/s | 2 / 1 |"
+    assert len(table) == 2 + 6 and all(line.count("|") == 6 and line.endswith("x |") for line in table[2:])

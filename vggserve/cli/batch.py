@@ -38,10 +38,11 @@ def register(subparsers) -> None:
                         help="classify again the images listed in the errors file (default: skip them)")
     parser.add_argument("--decode-procs", type=_decode_procs, default="auto", metavar="N",
                         help="decode processes per rank, reading and preprocessing images ahead into shared memory: "
-                             "auto (the rank's share of the cores it may run on, less one), or N; 0 decodes on "
+                             "auto (the rank's share of its host's cores, less one), or N; 0 decodes on "
                              "--decode-threads threads of the rank instead (default auto)")
-    parser.add_argument("--decode-threads", type=positive_int, default=2, metavar="T",
-                        help="with --decode-procs 0: threads per rank decoding ahead (default 2)")
+    parser.add_argument("--decode-threads", type=_auto_or_positive, default="auto", metavar="T",
+                        help="with --decode-procs 0: threads per rank decoding ahead: auto (as many as decode "
+                             "processes would be), or T (default auto)")
     parser.add_argument("--decode-timeout", type=_seconds, default=60.0, metavar="S",
                         help="longest decode of one image; a decode process that takes longer is killed and "
                              "replaced, and the image is recorded as an error (default 60)")
@@ -60,6 +61,11 @@ def _decode_procs(text: str) -> int | str:
     if word in ("auto", "0"):
         return "auto" if word == "auto" else 0
     return positive_int(text)
+
+
+def _auto_or_positive(text: str) -> int | str:
+    """`auto` or a positive number."""
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
 
 
 def _seconds(text: str) -> float:

@@ -11,7 +11,7 @@ Modules:
     binding     load_rank_model: every rank loads its model; all agree on failure
     sharding    ShardedModel / worker_loop / run_sharded: one batch scattered over the ranks (HTTP service)
     mpi         local rank, sleeping waits, aborting every rank
-    cores       a rank's share of the cores it may run on (sizes its decode processes)
+    cores       a rank's share of its host (HostShare: sizes its decode processes or threads and copy threads)
     stopping    SIGTERM and Ctrl-C end the job cleanly, saying how far it got
     summary     the final summary
 

@@ -3,7 +3,7 @@
     bound = load_rank_model("vgg16.safetensors", device="gpu", max_batch_size=16)   # collective
     bound.model       # this rank's VGG16, on device bound.device (e.g. "gpu:1" for local rank 1)
     bound.ranks       # every rank's {"rank", "device", "device_name"}, in rank order
-    bound.cores       # this rank's share of the cores it may run on (cores.py)
+    bound.share       # this rank's share of its host (cores.HostShare: its cores, the host's, ranks on the host)
 
 If any rank fails (no such GPU, unreadable weights, kernel build error) every rank raises RankSetupError with
 the failing ranks' messages, instead of the healthy ranks waiting forever in their first collective.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import VggserveError, describe
-from .cores import rank_cores
+from .cores import HostShare, allowed_cpus, rank_cores
 from .devices import rank_device
 from .mpi import barrier, node_layout, world
 
@@ -37,7 +37,19 @@ class BoundModel:
     device: str
     ranks: list[dict]
     local_size: int = 1  # ranks on this rank's machine
-    cores: float = 1.0  # this rank's share of the cores it may run on (cores.rank_cores)
+    share: HostShare | None = None  # this rank's share of its host (None: every core it may run on, alone)
+
+    @property
+    def cores(self) -> float:
+        """This rank's share of the cores it may run on (cores.rank_cores)."""
+        return self.host_share.cores
+
+    @property
+    def host_share(self) -> HostShare:
+        if self.share is None:
+            cpus = len(allowed_cpus())
+            return HostShare(float(cpus), cpus, self.local_size)
+        return self.share
 
 
 def load_model(weights, device: str, max_batch_size: int, precision: str = "fp32"):
@@ -52,7 +64,7 @@ def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm
     """Collective: bind this rank's device from the `device` spec (see devices.py) and load `weights` on it."""
     comm = comm if comm is not None else world()
     local_rank, local_size = node_layout(comm)
-    cores = rank_cores(comm)
+    share = HostShare(rank_cores(comm), len(allowed_cpus()), local_size)
     model, bound, problem = None, device, None
     try:
         bound = rank_device(device, local_rank, local_size)
@@ -70,7 +82,7 @@ def load_rank_model(weights, device: str = "gpu", max_batch_size: int = 16, comm
         raise RankSetupError(_failure_message(failed, len(reports)), failed[0]["problem"][1])
     for report in reports:
         del report["problem"]
-    return BoundModel(model, bound, reports, local_size, cores)
+    return BoundModel(model, bound, reports, local_size, share)
 
 
 def _failure_message(failed: list[dict], size: int) -> str:

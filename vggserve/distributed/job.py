@@ -56,8 +56,8 @@ class BatchOptions:
     device: str = "auto"  # spec, see devices.py
     top_k: int = 5
     retry_errors: bool = False  # classify again the images listed in the errors file
-    decode_threads: int = 2  # per rank, with decode_procs=0
-    decode_procs: int | str = "auto"  # decode processes per rank; "auto": decoding.pool.default_procs
+    decode_threads: int | str = "auto"  # per rank, with decode_procs=0; "auto": cores.HostShare.decode_threads
+    decode_procs: int | str = "auto"  # decode processes per rank; "auto": cores.HostShare.decode_procs
     decode_timeout_s: float = 60.0  # a decode process taking longer on one image is replaced (the image: an error)
     decode: str = "exact"  # or "fast" (vggserve.decoding.decode), "gpu", "auto" (vggserve.decoding.device)
     max_pixels: int = DEFAULT_MAX_PIXELS  # larger images (width x height from the header) are recorded as errors
@@ -195,10 +195,13 @@ def _share_plan(options: BatchOptions, comm) -> tuple[Plan | None, dict]:
 
 def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: float) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
-    runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=options.decode_threads,
-                         decode_procs=_decode_procs(options.decode_procs, bound.cores), decode=options.decode,
+    share = bound.host_share.choose(options.decode_procs, options.decode_threads)
+    _limit_copy_threads(share["copy_threads"])
+    runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=max(1, share["decode_threads"]),
+                         decode_procs=share["decode_processes"], decode=options.decode,
                          decode_timeout_s=options.decode_timeout_s, max_pixels=options.max_pixels)
-    stats = RankStats(rank, bound.device, clock=runner.clock, waits=runner.waits, decoder=runner.decoder)
+    stats = RankStats(rank, bound.device, clock=runner.clock, waits=runner.waits, decoder=runner.decoder,
+                      host_share=share)
     progress = None
     try:
         try:
@@ -260,13 +263,12 @@ def _write_summary(path: Path, summary: dict) -> None:
         raise OutputError(f"cannot write the summary {path}: {exc.strerror or exc}") from exc
 
 
-def _decode_procs(setting: int | str, cores: float) -> int:
-    """--decode-procs as a number: "auto" is this rank's share of the cores it may run on, less one for itself."""
-    if setting == "auto":
-        from ..decoding.pool import default_procs
+def _limit_copy_threads(threads: int) -> None:
+    """This rank's engine copies each batch into its staging memory on at most `threads` threads (its share of the
+    host's cores, cores.HostShare.copy_threads), not on as many as the whole host would give one process."""
+    from ..runtime import hostcopy
 
-        return default_procs(cores)
-    return int(setting)
+    hostcopy.THREADS = threads  # read at every copy (hostcopy._threads); this process is the rank's alone
 
 
 def _recorder(store: ResultStore, progress):

@@ -54,6 +54,7 @@ class RankStats:
     clock: StageClock | None = field(default=None, repr=False)
     waits: StageClock | None = field(default=None, repr=False)
     decoder: object = field(default=None, repr=False)  # the runner's decoder: processes, restarts, inline answers
+    host_share: dict = field(default_factory=dict)  # what the rank sized from its share of the host (cores.HostShare)
     _started: float | None = field(default=None, repr=False)
     _cpu_started: float = field(default=0.0, repr=False)
     _cpu: float = field(default=0.0, repr=False)
@@ -82,6 +83,7 @@ class RankStats:
             "wait_ms_per_image": self.wait_ms_per_image(),
             "decode_processes": getattr(self.decoder, "procs", 0),
             "decode_restarts": getattr(self.decoder, "restarts", 0),
+            "host_share": self.host_share,
         }
 
     def cpu_ms_per_image(self) -> dict[str, float]:

@@ -12,13 +12,18 @@ Summary dict layout:
                 "images_per_second",           # per rank: its images / its active_seconds
                 "cpu_ms_per_image",            # {stage: CPU ms per image} (decoding.stages), "rank_process"
                 "wait_ms_per_image",           # {"device", "decode"}: wall ms per image the rank's runner waited
-                "decode_processes", "decode_restarts"}, ...],
+                "decode_processes", "decode_restarts",
+                "host_share"},                 # {"cores", "host_cores", "local_ranks", "decode_processes",
+                                               #  "decode_threads", "copy_threads"}: what the rank sized from its
+                                               #  share of its host (distributed.cores.HostShare)
+               ...],
      "output": str, "errors_file": str}
 """
 
 from __future__ import annotations
 
 from ..wording import count
+from .cores import describe_share
 
 
 def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, setup: float, skipped: int,
@@ -39,6 +44,7 @@ def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, se
             "wait_ms_per_image": stats.get("wait_ms_per_image", {}),
             "decode_processes": stats.get("decode_processes", 0),
             "decode_restarts": stats.get("decode_restarts", 0),
+            "host_share": stats.get("host_share", {}),
         })
     images = sum(entry["images"] for entry in per_rank)
     errors = sum(entry["errors"] for entry in per_rank)
@@ -71,6 +77,9 @@ def format_summary(summary: dict) -> str:
             f"  {entry['rank']:>4}  {entry['device']:<10} {entry['images']:>7} {entry['errors']:>7} "
             f"{entry['images_per_second']:>9.2f}  {entry['device_name']}"
         )
+    for entry in summary["ranks"]:
+        if entry.get("host_share"):
+            lines.append(f"  rank {entry['rank']} share of its host: {describe_share(entry['host_share'])}")
     for entry in summary["ranks"]:
         if entry.get("cpu_ms_per_image"):
             lines.append(f"  rank {entry['rank']} CPU ms per image: {format_stages(entry['cpu_ms_per_image'])} "

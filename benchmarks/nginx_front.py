@@ -1,0 +1,85 @@
+"""nginx in front of `vggserve serve` instances on this host, as deploy/nginx-upstream.conf sets it up, for benchmarks.
+
+    with nginx_in_front([8000, 8001], workdir) as url:      # http://127.0.0.1:<free port>
+        ...
+
+deploy/nginx-upstream.conf is used as it is, with only the addresses changed: the public server block listens on
+127.0.0.1, the upstream lists the given ports on 127.0.0.1, the inner block's socket lies in `workdir`. nginx runs
+in the foreground with a prefix in `workdir` (pid, logs, temp files there: no root needed), after `nginx -t`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "deploy" / "nginx-upstream.conf"
+SERVER_LINES = re.compile(r"(\n    server 127\.0\.0\.1:\d+ (max_fails=\d+ fail_timeout=\w+);)+")
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def upstream_config(port: int, instances: list[int], socket_path: Path, text: str | None = None) -> str:
+    """deploy/nginx-upstream.conf (or `text`) listening on 127.0.0.1:`port`, in front of 127.0.0.1:`instances`."""
+    text = CONFIG.read_text() if text is None else text
+    found = SERVER_LINES.search(text)
+    if found is None:
+        raise ValueError(f"{CONFIG}: no `server 127.0.0.1:PORT max_fails=N fail_timeout=T;` lines in its upstream")
+    listed = "".join(f"\n    server 127.0.0.1:{p} {found.group(2)};" for p in instances)
+    text = text[:found.start()] + listed + text[found.end():]
+    return text.replace("listen 80;", f"listen 127.0.0.1:{port};").replace("/run/nginx-vggserve.sock",
+                                                                          str(socket_path))
+
+
+def main_config(prefix: Path, snippet: str) -> Path:
+    """A main nginx.conf in `prefix` including `snippet` in its http {} block, as the deploy files are included."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    (prefix / "vggserve.conf").write_text(snippet)
+    user = "user root;" if os.geteuid() == 0 else ""
+    temp = " ".join(f"{kind}_temp_path {prefix}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                       "scgi"))
+    path = prefix / "nginx.conf"
+    path.write_text(f"{user} pid {prefix}/nginx.pid; error_log {prefix}/error.log; events {{}}\n"
+                    f"http {{ access_log off; {temp} include {prefix}/vggserve.conf; }}\n")
+    return path
+
+
+@contextlib.contextmanager
+def nginx_in_front(instances: list[int], workdir: Path):
+    """nginx's URL while it runs in front of the instances on 127.0.0.1:`instances`."""
+    nginx = nginx_binary()
+    if nginx is None:
+        raise RuntimeError("nginx is not installed: apt-get install nginx-light (deploy/install.sh does)")
+    port = free_port()
+    config = main_config(workdir, upstream_config(port, instances, workdir / "balancer.sock"))
+    args = ["-p", str(workdir), "-c", str(config)]
+    checked = subprocess.run([nginx, "-t", *args], capture_output=True, text=True, timeout=30)
+    if checked.returncode != 0:
+        raise RuntimeError(f"nginx -t refused {config}: {checked.stderr.strip()}")
+    process = subprocess.Popen([nginx, *args, "-g", "daemon off;"], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -1,0 +1,194 @@
+"""One GPU against all of them, three ways: the batch job, the service, nginx in front of one instance per GPU.
+
+    bash benchmarks/gpu_run.sh python3 benchmarks/scaling.py --gpus 2                  # a 2-GPU machine
+    python3 benchmarks/scaling.py --gpus 4 --weights vgg16.safetensors --json scaling.json
+    python3 benchmarks/scaling.py --smoke --weights tiny.safetensors                  # CPU, as if 2 devices
+
+For each precision of --precisions (default fp32,fp16), on G = --gpus devices:
+- batch: `vggserve batch` with one rank against G ranks (`mpiexec -n G`, --device gpu: rank r on GPU r), on --images
+  synthetic 500x375 JPEGs (batch_scaling.py: the job's own summary, so loading and kernel builds are not counted);
+- service: `vggserve serve --device gpu` against `--device all` (one process, one device worker per GPU), driven
+  at saturation by serve_saturation.py's client processes (4 x batch size requests in flight per device);
+- nginx: deploy/nginx-upstream.conf (nginx_front.py) in front of one `vggserve serve --device gpu:0` against G
+  instances, `--device gpu:i` each, driven the same way through nginx.
+Prints a Markdown table: images/s with one device, with G, and their ratio (G / one); --json FILE writes the table's
+rows and every run's own figures. Without nginx on the machine the nginx rows are left out, with a note.
+--smoke: the same on the CPU with tiny settings (every "GPU" is the CPU device: --device cpu for each rank and
+instance, `cpu,cpu` for the service's "all"), so CI runs it end to end; its ratios say nothing of GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import batch_scaling  # noqa: E402
+import nginx_front  # noqa: E402
+import serve_saturation  # noqa: E402
+
+RUNS = ("batch", "service", "nginx")
+WHAT = {"batch": "batch job, mpiexec -n 1 vs -n {g}", "service": "service, --device gpu vs --device all",
+        "nginx": "nginx + 1 instance vs {g} instances"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, default=None, help="devices to scale to (default: every GPU of the machine)")
+    p.add_argument("--weights", default=None, help="weights file (default: vggserve's lookup, $VGGSERVE_WEIGHTS)")
+    p.add_argument("--precisions", default="fp32,fp16", help="comma list (default fp32,fp16)")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"which of {', '.join(RUNS)} (default all)")
+    p.add_argument("--batch-size", type=int, default=32, help="the job's and the services' batch size (default 32)")
+    p.add_argument("--images", type=int, default=4096, help="JPEGs for the batch job (default 4096)")
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per service run (default 20)")
+    p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
+    p.add_argument("--http-workers", default=None, help="the services' --http-workers (default: theirs)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU, 2 devices, 8 images, batch 2, 2 s runs: checks that everything runs, measures nothing")
+    p.add_argument("--workdir", default=None, help="JPEGs, outputs and nginx's files (default: a temp dir)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the rows and every run's figures")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.gpus = args.gpus or 2
+        args.batch_size, args.images, args.duration, args.warmup = 2, 8, 2.0, 1.0
+    return args
+
+
+def gpu_count() -> int:
+    from vggserve.runtime.devices import usable_gpus
+
+    return len(usable_gpus())
+
+
+def specs(args) -> dict:
+    """Device specs of each run, one device and G devices (--smoke: the CPU for every one)."""
+    g = args.gpus
+    if args.smoke:
+        return {"batch": "cpu", "service": ("cpu", ",".join(["cpu"] * g)), "instance": lambda i: "cpu"}
+    return {"batch": "gpu", "service": ("gpu", "all"), "instance": lambda i: f"gpu:{i}"}
+
+
+def batch_run(args, weights: str, workdir: Path, precision: str, ranks: int) -> dict:
+    images = workdir / "images"
+    batch_scaling.make_images(images, args.images, (500, 375))
+    options = argparse.Namespace(mpirun=None, launcher_args="", device=specs(args)["batch"],
+                                 batch_size=args.batch_size, weights=weights, decode_procs=None, decode_threads=None,
+                                 timeout=3600)
+    out = workdir / f"batch-{precision}"
+    out.mkdir(parents=True, exist_ok=True)
+    summary = batch_scaling.run_once(options, ranks, images, out, ("--precision", precision))
+    return {"images_per_s": summary["images_per_second"], "errors": summary["errors"],
+            "ranks": [{k: r.get(k) for k in ("device", "device_name", "images_per_second", "host_share")}
+                      for r in summary["ranks"]]}
+
+
+def saturate(args, precision: str, devices: int, workdir: Path, name: str, url: str | None = None,
+             weights: str | None = None, device: str | None = None) -> dict:
+    """serve_saturation.py against `url`, or against a service it starts on `device`: the service's figures."""
+    out = workdir / f"{name}.json"
+    argv = ["--max-batch-size", str(args.batch_size), "--duration", str(args.duration), "--warmup",
+            str(args.warmup), "--skip-engine", "--precision", precision,
+            "--concurrency", str(4 * args.batch_size * devices), "--json", str(out)]
+    argv += ["--url", url] if url else ["--weights", weights, "--device", device]
+    if args.http_workers and not url:
+        argv += ["--http-workers", str(args.http_workers)]
+    serve_saturation.main(argv)
+    service = json.loads(out.read_text())["service"]
+    return {k: service[k] for k in ("images_per_s", "statuses", "mean_batch", "latency_ms")}
+
+
+def service_run(args, weights: str, workdir: Path, precision: str, devices: int) -> dict:
+    one, every = specs(args)["service"]
+    device = one if devices == 1 else every
+    return {"device": device, **saturate(args, precision, devices, workdir, f"service-{precision}-{devices}",
+                                         weights=weights, device=device)}
+
+
+def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -> dict:
+    from vggserve.testing.servers import ServerProcess
+
+    instance = specs(args)["instance"]
+    queue = str(max(256, 8 * args.batch_size * devices))
+    servers = []
+    try:
+        for i in range(devices):
+            serve = ["--weights", weights, "--device", instance(i), "--max-batch-size", str(args.batch_size),
+                     "--max-queue", queue, "--precision", precision, "--log-level", "warning"]
+            if args.http_workers:
+                serve += ["--http-workers", str(args.http_workers)]
+            servers.append(ServerProcess.serve_cli(serve).start())
+        for server in servers:
+            server.wait_ready(600)
+        with nginx_front.nginx_in_front([s.port for s in servers], workdir / f"nginx-{precision}-{devices}") as url:
+            result = saturate(args, precision, devices, workdir, f"nginx-{precision}-{devices}", url=url)
+        return {"instances": [instance(i) for i in range(devices)], **result}
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def row(run: str, precision: str, one: dict, every: dict, g: int) -> dict:
+    ratio = every["images_per_s"] / one["images_per_s"] if one["images_per_s"] else 0.0
+    return {"run": run, "what": WHAT[run].format(g=g), "precision": precision, "one_images_per_s": one["images_per_s"],
+            "all_images_per_s": every["images_per_s"], "ratio": ratio, "one": one, "all": every}
+
+
+def table(rows: list[dict], g: int) -> str:
+    lines = [f"| run | precision | 1 device, images/s | {g} devices, images/s | {g} / 1 |",
+             "|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['what']} | {r['precision']} | {r['one_images_per_s']:.1f} | {r['all_images_per_s']:.1f} | "
+                     f"{r['ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from vggserve.weights import find_weights
+
+    if args.gpus is None:
+        args.gpus = gpu_count()
+    if args.gpus < 2:
+        print(f"scaling: {args.gpus} GPU{'s' if args.gpus != 1 else ''} usable here; pass --gpus G (2 or more) on a "
+              "machine with G GPUs, or --smoke to try it on the CPU", file=sys.stderr)
+        return 2
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = sorted(set(runs) - set(RUNS))
+    if unknown:
+        print(f"scaling: unknown runs {unknown}; choose from {', '.join(RUNS)}", file=sys.stderr)
+        return 2
+    notes = []
+    if "nginx" in runs and nginx_front.nginx_binary() is None:
+        runs.remove("nginx")
+        notes.append("nginx is not installed (apt-get install nginx-light): the nginx rows are left out")
+    weights = str(find_weights(args.weights))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vggserve-scaling-"))
+    measure = {"batch": batch_run, "service": service_run, "nginx": nginx_run}
+    rows = []
+    for precision in [p.strip() for p in args.precisions.split(",") if p.strip()]:
+        for run in runs:
+            one = measure[run](args, weights, workdir, precision, 1)
+            every = measure[run](args, weights, workdir, precision, args.gpus)
+            rows.append(row(run, precision, one, every, args.gpus))
+            print(f"scaling: {rows[-1]['what']}, {precision}: {one['images_per_s']:.1f} -> "
+                  f"{every['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
+    print(f"\nScaling over {args.gpus} {'CPU stand-ins (--smoke)' if args.smoke else 'GPUs'}: batch size "
+          f"{args.batch_size}, {args.images} JPEGs for the batch job, {args.duration:g} s per service run\n")
+    print(table(rows, args.gpus))
+    for note in notes:
+        print(f"\n{note}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gpus": args.gpus, "smoke": args.smoke, "batch_size": args.batch_size,
+                                               "images": args.images, "duration_s": args.duration, "notes": notes,
+                                               "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
