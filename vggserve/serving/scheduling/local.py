@@ -14,7 +14,8 @@ from ..settings import Settings, SettingsError
 from .batcher import BatchQueue
 from ...wording import count
 from .errors import Unavailable, shutting_down
-from .imaging import decode_and_crop, normalize, prepare_image
+from .devicedecode import CPU, DEVICE_MODES, ON_DEVICE, DeviceDecoding, encoded_or_decoded, route
+from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
 from .procpool import ProcessPool
 from .worker import DeviceWorker
 
@@ -66,7 +67,7 @@ class LocalBackend:
         self.procs, self._procs_started = None, None
         if self.settings.preprocess_procs:
             self.procs = ProcessPool(self.settings.preprocess_procs,
-                                     task=partial(self.preprocess_task, decode=self.settings.decode))
+                                     task=partial(self.preprocess_task, decode=self.settings.cpu_decode))
             self.procs.start()
             self._procs_started = self.pool.submit(self.procs.warm_up)  # readiness waits for it
         if self.settings.weights:
@@ -77,7 +78,9 @@ class LocalBackend:
                                      max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
                                      warmup=self.settings.warmup, on_change=self._worker_changed,
                                      pixels=self.settings.http_workers > 1,
-                                     device_resize=self.settings.resize_on == "device")
+                                     device_resize=self.settings.resize_on == "device",
+                                     decoding=DeviceDecoding(self.metrics, self.settings.decode,
+                                                             self.settings.max_pixels))
                         for device in self.settings.devices]
         for worker in self.workers:  # all listed before any starts: "none alive" must see every worker
             worker.start()
@@ -151,11 +154,32 @@ class LocalBackend:
         return metadata()
 
     async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
-        """(the tensor, seconds): decoded in a thread, or decoded in a worker process and normalised here."""
+        """(the tensor, seconds): decoded in a thread, or decoded in a worker process and normalised here. With
+        --decode gpu|auto and a worker that decodes on its device: a JPEG it takes goes as it is (`devicedecode`),
+        and other files as the engine's submit takes them (images and crops; it resizes on the device)."""
         import asyncio
 
-        mode = self.model_info().get("preprocessing", "torchvision")
+        info = self.model_info()
+        mode, loop = info.get("preprocessing", "torchvision"), asyncio.get_running_loop()
+        device = self.settings.decode in DEVICE_MODES
+        if device and not info.get("decodes_on_device"):
+            self.metrics.decoded.labels(path=CPU, reason="no_device").inc()
+            device = False
+        if device and self.procs is None:
+            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode)
+            image, seconds, why = await loop.run_in_executor(self.pool, task, data, mode, self.settings.max_pixels)
+            if why != ON_DEVICE:  # the worker counts what its device decodes
+                self.metrics.decoded.labels(path=CPU, reason=why).inc()
+            return image, seconds
+        if device:
+            started = time.perf_counter()
+            why = await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
+            if why == ON_DEVICE:
+                return ModelInput.encoded(data), time.perf_counter() - started
+            self.metrics.decoded.labels(path=CPU, reason=why).inc()
+            return await self.procs.run(data, mode, self.settings.max_pixels)  # crops: the submit takes them
         if self.procs is None:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.pool, partial(prepare_image, decode=self.settings.decode), data, mode, self.settings.max_pixels)
+            return await loop.run_in_executor(
+                self.pool, partial(prepare_image, decode=self.settings.cpu_decode), data, mode,
+                self.settings.max_pixels)
         return await self.procs.run(data, mode, self.settings.max_pixels, then=normalize)
