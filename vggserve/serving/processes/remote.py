@@ -10,7 +10,7 @@ from typing import Callable
 
 from ...modelinput import ModelInput
 from ..metrics import Metrics
-from ..scheduling.devicedecode import CPU, DEVICE_MODES, ON_DEVICE, encoded_or_decoded
+from ..scheduling.devicedecode import DEVICE_MODES, encoded_or_decoded, note_cpu
 from ..scheduling.errors import Unavailable
 from ..scheduling.imaging import decode_and_crop, decode_for_engine
 from ..settings import Settings
@@ -80,19 +80,12 @@ class RemoteBackend:
         it as it is, compressed (`devicedecode`)."""
         info = self.model_info()
         task = decode_for_engine if info.get("resizes_on_device") else decode_and_crop
-        mode, loop = info.get("preprocessing", "torchvision"), asyncio.get_running_loop()
-        if self.settings.decode not in DEVICE_MODES:
-            return await loop.run_in_executor(self.pool, partial(task, decode=self.settings.cpu_decode), data, mode,
-                                              self.settings.max_pixels)
-        if not info.get("decodes_on_device"):
-            self.metrics.decoded.labels(path=CPU, reason="no_device").inc()
-            return await loop.run_in_executor(self.pool, partial(task, decode=self.settings.cpu_decode), data, mode,
-                                              self.settings.max_pixels)
-        image, seconds, why = await loop.run_in_executor(
-            self.pool, partial(encoded_or_decoded, task=task, decode=self.settings.cpu_decode), data, mode,
+        if self.settings.decode in DEVICE_MODES:
+            note = note_cpu(self.metrics)
+            if info.get("decodes_on_device"):
+                task = partial(encoded_or_decoded, task=task, note=note)
+            else:
+                note("no_device")
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, partial(task, decode=self.settings.cpu_decode), data, info.get("preprocessing", "torchvision"),
             self.settings.max_pixels)
-        if why != ON_DEVICE:  # the engine's worker counts what its device decodes
-            self.metrics.decoded.labels(path=CPU, reason=why).inc()
-        return image, seconds
-
-

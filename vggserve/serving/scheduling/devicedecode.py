@@ -63,19 +63,30 @@ def route(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FOR
 
 
 def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, *, task,
-                       decode: str = "exact") -> tuple[ModelInput, float, str]:
-    """In a front end's decoding thread: (the encoded input, seconds, ON_DEVICE) for a file the device decodes, else
-    (`task`'s input for it, seconds, the reason), `task` being the CPU path it takes today (imaging.prepare_image,
-    decode_and_crop, decode_for_engine), with its errors."""
+                       decode: str = "exact", note=None) -> tuple[ModelInput, float]:
+    """In a front end's decoding thread: (the encoded input, seconds) for a file the device decodes, else `task`'s
+    answer for it, `task` being the CPU path it takes today (imaging.prepare_image, decode_and_crop,
+    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`)."""
     from ...preprocessing import check_mode
 
     started = time.perf_counter()
     check_mode(mode)  # as the CPU path does first
     why = route(data, max_pixels, formats)
     if why == ON_DEVICE:
-        return ModelInput.encoded(data), time.perf_counter() - started, why
+        return ModelInput.encoded(data), time.perf_counter() - started
+    if note is not None:
+        note(why)
     image, seconds = task(data, mode, max_pixels, formats, decode=decode)
-    return image, time.perf_counter() - started, why
+    return image, time.perf_counter() - started
+
+
+def note_cpu(metrics):
+    """`note(reason)`: counts one upload decoded on the CPU for `reason` (the device worker counts its own)."""
+
+    def note(reason: str) -> None:
+        metrics.decoded.labels(path=CPU, reason=reason).inc()
+
+    return note
 
 
 def decodes_on_device(model, mode: str) -> bool:

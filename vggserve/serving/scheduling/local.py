@@ -14,7 +14,7 @@ from ..settings import Settings, SettingsError
 from .batcher import BatchQueue
 from ...wording import count
 from .errors import Unavailable, shutting_down
-from .devicedecode import CPU, DEVICE_MODES, ON_DEVICE, DeviceDecoding, encoded_or_decoded, route
+from .devicedecode import DEVICE_MODES, ON_DEVICE, DeviceDecoding, encoded_or_decoded, note_cpu, route
 from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
 from .procpool import ProcessPool
 from .worker import DeviceWorker
@@ -154,32 +154,34 @@ class LocalBackend:
         return metadata()
 
     async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
-        """(the tensor, seconds): decoded in a thread, or decoded in a worker process and normalised here. With
-        --decode gpu|auto and a worker that decodes on its device: a JPEG it takes goes as it is (`devicedecode`),
-        and other files as the engine's submit takes them (images and crops; it resizes on the device)."""
+        """(the tensor, seconds): decoded in a thread, or decoded in a worker process and normalised here; with
+        --decode gpu|auto and a worker that decodes on its device, `_for_device_decoding`."""
         import asyncio
 
         info = self.model_info()
-        mode, loop = info.get("preprocessing", "torchvision"), asyncio.get_running_loop()
-        device = self.settings.decode in DEVICE_MODES
-        if device and not info.get("decodes_on_device"):
-            self.metrics.decoded.labels(path=CPU, reason="no_device").inc()
-            device = False
-        if device and self.procs is None:
-            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode)
-            image, seconds, why = await loop.run_in_executor(self.pool, task, data, mode, self.settings.max_pixels)
-            if why != ON_DEVICE:  # the worker counts what its device decodes
-                self.metrics.decoded.labels(path=CPU, reason=why).inc()
-            return image, seconds
-        if device:
-            started = time.perf_counter()
-            why = await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
-            if why == ON_DEVICE:
-                return ModelInput.encoded(data), time.perf_counter() - started
-            self.metrics.decoded.labels(path=CPU, reason=why).inc()
-            return await self.procs.run(data, mode, self.settings.max_pixels)  # crops: the submit takes them
+        mode = info.get("preprocessing", "torchvision")
+        if self.settings.decode in DEVICE_MODES:
+            if info.get("decodes_on_device"):
+                return await self._for_device_decoding(data, mode)
+            note_cpu(self.metrics)("no_device")
         if self.procs is None:
-            return await loop.run_in_executor(
+            return await asyncio.get_running_loop().run_in_executor(
                 self.pool, partial(prepare_image, decode=self.settings.cpu_decode), data, mode,
                 self.settings.max_pixels)
         return await self.procs.run(data, mode, self.settings.max_pixels, then=normalize)
+
+    async def _for_device_decoding(self, data: bytes, mode: str) -> tuple[ModelInput, float]:
+        """A JPEG the device decoder takes as it is, compressed (`devicedecode`); any other file as the engine's
+        submit takes it: an image (which it resizes on the device) or a crop, decoded in a thread or a process."""
+        import asyncio
+
+        loop, note = asyncio.get_running_loop(), note_cpu(self.metrics)
+        if self.procs is None:
+            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note)
+            return await loop.run_in_executor(self.pool, task, data, mode, self.settings.max_pixels)
+        started = time.perf_counter()
+        why = await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
+        if why == ON_DEVICE:
+            return ModelInput.encoded(data), time.perf_counter() - started
+        note(why)
+        return await self.procs.run(data, mode, self.settings.max_pixels)  # a crop
