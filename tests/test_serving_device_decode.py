@@ -118,11 +118,11 @@ def check_same_answers(got: dict, want: dict) -> None:
     assert got["batch"] == want["batch"]
 
 
-def one_process_app(tiny_tensors, decode: str):
+def one_process_app(tiny_tensors, decode: str, procs: int = 0):
     from vggserve.model.vgg16 import VGG16
 
     settings = Settings(decode=decode, max_batch_size=4, max_wait_ms=200, max_pixels=MAX_PIXELS, max_files=4,
-                        preprocess_procs=0, preprocess_threads=2)
+                        preprocess_procs=procs, preprocess_threads=2)
     return create_app(settings, model_factory=lambda device: VGG16(tiny_tensors, device=TEST_DEVICE,
                                                                    max_batch_size=4))
 
@@ -139,10 +139,12 @@ def exact_answers(tiny_tensors):
 
 # ---- the real engine ---------------------------------------------------------------------------------------------
 
-def test_one_process_with_decode_gpu_answers_as_decode_exact(tiny_tensors, exact_answers):
-    with TestClient(one_process_app(tiny_tensors, "gpu")) as client:
-        assert client.get("/metadata").status_code == 200
+@pytest.mark.parametrize("procs", [0, 1], ids=["decoding threads", "a decoding process"])
+def test_one_process_with_decode_gpu_answers_as_decode_exact(tiny_tensors, exact_answers, procs):
+    with TestClient(one_process_app(tiny_tensors, "gpu", procs)) as client:
         got = answers(client)
+        meta = client.get("/metadata").json()
+        assert (meta["decode"], meta["decodes_on_device"]) == ("gpu", True)
         counts = decoded_counts(client.get("/metrics").text)
     check_same_answers(got, exact_answers)
     # s420, s444, s422, grey, restart, exif6 (v2) and s420 (batch) on the device; truncated (v2, /classify, batch)
@@ -209,10 +211,40 @@ def test_a_stand_in_model_is_never_sent_encoded_inputs():
     with TestClient(create_app(Settings(decode="gpu", warmup=False, preprocess_procs=0), model_factory=factory)) as c:
         r = c.post("/classify", content=service_corpus()["s420.jpg"], headers={"content-type": "image/jpeg"})
         assert r.status_code == 200, r.text
-        assert c.get("/metadata").status_code == 200
+        assert c.get("/metadata").json()["decodes_on_device"] is False
         counts = decoded_counts(c.get("/metrics").text)
     assert [x.dtype for x in models[0].submitted] == [np.float32]  # a tensor, decoded on the CPU
     assert counts == {("cpu", "no_device"): 1.0}
+
+
+def test_batches_whose_every_image_fails_to_decode_leave_the_worker_serving():
+    """A batch left empty by its decoding errors is not submitted, and gives its in-flight slot back: three in a
+    row (more than the runner's two slots), then an image that decodes is still computed."""
+    from vggserve.serving.service import Service
+    from vggserve.testing.models import PipelinedModel
+
+    models = []
+
+    def factory(device):
+        models.append(PipelinedModel(device, seconds_per_batch=0.0))
+        return models[-1]
+
+    service = Service(Settings(decode="gpu", warmup=False, max_batch_size=1, max_wait_ms=0), factory)
+    service.start()
+    try:
+        wait_until(lambda: service.readiness()[0], 30, "the stand-in to be ready")
+        queue = service.backend.queue
+        for _ in range(3):
+            queue.admit(1)
+            item = queue.submit(ModelInput.encoded(error_files()["truncated.jpg"]), float("inf"))
+            assert isinstance(item.future.exception(timeout=30), ImageError)
+        queue.admit(1)
+        good = queue.submit(ModelInput.encoded(service_corpus()["s420.jpg"]), float("inf"))
+        assert good.future.result(timeout=30).probabilities.shape == (1000,)
+        assert service.backend.workers[0].state == "ready"
+    finally:
+        service.stop()
+    assert len(models[0].submitted) == 1
 
 
 def test_encoded_inputs_reaching_a_worker_without_device_decoding_are_decoded_on_the_cpu():
