@@ -56,3 +56,22 @@ def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_
     assert {"load_generator", "engine_process", "other_server_processes"} <= set(result["cpu_ms_per_image"])
     assert any(name.startswith("device-") for name, _ in result["engine_threads_cpu_ms_per_image"])
     assert "CPU ms per image: front ends" in done.stdout
+
+
+def test_the_services_host_floor_runs_the_engine_with_device_decoding(tmp_path, tiny_weights_path):
+    """--weights with --decode gpu: the real engine (here on the test device) decodes the JPEGs the front ends sent
+    compressed, and the benchmark says so; --decode gpu on the instant stand-in, which decodes nothing, is refused."""
+    from conftest import TEST_DEVICE
+
+    script = str(REPO / "benchmarks" / "serve_host_floor.py")
+    refused = subprocess.run([sys.executable, script, "--decode", "gpu"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--decode gpu needs --weights" in refused.stderr
+    out = tmp_path / "floor.json"
+    done = subprocess.run([sys.executable, script, "--weights", str(tiny_weights_path), "--device", TEST_DEVICE,
+                           "--decode", "gpu", "--http-workers", "2", "--max-batch-size", "4", "--concurrency", "4",
+                           "--duration", "2", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] > 0 and set(result["statuses"]) == {"200"}
+    assert result["decoded"]["device/baseline_jpeg"] >= result["ok"] and "decoded: device/baseline_jpeg" in done.stdout
