@@ -217,6 +217,35 @@ def test_a_stand_in_model_is_never_sent_encoded_inputs():
     assert counts == {("cpu", "no_device"): 1.0}
 
 
+def test_auto_decodes_on_the_device_only_on_a_gpu_and_only_with_the_engine():
+    from types import SimpleNamespace
+
+    from vggserve.serving.scheduling.devicedecode import decodes_on_device
+
+    class Engine:  # what decodes_on_device asks of the engine
+        resizes_on_device = True
+
+        def __init__(self, kind):
+            self.device_info, self.built = SimpleNamespace(kind=kind), 0
+
+        def submit(self, x, want="logits"):
+            raise AssertionError("not computed here")
+
+        def resize_matches_pillow(self):
+            return True
+
+        def jpeg_decoder(self):
+            self.built += 1
+
+    gpu, cpu = Engine("gpu"), Engine("cpu")
+    assert decodes_on_device(gpu, "auto") and gpu.built == 1  # its kernels built before the worker is ready
+    assert not decodes_on_device(cpu, "auto") and decodes_on_device(cpu, "gpu")
+    assert not decodes_on_device(gpu, "exact") and not decodes_on_device(gpu, "fast")
+    from vggserve.testing.models import PipelinedModel
+
+    assert not decodes_on_device(PipelinedModel(), "gpu")  # a stand-in: no jpeg_decoder
+
+
 def test_batches_whose_every_image_fails_to_decode_leave_the_worker_serving():
     """A batch left empty by its decoding errors is not submitted, and gives its in-flight slot back: three in a
     row (more than the runner's two slots), then an image that decodes is still computed."""
@@ -255,7 +284,7 @@ def test_encoded_inputs_reaching_a_worker_without_device_decoding_are_decoded_on
     good, bad = service_corpus()["s420.jpg"], error_files()["truncated.jpg"]
     tensor = ModelInput.tensor(np.zeros((3, 224, 224), np.float32))
     batch = [Item(ModelInput.encoded(good), 0.0), Item(ModelInput.encoded(bad), 0.0), Item(tensor, 0.0)]
-    kept, inputs = decoding.decode(model=None, batch=batch, on_device=False, mode="torchvision")
+    kept, inputs = decoding.decode(model=None, batch=batch, on_device=False, preprocessing="torchvision")
     assert kept == [batch[0], batch[2]] and inputs[1] is tensor
     assert inputs[0].form == "crop"
     np.testing.assert_array_equal(inputs[0].array, decode_and_crop(good, "torchvision", MAX_PIXELS)[0].array)

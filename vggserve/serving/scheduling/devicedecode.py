@@ -4,9 +4,10 @@
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
                                         as they came; any other file -> decoded here as under --decode exact
     device worker, per batch, before the batch is prepared (while the device computes the previous one):
-        DeviceDecoding.decode(model, batch, on_device, mode)   one `decode_for_model` call for the batch's encoded
-                                        images; one whose stream the device flags is decoded on the CPU, with the
-                                        CPU path's pixels or its ImageError, which answers that image alone
+        DeviceDecoding.decode(model, batch, on_device, preprocessing)
+                                        one `decode_for_model` call for the batch's encoded images; one whose
+                                        stream the device flags is decoded on the CPU, with the CPU path's pixels
+                                        or its ImageError, which answers that image alone
 
 Which files the device takes is `decoding.device.prepare` with the service's pixel limit and the format allowlist,
 the same checks as the CPU path, so a file over the limit (or of a refused format) still gets the CPU path's 413 or
@@ -118,7 +119,7 @@ class DeviceDecoding:
         if n and self.mode in DEVICE_MODES:
             self.metrics.decoded.labels(path=path, reason=reason).inc(n)
 
-    def decode(self, model, batch: list, on_device: bool, mode: str) -> tuple[list, list]:
+    def decode(self, model, batch: list, on_device: bool, preprocessing: str) -> tuple[list, list]:
         """(the items of `batch` still to compute, their inputs): each encoded input decoded, on `model`'s device
         when `on_device` (a DeviceImage, or the CPU path's image or crop), else on the CPU (a crop); an item whose
         file the CPU path refuses is answered with that ImageError and leaves the batch."""
@@ -133,7 +134,7 @@ class DeviceDecoding:
             decoded = self._on_device(model, datas)
         if decoded is None:
             reason = "tensor_batch" if on_device and tensors else "device_error" if on_device else "no_device"
-            decoded = [self._on_cpu(data, mode) for data in datas]
+            decoded = [self._on_cpu(data, preprocessing) for data in datas]
             self.note(CPU, reason, len(datas))
         for i, x in zip(where, decoded):
             inputs[i] = x
@@ -162,11 +163,11 @@ class DeviceDecoding:
         self.note(CPU, "stream", len(decoded) - on_device)
         return decoded
 
-    def _on_cpu(self, data: bytes, mode: str):
+    def _on_cpu(self, data: bytes, preprocessing: str):
         """The CPU path's crop of `data` (modelinput prepares it as the batch needs), or its ImageError."""
         from .imaging import decode_and_crop
 
         try:
-            return decode_and_crop(data, mode, self.max_pixels, self.formats)[0]
+            return decode_and_crop(data, preprocessing, self.max_pixels, self.formats)[0]
         except ImageError as exc:
             return exc
