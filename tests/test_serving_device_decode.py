@@ -295,6 +295,29 @@ def test_encoded_inputs_reaching_a_worker_without_device_decoding_are_decoded_on
     assert metrics.decoded.labels(path="cpu", reason="no_device")._value.get() == 2
 
 
+def test_a_batch_with_tensors_or_a_failing_device_decoder_decodes_its_jpegs_on_the_cpu(caplog):
+    """A batch that also holds v2 tensors runs as tensors: its JPEGs are decoded on the CPU (tensor_batch); a device
+    decoder that fails on a batch is logged and the batch decoded on the CPU (device_error), the worker serving on."""
+
+    class Broken:
+        def jpeg_decoder(self):
+            raise RuntimeError("out of device memory")
+
+    metrics = Metrics()
+    decoding = DeviceDecoding(metrics, "gpu", MAX_PIXELS)
+    good = service_corpus()["s420.jpg"]
+    want = decode_and_crop(good, "torchvision", MAX_PIXELS)[0].array
+    tensor = ModelInput.tensor(np.zeros((3, 224, 224), np.float32))
+    for model, batch in ((None, [ModelInput.encoded(good), tensor]), (Broken(), [ModelInput.encoded(good)])):
+        kept, inputs = decoding.decode(model, [Item(x, 0.0) for x in batch], on_device=True,
+                                       preprocessing="torchvision")
+        assert len(kept) == len(batch) and inputs[0].form == "crop"
+        np.testing.assert_array_equal(inputs[0].array, want)
+    assert metrics.decoded.labels(path="cpu", reason="tensor_batch")._value.get() == 1
+    assert metrics.decoded.labels(path="cpu", reason="device_error")._value.get() == 1
+    assert "the device JPEG decoder failed on a batch of 1 image;" in caplog.text
+
+
 def test_an_image_error_crosses_the_engine_link_as_itself():
     """engine_host answers every failure that is not the scheduler's as a 500 internal_error; an ImageError of a
     file the device passed to the CPU path must reach the front end as itself (the 4xx the CPU path gives)."""

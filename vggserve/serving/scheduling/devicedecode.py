@@ -36,6 +36,7 @@ import time
 from ...errors import ImageError
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from ...modelinput import ENCODED, TENSOR, ModelInput, uses_device_resize
+from ...wording import count
 
 log = logging.getLogger("vggserve.serving")
 
@@ -155,8 +156,8 @@ class DeviceDecoding:
         try:
             decoded = decode_for_model(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
         except Exception:  # noqa: BLE001 - the CPU decodes them instead; the device's own failure shows in its batch
-            log.exception("the device JPEG decoder failed on a batch of %d images; they are decoded on the CPU",
-                          len(datas))
+            log.exception("the device JPEG decoder failed on a batch of %s; decoded on the CPU instead",
+                          count(len(datas), "image"))
             return None
         on_device = sum(getattr(x, "form", None) == DEVICE for x in decoded)
         self.note(DEVICE, ON_DEVICE, on_device)
