@@ -97,8 +97,9 @@ class ModelInput:
     @property
     def pixels(self) -> np.ndarray:
         """The uint8 pixels of an image or a crop."""
-        if self.form in (TENSOR, ENCODED):
-            raise ValueError(f"a{'n' if self.form == ENCODED else ''} {self.form} model input has no pixels")
+        if self.form == TENSOR:
+            raise ValueError("a tensor model input has no pixels")
+        self._check_decoded()
         return self.array
 
     @property
@@ -123,7 +124,6 @@ class ModelInput:
             return self.array
         self._check_decoded()
         return normalize_pixels(self.cropped().array, mode)
-
 
     def _check_decoded(self) -> None:
         if self.form == ENCODED:
