@@ -11,6 +11,13 @@ array and answers at once), driven at saturation by serve_saturation.py's raw-HT
 together, and of the load generator, measured over the window from /proc (serve_saturation.drive). On a machine of
 few cores every process competes for them, so images/s is low; the CPU per image of each process is the figure
 that carries over to a larger host: cores needed = images/s x CPU ms per image / 1000.
+
+    python benchmarks/serve_host_floor.py --weights W --device gpu --decode gpu --http-workers 8 --duration 20
+
+With --weights the real engine serves instead (on --device; images/s is then the device's), which --decode gpu
+needs: its front ends send the JPEGs compressed and the engine decodes them on its device, so the front ends' CPU
+per image is that of the header parse, not of the decode. Compare with --decode exact on the same machine; the
+line "decoded:" says where the images were decoded (vggserve_decoded_images_total).
 """
 
 from __future__ import annotations
@@ -37,6 +44,16 @@ settings = Settings(port=PORT, devices=("cpu",), http_workers=FRONTS, max_batch_
 sys.exit(run_server(settings, lambda device: InstantModel(device, BATCH), log_level="warning"))
 """
 
+ENGINE = """
+import sys
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+
+settings = Settings(port=PORT, devices=(DEVICE,), weights=WEIGHTS, http_workers=FRONTS, max_batch_size=BATCH,
+                    max_wait_ms=WAIT, max_queue=QUEUE, decode=DECODE, preprocess_threads=THREADS)
+sys.exit(run_server(settings, log_level="warning"))
+"""
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -49,27 +66,37 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--preprocess-threads", type=int, default=None,
                    help="decoding threads per front end (default: the server's)")
-    p.add_argument("--decode", choices=("exact", "fast"), default="exact")
+    p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default="exact",
+                   help="the server's --decode (gpu and auto need --weights: the instant stand-in decodes nothing)")
+    p.add_argument("--weights", default=None, help="serve the real engine with these weights on --device instead of "
+                   "the instant stand-in")
+    p.add_argument("--device", default="gpu", help="the engine's device with --weights (default gpu)")
     p.add_argument("--image", default=None, help="JPEG to send (default: serve_saturation's 500x375)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.decode in ("gpu", "auto") and not args.weights:
+        p.error(f"--decode {args.decode} needs --weights: only the real engine decodes on its device")
     from vggserve.testing.servers import ServerProcess
 
     queue = max(256, 2 * args.concurrency) * args.http_workers
-    code = SERVER
+    code = ENGINE if args.weights else SERVER
     for name, value in (("FRONTS", args.http_workers), ("BATCH", args.max_batch_size), ("WAIT", args.max_wait_ms),
-                        ("QUEUE", queue), ("DECODE", repr(args.decode)),
+                        ("QUEUE", queue), ("DECODE", repr(args.decode)), ("DEVICE", repr(args.device)),
+                        ("WEIGHTS", repr(str(Path(args.weights).resolve()) if args.weights else None)),
                         ("THREADS", args.preprocess_threads)):
         code = code.replace(name, str(value))
     body = Path(args.image).read_bytes() if args.image else serve_saturation.synthetic_jpeg()
     with ServerProcess.python_code(code) as server:
-        server.wait_ready(120)
+        server.wait_ready(600 if args.weights else 120)
         result = serve_saturation.drive(server.url, [body], args.concurrency, args.client_procs, args.warmup,
                                         args.duration, server_pid=server.proc.pid)
+        result["decoded"] = decoded_counts(server.url)
     cpu = result["cpu_ms_per_image"]
     fronts = cpu.get("other_server_processes", 0.0)
     total = fronts + cpu.get("engine_process", 0.0) + cpu.get("load_generator", 0.0)
-    print(f"serve host floor: {result['images_per_s']:.0f} images/s with an instant device, {args.http_workers} "
+    engine = f"the engine on {args.device}" if args.weights else "an instant device"
+    print(f"serve host floor: {result['images_per_s']:.0f} images/s with {engine}, --decode {args.decode}, "
+          f"{args.http_workers} "
           f"front ends, batch {args.max_batch_size} (mean {result['mean_batch']:.1f}), {args.concurrency} in "
           f"flight, statuses {result['statuses']}")
     print(f"CPU ms per image: front ends {fronts:.2f} (decode {cpu.get('decode_wall', 0.0):.2f} wall in their "
@@ -77,9 +104,21 @@ def main(argv=None) -> int:
           f"{cpu.get('load_generator', 0.0):.2f}; all {total:.2f}: 8,000 images/s would take {8 * total:.1f} cores")
     print("engine process's busiest threads, CPU ms per image: " + ", ".join(
         f"{name} {ms:.2f}" for name, ms in result["engine_threads_cpu_ms_per_image"]))
+    if result["decoded"]:
+        print("decoded: " + ", ".join(f"{where} {n:.0f}" for where, n in sorted(result["decoded"].items())))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def decoded_counts(url: str) -> dict:
+    """{"path/reason": images} of the server's vggserve_decoded_images_total (empty under exact and fast)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {f"{s.labels['path']}/{s.labels['reason']}": s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "vggserve_decoded_images_total"}
 
 
 if __name__ == "__main__":

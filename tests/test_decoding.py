@@ -210,14 +210,14 @@ def test_an_unknown_decode_mode_is_refused_with_the_choices():
 
 @pytest.mark.parametrize("command, modes", [(["classify", "x.jpg"], "exact,fast,gpu,auto"),
                                             (["batch", "--input", "x", "--output", "y.jsonl"], "exact,fast,gpu,auto"),
-                                            (["serve"], "exact,fast")])
+                                            (["serve"], "exact,fast,gpu,auto")])
 def test_every_command_takes_decode_exact_or_fast_and_refuses_others(command, modes):
     done = subprocess.run([sys.executable, "-m", "vggserve", *command, "--decode", "quick"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "--decode: invalid choice: 'quick'" in done.stderr
     helped = subprocess.run([sys.executable, "-m", "vggserve", command[0], "--help"], capture_output=True, text=True,
                             timeout=120)
-    assert f"--decode {{{modes}}}" in helped.stdout  # classify and batch: also the device JPEG decoder's
+    assert f"--decode {{{modes}}}" in helped.stdout  # every command: also the device JPEG decoder's
 
 
 def test_classify_decode_fast_prints_the_same_classes_for_a_small_image(tiny_weights_path, mix):
@@ -236,5 +236,5 @@ def test_the_service_setting_is_checked():
     from vggserve.serving import Settings, SettingsError
 
     assert Settings(decode="fast").decode == "fast" and Settings().decode == "exact"
-    with pytest.raises(SettingsError, match="--decode must be exact or fast"):
+    with pytest.raises(SettingsError, match="--decode must be one of exact, fast, gpu, auto"):
         Settings(decode="quick")

@@ -84,3 +84,22 @@ def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert table[0] == "| run | precision | 1 device, images/s | 2 devices, images/s | 2 / 1 |"
     assert len(table) == 2 + 6 and all(line.count("|") == 6 and line.endswith("x |") for line in table[2:])
+
+
+def test_the_services_host_floor_runs_the_engine_with_device_decoding(tmp_path, tiny_weights_path):
+    """--weights with --decode gpu: the real engine (here on the test device) decodes the JPEGs the front ends sent
+    compressed, and the benchmark says so; --decode gpu on the instant stand-in, which decodes nothing, is refused."""
+    from conftest import TEST_DEVICE
+
+    script = str(REPO / "benchmarks" / "serve_host_floor.py")
+    refused = subprocess.run([sys.executable, script, "--decode", "gpu"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--decode gpu needs --weights" in refused.stderr
+    out = tmp_path / "floor.json"
+    done = subprocess.run([sys.executable, script, "--weights", str(tiny_weights_path), "--device", TEST_DEVICE,
+                           "--decode", "gpu", "--http-workers", "2", "--max-batch-size", "4", "--concurrency", "4",
+                           "--duration", "2", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] > 0 and set(result["statuses"]) == {"200"}
+    assert result["decoded"]["device/baseline_jpeg"] >= result["ok"] and "decoded: device/baseline_jpeg" in done.stdout

@@ -28,36 +28,36 @@ def block(nbytes: int, value: int = 7) -> np.ndarray:
 
 
 def test_blocks_are_handed_out_in_order_until_full_and_come_back_oldest_first(arena):
-    blocks = [arena.put(block(3 * ALIGN - 5), raw=False) for _ in range(3)]
+    blocks = [arena.put(block(3 * ALIGN - 5), form="crop") for _ in range(3)]
     assert [b.offset for b in blocks] == [0, 3 * ALIGN, 6 * ALIGN]
-    assert arena.put(block(2 * ALIGN), raw=False) is None  # 9 of 10 taken
+    assert arena.put(block(2 * ALIGN), form="crop") is None  # 9 of 10 taken
     arena.free(blocks[1])  # not the oldest: nothing comes back yet
-    assert arena.put(block(2 * ALIGN), raw=False) is None
+    assert arena.put(block(2 * ALIGN), form="crop") is None
     arena.free(blocks[0])  # the oldest: both come back, and the next block wraps to the start
-    again = arena.put(block(5 * ALIGN), raw=False)
+    again = arena.put(block(5 * ALIGN), form="crop")
     assert again.offset == 0
-    assert arena.put(block(2 * ALIGN), raw=False) is None  # between the wrapped head and the live tail: 1 left
+    assert arena.put(block(2 * ALIGN), form="crop") is None  # between the wrapped head and the live tail: 1 left
     arena.free(blocks[2])
     arena.free(again)
-    assert arena.put(block(10 * ALIGN), raw=False).offset == 0  # empty again: the whole arena
-    assert arena.put(block(1), raw=False) is None
+    assert arena.put(block(10 * ALIGN), form="crop").offset == 0  # empty again: the whole arena
+    assert arena.put(block(1), form="crop") is None
 
 
 def test_freeing_twice_or_unknown_blocks_is_harmless(arena):
-    b = arena.put(block(ALIGN), raw=True)
+    b = arena.put(block(ALIGN), form="image")
     arena.free(b)
     arena.free(b)
-    arena.free(Shared(5 * ALIGN, (1,), False))
-    assert arena.put(block(10 * ALIGN), raw=False) is not None
+    arena.free(Shared(5 * ALIGN, (1,), "crop"))
+    assert arena.put(block(10 * ALIGN), form="crop") is not None
 
 
 def test_the_engine_sees_the_pixels_the_front_end_wrote(arena):
     pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
-    shared = arena.put(pixels, raw=True)
+    shared = arena.put(pixels, form="image")
     mapped = Mapped(arena.name)
     view = mapped.view(shared)
     np.testing.assert_array_equal(view, pixels)
-    assert shared.raw and view.shape == (2, 3, 3)
+    assert shared.form == "image" and view.shape == (2, 3, 3)
     del view
     mapped.close()
 
@@ -68,9 +68,11 @@ def test_a_stored_input_comes_back_in_the_same_form():
     crop_pixels = np.arange(224 * 224 * 3, dtype=np.uint64).astype(np.uint8).reshape(224, 224, 3)
     tensor = np.linspace(-2, 2, 3 * 224 * 224, dtype=np.float32).reshape(3, 224, 224)
     mapped = Mapped(arena.name)
-    stored = [ModelInput.image(pixels), ModelInput.crop(crop_pixels), ModelInput.tensor(tensor)]
+    stored = [ModelInput.image(pixels), ModelInput.crop(crop_pixels), ModelInput.tensor(tensor),
+              ModelInput.encoded(b"\xff\xd8\xff\xe0 the bytes of a JPEG file")]
     back = [mapped.image(arena.put_image(x)) for x in stored]
-    assert [x.form for x in back] == ["image", "crop", "tensor"]
+    assert [x.form for x in back] == ["image", "crop", "tensor", "encoded"]
+    assert back[3].data == stored[3].data
     for x, y in zip(stored, back):
         assert y.array.dtype == x.array.dtype
         np.testing.assert_array_equal(y.array, x.array)

@@ -1,6 +1,8 @@
-"""One image on its way to the model, in one of three forms, and the one step that prepares a batch of them.
+"""One image on its way to the model, in one of four forms, and the one step that prepares a batch of them.
 
     form     array                              what is still to do
+    encoded  uint8 (n,) the file's bytes, a     decoding on the model's device (`decoding.device.onmodel`, run by
+             JPEG the device decoder takes      the service's device worker: `serving.scheduling.devicedecode`)
     image    uint8 (h, w, 3) decoded RGB,       Resize(256) + CenterCrop(224): on the device when the model resizes
              within the aspect-ratio bound      (VGG16.submit), else here (`preprocessing.center_crop`); then as crop
     crop     uint8 (224, 224, 3) RGB            normalisation: on the device (VGG16's pixel input), or here
@@ -27,8 +29,9 @@ from .preprocessing import (CROP_SIZE, aspect_box, center_crop, check_mode, limi
                          resized_size)
 from .images import to_rgb
 
-IMAGE, CROP, TENSOR = "image", "crop", "tensor"
-FORMS = (IMAGE, CROP, TENSOR)
+IMAGE, CROP, TENSOR, ENCODED = "image", "crop", "tensor", "encoded"
+FORMS = (IMAGE, CROP, TENSOR, ENCODED)
+DEVICE = "device"  # the form of a `decoding.device.onmodel.DeviceImage`: decoded, in the model's device memory
 CROP_SHAPE = (CROP_SIZE, CROP_SIZE, 3)
 TENSOR_SHAPE = (3, CROP_SIZE, CROP_SIZE)
 #: Decoded images above this size (about 1180 x 1180 RGB) are cropped on the CPU even for a model that resizes on
@@ -37,7 +40,7 @@ RAW_LIMIT_BYTES = 4 << 20
 
 
 class ModelInput:
-    """One image for the model: `form` (image, crop or tensor) and its contiguous `array`."""
+    """One image for the model: `form` (image, crop, tensor or encoded) and its contiguous `array`."""
 
     __slots__ = ("form", "array")
 
@@ -46,6 +49,10 @@ class ModelInput:
             array = np.ascontiguousarray(array, dtype=np.float32)
             ok = array.shape == TENSOR_SHAPE
             want = f"float32 {TENSOR_SHAPE}"
+        elif form == ENCODED:
+            array = np.ascontiguousarray(array, dtype=np.uint8)
+            ok = array.ndim == 1 and array.size > 0
+            want = "uint8 bytes of shape (n,), n >= 1"
         elif form in (IMAGE, CROP):
             array = np.ascontiguousarray(array, dtype=np.uint8)
             ok = array.shape == CROP_SHAPE if form == CROP else (
@@ -69,6 +76,18 @@ class ModelInput:
     def tensor(cls, x: np.ndarray) -> "ModelInput":
         return cls(TENSOR, x)
 
+    @classmethod
+    def encoded(cls, data: bytes) -> "ModelInput":
+        """An encoded file (bytes), for a model that decodes it on its device."""
+        return cls(ENCODED, np.frombuffer(data, np.uint8))
+
+    @property
+    def data(self) -> bytes:
+        """The file's bytes of an encoded input."""
+        if self.form != ENCODED:
+            raise ValueError(f"a {self.form} model input has no encoded bytes")
+        return self.array.tobytes()
+
     def __reduce__(self):  # pickles as its form and array (sent between processes)
         return ModelInput, (self.form, self.array)
 
@@ -80,6 +99,7 @@ class ModelInput:
         """The uint8 pixels of an image or a crop."""
         if self.form == TENSOR:
             raise ValueError("a tensor model input has no pixels")
+        self._check_decoded()
         return self.array
 
     @property
@@ -93,6 +113,7 @@ class ModelInput:
     def cropped(self) -> "ModelInput":
         """An image's centre crop computed here, on the CPU (`preprocessing.center_crop`); crops and tensors as they
         are."""
+        self._check_decoded()
         if self.form != IMAGE:
             return self
         return ModelInput(CROP, center_crop(Image.fromarray(self.array, "RGB")))
@@ -101,7 +122,13 @@ class ModelInput:
         """The float32 (3, 224, 224) model input: an image cropped and a crop normalised here, as `preprocess` does."""
         if self.form == TENSOR:
             return self.array
+        self._check_decoded()
         return normalize_pixels(self.cropped().array, mode)
+
+    def _check_decoded(self) -> None:
+        if self.form == ENCODED:
+            raise ValueError("an encoded model input is decoded before its batch is prepared (on the model's device: "
+                             "serving.scheduling.devicedecode)")
 
 
 def raw_rgb(img: Image.Image | np.ndarray) -> ModelInput:
@@ -148,10 +175,19 @@ def prepare_batch(inputs: list[ModelInput], mode: str, *, resizes: bool = False,
     - uint8 crops (N, 224, 224, 3), images cropped here, when the model `takes_pixels` (normalises on its device)
       and no input is a tensor;
     - else float32 tensors (N, 3, 224, 224): images cropped and crops normalised here, exactly as `preprocess`.
-    A batch that mixes tensors with images therefore runs as tensors, all prepared on the CPU."""
+    A batch that mixes tensors with images therefore runs as tensors, all prepared on the CPU.
+    Images decoded on the device (form "device", `DeviceImage`) go as the list too: the model's submit resizes
+    them there; such a batch takes no tensors, and encoded inputs are decoded before (ValueError)."""
     check_mode(mode)
     if not inputs:
         raise ValueError("a batch needs at least one input")
+    if any(x.form == ENCODED for x in inputs):
+        raise ValueError("an encoded model input is decoded before its batch is prepared (on the model's device: "
+                         "serving.scheduling.devicedecode)")
+    if any(x.form == DEVICE for x in inputs):
+        if any(x.form == TENSOR for x in inputs) or not takes_pixels:
+            raise ValueError("images decoded on the device go to a model's submit with images and crops, not tensors")
+        return list(inputs)
     if any(x.form == TENSOR for x in inputs) or not takes_pixels:
         return np.stack([x.as_tensor(mode) for x in inputs])
     if resizes and any(x.needs_resize for x in inputs):

@@ -61,7 +61,7 @@ def register(subparsers) -> None:
                         "ends send decoded images through shared memory and the engine's kernels resize them, bit "
                         "for bit as on the CPU, at a fraction of the front ends' CPU; `cpu`: in the front ends "
                         "(default device)")
-    add_decode_arg(p)
+    add_decode_arg(p, device=True)
     add_precision_arg(p)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")

@@ -4,8 +4,9 @@ socket.
 A decoded photo is half a megabyte; sent through the link it is copied into the socket, out of it and into a new
 array, all in the engine process while its device worker waits for the GIL. Instead each front end owns an
 `Arena`, a POSIX shared-memory segment the engine maps once (its name comes in the "hello" message): the front end
-copies a model input's array (uint8 pixels of an image or a crop, or a v2 request's float32 tensor) into a block
-of it and sends only `Shared(offset, shape, raw, dtype)`; the engine's queue holds a
+copies a model input's array (uint8 pixels of an image or a crop, a v2 request's float32 tensor, or the bytes of a
+file the engine's device decodes) into a block of it and sends only `Shared(offset, shape, form, dtype)`; the
+engine's queue holds a
 view of the block, which the device worker copies into its pinned staging memory. The block is freed when the
 engine's answer for that image arrives, and the engine answers only after it has copied the pixels (or decided
 not to compute them), so a block is never reused while the engine may still read it.
@@ -30,7 +31,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from ..modelinput import CROP, IMAGE, TENSOR, ModelInput
+from ..modelinput import CROP, FORMS, ModelInput
 
 log = logging.getLogger("vggserve.ipc")
 
@@ -41,12 +42,12 @@ SEGMENT_PREFIX = "vggserve_"  # named segments: vggserve_<pid of the creator>_<r
 
 @dataclass(frozen=True)
 class Shared:
-    """Where an array of `shape` and `dtype` lies in the sender's arena; `raw`: an image to resize (else a crop,
-    or a tensor when the dtype is float32)."""
+    """Where the array of a model input of `form` (modelinput.FORMS), `shape` and `dtype` lies in the sender's
+    arena."""
 
     offset: int
     shape: tuple
-    raw: bool
+    form: str
     dtype: str = "uint8"
 
 
@@ -75,9 +76,11 @@ class Arena:
             return 0 if nbytes <= tail else None
         return self._head if self._head + nbytes <= tail else None  # wrapped: room between head and tail
 
-    def put(self, pixels: np.ndarray, raw: bool) -> Shared | None:
-        """Copy an array (uint8 pixels or float32) into a free block; None when there is no room (the caller sends
-        it inline)."""
+    def put(self, pixels: np.ndarray, form: str) -> Shared | None:
+        """Copy the array of a model input of `form` into a free block; None when there is no room (the caller
+        sends it inline)."""
+        if form not in FORMS:
+            raise ValueError(f"a shared model input's form is one of {', '.join(FORMS)}, got {form!r}")
         nbytes = pixels.nbytes
         with self._lock:
             start = self._find(nbytes)
@@ -86,13 +89,13 @@ class Arena:
             self._blocks[start] = [start + nbytes, False]
             self._head = -(-(start + nbytes) // ALIGN) * ALIGN
         np.copyto(np.ndarray(pixels.shape, pixels.dtype, self.memory.buf, start), pixels)
-        return Shared(start, pixels.shape, raw, pixels.dtype.name)
+        return Shared(start, pixels.shape, form, pixels.dtype.name)
 
     def put_image(self, image) -> Shared | None:
         """`put` for a queued `ModelInput` of any form (or a bare uint8 crop); `Mapped.image` undoes it."""
         if not isinstance(image, ModelInput):
             image = ModelInput(CROP, image)
-        return self.put(image.array, image.form == IMAGE)
+        return self.put(image.array, image.form)
 
     def free(self, shared: Shared) -> None:
         """The engine has answered for that image: its block (and any freed ones behind the oldest) return."""
@@ -188,8 +191,7 @@ class Mapped:
 
     def image(self, shared: Shared) -> ModelInput:
         """The model input `Arena.put_image` stored, over a view of its block (no copy)."""
-        form = IMAGE if shared.raw else TENSOR if shared.dtype == "float32" else CROP
-        return ModelInput(form, self.view(shared))
+        return ModelInput(shared.form, self.view(shared))
 
     def close(self) -> None:
         """Let go of the mapping: it is unmapped when the last view of it is gone. (Closing the mmap here would unmap

@@ -82,6 +82,9 @@ class Metrics:
                                 registry=r)
         self.device_resized = Counter("vggserve_device_resized_images_total", "Images that the HTTP front ends sent "
                                       "decoded and the device resized and cropped.", registry=r)
+        self.decoded = Counter("vggserve_decoded_images_total", "With --decode gpu or auto: uploads decoded on the "
+                               "engine's device (path=device) or on the CPU (path=cpu), and why (reason; "
+                               "serving/scheduling/devicedecode.py lists them).", ["path", "reason"], registry=r)
         self.abandoned = Counter("vggserve_abandoned_total", "Images not computed because their client went away.",
                                  registry=r)
         self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r,

@@ -137,4 +137,7 @@ class Service:
             "http_workers": self.settings.http_workers,
             # uploads decoded by the front ends, resized and cropped on the device
             "resize_on_device": self.settings.http_workers > 1 and bool(info.get("resizes_on_device")),
+            # --decode gpu|auto: JPEGs sent to the engine compressed and decoded on its device
+            "decode": self.settings.decode,
+            "decodes_on_device": bool(info.get("decodes_on_device")),
         }

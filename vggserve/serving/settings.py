@@ -8,6 +8,7 @@ from ..weights.spec import NUM_CLASSES
 from ..wording import count
 
 API_KEY_ENV = "VGGSERVE_API_KEY"
+DECODE_MODES = ("exact", "fast", "gpu", "auto")
 MAX_TOP_K = NUM_CLASSES  # `top_k` is 1..MAX_TOP_K, as the CLI's --top-k and v2's `classification`
 MAX_TIMEOUT_MS = 600_000  # the largest deadline a request header may ask for (10 minutes)
 
@@ -141,7 +142,9 @@ class Settings:
     # where uploads are resized and centre-cropped with front ends: "device" (the engine's kernels, bit for bit as
     # the CPU, when the model can) or "cpu" (in the front ends)
     resize_on: str = "device"
-    # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding)
+    # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding),
+    # "gpu" (JPEGs the device decoder takes go to the engine compressed and are decoded on its device, bit for bit as
+    # exact: serving.scheduling.devicedecode) or "auto" (gpu where a worker's device is a GPU, else exact)
     decode: str = "exact"
     # the engine's precision: fp32, tf32 or fp16 (vggserve/ops/precision.py)
     precision: str = "fp32"
@@ -165,8 +168,8 @@ class Settings:
                                 f"{self.cors_origins!r}")
         if self.resize_on not in ("device", "cpu"):
             raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
-        if self.decode not in ("exact", "fast"):
-            raise SettingsError(f"--decode must be exact or fast, got {self.decode!r}")
+        if self.decode not in DECODE_MODES:
+            raise SettingsError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         if self.precision not in ("fp32", "tf32", "fp16"):
             raise SettingsError(f"--precision must be fp32, tf32 or fp16, got {self.precision!r}")
         if not isinstance(self.host, str) or not self.host.strip():
@@ -210,6 +213,11 @@ class Settings:
     def frontend_queue_share(self) -> int:
         """Images each HTTP front-end process may admit at once: ceil(max_queue / http_workers)."""
         return -(-self.max_queue // self.http_workers)
+
+    @property
+    def cpu_decode(self) -> str:
+        """The CPU decoder's mode (decoding.decode_pixels) for the files it decodes: exact under gpu and auto."""
+        return "exact" if self.decode in ("gpu", "auto") else self.decode
 
     @property
     def max_wait_s(self) -> float:

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import Listener
 
+from ...errors import ImageError
 from ..scheduling.batcher import Item
 from ..scheduling.errors import ClientGone, InternalError, SchedulingError
 from .engine_link import Link
@@ -87,8 +88,8 @@ class FrontEndPeer:
         if error is None:
             self.link.send(("result", image_id, future.result()))
         else:
-            if not isinstance(error, SchedulingError):
-                error = InternalError(f"{type(error).__name__}: {error}")
+            if not isinstance(error, (SchedulingError, ImageError)):  # an ImageError: a file the device decoder
+                error = InternalError(f"{type(error).__name__}: {error}")  # passed on to the CPU path, which refused it
             self.link.send(("error", image_id, error))
 
     def _call(self, what: str):

@@ -8,7 +8,8 @@ messages (several at a time when they queue up); a message is a tuple whose firs
         ("hello", index, pid, arena)               who is connecting, and the name of its shared-memory arena
                                                    (None: pixels come inline)
         ("submit", image_id, input, seconds_left, want_logits)
-                                                   a ModelInput (crop, image or tensor), or where its array lies
+                                                   a ModelInput (crop, image, tensor, or a JPEG's bytes to decode
+                                                   on the engine's device), or where its array lies
                                                    in the arena (shm.Shared), its remaining deadline, and whether
                                                    its answer needs the logits
         ("withdraw", image_id, error)              drop it if it still waits (DeadlineExceeded or ClientGone)
@@ -18,7 +19,8 @@ messages (several at a time when they queue up); a message is a tuple whose firs
                                                    (the front end uses it only then)
         ("state", state)                           readiness, liveness, model info: on connect and on every change
         ("result", image_id, outcome)              an Outcome (probabilities, queue/inference time, batch, device)
-        ("error", image_id, error)                 a scheduling.errors.SchedulingError for that image
+        ("error", image_id, error)                 a scheduling.errors.SchedulingError for that image, or the
+                                                   ImageError of a file the engine's device passed to the CPU path
         ("reply", call_id, value)
 
 Every submitted image gets exactly one "result" or "error", withdrawn or not.

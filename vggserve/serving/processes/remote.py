@@ -10,6 +10,7 @@ from typing import Callable
 
 from ...modelinput import ModelInput
 from ..metrics import Metrics
+from ..scheduling.devicedecode import DEVICE_MODES, encoded_or_decoded, note_cpu
 from ..scheduling.errors import Unavailable
 from ..scheduling.imaging import decode_and_crop, decode_for_engine
 from ..settings import Settings
@@ -19,6 +20,7 @@ from .engine_link import EngineClient
 class RemoteBackend:
     def __init__(self, settings: Settings, metrics: Metrics, address: str, authkey: bytes, index: int):
         self.settings = settings
+        self.metrics = metrics
         self.index = index
         self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index,
                                    shares=(settings.max_queue, settings.http_workers))
@@ -74,11 +76,16 @@ class RemoteBackend:
 
     async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
         """(crop or image, seconds): the engine resizes on its device when it can (images), else it gets crops, and
-        normalises them."""
+        normalises them. With --decode gpu|auto and an engine that decodes on its device, a JPEG it takes goes to
+        it as it is, compressed (`devicedecode`)."""
         info = self.model_info()
         task = decode_for_engine if info.get("resizes_on_device") else decode_and_crop
+        if self.settings.decode in DEVICE_MODES:
+            note = note_cpu(self.metrics)
+            if info.get("decodes_on_device"):
+                task = partial(encoded_or_decoded, task=task, note=note)
+            else:
+                note("no_device")
         return await asyncio.get_running_loop().run_in_executor(
-            self.pool, partial(task, decode=self.settings.decode), data, info.get("preprocessing", "torchvision"),
+            self.pool, partial(task, decode=self.settings.cpu_decode), data, info.get("preprocessing", "torchvision"),
             self.settings.max_pixels)
-
-

@@ -89,5 +89,8 @@ class Metadata(BaseModel):
     resize_on_device: bool = Field(False, description="Whether uploads are decoded by the front ends and resized and "
                                    "centre-cropped on the device (bit for bit as on the CPU), with --http-workers "
                                    "above 1 and the OpenCL engine.")
+    decode: str = Field("exact", description="--decode: exact, fast, gpu or auto.")
+    decodes_on_device: bool = Field(False, description="Whether JPEGs the device decoder takes are sent to the engine "
+                                    "compressed and decoded on its device (--decode gpu, or auto on a GPU).")
     frontend: FrontendInfo | None = Field(None, description="The front-end process that answered (with "
                                           "--http-workers above 1).")

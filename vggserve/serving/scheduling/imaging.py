@@ -1,7 +1,8 @@
 """Decode one uploaded image into a `ModelInput`, off the event loop: in a thread of the preprocessing pool
 (`prepare_image`: the float32 tensor), or split between a worker process (`decode_and_crop`: decode + geometry, the
 GIL-bound part) and the main process (`normalize`: crop -> tensor, the same arithmetic as `preprocess`). An HTTP
-front end sends the engine crops, or images that the engine's device resizes (`decode_for_engine`).
+front end sends the engine crops, or images that the engine's device resizes (`decode_for_engine`); with --decode
+gpu, JPEGs the engine's device decodes go to it compressed instead (`devicedecode`).
 
 Every task returns (ModelInput, seconds spent) and raises ImageErrors for images the service refuses; they pickle
 back from a worker process unchanged."""
@@ -16,7 +17,7 @@ from ...modelinput import ModelInput
 log = logging.getLogger("vggserve.serving")
 
 
-def _open(data: bytes, max_pixels: int, formats, decode: str = "exact"):
+def open_upload(data: bytes, max_pixels: int, formats=ALLOWED_FORMATS, decode: str = "exact"):
     """The upload's upright RGB pixels (`decoding.decode_pixels` in `decode` mode, with the service's limits): a PIL
     image or a uint8 array; any decoder failure other than an ImageError is ImageDecodeError."""
     from ...decoding import decode_pixels
@@ -52,7 +53,8 @@ def decode_for_engine(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_F
     """In an HTTP front end whose engine resizes on the device: (`modelinput.device_input`, seconds): the decoded
     RGB image whose Resize(256) + CenterCrop(224) the engine's device does (the same pixels as `center_crop`, at a
     fraction of the CPU), or the crop, as `decode_and_crop`, for images that keep their size or whose decoded pixels
-    exceed modelinput.RAW_LIMIT_BYTES."""
+    exceed modelinput.RAW_LIMIT_BYTES. With --decode gpu the one-process service takes it too, for the files the
+    device does not decode (`devicedecode`): its batches then go to the engine's submit as images."""
     from ...modelinput import device_input
 
     return _decode(data, mode, max_pixels, formats, device_input, decode)
@@ -66,7 +68,7 @@ def _decode(data: bytes, mode: str, max_pixels: int, formats, convert, decode: s
 
     started = time.perf_counter()
     check_mode(mode)
-    image = _open(data, max_pixels, formats, decode)
+    image = open_upload(data, max_pixels, formats, decode)
     try:
         prepared = convert(image)
     finally:

@@ -4,7 +4,8 @@ The feeder (the worker's own thread) takes a batch from the queue, starts it wit
 a completer thread, which waits for the results in submission order and answers the batch's requests. A
 semaphore of DEPTH slots, taken by the feeder before it takes a batch and given back by the completer once the
 batch's results are in (or it failed), keeps at most DEPTH batches in flight: while the device computes one batch,
-the next is already taken, stacked and uploaded, and the previous one's answers go out.
+the next is already taken, its compressed JPEGs decoded on the device (`worker.decoded`, --decode gpu), stacked
+and uploaded, and the previous one's answers go out.
 
 The feeder takes its batch as a busy taker (`BatchQueue.take_batch`'s `busy`) while a batch of its own is still on
 the device: a full batch then, a partial one only once the device is idle, so that an early take never splits the
@@ -66,9 +67,13 @@ class InflightRunner:
                 return
             try:
                 taken = worker.note_taken(batch)
+                batch, inputs = worker.decoded(self.model, batch)  # encoded uploads decoded, on the device
+                if not batch:  # every image of it answered with its decoding error
+                    self._slots.release()
+                    continue
                 if self.failure is None:
                     submitted, want = time.perf_counter(), worker.wants(batch)
-                    pending = self.model.submit(worker.prepare(batch), want)
+                    pending = self.model.submit(worker.prepare(batch, inputs), want)
                     with self._lock:
                         self._on_device += 1
                     self._handoff.put((batch, pending, want, taken, submitted))

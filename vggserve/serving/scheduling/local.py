@@ -14,7 +14,8 @@ from ..settings import Settings, SettingsError
 from .batcher import BatchQueue
 from ...wording import count
 from .errors import Unavailable, shutting_down
-from .imaging import decode_and_crop, normalize, prepare_image
+from .devicedecode import DEVICE_MODES, ON_DEVICE, DeviceDecoding, encoded_or_decoded, note_cpu, route
+from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
 from .procpool import ProcessPool
 from .worker import DeviceWorker
 
@@ -66,7 +67,7 @@ class LocalBackend:
         self.procs, self._procs_started = None, None
         if self.settings.preprocess_procs:
             self.procs = ProcessPool(self.settings.preprocess_procs,
-                                     task=partial(self.preprocess_task, decode=self.settings.decode))
+                                     task=partial(self.preprocess_task, decode=self.settings.cpu_decode))
             self.procs.start()
             self._procs_started = self.pool.submit(self.procs.warm_up)  # readiness waits for it
         if self.settings.weights:
@@ -77,7 +78,9 @@ class LocalBackend:
                                      max_batch_size=self.settings.max_batch_size, max_wait_s=self.settings.max_wait_s,
                                      warmup=self.settings.warmup, on_change=self._worker_changed,
                                      pixels=self.settings.http_workers > 1,
-                                     device_resize=self.settings.resize_on == "device")
+                                     device_resize=self.settings.resize_on == "device",
+                                     decoding=DeviceDecoding(self.metrics, self.settings.decode,
+                                                             self.settings.max_pixels))
                         for device in self.settings.devices]
         for worker in self.workers:  # all listed before any starts: "none alive" must see every worker
             worker.start()
@@ -153,11 +156,34 @@ class LocalBackend:
         return metadata()
 
     async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
-        """(the tensor, seconds): decoded in a thread, or decoded in a worker process and normalised here."""
+        """(the tensor, seconds): decoded in a thread, or decoded in a worker process and normalised here; with
+        --decode gpu|auto and a worker that decodes on its device, `_for_device_decoding`."""
         import asyncio
 
-        mode = self.model_info().get("preprocessing", "torchvision")
+        info = self.model_info()
+        mode = info.get("preprocessing", "torchvision")
+        if self.settings.decode in DEVICE_MODES:
+            if info.get("decodes_on_device"):
+                return await self._for_device_decoding(data, mode)
+            note_cpu(self.metrics)("no_device")
         if self.procs is None:
             return await asyncio.get_running_loop().run_in_executor(
-                self.pool, partial(prepare_image, decode=self.settings.decode), data, mode, self.settings.max_pixels)
+                self.pool, partial(prepare_image, decode=self.settings.cpu_decode), data, mode,
+                self.settings.max_pixels)
         return await self.procs.run(data, mode, self.settings.max_pixels, then=normalize)
+
+    async def _for_device_decoding(self, data: bytes, mode: str) -> tuple[ModelInput, float]:
+        """A JPEG the device decoder takes as it is, compressed (`devicedecode`); any other file as the engine's
+        submit takes it: an image (which it resizes on the device) or a crop, decoded in a thread or a process."""
+        import asyncio
+
+        loop, note = asyncio.get_running_loop(), note_cpu(self.metrics)
+        if self.procs is None:
+            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note)
+            return await loop.run_in_executor(self.pool, task, data, mode, self.settings.max_pixels)
+        started = time.perf_counter()
+        why = await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
+        if why == ON_DEVICE:
+            return ModelInput.encoded(data), time.perf_counter() - started
+        note(why)
+        return await self.procs.run(data, mode, self.settings.max_pixels)  # a crop

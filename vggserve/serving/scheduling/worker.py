@@ -28,6 +28,7 @@ from ...predictions import softmax
 from ...wording import count
 from ..metrics import Metrics
 from .batcher import BatchQueue, Item, Outcome
+from .devicedecode import DeviceDecoding, decodes_on_device
 from .devicestats import device_figures
 from .errors import InferenceFailed
 from ..threadnames import name_this_thread
@@ -42,7 +43,7 @@ class DeviceWorker:
 
     def __init__(self, device: str, model_factory: Callable, queue: BatchQueue, metrics: Metrics, *,
                  max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None],
-                 pixels: bool = False, device_resize: bool = True):
+                 pixels: bool = False, device_resize: bool = True, decoding: DeviceDecoding | None = None):
         self.device = device
         self.model_factory = model_factory
         self.queue = queue
@@ -53,6 +54,7 @@ class DeviceWorker:
         self.on_change = on_change
         self.pixels = pixels  # images arrive as uint8 crops: warm up the path they will take
         self.device_resize = device_resize  # tell the front ends to send images if the model resizes them
+        self.decoding = decoding or DeviceDecoding(metrics)  # encoded uploads: on the device with --decode gpu|auto
         self.state = "starting"
         self.error: str | None = None
         self.info: dict = {}  # device_name, preprocessing, weights_info, max_batch_size, precision once loaded
@@ -110,7 +112,9 @@ class DeviceWorker:
                          "weights_info": dict(getattr(model, "weights_info", None) or {}),
                          "max_batch_size": int(getattr(model, "max_batch_size", self.max_batch_size)),
                          # front ends may then send images, resized and cropped on the device
-                         "resizes_on_device": self.device_resizes(model)}
+                         "resizes_on_device": self.device_resizes(model),
+                         # front ends may then send JPEGs compressed, decoded on the device (devicedecode)
+                         "decodes_on_device": decodes_on_device(model, self.decoding.mode)}
             self._note_device(figures)
             self._model_takes_pixels = hasattr(model, "submit") or hasattr(model, "probabilities_from_pixels")
             if self.warmup:
@@ -161,10 +165,13 @@ class DeviceWorker:
     def run_batch(self, model, batch: list[Item]) -> None:
         """Compute one batch here, in this thread, and answer it."""
         started = self.note_taken(batch)
-        want = self.wants(batch)
         try:
+            batch, inputs = self.decoded(model, batch)
+            if not batch:
+                return
+            want = self.wants(batch)
             t0 = time.perf_counter()
-            argument = self.prepare(batch)
+            argument = self.prepare(batch, inputs)
             call = want if argument.dtype != np.uint8 else f"{want}_from_pixels"
             rows = np.asarray(getattr(model, call)(argument), dtype=np.float32)
             self.resolve(batch, rows, want, started, time.perf_counter() - t0)
@@ -186,10 +193,18 @@ class DeviceWorker:
         """What the batch computes: "logits" when one of its images asks for them, else "probabilities"."""
         return "logits" if any(item.want_logits for item in batch) else "probabilities"
 
-    def prepare(self, batch: list[Item]):
-        """The model's argument for the batch (`modelinput.prepare_batch`), counting the images the device resizes."""
-        argument = prepare_batch([item.input for item in batch], self.info.get("preprocessing", "torchvision"),
-                                 resizes=bool(self.info.get("resizes_on_device")),
+    def decoded(self, model, batch: list[Item]) -> tuple[list[Item], list]:
+        """(the items still to compute, their inputs): the batch's encoded uploads decoded (`devicedecode`), each
+        the CPU path refuses answered with its ImageError."""
+        return self.decoding.decode(model, batch, bool(self.info.get("decodes_on_device")),
+                                    self.info.get("preprocessing", "torchvision"))
+
+    def prepare(self, batch: list[Item], inputs: list | None = None):
+        """The model's argument for the batch (`modelinput.prepare_batch`; `inputs`: the items' inputs as `decoded`
+        gave them), counting the images the device resizes."""
+        inputs = [item.input for item in batch] if inputs is None else inputs
+        argument = prepare_batch(inputs, self.info.get("preprocessing", "torchvision"),
+                                 resizes=bool(self.info.get("resizes_on_device") or self.info.get("decodes_on_device")),
                                  takes_pixels=self._model_takes_pixels)
         if isinstance(argument, list):
             self.metrics.device_resized.inc(sum(x.needs_resize for x in argument))

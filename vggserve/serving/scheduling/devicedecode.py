@@ -1,0 +1,174 @@
+"""Uploads decoded on the engine's device (`vggserve serve --decode gpu|auto`), and where each file goes instead.
+
+    front end (LocalBackend, or a front-end process's RemoteBackend), per upload, in a decoding thread:
+        encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
+                                        as they came; any other file -> decoded here as under --decode exact
+    device worker, per batch, before the batch is prepared (while the device computes the previous one):
+        DeviceDecoding.decode(model, batch, on_device, preprocessing)
+                                        one `decode_for_model` call for the batch's encoded images; one whose
+                                        stream the device flags is decoded on the CPU, with the CPU path's pixels
+                                        or its ImageError, which answers that image alone
+
+Which files the device takes is `decoding.device.prepare` with the service's pixel limit and the format allowlist,
+the same checks as the CPU path, so a file over the limit (or of a refused format) still gets the CPU path's 413 or
+415. A worker decodes on its device only where its model is the engine (it has `jpeg_decoder` and `submit`), resizes
+bit for bit as Pillow there, and, under `auto`, its device is a GPU (`decodes_on_device`); the worker tells the front
+ends so in its info (`decodes_on_device`), and they decode everything on the CPU otherwise. An encoded image that
+reaches a worker that does not decode on its device (several workers of which only some do) is decoded there, on
+the CPU.
+
+vggserve_decoded_images_total{path, reason} counts, under gpu and auto, where each upload was decoded and why:
+    path=device  baseline_jpeg   decoded on the engine's device
+    path=cpu     other_format    not a JPEG (PNG, WebP, GIF, ...)
+                 jpeg_kind       a JPEG the device decoder does not take (progressive, arithmetic, CMYK, 12-bit, ...)
+                 header          its header refused: the pixel limit, the format allowlist, a header Pillow refuses
+                 stream          the device flagged its stream (corrupt or unusual): decoded, or refused, on the CPU
+                 device_error    the device decoder failed on its batch (logged): the batch decoded on the CPU
+                 no_device       the worker does not decode on its device (--decode auto off a GPU, a stand-in model)
+                 tensor_batch    its batch also holds v2 FP32 tensors, which run as tensors prepared on the CPU
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ...errors import ImageError
+from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
+from ...modelinput import ENCODED, TENSOR, ModelInput, uses_device_resize
+from ...wording import count
+
+log = logging.getLogger("vggserve.serving")
+
+DEVICE_MODES = ("gpu", "auto")
+DEVICE, CPU = "device", "cpu"
+ON_DEVICE = "baseline_jpeg"
+CPU_REASONS = ("other_format", "jpeg_kind", "header", "stream", "device_error", "no_device", "tensor_batch")
+_HEADER_REFUSALS = ("header refused", "JPEG is not an accepted format", "more pixels than the limit")
+
+
+def refusal_reason(reason: str) -> str:
+    """The metric's reason for a `decoding.device.Refusal`'s text."""
+    if reason == "not a JPEG":
+        return "other_format"
+    if reason.startswith(_HEADER_REFUSALS):
+        return "header"
+    return "jpeg_kind"
+
+
+def route(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS) -> str:
+    """ON_DEVICE when the device decoder takes `data` under these limits, else the CPU path's reason."""
+    from ...decoding.device import Refusal, prepare
+
+    prepared = prepare(data, max_pixels, formats)
+    return refusal_reason(prepared.reason) if isinstance(prepared, Refusal) else ON_DEVICE
+
+
+def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, *, task,
+                       decode: str = "exact", note=None) -> tuple[ModelInput, float]:
+    """In a front end's decoding thread: (the encoded input, seconds) for a file the device decodes, else `task`'s
+    answer for it, `task` being the CPU path it takes today (imaging.prepare_image, decode_and_crop,
+    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`)."""
+    from ...preprocessing import check_mode
+
+    started = time.perf_counter()
+    check_mode(mode)  # as the CPU path does first
+    why = route(data, max_pixels, formats)
+    if why == ON_DEVICE:
+        return ModelInput.encoded(data), time.perf_counter() - started
+    if note is not None:
+        note(why)
+    image, seconds = task(data, mode, max_pixels, formats, decode=decode)
+    return image, time.perf_counter() - started
+
+
+def note_cpu(metrics):
+    """`note(reason)`: counts one upload decoded on the CPU for `reason` (the device worker counts its own)."""
+
+    def note(reason: str) -> None:
+        metrics.decoded.labels(path=CPU, reason=reason).inc()
+
+    return note
+
+
+def decodes_on_device(model, mode: str) -> bool:
+    """Whether a worker with `model` decodes encoded uploads on its device under --decode `mode` (and its decoder's
+    kernels are built, now, before it reports ready)."""
+    if mode not in DEVICE_MODES or not hasattr(model, "jpeg_decoder") or not hasattr(model, "submit"):
+        return False
+    if mode == "auto" and getattr(getattr(model, "device_info", None), "kind", None) != "gpu":
+        return False
+    if not uses_device_resize(model):  # a device-decoded image is resized there: only where that is Pillow's
+        return False
+    try:
+        model.jpeg_decoder()
+    except Exception:  # noqa: BLE001 - no device decoding is no worse than --decode exact
+        log.exception("the device JPEG decoder could not be built on %s; uploads are decoded on the CPU",
+                      getattr(model, "device_name", "the device"))
+        return False
+    return True
+
+
+class DeviceDecoding:
+    """A device worker's side: its batches' encoded images decoded, on its device or on the CPU."""
+
+    def __init__(self, metrics, mode: str = "exact", max_pixels: int = DEFAULT_MAX_PIXELS,
+                 formats=ALLOWED_FORMATS):
+        self.metrics, self.mode, self.max_pixels, self.formats = metrics, mode, max_pixels, formats
+
+    def note(self, path: str, reason: str, n: int = 1) -> None:
+        if n and self.mode in DEVICE_MODES:
+            self.metrics.decoded.labels(path=path, reason=reason).inc(n)
+
+    def decode(self, model, batch: list, on_device: bool, preprocessing: str) -> tuple[list, list]:
+        """(the items of `batch` still to compute, their inputs): each encoded input decoded, on `model`'s device
+        when `on_device` (a DeviceImage, or the CPU path's image or crop), else on the CPU (a crop); an item whose
+        file the CPU path refuses is answered with that ImageError and leaves the batch."""
+        inputs = [item.input for item in batch]
+        where = [i for i, x in enumerate(inputs) if x.form == ENCODED]
+        if not where:
+            return batch, inputs
+        datas = [inputs[i].data for i in where]
+        tensors = any(x.form == TENSOR for x in inputs)
+        decoded = None
+        if on_device and not tensors:
+            decoded = self._on_device(model, datas)
+        if decoded is None:
+            reason = "tensor_batch" if on_device and tensors else "device_error" if on_device else "no_device"
+            decoded = [self._on_cpu(data, preprocessing) for data in datas]
+            self.note(CPU, reason, len(datas))
+        for i, x in zip(where, decoded):
+            inputs[i] = x
+        kept = [(item, x) for item, x in zip(batch, inputs) if not isinstance(x, ImageError)]
+        for item, x in zip(batch, inputs):
+            if isinstance(x, ImageError):
+                item.future.set_exception(x)
+        return [item for item, _ in kept], [x for _, x in kept]
+
+    def _on_device(self, model, datas: list) -> list | None:
+        """decode_for_model's answer (None when the decoder failed on the batch: logged)."""
+        from ...decoding.device.onmodel import decode_for_model
+        from .imaging import open_upload
+
+        def cpu(data):
+            return open_upload(data, self.max_pixels, self.formats)
+
+        try:
+            decoded = decode_for_model(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
+        except Exception:  # noqa: BLE001 - the CPU decodes them instead; the device's own failure shows in its batch
+            log.exception("the device JPEG decoder failed on a batch of %s; decoded on the CPU instead",
+                          count(len(datas), "image"))
+            return None
+        on_device = sum(getattr(x, "form", None) == DEVICE for x in decoded)
+        self.note(DEVICE, ON_DEVICE, on_device)
+        self.note(CPU, "stream", len(decoded) - on_device)
+        return decoded
+
+    def _on_cpu(self, data: bytes, preprocessing: str):
+        """The CPU path's crop of `data` (modelinput prepares it as the batch needs), or its ImageError."""
+        from .imaging import decode_and_crop
+
+        try:
+            return decode_and_crop(data, preprocessing, self.max_pixels, self.formats)[0]
+        except ImageError as exc:
+            return exc
