@@ -73,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image", default=None, help="image file to send (default: a synthetic 500x375 JPEG)")
     p.add_argument("--image-mix", choices=("single", "photo"), default="single",
                    help="single: --image every time; photo: 1 in 8 a 12 MP JPEG, 1 in 8 a 2 MP one, the rest 500x375")
-XX
+    p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
+                   help="server's --decode (default: exact; gpu: the front ends send JPEGs compressed, the engine decodes "
+                        "them on its device)")
     p.add_argument("--precision", default=None,
                    help="engine precision (fp32, fp16, ...), where this build's model takes a precision option")
     p.add_argument("--client", choices=("raw", "httpx"), default="raw",
