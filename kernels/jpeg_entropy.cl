@@ -133,55 +133,39 @@ inline void je_mcu_init(je_mcu *m, __global const int *cp, const int ncomp)
     m->dc2 = ncomp > 2 ? cp[2 * JH_COMP + 4] : 0; m->ac2 = ncomp > 2 ? cp[2 * JH_COMP + 5] : 0;
 }
 
-/* A window of the data held in registers: bytes [q, q + clean) big-endian in hi:lo, none of them 0xFF. Most
- * symbols are read from it, with no memory access: one 16-byte load serves a dozen symbols or so. */
-typedef struct {
-    ulong hi, lo;
-    int q, clean;
-} je_window;
-
-inline void je_load(__global const uchar *d, const int q, const int end, je_window *w)
+/* the big-endian value of bytes v, and whether one of them is 0xFF (a marker or a stuffed byte: the byte-wise way) */
+inline ulong je_be8(const uchar8 v) { return as_ulong(v.s76543210); }
+inline uint je_be4(const uchar4 v) { return as_uint(v.s3210); }
+inline int je_has_ff8(const uchar8 v)
 {
-    w->q = q;
-    w->clean = 0;
-    if (q + 16 > end) return;  /* the scan's last bytes go the byte-wise way */
-    const uchar16 v = vload16(0, d + q);
-    const ulong a = ~as_ulong(v.lo), b = ~as_ulong(v.hi);  /* little-endian; a 0xFF byte is now a zero byte */
-    const ulong K1 = 0x0101010101010101UL, K8 = 0x8080808080808080UL;
-    const ulong za = (a - K1) & ~a & K8, zb = (b - K1) & ~b & K8;  /* exact at the lowest zero byte */
-    if (za) w->clean = (int)(63 - clz(za & (~za + 1))) >> 3;
-    else if (zb) w->clean = 8 + ((int)(63 - clz(zb & (~zb + 1))) >> 3);
-    else w->clean = 16;
-    w->hi = as_ulong(v.s76543210);
-    w->lo = as_ulong(v.sfedcba98);
+    const ulong x = ~as_ulong(v);  /* a 0xFF byte is now a zero byte */
+    return ((x - 0x0101010101010101UL) & ~x & 0x8080808080808080UL) != 0;
 }
-
-/* the 32 bits from bit `bit` of byte `pos`, which lies in the window with 5 clean bytes from it */
-inline uint je_window_peek(const je_window *w, const int pos, const int bit)
+inline int je_has_ff4(const uchar4 v)
 {
-    const int s = (pos - w->q) * 8 + bit;  /* 0 .. 95 */
-    ulong v;
-    if (s == 0) v = w->hi;
-    else if (s < 64) v = (w->hi << s) | (w->lo >> (64 - s));
-    else v = w->lo << (s - 64);
-    return (uint)(v >> 32);
+    const uint x = ~as_uint(v);
+    return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
 }
 
 /* decode symbols starting before bit `stop_p`, from (p, u, k); with `coef` non-null also write the coefficients of
  * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code.
- * What depends only on the block (its component, tables, DC predictor, coefficients' place) is found once per
- * block; the bits come from a register window (je_window) where no 0xFF is near. */
+ * The bits come from a 64-bit register buffer, refilled 4 bytes at a time where the bytes hold no 0xFF (the bit
+ * position is then plain arithmetic); near a 0xFF, and at the scan's last bytes, each symbol is read byte-wise
+ * (je_peek, je_skip). What depends only on the block (its component, tables, DC predictor, coefficients' place)
+ * is found once per block. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
                   int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
                   __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total)
 {
     *blocks = 0;
-    je_window w;
-    w.q = 0; w.clean = 0; w.hi = 0; w.lo = 0;
+    int p = *pos * 8 + *bit;  /* the next bit, 8 * byte + bit */
+    const int stop = (int)min(stop_p, (long)0x7FFFFFFF);
+    ulong acc = 0;            /* the bits from p on, left-aligned; `avail` of them loaded, all from clean bytes */
+    int avail = 0, lpos = 0;  /* lpos: the next byte to load */
     int c = 0, fresh = 1;
     __global const int *tdc = tab, *tac = tab;
     __global short *blk = 0;
-    while ((long)*pos * 8 + *bit < stop_p) {
+    while (p < stop) {
         if (coef && b0 + *blocks >= total) break;
         if (*k == 0 || fresh) {  /* a new block (or the first symbol of this call): its component and tables */
             fresh = 0;
@@ -199,30 +183,48 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
         }
         const int dc = (*k == 0);
         __global const int *t = dc ? tdc : tac;
-        int clean;
-        uint word;
-        if (*pos < w.q || *pos + 5 > w.q + w.clean) je_load(d, *pos, end, &w);
-        if (*pos + 5 <= w.q + w.clean) {
-            word = je_window_peek(&w, *pos, *bit);
-            clean = 1;
-        } else {
-            word = je_peek(d, *pos, *bit, end, &clean);
+        if (avail < 32) {
+            if (avail == 0) {  /* (re)start the buffer at p */
+                const int q = p >> 3;
+                if (q + 8 <= end) {
+                    const uchar8 v = vload8(0, d + q);
+                    if (!je_has_ff8(v)) {
+                        acc = je_be8(v) << (p & 7);
+                        avail = 64 - (p & 7);
+                        lpos = q + 8;
+                    }
+                }
+            } else if (lpos + 4 <= end) {  /* top it up */
+                const uchar4 v = vload4(0, d + lpos);
+                if (!je_has_ff4(v)) {
+                    acc |= (ulong)je_be4(v) << (32 - avail);
+                    avail += 32;
+                    lpos += 4;
+                }
+            }
         }
+        const int fast = avail >= 32;  /* a symbol is at most 31 bits: all of them loaded, from clean bytes */
+        int q = p >> 3, b = p & 7, clean = 1;
+        const uint word = fast ? (uint)(acc >> 32) : je_peek(d, q, b, end, &clean);
         int len, val;
         int sym = je_symbol(word, t, dc, &len, &val);
         if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, take 16 of them as an end of block */
             if (coef) return JH_BAD_CODE;
             sym = 0; len = 16; val = 0;
         }
-        if (clean) {  /* no 0xFF among the bytes read: plain arithmetic (len <= 31 stays within them) */
-            *bit += len;
-            *pos += *bit >> 3;
-            *bit &= 7;
-        } else if (!je_skip(d, pos, bit, len, end)) {
-            if (coef) return JH_PAST_DATA;
-            *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
-            *bit = 0;
-            return 0;
+        if (fast) {
+            acc <<= len;
+            avail -= len;
+            p += len;
+        } else {
+            if (!je_skip(d, &q, &b, len, end)) {
+                if (coef) return JH_PAST_DATA;
+                *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
+                *bit = 0;
+                return 0;
+            }
+            p = q * 8 + b;
+            avail = 0;
         }
         if (dc) {
             int *dcp = (c == 0) ? dc0 : ((c == 1) ? dc1 : dc2);
@@ -251,6 +253,8 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
             *blocks += 1;
         }
     }
+    *pos = p >> 3;
+    *bit = p & 7;
     return 0;
 }
 
