@@ -19,7 +19,7 @@ from .web.cors import JsonCORSMiddleware
 from .web.drain import DrainMiddleware
 from .web.head import HeadAsGetMiddleware
 from .protocols.errors import UnexpectedErrorMiddleware, install_error_handlers
-from .protocols.hotpath import HotPathMiddleware
+from .protocols.hotpath import hot_routes
 from .web.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from .web.request_id import HEADER as REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import RequestMetricsMiddleware
@@ -55,6 +55,7 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
     # /docs and /redoc with their JS and CSS served from the installed fastapi-offline package, not a CDN: they
     # work on an air-gapped host
     app = FastAPIOffline(title="vggserve", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    hot_routes(app)  # POST /classify and v2 infer of plain requests skip FastAPI's per-request machinery
     app.state.service = service
     install_error_handlers(app)
     app.include_router(classify_router)
@@ -63,9 +64,7 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
     app.include_router(v2_router)
     # add_middleware puts each one outside the previous: requests meet metrics, the request id, CORS (preflights
     # answered before the API key is asked for), the 500 for unexpected errors, drain, auth, the body's size limit and
-    # its timeout, then HEAD routed as GET, then the hot routes' adapter (one image per request, without FastAPI's
-    # per-request machinery)
-    app.add_middleware(HotPathMiddleware, handlers=app.exception_handlers)
+    # its timeout, then HEAD routed as GET
     app.add_middleware(HeadAsGetMiddleware, router=app.router)
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.read_timeout_s)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)

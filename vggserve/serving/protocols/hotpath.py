@@ -1,19 +1,24 @@
-"""The hot routes, `POST /classify` and v2 `POST /v2/models/{model}[/versions/{version}]/infer`, answered by a pure
-ASGI adapter ahead of FastAPI's per-request machinery (its router, dependency solving and exception middleware);
-FastAPI keeps the API surface, the OpenAPI schema and /docs, and the same routes answer every request the adapter
-passes on.
+"""The hot routes, `POST /classify` and v2 `POST /v2/models/{model}[/versions/{version}]/infer`, answered by a thin
+adapter ahead of FastAPI's per-request machinery (its telemetry check, router, dependency solving and validation);
+FastAPI keeps the API surface, the OpenAPI schema and /docs, and answers every other request.
 
-The adapter sits inside every middleware of ours (request id, metrics, CORS, drain, auth, the body's limits), so
-those apply to it as to any route. It takes a request only when its parameters are plain (`top_k` alone in the
-query, as canonical digits in range; `X-Request-Timeout-Ms` once, likewise), calls the route's own function on it,
-and answers an exception with the app's own handler for it, as FastAPI would: the answers are the same, byte for
-byte and header for header. A request with anything else in its query or headers (a bad `top_k`, an unknown
-parameter) goes to FastAPI, whose validation answers it.
+    app = create_app(settings)      # hot_routes(app) is called there: the app's class gains the adapter
+
+The adapter runs the route's own function under the same middlewares as any route (the app's user middlewares,
+built once from `app.user_middleware`, between Starlette's last-resort 500 and the route): request id, metrics,
+CORS, drain, API key, the body's size and pace, the front end's header. It takes a request only when its
+parameters are plain (`top_k` alone in the query, as canonical digits in range; `X-Request-Timeout-Ms` at most
+once, likewise), and answers an exception with the app's own handler for it, as FastAPI's exception middleware
+would: the answers are the same, byte for byte and header for header. A request with anything else in its query
+or headers (a bad `top_k`, an unknown parameter) goes to FastAPI, whose validation answers it. FastAPI's own
+OpenTelemetry instrumentation, when a provider is configured, sees the other routes only.
 """
 
 import re
 
+from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 
 from ..settings import MAX_TIMEOUT_MS, MAX_TOP_K
@@ -22,7 +27,9 @@ from .errors import V2_PREFIX
 
 _DIGITS = re.compile(rb"[1-9][0-9]{0,5}")  # canonical: FastAPI reads "05" or "+5" as 5 too; those go to it
 _TIMEOUT_HEADER = b"x-request-timeout-ms"
+_CALL = "vggserve.hot_call"  # scope key: the route function and its arguments
 DEFAULT_TOP_K = 5
+_V2_MODELS = V2_PREFIX + "/models/"
 
 
 def _number(raw: bytes, highest: int) -> int | None:
@@ -41,10 +48,10 @@ def _top_k(query: bytes) -> int | None:
     return _number(value, MAX_TOP_K) if name == b"top_k" and sep else None
 
 
-def _timeout_ms(scope) -> tuple[bool, int | None]:
+def _timeout_ms(headers) -> tuple[bool, int | None]:
     """(plain, X-Request-Timeout-Ms): plain is False when the header is there more than once or not plainly."""
     found = None
-    for name, value in scope["headers"]:
+    for name, value in headers:
         if name == _TIMEOUT_HEADER:
             if found is not None:
                 return False, None
@@ -57,58 +64,97 @@ def _timeout_ms(scope) -> tuple[bool, int | None]:
 
 def _v2_model(path: str) -> tuple[str, str | None] | None:
     """(model, version) of a v2 infer path, else None (as the routes' `{model}` and `{version}` match)."""
-    parts = path[len(V2_PREFIX):].split("/")
-    if len(parts) == 4 and parts[:2] == ["", "models"] and parts[3] == "infer" and parts[2]:
-        return parts[2], None
-    if (len(parts) == 6 and parts[:2] == ["", "models"] and parts[3] == "versions" and parts[5] == "infer"
-            and parts[2] and parts[4]):
-        return parts[2], parts[4]
+    parts = path[len(_V2_MODELS):].split("/")
+    if len(parts) == 2 and parts[1] == "infer" and parts[0]:
+        return parts[0], None
+    if len(parts) == 4 and parts[1] == "versions" and parts[3] == "infer" and parts[0] and parts[2]:
+        return parts[0], parts[2]
     return None
 
 
-class HotPathMiddleware:
-    """Pure ASGI middleware, innermost: see the module's docstring. `handlers` is the app's exception_handlers."""
+def hot_call(scope) -> tuple | None:
+    """(route function, its arguments after the request) when the adapter takes this request, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path = scope["path"]
+    if path == "/classify":
+        top_k = _top_k(scope["query_string"])
+        plain, timeout_ms = _timeout_ms(scope["headers"])
+        return (classify.classify, top_k, timeout_ms) if top_k is not None and plain else None
+    if path.startswith(_V2_MODELS) and path.endswith("/infer"):
+        named = _v2_model(path)
+        return (v2.infer, *named) if named is not None else None
+    return None
 
-    def __init__(self, app, handlers: dict):
-        self.app = app
+
+def _handler(handlers: dict, exc: Exception):
+    """The app's handler for `exc`, as Starlette's exception middleware finds it (Exception's handler is the last
+    resort's, outside every middleware, not the route's)."""
+    if isinstance(exc, HTTPException) and exc.status_code != 500 and exc.status_code in handlers:
+        return handlers[exc.status_code]
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        if cls in handlers:
+            return handlers[cls]
+    return None
+
+
+class HotRoute:
+    """The innermost ASGI app of the adapter: the route function named in the scope, its response sent, or the
+    app's handler's answer to what it raised."""
+
+    def __init__(self, handlers: dict):
         self.handlers = handlers
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            if path == "/classify":
-                top_k = _top_k(scope["query_string"])
-                plain, timeout_ms = _timeout_ms(scope)
-                if top_k is not None and plain:
-                    request = Request(scope, receive)
-                    return await self._answer(request, send, classify.classify(request, top_k, timeout_ms))
-            elif path.startswith(V2_PREFIX + "/models/") and path.endswith("/infer"):
-                named = _v2_model(path)
-                if named is not None:
-                    request = Request(scope, receive)
-                    return await self._answer(request, send, v2.infer(request, *named))
-        await self.app(scope, receive, send)
-
-    async def _answer(self, request: Request, send, endpoint) -> None:
-        """Send what the route's coroutine returns, or what the app's handler answers for what it raises."""
+        endpoint, *args = scope[_CALL]
+        request = Request(scope, receive)
         try:
-            response = await endpoint
+            response = await endpoint(request, *args)
         except Exception as exc:
-            handler = self._handler(exc)
+            handler = _handler(self.handlers, exc)
             if handler is None:
                 raise  # unexpected: the 500 of UnexpectedErrorMiddleware, as from any route
             response = await handler(request, exc)
             exc.__traceback__ = None
-        await response(request.scope, request.receive, send)
+        await response(scope, receive, send)
 
-    def _handler(self, exc: Exception):
-        """The app's handler for `exc`, as Starlette's exception middleware finds it (Exception's is the last
-        resort's, not the route's)."""
-        if isinstance(exc, HTTPException) and exc.status_code in self.handlers:
-            return self.handlers[exc.status_code]
-        for cls in type(exc).__mro__:
-            if cls is Exception:
-                return None
-            if cls in self.handlers:
-                return self.handlers[cls]
-        return None
+
+class HotRoutesApp(FastAPI):
+    """A FastAPI app (or one of its factories', such as fastapi-offline's) whose hot routes skip its per-request
+    machinery: see the module's docstring. `hot_routes = False` turns the adapter off (tests compare both)."""
+
+    hot_routes = True
+    _hot_stack = None
+
+    async def __call__(self, scope, receive, send):
+        call = hot_call(scope) if self.hot_routes and not self.root_path else None
+        if call is None:
+            return await super().__call__(scope, receive, send)
+        scope["app"] = self
+        scope[_CALL] = call
+        if self._hot_stack is None:
+            self._hot_stack = self._build_hot_stack()
+        await self._hot_stack(scope, receive, send)
+
+    def add_middleware(self, *args, **kwargs) -> None:
+        super().add_middleware(*args, **kwargs)
+        self._hot_stack = None
+
+    def _build_hot_stack(self):
+        """HotRoute inside the app's user middlewares, inside Starlette's last-resort 500, as FastAPI builds its
+        stack around the router."""
+        error_handler = self.exception_handlers.get(500) or self.exception_handlers.get(Exception)
+        app = HotRoute(self.exception_handlers)
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return ServerErrorMiddleware(app, handler=error_handler, debug=self.debug)
+
+
+def hot_routes(app: FastAPI) -> FastAPI:
+    """`app` (a FastAPI instance, as fastapi-offline's factory makes it), its class now HotRoutesApp."""
+    if type(app) is not FastAPI:
+        raise TypeError(f"hot_routes takes a FastAPI app, got a {type(app).__name__}")
+    app.__class__ = HotRoutesApp
+    return app
