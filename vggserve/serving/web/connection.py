@@ -4,7 +4,8 @@ the app.
 - A request's headers must all arrive within `read_timeout_s` of its first byte (of the connection's opening, for
   its first request), as nginx's client_header_timeout: else 408 and the connection is closed. A connection that
   sends nothing at all in that time is closed without an answer (as an idle keep-alive connection is), since
-  browsers open spare connections they may never use. The body's timeout is the app's (web.limits).
+  browsers open spare connections they may never use. The body's timeout is the app's (web.limits); the connection
+  tells it, in the scope, when the body's next piece has already arrived (then there is no wait to time).
 - A request the parser refuses (a Content-Length that is not a number, a malformed request line, ...) gets 400.
 
 Both answers are the project's JSON error body (v2's shape under /v2) with an X-Request-ID, not uvicorn's text/plain,
@@ -19,6 +20,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..metrics import Metrics, endpoint_label
 from ..protocols.errors import error_body
+from .limits import BODY_READY
 from .request_id import HEADER as REQUEST_ID_HEADER, usable_id
 
 
@@ -49,6 +51,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # uvicorn's receive() waits on this event when unset
+            self.scope[BODY_READY] = cycle.message_event.is_set
 
     def send_400_response(self, msg: str) -> None:
         """Called by uvicorn while it handles the parser's error (in its `except` block)."""

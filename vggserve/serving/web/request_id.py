@@ -53,22 +53,30 @@ class RequestIdMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == self.header), "")
-        rid = usable_id(given) or uuid.uuid4().hex
+        header = self.header
+        given = ""
+        for name, value in scope.get("headers", ()):
+            if name == header:
+                given = value.decode("latin-1")
+                break
+        rid = usable_id(given) if given else None
+        rid = rid or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
         token = current.set(rid)
-        started, status = time.perf_counter(), {"code": 500}
+        started, status = time.perf_counter(), 500
 
         async def send_with_id(message):
+            nonlocal status
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-                headers = [h for h in message.get("headers", ()) if h[0].lower() != self.header]
-                message["headers"] = [*headers, (self.header, rid.encode())]
+                status = message["status"]
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != header]
+                message["headers"] = [*headers, (header, rid.encode())]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            log.debug("%s %s -> %s in %.1f ms", scope.get("method"), scope.get("path"), status["code"],
-                      (time.perf_counter() - started) * 1000)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %s -> %s in %.1f ms", scope.get("method"), scope.get("path"), status,
+                          (time.perf_counter() - started) * 1000)
             current.reset(token)
