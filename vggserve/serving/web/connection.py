@@ -14,14 +14,13 @@ and are counted in vggserve_requests_total like any answer.
 
 import json
 import sys
-import uuid
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..metrics import Metrics, endpoint_label
 from ..protocols.errors import error_body
 from .limits import BODY_READY
-from .request_id import HEADER as REQUEST_ID_HEADER, usable_id
+from .request_id import HEADER as REQUEST_ID_HEADER, new_id, usable_id
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -93,7 +92,7 @@ class GuardedProtocol(HttpToolsProtocol):
         path = self._path()
         given = next((v.decode("latin-1") for k, v in self.headers or () if k == REQUEST_ID_HEADER.lower().encode()),
                      "")
-        rid = usable_id(given) or uuid.uuid4().hex
+        rid = usable_id(given) or new_id()
         body = json.dumps(error_body(code, message, path), separators=(",", ":")).encode()
         head = [STATUS_LINE[status]]
         for name, value in [*self.server_state.default_headers, (b"content-type", b"application/json"),
