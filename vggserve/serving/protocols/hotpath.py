@@ -122,8 +122,9 @@ class HotRoute:
 
 
 class HotRoutesApp(FastAPI):
-    """A FastAPI app (or one of its factories', such as fastapi-offline's) whose hot routes skip its per-request
-    machinery: see the module's docstring. `hot_routes = False` turns the adapter off (tests compare both)."""
+    """A FastAPI app whose hot routes skip its per-request machinery (see the module's docstring); fastapi-offline's
+    factory makes a FastAPI, which `hot_routes` gives this class. `hot_routes = False` turns the adapter off (the
+    tests compare both)."""
 
     hot_routes = True
     _hot_stack = None
