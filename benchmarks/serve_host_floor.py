@@ -3,6 +3,7 @@ that takes no time.
 
     python benchmarks/serve_host_floor.py --http-workers 2 --duration 10
     python benchmarks/serve_host_floor.py --http-workers 8 --client-procs 4 --duration 20     # a 16-core host
+    python benchmarks/serve_host_floor.py --http-workers 2 --duration 10 --size 64x48         # beside the decode
 
 `vggserve serve` runs with --http-workers front-end processes on an instant stand-in engine
 (vggserve.testing.models.InstantModel: it takes decoded images as the GPU engine does, copies them into a staging
@@ -71,7 +72,9 @@ def main(argv=None) -> int:
     p.add_argument("--weights", default=None, help="serve the real engine with these weights on --device instead of "
                    "the instant stand-in")
     p.add_argument("--device", default="gpu", help="the engine's device with --weights (default gpu)")
-    p.add_argument("--image", default=None, help="JPEG to send (default: serve_saturation's 500x375)")
+    p.add_argument("--image", default=None, help="JPEG to send (default: serve_saturation's synthetic one)")
+    p.add_argument("--size", default="500x375", metavar="WxH",
+                   help="the synthetic JPEG's size (default 500x375; 64x48 leaves the decode out of the picture)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.decode in ("gpu", "auto") and not args.weights:
@@ -85,7 +88,8 @@ def main(argv=None) -> int:
                         ("WEIGHTS", repr(str(Path(args.weights).resolve()) if args.weights else None)),
                         ("THREADS", args.preprocess_threads)):
         code = code.replace(name, str(value))
-    body = Path(args.image).read_bytes() if args.image else serve_saturation.synthetic_jpeg()
+    width, height = (int(n) for n in args.size.lower().split("x"))
+    body = Path(args.image).read_bytes() if args.image else serve_saturation.synthetic_jpeg(width, height)
     with ServerProcess.python_code(code) as server:
         server.wait_ready(600 if args.weights else 120)
         result = serve_saturation.drive(server.url, [body], args.concurrency, args.client_procs, args.warmup,

@@ -103,3 +103,17 @@ def test_the_services_host_floor_runs_the_engine_with_device_decoding(tmp_path, 
     result = json.loads(out.read_text())
     assert result["ok"] > 0 and set(result["statuses"]) == {"200"}
     assert result["decoded"]["device/baseline_jpeg"] >= result["ok"] and "decoded: device/baseline_jpeg" in done.stdout
+
+
+def test_the_front_ends_own_cpu_is_measured_on_every_hot_route(tmp_path):
+    """benchmarks/frontend_overhead.py: a front end's app over an instant backend, every route answered 200."""
+    out = tmp_path / "overhead.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "frontend_overhead.py"), "--requests", "100",
+                           "--rounds", "1", "--concurrency", "4", "--hop", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results) == {"health", "classify", "classify-form", "v2"}
+    for route, result in results.items():
+        assert result["statuses"] == {"200": 100} and result["cpu_ms_per_request"] > 0, (route, result)
+    assert "ms CPU per request" in done.stdout

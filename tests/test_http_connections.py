@@ -80,6 +80,32 @@ def test_a_body_that_stops_arriving_is_408_and_the_connection_closed(port, path,
     assert "--read-timeout" in message and "0.5 s" in message
 
 
+def test_a_body_already_arrived_is_read_without_a_deadline_and_a_late_one_with_it(port, monkeypatch):
+    """The connection tells the app when the body's next piece is in (web.limits.BODY_READY): no timer is set for a
+    read that cannot wait (a small upload arrives with its headers; issue 24), and a body that comes later is still
+    read within --read-timeout."""
+    from vggserve.serving.web import limits
+
+    timed, waiting = [], threading.Event()
+    within = limits._within
+
+    def counting(awaitable, seconds):
+        timed.append(seconds)
+        waiting.set()
+        return within(awaitable, seconds)
+
+    monkeypatch.setattr(limits, "_within", counting)
+    head = request("/classify", "Content-Type: image/png", f"Content-Length: {len(PNG)}", "Connection: close")
+    assert exchange(port, head + PNG)[0] == 200
+    assert timed == []
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head)
+        assert waiting.wait(30), "the app never waited for the body"
+        s.sendall(PNG)
+        assert s.makefile("rb").readline().split()[1] == b"200"
+    assert timed == [READ_TIMEOUT_S]
+
+
 def test_headers_that_do_not_arrive_in_time_are_408_and_the_connection_closed(port):
     # the last header is still coming; the ones before it have arrived
     partial = b"POST /classify HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-ID: slow-2\r\nContent-Type: ima"

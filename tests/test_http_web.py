@@ -37,6 +37,26 @@ def test_a_request_id_is_generated_when_absent_or_unusable():
         assert refused.status_code == 400 and refused.headers["x-request-id"] == "empty-1"
 
 
+def test_generated_request_ids_are_unique_within_a_process_and_across_a_fork():
+    """Ids are a random prefix per process and a counter (no getrandom call per request; issue 24)."""
+    import os
+
+    from vggserve.serving.web.request_id import new_id
+
+    ids = [new_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a process of its own, so ids of its own
+        os.write(write, new_id().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert re.fullmatch(r"[0-9a-f]{32}", child) and child[:16] != ids[0][:16] and child not in ids
+
+
 def test_log_lines_name_the_request_they_belong_to():
     from vggserve.serving.web.request_id import current
 

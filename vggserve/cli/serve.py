@@ -52,10 +52,13 @@ def register(subparsers) -> None:
     p.add_argument("--preprocess-procs", type=int, default=None, metavar="N",
                    help="worker processes decoding images, past the GIL (default 0: in the threads only)")
     p.add_argument("--http-workers", default=None, metavar="N",
-                   help="HTTP front-end processes (1..64, or `auto` = half the cores, 2..8): each parses requests "
-                        "and decodes images in its own process and sends the crops to this process, which batches "
-                        "them on the devices. Use it when the front end, not the device, is the limit (default: "
-                        "`auto` when every device is a GPU, else 1 = everything in one process)")
+                   help="HTTP front-end processes (1..64, or `auto` = the cores left after this process's share: "
+                        "cores - 1 - devices, at least 1 and at most --max-queue / --max-files, where cores are those "
+                        "of the CPU affinity within the cgroup's CPU quota): each parses requests and decodes "
+                        "images in its own process and sends "
+                        "the crops to this process, which batches them on the devices. Use it when the front end, "
+                        "not the device, is the limit (default: `auto` when every device is a GPU, else 1 = "
+                        "everything in one process)")
     p.add_argument("--resize-on", choices=("device", "cpu"), default="device",
                    help="with HTTP front ends: where uploads are resized and centre-cropped. `device`: the front "
                         "ends send decoded images through shared memory and the engine's kernels resize them, bit "
@@ -98,9 +101,11 @@ def _settings(args, **overrides):
         cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
-        values["http_workers"] = parse_http_workers(args.http_workers)
+        values["http_workers"] = parse_http_workers(args.http_workers, values["devices"], values["max_queue"],
+                                                    values["max_files"])
     elif not values.get("mpi") and not values["preprocess_procs"]:
-        values["http_workers"] = default_http_workers(values["devices"])
+        values["http_workers"] = default_http_workers(values["devices"], max_queue=values["max_queue"],
+                                                      max_files=values["max_files"])
     return Settings(**values)
 
 

@@ -19,6 +19,7 @@ from .web.cors import JsonCORSMiddleware
 from .web.drain import DrainMiddleware
 from .web.head import HeadAsGetMiddleware
 from .protocols.errors import UnexpectedErrorMiddleware, install_error_handlers
+from .protocols.hotpath import hot_routes
 from .web.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from .web.request_id import HEADER as REQUEST_ID_HEADER, RequestIdMiddleware
 from .metrics import RequestMetricsMiddleware
@@ -54,6 +55,7 @@ def create_app(settings: Settings, model_factory: ModelFactory | None = None,
     # /docs and /redoc with their JS and CSS served from the installed fastapi-offline package, not a CDN: they
     # work on an air-gapped host
     app = FastAPIOffline(title="vggserve", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    hot_routes(app)  # POST /classify and v2 infer of plain requests skip FastAPI's per-request machinery
     app.state.service = service
     install_error_handlers(app)
     app.include_router(classify_router)

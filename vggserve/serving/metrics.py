@@ -24,11 +24,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # endpoints counted under their own name; any other path is counted as "other" to bound label cardinality
 _V2_MODEL = [f"/v2/models/{VGG16_CARD.name}{v}" for v in ("", f"/versions/{VGG16_CARD.version}")]
 V2_INFER = tuple(m + "/infer" for m in _V2_MODEL)
-KNOWN_ENDPOINTS = ("/classify", "/classify/batch", "/health/live", "/health/ready", "/metadata", "/metrics",
-                   "/docs", "/openapi.json", "/v2", "/v2/health/live", "/v2/health/ready", *_V2_MODEL, *V2_INFER,
-                   *(m + "/ready" for m in _V2_MODEL), *(m + "/config" for m in _V2_MODEL), "/v2/models/stats",
-                   *(m + "/stats" for m in _V2_MODEL))
-TIMED_ENDPOINTS = ("/classify", "/classify/batch", *V2_INFER)
+KNOWN_ENDPOINTS = frozenset({
+    "/classify", "/classify/batch", "/health/live", "/health/ready", "/metadata", "/metrics", "/docs", "/openapi.json",
+    "/v2", "/v2/health/live", "/v2/health/ready", *_V2_MODEL, *V2_INFER, *(m + "/ready" for m in _V2_MODEL),
+    *(m + "/config" for m in _V2_MODEL), "/v2/models/stats", *(m + "/stats" for m in _V2_MODEL)})
+TIMED_ENDPOINTS = frozenset({"/classify", "/classify/batch", *V2_INFER})
 
 
 @contextmanager
@@ -143,30 +143,48 @@ def endpoint_label(path: str) -> str:
 
 
 class RequestMetricsMiddleware:
-    """Pure ASGI middleware: counts every HTTP response by endpoint and status, times the classify endpoints."""
+    """Pure ASGI middleware: counts every HTTP response by endpoint and status, times the classify endpoints. The
+    labelled children are looked up once per (endpoint, status), not per request (prometheus_client's `labels`
+    costs about as much as the increments themselves)."""
 
     def __init__(self, app, metrics: Metrics):
         self.app = app
         self.metrics = metrics
+        self._counts: dict[tuple[str, int], object] = {}  # (endpoint, status) -> vggserve_requests_total's child
+        self._outcomes: dict[bool, object] = {}  # succeeded -> vggserve_request_outcome_seconds's child
+
+    def _count(self, endpoint: str, status: int):
+        child = self._counts.get((endpoint, status))
+        if child is None:
+            child = self._counts[endpoint, status] = self.metrics.requests.labels(endpoint=endpoint,
+                                                                                 status=str(status))
+        return child
+
+    def _outcome(self, succeeded: bool):
+        child = self._outcomes.get(succeeded)
+        if child is None:
+            child = self._outcomes[succeeded] = self.metrics.request_outcomes.labels(
+                outcome="success" if succeeded else "fail")
+        return child
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        status = {"code": 500}
+        status = 500
 
         async def send_and_note(message):
+            nonlocal status
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                status = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_note)
         finally:
             endpoint = endpoint_label(scope.get("path", ""))
-            self.metrics.requests.labels(endpoint=endpoint, status=str(status["code"])).inc()
+            self._count(endpoint, status).inc()
             if endpoint in TIMED_ENDPOINTS:
                 seconds = time.perf_counter() - start
                 self.metrics.request_seconds.observe(seconds)
-                outcome = "success" if status["code"] == 200 else "fail"
-                self.metrics.request_outcomes.labels(outcome=outcome).observe(seconds)
+                self._outcome(status == 200).observe(seconds)

@@ -2,6 +2,7 @@
 
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from ..errors import VggserveError
 from ..weights.spec import NUM_CLASSES
@@ -40,12 +41,50 @@ def default_preprocess_procs() -> int:
     return 0
 
 
-def auto_http_workers(cpus: int | None = None) -> int:
-    """`--http-workers auto`: half the cores, at least 2, at most 8."""
-    return min(8, max(2, (cpus if cpus is not None else os.cpu_count() or 2) // 2))
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def default_http_workers(devices: tuple[str, ...], cpus: int | None = None) -> int:
+def cgroup_cpu_limit(root: str = CGROUP_ROOT) -> float | None:
+    """The CPU quota of this process's cgroup in cores (`docker run --cpus 4`, a Kubernetes CPU limit): cgroup v2's
+    cpu.max ("QUOTA PERIOD"), else v1's cpu.cfs_quota_us / cpu.cfs_period_us; None when there is none (quota "max"
+    or -1) or it cannot be read."""
+    root_path = Path(root)
+    for read in (lambda: (root_path / "cpu.max").read_text().split(),
+                 lambda: [(root_path / "cpu" / name).read_text().strip()
+                          for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]):
+        try:
+            quota, period = read()
+            if quota in ("max", "-1"):
+                return None
+            return int(quota) / int(period)
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return None
+
+
+def host_cores() -> int:
+    """The cores this service may use: its CPU affinity (a cpuset, `taskset`), bounded by its cgroup's CPU quota
+    (rounded up), at least 1."""
+    from ..distributed.cores import allowed_cpus
+
+    cores = len(allowed_cpus())
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, -int(-limit // 1))
+    return max(1, cores)
+
+
+def auto_http_workers(cpus: int | None = None, devices: int = 1, max_queue: int = 256, max_files: int = 16) -> int:
+    """`--http-workers auto`: the cores left after the engine process's share, one for its main and link threads and
+    one per device worker (cores - 1 - devices), at least 1 (1: one process, no front ends). No fixed cap; at most
+    --max-queue / --max-files (each front end's share of the queue must take a full /classify/batch) and 64 (the
+    setting's bound). `cpus` defaults to host_cores()."""
+    cpus = host_cores() if cpus is None else cpus
+    return max(1, min(_BOUNDS["http_workers"][1], max_queue // max(1, max_files), cpus - 1 - devices))
+
+
+def default_http_workers(devices: tuple[str, ...], cpus: int | None = None, max_queue: int = 256,
+                         max_files: int = 16) -> int:
     """Front-end processes when --http-workers is not given: `auto` when every device is a GPU, else 1.
 
     On a GPU one Python process cannot feed the device (H100, batch 32: 0.42 of the engine's images/s with one
@@ -57,15 +96,17 @@ def default_http_workers(devices: tuple[str, ...], cpus: int | None = None) -> i
         kinds = {resolve(d).kind for d in devices}
     except Exception:  # noqa: BLE001 - a bad spec is reported by the device worker, with its own message
         return 1
-    return auto_http_workers(cpus) if kinds == {"gpu"} else 1
+    return auto_http_workers(cpus, len(devices), max_queue, max_files) if kinds == {"gpu"} else 1
 
 
-def parse_http_workers(text: str | int | None) -> int:
-    """`--http-workers N` or `auto` as a number of front-end processes (range checked by Settings)."""
+def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto",), max_queue: int = 256,
+                       max_files: int = 16) -> int:
+    """`--http-workers N` or `auto` (for `devices` and the queue's limits) as a number of front-end processes (range
+    checked by Settings)."""
     if text is None:
         return 1
     if isinstance(text, str) and text.strip().lower() == "auto":
-        return auto_http_workers()
+        return auto_http_workers(None, len(devices), max_queue, max_files)
     try:
         return int(text)
     except (TypeError, ValueError):

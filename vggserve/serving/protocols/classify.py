@@ -5,9 +5,9 @@ import time
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from ...predictions import top_k as top_k_of
 from ..scheduling.pipeline import Result, deadline_for, run_inputs
 from ..web.request_id import request_id
+from .answers import predictions
 from .errors import as_api_error, error_responses
 from .schemas import BatchResponse, ClassifyResponse
 from ..settings import MAX_TIMEOUT_MS, MAX_TOP_K
@@ -43,7 +43,7 @@ def _timing(result: Result, started: float) -> dict:
 
 
 def _predictions(result: Result, k: int) -> list[dict]:
-    return top_k_of(result.outcome.probabilities, k)[0]
+    return predictions(result.outcome.probabilities, k)
 
 
 def client_gone(request: Request):

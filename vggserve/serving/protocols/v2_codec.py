@@ -25,6 +25,7 @@ import numpy as np
 
 from ...labels import imagenet_labels
 from ..modelcard import ModelCard
+from .answers import top_k_row
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 DATATYPE_BYTES = {"FP32": 4}
@@ -241,9 +242,8 @@ def _outputs(outputs, binary_default: bool, card: ModelCard) -> list[RequestedOu
 def classifications(rows: np.ndarray, k: int) -> np.ndarray:
     """BYTES [N, k] strings "score:index:label", the k highest scores of each row first."""
     labels = imagenet_labels()
-    top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-    return np.array([[f"{float(row[i]):g}:{i}:{labels[i]}".encode() for i in indices]
-                     for row, indices in zip(rows, top)], dtype=object)
+    return np.array([[f"{p:g}:{i}:{labels[i]}".encode() for i, p in zip(top.tolist(), row[top].tolist())]
+                     for row, top in ((row, top_k_row(row, k)) for row in rows)], dtype=object)
 
 
 def encode_bytes(elements: np.ndarray) -> bytes:

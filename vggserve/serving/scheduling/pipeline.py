@@ -61,6 +61,17 @@ async def _prepared(service, source) -> tuple[ModelInput, float]:
     return await service.backend.prepare(source)
 
 
+async def _prepare_all(service, sources: list) -> list:
+    """Each source's (ModelInput, seconds), or the exception that replaced it, in order. One source (a request of
+    one image, the common case) is prepared in the request's own task: no task to gather."""
+    if len(sources) == 1:
+        try:
+            return [await _prepared(service, sources[0])]
+        except Exception as exc:  # noqa: BLE001 - as gather's return_exceptions: the caller sorts them out
+            return [exc]
+    return await asyncio.gather(*(_prepared(service, s) for s in sources), return_exceptions=True)
+
+
 async def run_inputs(service, sources: list, started: float, deadline: float,
                      client_gone: Callable[[], Awaitable[None]] | None = None,
                      want_logits: bool = False, all_or_nothing: bool = False) -> list[Result]:
@@ -74,7 +85,7 @@ async def run_inputs(service, sources: list, started: float, deadline: float,
     reserved = len(positions)  # admitted room not yet handed to the queue; given back whatever happens
     waiting: list[tuple[int, Item, float]] = []
     try:
-        prepared = await asyncio.gather(*(_prepared(service, sources[i]) for i in positions), return_exceptions=True)
+        prepared = await _prepare_all(service, [sources[i] for i in positions])
         if all_or_nothing and any(isinstance(p, BaseException) for p in prepared):
             for i, p in zip(positions, prepared):
                 results[i] = Result(None, 0.0, p) if isinstance(p, BaseException) else Result(None, p[1])

@@ -4,7 +4,8 @@ the app.
 - A request's headers must all arrive within `read_timeout_s` of its first byte (of the connection's opening, for
   its first request), as nginx's client_header_timeout: else 408 and the connection is closed. A connection that
   sends nothing at all in that time is closed without an answer (as an idle keep-alive connection is), since
-  browsers open spare connections they may never use. The body's timeout is the app's (web.limits).
+  browsers open spare connections they may never use. The body's timeout is the app's (web.limits); the connection
+  tells it, in the scope, when the body's next piece has already arrived (then there is no wait to time).
 - A request the parser refuses (a Content-Length that is not a number, a malformed request line, ...) gets 400.
 
 Both answers are the project's JSON error body (v2's shape under /v2) with an X-Request-ID, not uvicorn's text/plain,
@@ -13,13 +14,13 @@ and are counted in vggserve_requests_total like any answer.
 
 import json
 import sys
-import uuid
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..metrics import Metrics, endpoint_label
 from ..protocols.errors import error_body
-from .request_id import HEADER as REQUEST_ID_HEADER, usable_id
+from .limits import BODY_READY
+from .request_id import HEADER as REQUEST_ID_HEADER, new_id, usable_id
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -49,6 +50,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # uvicorn's receive() waits on this event when unset
+            self.scope[BODY_READY] = cycle.message_event.is_set
 
     def send_400_response(self, msg: str) -> None:
         """Called by uvicorn while it handles the parser's error (in its `except` block)."""
@@ -88,7 +92,7 @@ class GuardedProtocol(HttpToolsProtocol):
         path = self._path()
         given = next((v.decode("latin-1") for k, v in self.headers or () if k == REQUEST_ID_HEADER.lower().encode()),
                      "")
-        rid = usable_id(given) or uuid.uuid4().hex
+        rid = usable_id(given) or new_id()
         body = json.dumps(error_body(code, message, path), separators=(",", ":")).encode()
         head = [STATUS_LINE[status]]
         for name, value in [*self.server_state.default_headers, (b"content-type", b"application/json"),

@@ -1,0 +1,227 @@
+"""The hot routes' adapter (issue 24, item A): POST /classify and v2 infer of plain requests answered ahead of
+FastAPI's per-request machinery, with the same answers (status, headers in order, body) the FastAPI routes give;
+the raw-body upload; and the one-row top-k both routes use."""
+
+import base64
+import gzip
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from vggserve.serving.app import create_app
+from vggserve.serving.metrics import Metrics
+from vggserve.serving.processes.frontend import FrontendHeaderMiddleware
+from vggserve.serving.protocols import classify as classify_module
+from vggserve.serving.protocols import hotpath
+from vggserve.serving.protocols.answers import predictions, top_k_row
+from vggserve.serving.service import Service
+from vggserve.serving.settings import Settings
+from vggserve.testing.backends import InstantBackend
+from vggserve.predictions import top_k
+
+KEY = "k3y"
+ORIGIN = "https://app.example.com"
+MAX_BODY = 4096
+
+
+def jpeg_bytes(size=(64, 48)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (30, 120, 200)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+JPEG = jpeg_bytes()
+
+
+class DecodingBackend(InstantBackend):
+    """The instant backend, with the service's own decode refusals (a body that is not an image is 400)."""
+
+    async def prepare(self, data: bytes):
+        from vggserve.serving.scheduling.imaging import decode_and_crop
+
+        crop, _ = decode_and_crop(data, "torchvision", self.settings.max_pixels)
+        return crop, 0.0
+
+
+def instant_app(**settings):
+    """The front end's app (API key, CORS, X-Vggserve-Frontend) over a backend that answers at once."""
+    s = Settings(devices=("cpu",), api_key=KEY, cors_origins=(ORIGIN,), max_body_bytes=MAX_BODY, **settings)
+    metrics = Metrics()
+    app = create_app(s, service=Service(s, backend=DecodingBackend(s, metrics), metrics=metrics))
+    app.add_middleware(FrontendHeaderMiddleware, value="4242")
+    return app
+
+
+@pytest.fixture
+def client(monkeypatch):
+    # the one thing that differs between two answers to the same request: the time it took
+    monkeypatch.setattr(classify_module, "_timing", lambda result, started: {"queue": 0.0, "preprocess": 0.0,
+                                                                             "inference": 0.0, "total": 1.5})
+    app = instant_app()
+    with TestClient(app) as c:
+        c.app_under_test = app
+        yield c
+
+
+@pytest.fixture
+def hot_calls(monkeypatch):
+    """How many requests the adapter answered."""
+    calls = []
+    answer = hotpath.HotRoute.__call__
+
+    async def counted(self, scope, receive, send):
+        calls.append(scope["path"])
+        await answer(self, scope, receive, send)
+
+    monkeypatch.setattr(hotpath.HotRoute, "__call__", counted)
+    return calls
+
+
+def headers(**extra) -> dict:
+    return {"authorization": f"Bearer {KEY}", "origin": ORIGIN, "x-request-id": "same-id", **extra}
+
+
+def v2_binary(image: bytes, **params) -> tuple[bytes, dict]:
+    head = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": 4 + len(image)}}],
+                       "outputs": [{"name": "probabilities", "parameters": {"classification": 3, **params}}]}
+                      ).encode()
+    return head + struct.pack("<I", len(image)) + image, headers(**{
+        "content-type": "application/octet-stream", "inference-header-content-length": str(len(head))})
+
+
+def v2_json(image: bytes, model: str = "vgg16") -> dict:
+    return {"url": f"/v2/models/{model}/infer", "headers": headers(**{"content-type": "application/json"}),
+            "content": json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                               "data": [base64.b64encode(image).decode()]}]}).encode()}
+
+
+def oversize_chunks():
+    for _ in range(4):
+        yield b"\xff" * 2048
+
+
+BODY, V2_HEADERS = v2_binary(JPEG)
+REQUESTS = {
+    "raw jpeg": {"url": "/classify", "content": JPEG, "headers": headers(**{"content-type": "image/jpeg"})},
+    "raw octet-stream, top_k=3": {"url": "/classify?top_k=3", "content": JPEG,
+                                  "headers": headers(**{"content-type": "application/octet-stream"})},
+    "raw with a deadline": {"url": "/classify", "content": JPEG,
+                            "headers": headers(**{"content-type": "image/jpeg", "x-request-timeout-ms": "5000"})},
+    "multipart": {"url": "/classify", "files": {"file": ("a.jpg", JPEG, "image/jpeg")}, "headers": headers()},
+    "gzip body": {"url": "/classify", "content": gzip.compress(JPEG),
+                  "headers": headers(**{"content-type": "image/jpeg", "content-encoding": "gzip"})},
+    "wrong content type": {"url": "/classify", "content": JPEG, "headers": headers(**{"content-type": "text/plain"})},
+    "empty body": {"url": "/classify", "content": b"", "headers": headers(**{"content-type": "image/jpeg"})},
+    "not an image": {"url": "/classify", "content": b"just text", "headers": headers(**{"content-type": "image/png"})},
+    "oversize": {"url": "/classify", "content": b"\xff" * (MAX_BODY + 1),
+                 "headers": headers(**{"content-type": "image/jpeg"})},
+    "oversize, chunked": {"url": "/classify", "content": oversize_chunks(),
+                          "headers": headers(**{"content-type": "image/jpeg"})},
+    "no API key": {"url": "/classify", "content": JPEG,
+                   "headers": {"content-type": "image/jpeg", "origin": ORIGIN, "x-request-id": "same-id"}},
+    "v2 binary": {"url": "/v2/models/vgg16/infer", "content": BODY, "headers": V2_HEADERS},
+    "v2 binary, version 1": {"url": "/v2/models/vgg16/versions/1/infer", "content": BODY, "headers": V2_HEADERS},
+    "v2 json": v2_json(JPEG),
+    "v2 unknown model": v2_json(JPEG, model="resnet"),
+    "v2 unknown version": {"url": "/v2/models/vgg16/versions/2/infer", "content": BODY, "headers": V2_HEADERS},
+    "v2 not json": {"url": "/v2/models/vgg16/infer", "content": b"{", "headers": headers()},
+    "v2 not an image": {"url": "/v2/models/vgg16/infer", "content": v2_binary(b"just text")[0],
+                        "headers": v2_binary(b"just text")[1]},
+}
+
+
+ANSWERED_BY_MIDDLEWARE = {"oversize", "no API key"}  # refused from the headers alone, before any route
+
+
+def answer(client, request: dict) -> tuple[int, list, bytes]:
+    request = dict(request)
+    if callable(getattr(request.get("content"), "__next__", None)):
+        request["content"] = oversize_chunks()  # a generator is spent once sent
+    r = client.post(**request)
+    return r.status_code, r.headers.multi_items(), r.content
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+def test_the_adapter_answers_as_the_fastapi_route_does(client, hot_calls, name):
+    app = client.app_under_test
+    app.hot_routes = False
+    by_fastapi = answer(client, REQUESTS[name])
+    assert hot_calls == []
+    app.hot_routes = True
+    by_adapter = answer(client, REQUESTS[name])
+    assert len(hot_calls) == (name not in ANSWERED_BY_MIDDLEWARE), "the adapter did not take the request"
+    assert by_adapter == by_fastapi
+    assert ("x-vggserve-frontend", "4242") in by_adapter[1] and ("x-request-id", "same-id") in by_adapter[1]
+
+
+def test_raw_body_uploads_are_classified_and_refused_in_our_shape(client, hot_calls):
+    for media in ("image/jpeg", "image/png", "application/octet-stream"):  # the bytes decide, not the type
+        r = client.post("/classify?top_k=2", content=JPEG, headers=headers(**{"content-type": media}))
+        assert r.status_code == 200, r.text
+        assert [set(p) for p in r.json()["predictions"]] == [{"index", "label", "probability"}] * 2
+    wrong = client.post("/classify", content=JPEG, headers=headers(**{"content-type": "text/plain"}))
+    assert wrong.status_code == 415 and wrong.headers["content-type"] == "application/json"
+    assert wrong.json()["error"]["code"] == "unsupported_media_type" and "text/plain" in wrong.text
+    empty = client.post("/classify", content=b"", headers=headers(**{"content-type": "image/jpeg"}))
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_body"
+    big = client.post("/classify", content=b"\xff" * (MAX_BODY + 1), headers=headers(**{"content-type": "image/jpeg"}))
+    assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+    assert big.headers["connection"] == "close"
+    assert len(hot_calls) == 3 + 2  # the 413 is answered from Content-Length, before any route
+
+
+def test_v2_binary_upload_through_the_adapter(client, hot_calls):
+    body, sent = v2_binary(JPEG)
+    r = client.post("/v2/models/vgg16/infer", content=body, headers=sent)
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    assert out["name"] == "probabilities" and out["datatype"] == "BYTES" and out["shape"] == [1, 3]
+    assert hot_calls == ["/v2/models/vgg16/infer"]
+
+
+@pytest.mark.parametrize("method, path, query, timeout, taken", [
+    ("POST", "/classify", b"", None, True),
+    ("POST", "/classify", b"top_k=1000", b"600000", True),
+    ("POST", "/classify", b"top_k=05", None, False),  # FastAPI reads it as 5: its answer, not a guess
+    ("POST", "/classify", b"top_k=0", None, False),  # out of range: FastAPI's 422
+    ("POST", "/classify", b"top_k=1001", None, False),
+    ("POST", "/classify", b"top_k=3&debug=1", None, False),
+    ("POST", "/classify", b"", b"0", False),
+    ("POST", "/classify", b"", b"600001", False),
+    ("POST", "/classify/", b"", None, False),
+    ("GET", "/classify", b"", None, False),
+    ("POST", "/classify/batch", b"", None, False),
+    ("POST", "/v2/models/vgg16/infer", b"", None, True),
+    ("POST", "/v2/models/vgg16/versions/1/infer", b"", None, True),
+    ("POST", "/v2/models/vgg16/versions//infer", b"", None, False),
+    ("POST", "/v2/models/vgg16/ready/infer", b"", None, False),
+])
+def test_the_adapter_takes_only_plain_requests(method, path, query, timeout, taken):
+    headers = [(b"host", b"x")] + ([(b"x-request-timeout-ms", timeout)] if timeout is not None else [])
+    scope = {"type": "http", "method": method, "path": path, "query_string": query, "headers": headers}
+    assert (hotpath.hot_call(scope) is not None) == taken
+    twice = {**scope, "headers": [*headers, (b"x-request-timeout-ms", b"10")]}
+    if taken and path == "/classify" and timeout is not None:
+        assert hotpath.hot_call(twice) is None  # the header twice: FastAPI's to decide
+
+
+def test_one_row_top_k_is_the_stable_sort_of_the_scores():
+    rng = np.random.default_rng(0)
+    rows = [rng.random(1000, dtype=np.float32), np.full(1000, 0.001, np.float32),
+            np.round(rng.random(1000), 2).astype(np.float32), rng.standard_normal(1000).astype(np.float32)]
+    with_nan = rows[0].copy()
+    with_nan[[3, 500]] = np.nan
+    with_inf = rows[0].copy()
+    with_inf[[7, 9]], with_inf[[1, 2]] = -np.inf, np.inf
+    rows += [with_nan, with_inf, np.full(1000, -np.inf, np.float32)]
+    for row in rows:
+        for k in (1, 2, 5, 16, 17, 100, 999, 1000):
+            assert top_k_row(row, k).tolist() == np.argsort(-row, kind="stable")[:k].tolist(), k
+    for k in (1, 5, 1000):
+        assert predictions(rows[2], k) == top_k(rows[2], k)[0]
