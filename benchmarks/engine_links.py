@@ -61,7 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def front_end(address: str, authkey: bytes, index: int, inflight: int, logits: bool, inline: bool, answered,
               stop) -> None:
-    """A simulated front end: keeps `inflight` crops in flight on its link; counts answers in `answered`."""
+    """A simulated front end: keeps `inflight` crops in flight on its link; counts answers in `answered` (-1 until
+    it is connected and sending)."""
     import numpy as np
 
     from vggserve.modelinput import ModelInput
@@ -88,6 +89,7 @@ def front_end(address: str, authkey: bytes, index: int, inflight: int, logits: b
             item = client.queue.submit(crop, time.monotonic() + 60, logits)
             item.future.add_done_callback(send)
 
+    answered.value = 0
     for _ in range(inflight):
         send()
     stop.wait()
@@ -129,13 +131,18 @@ def measure(args: argparse.Namespace, workdir: str) -> dict:
     service.start()
     context = mp.get_context("spawn")
     stop = context.Event()
-    counters = [context.RawValue("q", 0) for _ in range(args.fronts)]
+    counters = [context.RawValue("q", -1) for _ in range(args.fronts)]
     procs = [context.Process(target=front_end, args=(host.address, host.authkey, i, args.inflight, args.logits,
                                                      args.inline, counters[i], stop), daemon=True)
              for i in range(args.fronts)]
     try:
         for proc in procs:
             proc.start()
+        started = time.monotonic()
+        while min(c.value for c in counters) < 0:
+            if time.monotonic() > started + 120 or not all(proc.is_alive() for proc in procs):
+                raise SystemExit("engine links: the simulated front ends did not start sending within 120 s")
+            time.sleep(0.1)
         time.sleep(args.warmup)
         answered = lambda: sum(c.value for c in counters)  # noqa: E731
         t0, n0, cpu0, threads0 = time.monotonic(), answered(), sum(os.times()[:2]), thread_cpu(os.getpid())
