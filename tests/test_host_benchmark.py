@@ -58,6 +58,19 @@ def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_
     assert "CPU ms per image: front ends" in done.stdout
 
 
+def test_the_engine_links_benchmark_measures_the_engine_process_with_simulated_front_ends(tmp_path):
+    out = tmp_path / "links.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "engine_links.py"), "--fronts", "2",
+                           "--inflight", "16", "--max-batch-size", "8", "--seconds", "1", "--warmup", "0.5",
+                           "--logits", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["images_per_s"] > 0 and result["engine_cpu_ms_per_image"] > 0
+    assert [role for role, _ in result["threads"]] == ["link readers", "link writers", "completers", "feeders",
+                                                       "other"]
+    assert "engine process CPU ms per image: " in done.stdout
+
+
 def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_path):
     """benchmarks/scaling.py --smoke: the batch job (1 rank vs 2), the service (one device worker vs two) and nginx in
     front of 1 instance vs 2, at FP32 and FP16, with the CPU standing in for each GPU: a row for each, with images/s

@@ -58,6 +58,14 @@ def crop(color) -> np.ndarray:
 @contextmanager
 def engine_and_client(settings: Settings, models: list, seconds: float, capacity: int = 64):
     """A started Service with SlowModels (appended to `models`) behind an EngineHost, and a connected client."""
+    with engine_and_clients(settings, models, seconds, 1, capacity) as (service, host, clients):
+        yield service, clients[0]
+
+
+@contextmanager
+def engine_and_clients(settings: Settings, models: list, seconds: float, n: int, capacity: int = 64):
+    """engine_and_client with `n` connected clients (front ends), and the EngineHost; each client's `received`
+    lists the messages the engine sent it."""
     def load(device):
         models.append(SlowModel(device, seconds, settings.max_batch_size))
         return models[-1]
@@ -67,16 +75,28 @@ def engine_and_client(settings: Settings, models: list, seconds: float, capacity
     host = EngineHost(service, os.path.join(workdir, "engine.sock"), os.urandom(32))
     host.start()
     service.start()
-    client = EngineClient(host.address, host.authkey, capacity, Metrics(), 0)
+    clients = [EngineClient(host.address, host.authkey, capacity, Metrics(), i) for i in range(n)]
     try:
-        client.connect()
-        wait_until(lambda: client.state and client.state["ready"][0], 10, "the engine's ready state")
-        yield service, client
+        for client in clients:
+            client.received = []
+            client._received_all = recording(client._received_all, client.received)
+            client.connect()
+            wait_until(lambda: client.state and client.state["ready"][0], 10, "the engine's ready state")
+        yield service, host, clients
     finally:
-        client.close()
+        for client in clients:
+            client.close()
         host.close()
         service.stop()
         os.rmdir(workdir)
+
+
+def recording(handle, into: list):
+    def handle_and_record(messages):
+        into.extend(messages)
+        handle(messages)
+
+    return handle_and_record
 
 
 def send(client: EngineClient, pixels: np.ndarray, timeout_s: float = 30.0):
@@ -124,6 +144,80 @@ def test_link_withdraws_waiting_images_and_drops_a_front_end_that_goes_away():
         assert len(service.backend.queue) == 0 and count("vggserve_timeouts_total") == 1
         wait_until(lambda: service.backend.workers[0].batches == 1, 5, "the busy image computed")
     assert models[0].batch_sizes == [1]
+
+
+def reference(pixels: np.ndarray, want: str = "probabilities") -> np.ndarray:
+    from vggserve.preprocess import normalize_pixels
+
+    return getattr(SlowModel(seconds_per_batch=0), want)(normalize_pixels(pixels, "torchvision")[None])[0]
+
+
+def results_messages(client) -> list[list[int]]:
+    """The image ids of each "results" message the engine sent the client."""
+    return [message[1] for message in client.received if message[0] == "results"]
+
+
+def test_a_batch_split_over_two_front_ends_is_answered_with_one_results_message_to_each():
+    settings = Settings(http_workers=2, max_queue=16, max_files=1, max_batch_size=4, max_wait_ms=5000, warmup=False)
+    models: list = []
+    pixels = [crop((50 * i, 30, 200 - 40 * i)) for i in range(4)]
+    with engine_and_clients(settings, models, 0.0, 2) as (service, host, (a, b)):
+        a.queue.admit(2)
+        b.queue.admit(2)
+        items = [a.queue.submit(ModelInput.crop(pixels[0]), time.monotonic() + 30, want_logits=True),
+                 b.queue.submit(ModelInput.crop(pixels[1]), time.monotonic() + 30),
+                 a.queue.submit(ModelInput.crop(pixels[2]), time.monotonic() + 30),
+                 b.queue.submit(ModelInput.crop(pixels[3]), time.monotonic() + 30)]
+        outcomes = [item.future.result(timeout=30) for item in items]
+        assert models[0].batch_sizes == [4]  # one batch of both front ends' images
+        assert results_messages(a) == [[items[0].id, items[2].id]]
+        assert results_messages(b) == [[items[1].id, items[3].id]]
+        assert a.queue.admitted == b.queue.admitted == 0 and all(not peer._items for peer in host._peers)
+    for outcome, p in zip(outcomes, pixels):
+        assert outcome.batch_size == 4 and outcome.device == "auto" and outcome.queue_s >= 0  # the default device
+        np.testing.assert_allclose(outcome.probabilities, reference(p), rtol=1e-6)
+    np.testing.assert_allclose(outcomes[0].logits, reference(pixels[0], "logits"), rtol=1e-6)
+    assert [o.logits is None for o in outcomes] == [False, True, True, True]  # only the image that asked
+
+
+def test_an_image_withdrawn_from_a_batch_gets_its_error_and_its_batch_mates_their_results():
+    settings = Settings(http_workers=2, max_queue=16, max_files=1, max_batch_size=3, max_wait_ms=5000, warmup=False)
+    models: list = []
+    with engine_and_clients(settings, models, 0.5, 2) as (service, host, (a, b)):
+        first, withdrawn = send(a, crop((1, 2, 3))), send(a, crop((4, 5, 6)))
+        wait_until(lambda: len(service.backend.queue) == 2, 5, "two images waiting in the engine")
+        a.queue.withdraw(withdrawn, DeadlineExceeded(0.1))
+        assert isinstance(withdrawn.future.exception(timeout=5), DeadlineExceeded)
+        second, third = send(a, crop((7, 8, 9))), send(b, crop((10, 11, 12)))  # the batch fills without it
+        wait_until(lambda: models[0].batch_sizes == [3], 5, "the batch on the device")
+        a.queue.withdraw(first, ClientGone())  # too late: on the device, it is computed and answered
+        answers = [item.future.result(timeout=30) for item in (first, second, third)]
+        assert all(outcome.batch_size == 3 for outcome in answers)
+        assert results_messages(a) == [[first.id, second.id]] and results_messages(b) == [[third.id]]
+        assert [m[1] for m in a.received if m[0] == "error"] == [withdrawn.id]  # one answer each
+        assert a.queue.admitted == b.queue.admitted == 0 and all(not peer._items for peer in host._peers)
+        count = service.metrics.registry.get_sample_value
+        assert count("vggserve_timeouts_total") == 1 and count("vggserve_abandoned_total") == 0
+
+
+def test_an_image_of_a_batch_that_fails_gets_its_error_and_the_others_their_results():
+    from vggserve.errors import ImageError
+
+    settings = Settings(http_workers=2, max_queue=16, max_files=1, max_batch_size=3, max_wait_ms=5000, warmup=False)
+    models: list = []
+    pixels = [crop((9, 99, 199)), crop((199, 99, 9))]
+    with engine_and_clients(settings, models, 0.0, 1) as (service, host, (a,)):
+        items = [send(a, ModelInput.crop(pixels[0])), send(a, ModelInput.encoded(b"not an image at all")),
+                 send(a, ModelInput.crop(pixels[1]))]
+        error = items[1].future.exception(timeout=30)
+        assert isinstance(error, ImageError) and "not a recognised image" in str(error)  # itself, as the CPU path says
+        answers = [items[0].future.result(timeout=30), items[2].future.result(timeout=30)]
+        assert models[0].batch_sizes == [2] and [o.batch_size for o in answers] == [2, 2]
+        for outcome, p in zip(answers, pixels):
+            np.testing.assert_allclose(outcome.probabilities, reference(p), rtol=1e-6)
+        assert results_messages(a) == [[items[0].id, items[2].id]]
+        assert [m[1] for m in a.received if m[0] == "error"] == [items[1].id]
+        assert a.queue.admitted == 0 and all(not peer._items for peer in host._peers)
 
 
 class PixelModel(SlowModel):

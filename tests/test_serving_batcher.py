@@ -1,5 +1,6 @@
 """BatchQueue: admission bounds, batch formation, deadlines and withdrawal, without HTTP."""
 
+import contextlib
 import threading
 import time
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from vggserve.modelinput import ModelInput
-from vggserve.serving.scheduling.batcher import BatchQueue
+from vggserve.serving.scheduling.batcher import BatchQueue, Item, Outcome, answer
 from vggserve.serving.scheduling.errors import ClientGone, DeadlineExceeded, QueueFull
 from vggserve.serving.metrics import Metrics
 
@@ -124,3 +125,83 @@ def test_a_worker_filling_a_batch_is_woken_by_the_first_image_and_the_full_batch
     taker.join(10)
     assert not taker.is_alive() and len(got[0]) == 32
     assert wakes == [1, 32]
+
+
+def test_submit_many_admits_each_image_in_turn_and_returns_the_refused_with_their_error():
+    metrics = Metrics()
+    queue = BatchQueue(3, metrics)
+    queue.admit(1)  # a request of this process holds one place
+    items = [Item(X, far()) for _ in range(4)]
+    refused = queue.submit_many(items)
+    assert [item for item, _ in refused] == items[2:] and all(isinstance(e, QueueFull) for _, e in refused)
+    assert queue.admitted == 3 and len(queue) == 2 and not any(item.future.done() for item in items)
+    assert metrics.rejected.labels(reason="queue_full")._value.get() == 2  # one per image, as admit(1) counts
+    assert queue.take_batch(8, 0) == items[:2]
+    queue.close(ClientGone())
+    assert [(item, error) for item, error in queue.submit_many(items[2:3])] == [(items[2], queue._closed)]
+
+
+def test_submit_many_wakes_a_waiting_worker_once_for_a_whole_batch():
+    queue = BatchQueue(64, Metrics())
+    wakes = []
+    notify_all = queue._cond.notify_all
+    queue._cond.notify_all = lambda: (wakes.append(len(queue)), notify_all())
+    got = []
+    taker = threading.Thread(target=lambda: got.append(queue.take_batch(8, max_wait_s=30)))
+    taker.start()
+    deadline = time.monotonic() + 10
+    while not queue._filling and time.monotonic() < deadline:
+        time.sleep(0.001)
+    queue.submit_many([Item(X, far()) for _ in range(3)])  # the first images: the taker starts its wait
+    queue.submit_many([Item(X, far()) for _ in range(5)])  # the batch is full
+    taker.join(10)
+    assert not taker.is_alive() and len(got[0]) == 8 and wakes == [3, 8]
+
+
+class Recorder:
+    """A Group that records each answer_rows call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def answer_rows(self, items, probabilities, logits, queue_s, inference_s, batch_size, device):
+        self.calls.append((items, probabilities, logits, queue_s, inference_s, batch_size, device))
+
+
+def test_answer_gives_each_group_its_rows_in_one_call_and_the_other_items_their_outcomes():
+    one, two = Recorder(), Recorder()
+    batch = [Item(X, far(), want_logits=i == 2, enqueued=10.0 + i) for i in range(5)]
+    batch[0].group = batch[2].group = one
+    batch[3].group = two
+    probabilities = np.arange(5 * 4, dtype=np.float32).reshape(5, 4)
+    logits = -probabilities
+    answer(batch, probabilities, logits, started=20.0, seconds=0.5, device="gpu1")
+    (items, probs, logs, queue_s, *rest), = one.calls
+    assert items == [batch[0], batch[2]] and rest == [0.5, 5, "gpu1"] and queue_s == [10.0, 8.0]
+    np.testing.assert_array_equal(probs, probabilities[[0, 2]])
+    np.testing.assert_array_equal(logs, logits[[0, 2]])
+    (items, probs, *_), = two.calls
+    assert items == [batch[3]] and np.array_equal(probs, probabilities[[3]])
+    for i in (1, 4):  # no group: an Outcome each, as before
+        outcome = batch[i].future.result(timeout=0)
+        assert isinstance(outcome, Outcome) and outcome.batch_size == 5 and outcome.queue_s == 20.0 - (10.0 + i)
+        assert np.array_equal(outcome.probabilities, probabilities[i]) and outcome.logits is None
+    assert not any(batch[i].future.done() for i in (0, 2, 3))
+
+
+@pytest.mark.parametrize("multiprocess", [False, True], ids=["one process", "multiprocess files"])
+def test_observe_all_counts_as_one_observe_per_amount(multiprocess, tmp_path):
+    from vggserve.serving.metrics import multiprocess_metrics, observe_all
+
+    amounts = [0.0, 0.001, 0.0010001, 0.02, 0.02, 7.5, 61.0, 1e9, float("nan")]
+    with multiprocess_metrics(str(tmp_path)) if multiprocess else contextlib.nullcontext():
+        one, many = Metrics(), Metrics()
+        for amount in amounts:
+            one.queue_seconds.observe(amount)
+        observe_all(many.queue_seconds, amounts)
+        observe_all(many.queue_seconds, [])
+        want, got = ([(s.name, s.labels, s.value) for s in m.queue_seconds.collect()[0].samples
+                      if not s.name.endswith("_created")] for m in (one, many))
+    assert [s[:2] for s in got] == [s[:2] for s in want]
+    for (_, _, w), (name, labels, g) in zip(want, got):
+        assert g == w or (np.isnan(w) and np.isnan(g)), (name, labels)

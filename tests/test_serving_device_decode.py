@@ -10,7 +10,7 @@ settings, where each file is routed and why, and stand-in models, which never se
 import base64
 import io
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -322,13 +322,13 @@ def test_an_image_error_crosses_the_engine_link_as_itself():
     """engine_host answers every failure that is not the scheduler's as a 500 internal_error; an ImageError of a
     file the device passed to the CPU path must reach the front end as itself (the 4xx the CPU path gives)."""
     from vggserve.images import ImageDecodeError
-    from vggserve.serving.processes.engine_host import FrontEndPeer
+    from vggserve.serving.processes.engine_host import Answer, FrontEndPeer
 
     sent = []
     peer = FrontEndPeer.__new__(FrontEndPeer)
-    peer._items, peer._lock = {}, threading.Lock()
+    peer._items, peer._lock, peer.index = {}, threading.Lock(), 0
     peer.link = type("Link", (), {"send": lambda self, message: sent.append(message)})()
-    future = Future()
-    future.set_exception(ImageDecodeError("input is truncated: its image data ends early"))
-    peer._answer(7, future)
+    Answer(peer, 7).set_exception(ImageDecodeError("input is truncated: its image data ends early"))
+    Answer(peer, 8).set_exception(ValueError("a bug"))
     assert sent[0][:2] == ("error", 7) and isinstance(sent[0][2], ImageDecodeError)
+    assert sent[1][:2] == ("error", 8) and sent[1][2].code == "internal_error" and "ValueError" in str(sent[1][2])

@@ -6,11 +6,13 @@ connect and whenever it changes. The messages are listed in vggserve.serving.pro
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import InvalidStateError
 from multiprocessing.connection import Listener
 
+import numpy as np
+
 from ...errors import ImageError
-from ..scheduling.batcher import Item
+from ..scheduling.batcher import Item, Outcome
 from ..scheduling.errors import ClientGone, InternalError, SchedulingError
 from .engine_link import Link
 from ...ipc.shm import Mapped, Shared
@@ -30,6 +32,41 @@ def engine_state(service: Service) -> dict:
             "info": service.model_info()}
 
 
+class LinkItem(Item):
+    """An image a front end sent: its Outcome goes back with those of its batch-mates from the same front end in
+    one "results" message (`FrontEndPeer.answer_rows`), an error in an "error" message (`future`: its `Answer`)."""
+
+    def __init__(self, peer: "FrontEndPeer", image_id: int, image, deadline: float, want_logits: bool):
+        self.input, self.deadline, self.want_logits = image, deadline, want_logits
+        self.enqueued = time.monotonic()
+        self.image_id = image_id
+        self.group = peer
+        self.future = Answer(peer, image_id)
+
+
+class Answer:
+    """A LinkItem's stand-in for a Future, for the queue and the device workers: setting it sends the answer to the
+    front end. Set once only (InvalidStateError after, as a Future)."""
+
+    __slots__ = ("peer", "image_id", "_done")
+
+    def __init__(self, peer: "FrontEndPeer", image_id: int):
+        self.peer, self.image_id, self._done = peer, image_id, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, outcome: Outcome) -> None:
+        self.peer.settle([self])
+        self.peer.link.send(("result", self.image_id, outcome))
+
+    def set_exception(self, error: BaseException) -> None:
+        self.peer.settle([self])
+        if not isinstance(error, (SchedulingError, ImageError)):  # an ImageError: a file the device decoder passed
+            error = InternalError(f"{type(error).__name__}: {error}")  # on to the CPU path, which refused it
+        self.peer.link.send(("error", self.image_id, error))
+
+
 class FrontEndPeer:
     """One connected front end: its link, and its images still in the engine's queue or on a device."""
 
@@ -39,15 +76,27 @@ class FrontEndPeer:
         self.index: int | None = None
         self.pid: int | None = None
         self.arena: Mapped | None = None  # the front end's shared pixels, once it has said hello
-        self._items: dict[int, Item] = {}
+        self._items: dict[int, LinkItem] = {}  # not answered yet
         self._lock = threading.Lock()
         self.link = Link(link_conn, self._received, self._closed, f"vggserve-engine-link{number}")
 
-    def _received(self, message: tuple) -> None:
+    def _received(self, messages: list) -> None:
+        """A list of messages from the front end, handled in order; its runs of submits are queued together."""
+        submits = []
+        for message in messages:
+            if message[0] == "submit":
+                submits.append(message)
+                continue
+            if submits:
+                self._submit(submits)
+                submits = []
+            self._other(message)
+        if submits:
+            self._submit(submits)
+
+    def _other(self, message: tuple) -> None:
         kind = message[0]
-        if kind == "submit":
-            self._submit(*message[1:])
-        elif kind == "withdraw":
+        if kind == "withdraw":
             with self._lock:
                 item = self._items.get(message[1])
             if item is not None:
@@ -67,30 +116,39 @@ class FrontEndPeer:
         else:
             log.warning("unknown message %r from front end %s", kind, self.index)
 
-    def _submit(self, image_id: int, image, seconds_left: float, want_logits: bool = False) -> None:
-        if isinstance(image, Shared):  # a view of the front end's block: read before the image is answered
-            image = self.arena.image(image)
-        queue = self.service.backend.queue
-        try:
-            queue.admit(1)
-            item = queue.submit(image, time.monotonic() + seconds_left, want_logits)
-        except SchedulingError as exc:
-            self.link.send(("error", image_id, exc))
-            return
-        with self._lock:
-            self._items[image_id] = item
-        item.future.add_done_callback(lambda future: self._answer(image_id, future))
+    def _submit(self, submits: list[tuple]) -> None:
+        """("submit", image_id, input, seconds_left, want_logits) messages: their images queued, each refused one
+        answered with its error."""
+        now = time.monotonic()
+        items = []
+        for _, image_id, image, seconds_left, *want_logits in submits:
+            if isinstance(image, Shared):  # a view of the front end's block: read before the image is answered
+                image = self.arena.image(image)
+            items.append(LinkItem(self, image_id, image, now + seconds_left, bool(want_logits and want_logits[0])))
+        with self._lock:  # known before a device can answer them
+            for item in items:
+                self._items[item.image_id] = item
+        for item, error in self.service.backend.queue.submit_many(items):
+            item.future.set_exception(error)
 
-    def _answer(self, image_id: int, future: Future) -> None:
+    def settle(self, answers: list[Answer]) -> None:
+        """Mark these images answered (once each: InvalidStateError for one answered already)."""
         with self._lock:
-            self._items.pop(image_id, None)
-        error = future.exception()
-        if error is None:
-            self.link.send(("result", image_id, future.result()))
-        else:
-            if not isinstance(error, (SchedulingError, ImageError)):  # an ImageError: a file the device decoder
-                error = InternalError(f"{type(error).__name__}: {error}")  # passed on to the CPU path, which refused it
-            self.link.send(("error", image_id, error))
+            for answer in answers:
+                if answer._done:
+                    raise InvalidStateError(f"image {answer.image_id} of front end {self.index} is answered already")
+                answer._done = True
+                self._items.pop(answer.image_id, None)
+
+    def answer_rows(self, items: list[LinkItem], probabilities: np.ndarray, logits: np.ndarray | None,
+                    queue_s: list[float], inference_s: float, batch_size: int, device: str) -> None:
+        """The Outcomes of this front end's images of one computed batch, in one "results" message (`batcher.answer`
+        calls it)."""
+        self.settle([item.future for item in items])
+        asked = [i for i, item in enumerate(items) if item.want_logits] if logits is not None else []
+        self.link.send(("results", [item.image_id for item in items], as_bytes(probabilities),
+                        as_bytes(logits[asked]) if asked else None, asked, queue_s, inference_s, batch_size,
+                        device))
 
     def _call(self, what: str):
         if what == "metadata":
@@ -108,6 +166,11 @@ class FrontEndPeer:
         self.host.forget(self)
         if not self.host.closing:
             log.info("front end %s (pid %s) disconnected", self.index, self.pid)
+
+
+def as_bytes(rows: np.ndarray) -> bytes:
+    """A "results" message's float32 rows, as bytes (`engine_link.rows_of` undoes it)."""
+    return np.ascontiguousarray(rows, np.float32).tobytes()
 
 
 class EngineHost:

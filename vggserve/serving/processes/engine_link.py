@@ -18,18 +18,29 @@ messages (several at a time when they queue up); a message is a tuple whose firs
         ("arena", mapped)                          answer to a hello naming an arena: whether the engine mapped it
                                                    (the front end uses it only then)
         ("state", state)                           readiness, liveness, model info: on connect and on every change
-        ("result", image_id, outcome)              an Outcome (probabilities, queue/inference time, batch, device)
+        ("results", image_ids, probabilities, logits, asked, queue_s, inference_s, batch_size, device)
+                                                   the Outcomes of this front end's images of one computed batch:
+                                                   image_ids[i]'s probabilities are row i of an (n, classes)
+                                                   float32 array sent as its bytes (a numpy array pickles ten
+                                                   times slower), its queue time queue_s[i]; `logits` the bytes of
+                                                   the logits rows of the images at positions `asked` (None when
+                                                   none asked)
+        ("result", image_id, outcome)              one image's Outcome
         ("error", image_id, error)                 a scheduling.errors.SchedulingError for that image, or the
                                                    ImageError of a file the engine's device passed to the CPU path
         ("reply", call_id, value)
 
-Every submitted image gets exactly one "result" or "error", withdrawn or not.
+Every submitted image gets exactly one answer ("results", "result" or "error"), withdrawn or not. A list the engine
+receives is handled in order, its runs of submits queued together (`BatchQueue.submit_many`); the engine answers a
+computed batch with one "results" message per front end, the per-image cost of its answers being a few list items
+and no Python object per image.
 """
 
 import asyncio
 import itertools
 import logging
 import os
+import pickle
 import queue
 import socket
 import threading
@@ -39,8 +50,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from typing import Callable
 
+import numpy as np
+
 from ...modelinput import ModelInput
-from ..scheduling.batcher import Admission
+from ..scheduling.batcher import Admission, Outcome
 from ..scheduling.errors import QueueFull, SchedulingError, Unavailable, shutting_down
 from ..metrics import Metrics
 from ...ipc.shm import Arena, Shared, make_arena
@@ -49,17 +62,18 @@ from ..threadnames import name_this_thread
 log = logging.getLogger("vggserve.serving")
 
 AUTHKEY_BYTES = 32
+PROTOCOL = pickle.HIGHEST_PROTOCOL  # 5: arrays (inline pixels) pickle without an extra copy
 _STOP = object()
 
 
 class Link:
-    """One end of a connection: `send` queues a message for the writer thread; the reader thread hands each message
-    received to `on_message`, and calls `on_close` once when the connection ends (either side)."""
+    """One end of a connection: `send` queues a message for the writer thread; the reader thread hands each list of
+    messages received to `on_messages`, and calls `on_close` once when the connection ends (either side)."""
 
-    def __init__(self, conn: Connection, on_message: Callable[[tuple], None], on_close: Callable[[], None],
+    def __init__(self, conn: Connection, on_messages: Callable[[list], None], on_close: Callable[[], None],
                  name: str):
         self.conn = conn
-        self.on_message = on_message
+        self.on_messages = on_messages
         self.on_close = on_close
         self.name = name
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -98,8 +112,8 @@ class Link:
                     break
                 message = self._outbox.get()
             if batch:
-                try:
-                    self.conn.send(batch)
+                try:  # plain pickle at its highest protocol: Connection.send's ForkingPickler costs more per message
+                    self.conn.send_bytes(pickle.dumps(batch, PROTOCOL))
                 except (OSError, ValueError):
                     self.close()
                     return
@@ -110,8 +124,7 @@ class Link:
         name_this_thread()
         try:
             while True:
-                for message in self.conn.recv():
-                    self.on_message(message)
+                self.on_messages(pickle.loads(self.conn.recv_bytes()))
         except (EOFError, OSError):
             pass
         except Exception:  # noqa: BLE001 - a bad message ends the link, loudly
@@ -188,6 +201,22 @@ class RemoteQueue(Admission):
         else:
             item.future.set_result(outcome)
 
+    def resolve_rows(self, image_ids: list[int], probabilities, logits, asked: list[int], queue_s: list[float],
+                     inference_s: float, batch_size: int, device: str) -> None:
+        """The engine's "results" for several images of one batch (the message's fields): each its Outcome."""
+        with self._lock:
+            items = [self._pending.pop(image_id, None) for image_id in image_ids]
+            self._admitted -= sum(item is not None for item in items)
+        probabilities = rows_of(probabilities, len(image_ids))
+        rows = dict(zip(asked, rows_of(logits, len(asked)))) if asked else {}
+        for i, item in enumerate(items):
+            if item is None:
+                continue
+            if item.shared is not None:
+                self.arena.free(item.shared)
+            item.future.set_result(Outcome(probabilities[i], queue_s[i], inference_s, batch_size, device,
+                                           rows.get(i)))
+
     def close(self, error: SchedulingError) -> None:
         """Refuse further images with `error` and fail those still waiting for the engine with it."""
         with self._lock:
@@ -197,6 +226,11 @@ class RemoteQueue(Admission):
             self._admitted -= len(left)
         for item in left:
             item.future.set_exception(error)
+
+
+def rows_of(data: bytes, n: int) -> np.ndarray:
+    """The (n, classes) float32 array a "results" message carries as its bytes (a writable copy, as unpickled)."""
+    return np.frombuffer(data, np.float32).reshape(n, -1).copy()
 
 
 class EngineClient:
@@ -225,7 +259,7 @@ class EngineClient:
         """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
         self._arena = make_arena()  # inputs through shared memory (shm.py) once the engine says it mapped it
-        self.link = Link(conn, self._received, self._closed, f"vggserve-frontend{self.index}-link")
+        self.link = Link(conn, self._received_all, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
         self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
         self._first_state.wait(wait_state_s)
@@ -251,9 +285,15 @@ class EngineClient:
         finally:
             self._calls.pop(call_id, None)
 
+    def _received_all(self, messages: list) -> None:
+        for message in messages:
+            self._received(message)
+
     def _received(self, message: tuple) -> None:
         kind = message[0]
-        if kind == "result":
+        if kind == "results":
+            self.queue.resolve_rows(*message[1:])
+        elif kind == "result":
             self.queue.resolve(message[1], outcome=message[2])
         elif kind == "error":
             self.queue.resolve(message[1], error=message[2])

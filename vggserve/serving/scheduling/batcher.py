@@ -23,7 +23,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class Item:
     want_logits: bool = False  # its Outcome carries the logits too (the batch then computes logits)
     enqueued: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
+    # not a field: who answers this item with its batch-mates of the same group at once (`answer`), None for an
+    # item answered on its own; an engine link's items name their front end (processes.engine_host)
+    group = None
 
     def expire(self, now: float) -> None:
         self.future.set_exception(DeadlineExceeded(now - self.enqueued))
@@ -56,6 +59,37 @@ class Outcome:
     batch_size: int
     device: str
     logits: np.ndarray | None = None  # (1000,) float32, when the item asked for them
+
+
+class Group(Protocol):
+    """Answers several items of a batch at once (`Item.group`)."""
+
+    def answer_rows(self, items: list[Item], probabilities: np.ndarray, logits: np.ndarray | None,
+                    queue_s: list[float], inference_s: float, batch_size: int, device: str) -> None:
+        """What each Outcome would say: row i of `probabilities` (and of `logits`, the model's, when the batch
+        computed them; only the items that asked get them) and queue_s[i] are items[i]'s."""
+
+
+def answer(batch: list[Item], probabilities: np.ndarray, logits: np.ndarray | None, started: float, seconds: float,
+           device: str) -> None:
+    """Answer a computed batch: row i of `probabilities` (and of `logits` when the batch computed them) is
+    batch[i]'s. Each item of a group is answered with its group's other items in one `answer_rows` call, each
+    other item with its Outcome."""
+    groups: dict = {}
+    size = len(batch)
+    for i, item in enumerate(batch):
+        if item.group is not None:
+            groups.setdefault(item.group, []).append(i)
+            continue
+        logit = logits[i] if item.want_logits and logits is not None else None
+        item.future.set_result(Outcome(probabilities[i], started - item.enqueued, seconds, size, device, logit))
+    for group, rows in groups.items():
+        items = [batch[i] for i in rows]
+        if len(rows) < size:
+            probs, logs = probabilities[rows], None if logits is None else logits[rows]
+        else:  # the whole batch: no copy
+            probs, logs = probabilities, logits
+        group.answer_rows(items, probs, logs, [started - item.enqueued for item in items], seconds, size, device)
 
 
 class Admission:
@@ -120,6 +154,30 @@ class BatchQueue(Admission):
             if len(self._items) == 1 or len(self._items) >= min(self._filling, default=1):
                 self._cond.notify_all()
         return item
+
+    def submit_many(self, items: list[Item]) -> list[tuple[Item, SchedulingError]]:
+        """Queue admitted-on-arrival items (an engine link's submits) under one hold of the lock: each is admitted
+        as `admit(1)` would, in order, and queued; the refused ones come back with their error (QueueFull once the
+        room is taken, the close reason once closed), unanswered."""
+        refused: list[tuple[Item, SchedulingError]] = []
+        with self._cond:
+            before = len(self._items)
+            for item in items:
+                if self._closed is not None:
+                    refused.append((item, self._closed))
+                elif self._admitted >= self.capacity:
+                    refused.append((item, self.full()))
+                else:
+                    self._admitted += 1
+                    self._items.append(item)
+            if len(self._items) != before:
+                self._note_length()
+                if before == 0 or len(self._items) >= min(self._filling, default=1):  # as `submit` wakes them
+                    self._cond.notify_all()
+        full = sum(isinstance(error, QueueFull) for _, error in refused)
+        if full:
+            self.metrics.rejected.labels(reason="queue_full").inc(full)
+        return refused
 
     def withdraw(self, item: Item, error: SchedulingError) -> bool:
         """Take a still-waiting image out of the queue and fail it with `error`; False if a worker has it."""

@@ -26,8 +26,8 @@ from ...errors import VggserveError
 from ...modelinput import CROP_SHAPE, TENSOR_SHAPE, prepare_batch, uses_device_resize
 from ...predictions import softmax
 from ...wording import count
-from ..metrics import Metrics
-from .batcher import BatchQueue, Item, Outcome
+from ..metrics import Metrics, observe_all
+from .batcher import BatchQueue, Item, answer
 from .devicedecode import DeviceDecoding, decodes_on_device
 from .devicestats import device_figures
 from .errors import InferenceFailed
@@ -183,8 +183,7 @@ class DeviceWorker:
     def note_taken(self, batch: list[Item]) -> float:
         """Record a batch just taken from the queue; returns when it was taken (time.monotonic())."""
         started = time.monotonic()
-        for item in batch:
-            self.metrics.queue_seconds.observe(started - item.enqueued)
+        observe_all(self.metrics.queue_seconds, [started - item.enqueued for item in batch])
         self.metrics.batch_size.observe(len(batch))
         return started
 
@@ -217,10 +216,10 @@ class DeviceWorker:
                                f"{count(len(batch), 'image')} (shape {rows.shape})")
         self.metrics.batch_done(len(batch), seconds)
         self.batches += 1
-        probs = softmax(rows) if want == "logits" else rows
-        for item, prob, row in zip(batch, probs, rows):
-            logits = row if item.want_logits else None
-            item.future.set_result(Outcome(prob, started - item.enqueued, seconds, len(batch), self.device, logits))
+        if want == "logits":
+            answer(batch, softmax(rows), rows, started, seconds, self.device)
+        else:
+            answer(batch, rows, None, started, seconds, self.device)
 
     def requeue_or_fail(self, batch: list[Item], exc: BaseException) -> None:
         """The still-unanswered items of a batch this failed worker will not compute: back to the front of the queue
