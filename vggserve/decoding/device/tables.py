@@ -51,16 +51,56 @@ def huffman_table(counts: tuple, symbols: bytes) -> np.ndarray:
 
 def upsampling(frame: Frame, comp) -> tuple[int, int, int]:
     """(method, fh, fv) libjpeg-turbo's jinit_upsampler picks for a component (fancy upsampling on)."""
-    fh, fv = frame.hmax // comp.h, frame.vmax // comp.v
+    return _upsampling(frame.hmax // comp.h, frame.vmax // comp.v, comp.width)
+
+
+def _upsampling(fh: int, fv: int, width: int) -> tuple[int, int, int]:
     if (fh, fv) == (1, 1):
         return FULL, 1, 1
-    if (fh, fv) == (2, 1) and comp.width > 2:
+    if (fh, fv) == (2, 1) and width > 2:
         return H2V1, 2, 1
     if (fh, fv) == (1, 2):
         return H1V2, 1, 2
-    if (fh, fv) == (2, 2) and comp.width > 2:
+    if (fh, fv) == (2, 2) and width > 2:
         return H2V2, 2, 2
     return BOX, fh, fv
+
+
+@lru_cache(maxsize=512)
+def quant_table(quant: bytes) -> np.ndarray:
+    """A quantisation table as the kernels read it: 64 int32 in natural order."""
+    t = np.frombuffer(quant, "<u2").astype(np.int32)
+    t.setflags(write=False)
+    return t
+
+
+class Template:
+    """The rows of one file of a Shape, laid out alone (file 0, at byte, block and sample 0), its tables by their
+    index in the file's own `huffs` and `quants`: Batch.pack moves them to their place in a batch."""
+
+    __slots__ = ("comp", "plane", "scalars", "classes")
+
+    def __init__(self, shape):
+        comps, planes, block, sample = [], [], 0, 0
+        for (_, h, v, _, _, _, cw, ch, bw, bh), (dc, ac, q) in zip(shape.specs, shape.local):
+            comps.append((block, bw, h, v, dc, ac, q, 0))
+            method, fh, fv = _upsampling(shape.hmax // h, shape.vmax // v, cw)
+            planes.append((block, bw, bh, q, sample, 0, cw, ch, fh, fv, method, 0))
+            block += bw * bh
+            sample += bw * bh * 64
+        self.comp = np.array(comps, np.int32).reshape(-1, COMP)
+        self.plane = np.array(planes, np.int32).reshape(-1, PLANE)
+        #: components, blocks, samples, MCUs per row, MCUs, Huffman tables, quantisation tables, width, height
+        self.scalars = (len(comps), block, sample, shape.mcus_x, shape.mcus_x * shape.mcus_y, len(shape.hrefs),
+                        len(shape.qrefs), shape.width, shape.height)
+        self.classes = tuple(cls for cls, _ in shape.hrefs)  # 0 DC, 1 AC per Huffman table
+
+
+def template(shape) -> Template:
+    """The shape's Template (made once, kept on the shape)."""
+    if shape.template is None:
+        shape.template = Template(shape)
+    return shape.template
 
 
 @dataclass
@@ -78,58 +118,119 @@ class Batch:
     plane_bytes: int  # sample bytes of every plane
     blocks: int
     chunk: np.ndarray | None = None  # jpeg_entropy.cl's chunks (segment, first byte, end byte, 0), after chunked()
+    size: np.ndarray | None = None  # int64 (width, height) of each image as stored (before its EXIF orientation)
 
     def chunked(self, size: int) -> None:
         """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count)."""
         start, end = self.seg[:, 1].astype(np.int64), self.seg[:, 2].astype(np.int64)
         count = np.maximum(1, -(-(end - start) // size))
-        first = np.concatenate([[0], np.cumsum(count)[:-1]])
+        first = np.cumsum(count) - count
         self.seg[:, 6], self.seg[:, 7] = first, count
-        owner = np.repeat(np.arange(len(count)), count)
-        index = np.arange(int(count.sum())) - first[owner]
-        lo = start[owner] + index * size
-        self.chunk = np.zeros((owner.size, CHUNK), np.int32)
-        self.chunk[:, 0], self.chunk[:, 1], self.chunk[:, 2] = owner, lo, np.minimum(lo + size, end[owner])
+        owner = np.repeat(np.arange(len(count), dtype=np.int32), count)
+        lo = (start - first * size)[owner] + np.arange(owner.size, dtype=np.int64) * size
+        self.chunk = chunk = np.empty((owner.size, CHUNK), np.int32)
+        chunk[:, 0], chunk[:, 1], chunk[:, 3] = owner, lo, 0
+        np.minimum(lo + size, end[owner], out=chunk[:, 2], casting="unsafe")
 
     @classmethod
     def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None) -> "Batch":
         """restarts[i]: the byte offsets (within file i) of its restart markers, in order, when it has a restart
         interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
-        e.g. pinned staging memory); a fresh array by default."""
-        segs, imgs, comps, planes = [], [], [], []
-        tabs: dict = {}
-        quants: dict = {}
-        base, block, sample = 0, 0, 0
-        for i, (frame, data) in enumerate(zip(frames, datas)):
-            imgs.append((frame.mcus_x, len(frame.components), len(comps), 0))
-            for c in frame.components:
-                dc = tabs.setdefault((c.dc, 0), len(tabs))
-                ac = tabs.setdefault((c.ac, 1), len(tabs))
-                q = quants.setdefault(c.quant, len(quants))
-                comps.append((block, c.blocks_w, c.h, c.v, dc, ac, q, 0))
-                method, fh, fv = upsampling(frame, c)
-                planes.append((block, c.blocks_w, c.blocks_h, q, sample, i, c.width, c.height, fh, fv, method, 0))
-                block += c.blocks_w * c.blocks_h
-                sample += c.blocks_w * c.blocks_h * 64
-            start, end = base + frame.scan_start, base + len(data)
-            ri = frame.restart_interval
-            if ri:
-                marks = restarts[i]
-                bounds = [start] + [base + m + 2 for m in marks]
-                ends = [base + m for m in marks] + [end]
-                for k, (s, e) in enumerate(zip(bounds, ends)):
-                    first = k * ri
-                    segs.append((i, s, e, first, min(ri, frame.mcus - first), int(k == len(marks)), 0, 0))
-            else:
-                segs.append((i, start, end, 0, frame.mcus, 1, 0, 0))
-            base += len(data)
-        tab = np.stack([huffman_table(*key[0]) for key in tabs]) if tabs else np.zeros((0, TAB), np.int32)
-        quant = (np.stack([np.frombuffer(q, "<u2").astype(np.int32) for q in quants]) if quants
-                 else np.zeros((0, 64), np.int32))
-        seg = np.array(segs, np.int32).reshape(-1, SEG)
-        return cls(_joined(datas, base, place), seg, np.array(imgs, np.int32).reshape(-1, IMG),
-                   np.array(comps, np.int32).reshape(-1, COMP), tab, np.array(planes, np.int32).reshape(-1, PLANE),
-                   quant, seg[:, 0].copy(), sample, block)
+        e.g. pinned staging memory); a fresh array by default. Each file's rows come from its shape's Template,
+        moved to the file's place with a few array operations for the whole batch."""
+        n = len(frames)
+        temps = [f.shape.template or template(f.shape) for f in frames]
+        scal = np.array([t.scalars for t in temps], np.int64).reshape(n, 9)
+        ncomp, blocks, samples, mcus_x, mcus = scal[:, :5].T
+        nbytes = np.array([len(d) for d in datas], np.int64)
+        byte0, comp0, block0, sample0 = _starts(nbytes), _starts(ncomp), _starts(blocks), _starts(samples)
+        total, nblocks, nsamples = int(nbytes.sum()), int(blocks.sum()), int(samples.sum())
+        if max(total, nblocks, nsamples) >= 1 << 31:  # the kernels' tables hold int32 offsets
+            raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nsamples} samples; "
+                             f"at most 2 GiB each): decode it in smaller batches")
+        owner = np.repeat(np.arange(n), ncomp)  # the file of each component
+        (hmap, hat), tab = _tables([f.huffs for f in frames], [t.classes for t in temps],
+                                   lambda key: huffman_table(*key[0]), TAB)
+        (qmap, qat), quant = _tables([f.quants for f in frames], [None] * n, lambda key: quant_table(key[0]), 64)
+        if n:
+            comp = np.concatenate([t.comp for t in temps])
+            plane = np.concatenate([t.plane for t in temps])
+        else:
+            comp, plane = np.zeros((0, COMP), np.int32), np.zeros((0, PLANE), np.int32)
+        hat, qat = hat[owner], qat[owner]
+        comp[:, 0] += block0[owner]
+        comp[:, 4] = hmap[hat + comp[:, 4]]
+        comp[:, 5] = hmap[hat + comp[:, 5]]
+        comp[:, 6] = qmap[qat + comp[:, 6]]
+        plane[:, 0] = comp[:, 0]
+        plane[:, 3] = comp[:, 6]
+        plane[:, 4] += sample0[owner]
+        plane[:, 5] = owner
+        img = np.zeros((n, IMG), np.int32)
+        img[:, 0], img[:, 1], img[:, 2] = mcus_x, ncomp, comp0
+        seg = _segments(frames, restarts, nbytes, byte0, mcus)
+        return cls(_joined(datas, total, place), seg, img, comp, tab, plane, quant, seg[:, 0].copy(), nsamples,
+                   nblocks, size=scal[:, 7:9])
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of a run of things of these counts starts (the exclusive prefix sum)."""
+    return np.cumsum(counts) - counts
+
+
+def _tables(per_file: list, classes: list, table, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(per file, the index in the batch's tables of each of its own tables, by the file's start in that array;
+    the batch's tables stacked): one table per distinct (content, class), in the order of first use.
+    `per_file`: each file's tables (a tuple, shared by the files of the same headers: parse.py's `_select`), kept
+    alive by the frames while this runs, so one object is one id here; `classes[i]`: the class of each of file
+    i's tables (None: all one class)."""
+    groups: dict = {}  # (id of a file's tables, id of its classes) -> its index among the distinct ones
+    which, distinct = [], []
+    for i, objects in enumerate(per_file):
+        key = (id(objects), id(classes[i]))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = len(distinct)
+            distinct.append(i)
+        which.append(group)
+    keys: dict = {}
+    index, start = [], [0]
+    for i in distinct:
+        kinds = classes[i] if classes[i] is not None else (0,) * len(per_file[i])
+        index += [keys.setdefault((t, c), len(keys)) for t, c in zip(per_file[i], kinds)]
+        start.append(len(index))
+    if not keys:
+        return (np.zeros(0, np.int64), np.zeros(len(which), np.int64)), np.zeros((0, width), np.int32)
+    return (np.array(index, np.int64), np.array(start, np.int64)[which]), np.stack([table(key) for key in keys])
+
+
+def _segments(frames, restarts, nbytes, byte0, mcus) -> np.ndarray:
+    """The seg rows: one segment per file, or one per restart interval (split at its restart markers)."""
+    n = len(frames)
+    intervals = np.array([f.restart_interval for f in frames], np.int64)
+    scan = np.array([f.scan_start for f in frames], np.int64)
+    if not intervals.any():
+        seg = np.zeros((n, SEG), np.int32)
+        seg[:, 0], seg[:, 1], seg[:, 2], seg[:, 4], seg[:, 5] = np.arange(n), byte0 + scan, byte0 + nbytes, mcus, 1
+        return seg
+    marks = [restarts[i] if ri else [] for i, ri in enumerate(intervals.tolist())]
+    nmarks = np.array([len(m) for m in marks], np.int64)
+    flat = np.array([m for ms in marks for m in ms] + [0], np.int64)  # a pad: every index below stays in range
+    owner = np.repeat(np.arange(n), nmarks + 1)
+    k = np.arange(owner.size) - _starts(nmarks + 1)[owner]  # the segment's index in its file
+    at = _starts(nmarks)[owner] + k  # the marker ending segment k (the one before it starts it)
+    last = k == nmarks[owner]
+    base = byte0[owner]
+    ri = intervals[owner]
+    first = k * ri
+    seg = np.zeros((owner.size, SEG), np.int32)
+    seg[:, 0] = owner
+    seg[:, 1] = base + np.where(k == 0, scan[owner], flat[np.maximum(at - 1, 0)] + 2)
+    seg[:, 2] = base + np.where(last, nbytes[owner], flat[np.minimum(at, flat.size - 1)])
+    seg[:, 3] = first
+    seg[:, 4] = np.where(ri > 0, np.minimum(ri, mcus[owner] - first), mcus[owner])
+    seg[:, 5] = last
+    return seg
 
 
 def _joined(datas: list[bytes], total: int, place=None) -> np.ndarray:
