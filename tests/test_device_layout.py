@@ -200,6 +200,15 @@ def test_chunking_cuts_segments_as_before(prepared, size):
     assert batch.chunk.dtype == np.int32 and np.array_equal(batch.chunk, want_chunk)
 
 
+def test_chunking_cuts_empty_and_one_byte_segments_as_before():
+    seg = np.zeros((5, SEG), np.int32)
+    seg[:, 1], seg[:, 2] = [0, 10, 10, 11, 300], [10, 10, 11, 300, 300]
+    batch = Batch(np.zeros(300, np.uint8), seg, *[np.zeros((0, 1), np.int32)] * 5, seg[:, 0], 0, 0)
+    want_seg, want_chunk = reference_chunks(seg, 16)
+    batch.chunked(16)
+    assert np.array_equal(batch.seg, want_seg) and np.array_equal(batch.chunk, want_chunk)
+
+
 def test_the_window_table_is_the_per_file_loops(prepared):
     windows = windows_for(prepared)
     batch = pack(prepared)

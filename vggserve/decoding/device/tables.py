@@ -126,11 +126,16 @@ class Batch:
         count = np.maximum(1, -(-(end - start) // size))
         first = np.cumsum(count) - count
         self.seg[:, 6], self.seg[:, 7] = first, count
-        owner = np.repeat(np.arange(len(count), dtype=np.int32), count)
-        lo = (start - first * size)[owner] + np.arange(owner.size, dtype=np.int64) * size
-        self.chunk = chunk = np.empty((owner.size, CHUNK), np.int32)
-        chunk[:, 0], chunk[:, 1], chunk[:, 3] = owner, lo, 0
-        np.minimum(lo + size, end[owner], out=chunk[:, 2], casting="unsafe")
+        n = int(count.sum())
+        self.chunk = chunk = np.empty((n, CHUNK), np.int32)
+        chunk[:, 0] = np.repeat(np.arange(len(count), dtype=np.int32), count)
+        lo = np.arange(0, n * size, size, dtype=np.int64)
+        lo += np.repeat(start - first * size, count)  # chunk k of a segment starts k * size bytes into it
+        chunk[:, 1] = lo
+        lo += size
+        chunk[:, 2] = lo
+        chunk[first + count - 1, 2] = end  # every chunk but the last of its segment ends inside the segment
+        chunk[:, 3] = 0
 
     @classmethod
     def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None) -> "Batch":
