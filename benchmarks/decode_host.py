@@ -87,9 +87,16 @@ def main() -> None:
         for p, a in zip(parts, at):
             out[a:a + p.size] = p.ravel()
 
+    def copy():
+        from vggserve.decoding.device.tables import _joined
+
+        datas = [f.data for f in prepared]
+        _joined(datas, sum(map(len, datas)), lambda nbytes: array("data", nbytes + 16))
+
     chunked()
     rows = [("prepare (parse, restarts, orientation)", lambda: [prepare(f) for f in files]),
-            ("Batch.pack", pack), ("chunked", chunked), ("_windows", windows_table),
+            ("copy of the files into staging memory", copy), ("Batch.pack (with that copy)", pack),
+            ("chunked", chunked), ("_windows", windows_table),
             ("_windows + meta assembly", meta), ("layout in all (pack, chunked, windows, meta)", layout)]
     print(f"{len(files)} files {args.size} q{args.quality}, mean {np.mean([len(f) for f in files]) / 1024:.1f} KB; "
           f"ms per batch of {args.batch}: CPU mean, fastest wall")

@@ -141,11 +141,20 @@ class Batch:
     def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None) -> "Batch":
         """restarts[i]: the byte offsets (within file i) of its restart markers, in order, when it has a restart
         interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
-        e.g. pinned staging memory); a fresh array by default. Each file's rows come from its shape's Template,
-        moved to the file's place with a few array operations for the whole batch."""
+        e.g. pinned staging memory); a fresh array by default.
+
+        Files of the same headers (one Shape, one tuple of tables each: parse.py caches them) form a group; each
+        group's rows come from its shape's Template, its tables are looked up once, and the rows of every file
+        are the group's moved to the file's place, with array operations over the whole batch."""
         n = len(frames)
-        temps = [f.shape.template or template(f.shape) for f in frames]
-        scal = np.array([t.scalars for t in temps], np.int64).reshape(n, 9)
+        groups: dict = {}  # (ids of the shape and tables) -> the group's first file (the objects live meanwhile)
+        first_of = [groups.setdefault((id(f.shape), id(f.huffs), id(f.quants)), i) for i, f in enumerate(frames)]
+        reps = list(groups.values())
+        number = np.zeros(n, np.intp)
+        number[reps] = np.arange(len(reps))
+        group = number[first_of]  # the group of each file
+        gcomp, gplane, gscal, tab, quant = _groups([frames[r] for r in reps])
+        scal = gscal[group]
         ncomp, blocks, samples, mcus_x, mcus = scal[:, :5].T
         nbytes = np.array([len(d) for d in datas], np.int64)
         byte0, comp0, block0, sample0 = _starts(nbytes), _starts(ncomp), _starts(blocks), _starts(samples)
@@ -154,21 +163,10 @@ class Batch:
             raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nsamples} samples; "
                              f"at most 2 GiB each): decode it in smaller batches")
         owner = np.repeat(np.arange(n), ncomp)  # the file of each component
-        (hmap, hat), tab = _tables([f.huffs for f in frames], [t.classes for t in temps],
-                                   lambda key: huffman_table(*key[0]), TAB)
-        (qmap, qat), quant = _tables([f.quants for f in frames], [None] * n, lambda key: quant_table(key[0]), 64)
-        if n:
-            comp = np.concatenate([t.comp for t in temps])
-            plane = np.concatenate([t.plane for t in temps])
-        else:
-            comp, plane = np.zeros((0, COMP), np.int32), np.zeros((0, PLANE), np.int32)
-        hat, qat = hat[owner], qat[owner]
+        rows = (_starts(gscal[:, 0])[group] - comp0)[owner] + np.arange(owner.size)  # its row in the group's
+        comp, plane = gcomp[rows], gplane[rows]
         comp[:, 0] += block0[owner]
-        comp[:, 4] = hmap[hat + comp[:, 4]]
-        comp[:, 5] = hmap[hat + comp[:, 5]]
-        comp[:, 6] = qmap[qat + comp[:, 6]]
         plane[:, 0] = comp[:, 0]
-        plane[:, 3] = comp[:, 6]
         plane[:, 4] += sample0[owner]
         plane[:, 5] = owner
         img = np.zeros((n, IMG), np.int32)
@@ -183,30 +181,33 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     return np.cumsum(counts) - counts
 
 
-def _tables(per_file: list, classes: list, table, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(per file, the index in the batch's tables of each of its own tables, by the file's start in that array;
-    the batch's tables stacked): one table per distinct (content, class), in the order of first use.
-    `per_file`: each file's tables (a tuple, shared by the files of the same headers: parse.py's `_select`), kept
-    alive by the frames while this runs, so one object is one id here; `classes[i]`: the class of each of file
-    i's tables (None: all one class)."""
-    groups: dict = {}  # (id of a file's tables, id of its classes) -> its index among the distinct ones
-    which, distinct = [], []
-    for i, objects in enumerate(per_file):
-        key = (id(objects), id(classes[i]))
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = len(distinct)
-            distinct.append(i)
-        which.append(group)
-    keys: dict = {}
-    index, start = [], [0]
-    for i in distinct:
-        kinds = classes[i] if classes[i] is not None else (0,) * len(per_file[i])
-        index += [keys.setdefault((t, c), len(keys)) for t, c in zip(per_file[i], kinds)]
-        start.append(len(index))
-    if not keys:
-        return (np.zeros(0, np.int64), np.zeros(len(which), np.int64)), np.zeros((0, width), np.int32)
-    return (np.array(index, np.int64), np.array(start, np.int64)[which]), np.stack([table(key) for key in keys])
+def _groups(frames: list[Frame]) -> tuple:
+    """For one frame per group: (comp rows, plane rows, scalars of each (Template.scalars), Huffman tables,
+    quantisation tables), the rows of all of them back to back with their tables' indices in the batch's: one
+    table per distinct content (and class), in the order of first use."""
+    temps = [f.shape.template or template(f.shape) for f in frames]
+    huffs: dict = {}
+    quants: dict = {}
+    hmap, qmap, hat, qat = [], [], [], []
+    for f, t in zip(frames, temps):
+        hat.append(len(hmap))
+        qat.append(len(qmap))
+        hmap += [huffs.setdefault((h, c), len(huffs)) for h, c in zip(f.huffs, t.classes)]
+        qmap += [quants.setdefault(q, len(quants)) for q in f.quants]
+    scal = np.array([t.scalars for t in temps], np.int64).reshape(len(temps), 9)
+    if not temps:
+        return (np.zeros((0, COMP), np.int32), np.zeros((0, PLANE), np.int32), scal, np.zeros((0, TAB), np.int32),
+                np.zeros((0, 64), np.int32))
+    comp = np.concatenate([t.comp for t in temps])
+    plane = np.concatenate([t.plane for t in temps])
+    owner = np.repeat(np.arange(len(temps)), scal[:, 0])
+    hmap, qmap = np.array(hmap, np.int64), np.array(qmap, np.int64)
+    hat, qat = np.array(hat, np.int64)[owner], np.array(qat, np.int64)[owner]
+    comp[:, 4] = hmap[hat + comp[:, 4]]
+    comp[:, 5] = hmap[hat + comp[:, 5]]
+    comp[:, 6] = plane[:, 3] = qmap[qat + comp[:, 6]]
+    return (comp, plane, scal, np.stack([huffman_table(*key[0]) for key in huffs]),
+            np.stack([quant_table(q) for q in quants]))
 
 
 def _segments(frames, restarts, nbytes, byte0, mcus) -> np.ndarray:
