@@ -1,19 +1,22 @@
 """The device JPEG decoder's host work alone, per batch: `prepare` of every file, then the layout part of
 `JpegDecoder.enqueue` (Batch.pack into a reused staging array, chunked, the window table, the meta table), no
 OpenCL. Times are CPU seconds of this process (helper copying threads included), the mean over the repeats, and
-the fastest wall time of one batch.
+the fastest wall time of one batch. --distinct-sizes gives every file of a batch its own size (parse.py caches
+what headers fix apart from the size; this shows that a batch of many sizes costs the same).
 
-    python3 benchmarks/decode_host.py --batch 64 --repeat 50
+    python3 benchmarks/decode_host.py --batch 64 --repeat 50 [--distinct-sizes]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import time
 
 import numpy as np
+from PIL import Image
 
-from device_decode import corpus
+from device_decode import corpus, photo_like
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:
@@ -34,6 +37,7 @@ def main() -> None:
     ap.add_argument("--quality", type=int, default=90)
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--chunk-bytes", type=int, default=128)
+    ap.add_argument("--distinct-sizes", action="store_true", help="every file its own size (width - i)")
     args = ap.parse_args()
     from vggserve.decoding.device import decoder as dec
     from vggserve.decoding.device import prepare
@@ -41,6 +45,13 @@ def main() -> None:
 
     width, height = map(int, args.size.split("x"))
     files = corpus(args.batch, width, height, args.quality)
+    if args.distinct_sizes:
+        files = []
+        for i in range(args.batch):
+            buffer = io.BytesIO()
+            Image.fromarray(photo_like(width - i, height - i // 2, i)).save(buffer, "JPEG", quality=args.quality,
+                                                                          subsampling=2)
+            files.append(buffer.getvalue())
     prepared = [prepare(f) for f in files]
     assert all(prepared), [p.reason for p in prepared if not p]
     windows, offset = [], 0
@@ -98,7 +109,7 @@ def main() -> None:
             ("copy of the files into staging memory", copy), ("Batch.pack (with that copy)", pack),
             ("chunked", chunked), ("_windows", windows_table),
             ("_windows + meta assembly", meta), ("layout in all (pack, chunked, windows, meta)", layout)]
-    print(f"{len(files)} files {args.size} q{args.quality}, mean {np.mean([len(f) for f in files]) / 1024:.1f} KB; "
+    print(f"{len(files)} files {args.size}{' down to ' + str(files and prepared[-1].size) if args.distinct_sizes else ''} q{args.quality}, mean {np.mean([len(f) for f in files]) / 1024:.1f} KB; "
           f"ms per batch of {args.batch}: CPU mean, fastest wall")
     total = 0.0
     for name, fn in rows:

@@ -86,7 +86,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
         if formats is not ALLOWED_FORMATS and "JPEG" not in _accepted_formats(formats):
             return Refusal("JPEG is not an accepted format")
         limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
-        if frame.shape.width * frame.shape.height > limit:
+        if frame.width * frame.height > limit:
             return Refusal("more pixels than the limit")
         orientation = 1
     restarts = None

@@ -60,19 +60,17 @@ class Component:
     blocks_h: int
 
 
-class Shape:
-    """What a file's frame and scan headers fix, shared by every file with the same headers (cached): the size,
-    the MCU grid, per component (id, h, v, quant number, DC number, AC number, width, height, blocks_w,
-    blocks_h), and the distinct tables they name in first use: `hrefs` ((class, number) of Huffman tables, DC
-    then AC per component), `qrefs` (quantisation numbers); `local` per component (its DC, AC and quantisation
-    table's index in those). `template`: tables.py's layout of one such file, computed there once."""
+class Sampling:
+    """What a file's frame and scan headers fix apart from its size, shared by every file with the same headers
+    (cached): the sampling maxima and, per component, (id, h, v, quant number, DC number, AC number) (h = v = 1,
+    maxima 1, for one component); the distinct tables they name in first use: `hrefs` ((class, number) of Huffman
+    tables, DC then AC per component), `qrefs` (quantisation numbers), and `local` per component (its DC, AC and
+    quantisation table's index in those). `template`: tables.py's rows for it, computed there once."""
 
-    __slots__ = ("width", "height", "hmax", "vmax", "mcus_x", "mcus_y", "specs", "hrefs", "qrefs", "local",
-                 "template")
+    __slots__ = ("hmax", "vmax", "specs", "hrefs", "qrefs", "local", "template")
 
-    def __init__(self, width, height, hmax, vmax, mcus_x, mcus_y, specs):
-        self.width, self.height, self.hmax, self.vmax = width, height, hmax, vmax
-        self.mcus_x, self.mcus_y, self.specs = mcus_x, mcus_y, specs
+    def __init__(self, hmax: int, vmax: int, specs: tuple):
+        self.hmax, self.vmax, self.specs = hmax, vmax, specs
         hrefs: dict = {}
         qrefs: dict = {}
         self.local = tuple((hrefs.setdefault((0, s[4]), len(hrefs)), hrefs.setdefault((1, s[5]), len(hrefs)),
@@ -81,37 +79,45 @@ class Shape:
 
 
 class Frame:
-    """A parsed file: its Shape, the tables it names (`huffs`: (counts, symbols) per `shape.hrefs`, `quants`: 64
-    uint16 LE per `shape.qrefs`), its restart interval (MCUs, 0 for none), where its entropy-coded bytes start,
-    and whether it has APP1 or APP2 segments (EXIF, XMP, MPF: orientation and format are then read through
-    Pillow). Read-only."""
+    """A parsed file: its Sampling, size, the tables it names (`huffs`: (counts, symbols) per `sampling.hrefs`,
+    `quants`: 64 uint16 LE per `sampling.qrefs`), its restart interval (MCUs, 0 for none), where its entropy-coded
+    bytes start, and whether it has APP1 or APP2 segments (EXIF, XMP, MPF: orientation and format are then read
+    through Pillow). Read-only."""
 
-    __slots__ = ("shape", "huffs", "quants", "restart_interval", "scan_start", "pillow_header", "_components")
+    __slots__ = ("sampling", "width", "height", "huffs", "quants", "restart_interval", "scan_start", "pillow_header",
+                 "_components")
 
-    def __init__(self, shape: Shape, huffs: tuple, quants: tuple, restart_interval: int, scan_start: int,
-                 pillow_header: bool):
-        self.shape, self.huffs, self.quants = shape, huffs, quants
+    def __init__(self, sampling: Sampling, width: int, height: int, huffs: tuple, quants: tuple,
+                 restart_interval: int, scan_start: int, pillow_header: bool):
+        self.sampling, self.width, self.height, self.huffs, self.quants = sampling, width, height, huffs, quants
         self.restart_interval, self.scan_start, self.pillow_header = restart_interval, scan_start, pillow_header
         self._components = None
 
-    width = property(lambda self: self.shape.width)
-    height = property(lambda self: self.shape.height)
-    hmax = property(lambda self: self.shape.hmax)
-    vmax = property(lambda self: self.shape.vmax)
-    mcus_x = property(lambda self: self.shape.mcus_x)
-    mcus_y = property(lambda self: self.shape.mcus_y)
+    hmax = property(lambda self: self.sampling.hmax)
+    vmax = property(lambda self: self.sampling.vmax)
+
+    @property
+    def mcus_x(self) -> int:
+        return -(-self.width // (8 * self.sampling.hmax))
+
+    @property
+    def mcus_y(self) -> int:
+        return -(-self.height // (8 * self.sampling.vmax))
 
     @property
     def mcus(self) -> int:
-        return self.shape.mcus_x * self.shape.mcus_y
+        return self.mcus_x * self.mcus_y
 
     @property
     def components(self) -> tuple:
         """Component per component, Y (Cb, Cr) (made on first use)."""
         if self._components is None:
+            sampling, w, h = self.sampling, self.width, self.height
+            mx, my = self.mcus_x, self.mcus_y
             self._components = tuple(
-                Component(cid, h, v, self.quants[q], self.huffs[dc], self.huffs[ac], cw, ch, bw, bh)
-                for (cid, h, v, _, _, _, cw, ch, bw, bh), (dc, ac, q) in zip(self.shape.specs, self.shape.local))
+                Component(cid, ch, cv, self.quants[q], self.huffs[dc], self.huffs[ac], -(-w * ch // sampling.hmax),
+                          -(-h * cv // sampling.vmax), mx * ch, my * cv)
+                for (cid, ch, cv, _, _, _), (dc, ac, q) in zip(sampling.specs, sampling.local))
         return self._components
 
 
@@ -164,13 +170,18 @@ def _parse(d: bytes) -> Frame | Refusal:
         elif marker == 0xDA:
             if sof is None:
                 return Refusal("scan before the frame header")
-            shape = _shape(sof, body, jfif, adobe)
-            if type(shape) is str:
-                return Refusal(shape)
-            tables = _select(tuple(dhts), tuple(dqts), shape)
+            precision, height, width, _ = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
+            if precision != 8:
+                return Refusal(f"{precision}-bit samples")
+            if height == 0 or width == 0:
+                return Refusal("zero size in the frame header")
+            sampling = _sampling(sof[5:], body, jfif, adobe)
+            if type(sampling) is str:
+                return Refusal(sampling)
+            tables = _select(tuple(dhts), tuple(dqts), sampling)
             if tables is None:
                 return Refusal("a table the scan uses is missing")
-            return Frame(shape, *tables, restart, pos, pillow_header)
+            return Frame(sampling, width, height, *tables, restart, pos, pillow_header)
         elif marker in (0xC0, 0xC1):
             if sof is not None:
                 return Refusal("two frame headers")
@@ -193,8 +204,8 @@ def _parse(d: bytes) -> Frame | Refusal:
 
 
 @lru_cache(maxsize=1024)
-def _select(dhts: tuple, dqts: tuple, shape: Shape) -> tuple | None:
-    """(huffs, quants): the tables the shape names, as the table segments `dhts`, `dqts` (checked bodies, in file
+def _select(dhts: tuple, dqts: tuple, sampling: Sampling) -> tuple | None:
+    """(huffs, quants): the tables `sampling` names, as the table segments `dhts`, `dqts` (checked bodies, in file
     order: a later table replaces one of its class and number) define them; None where one is missing. Cached:
     files with the same headers share these tuples, and a batch's layout takes their tables once per tuple."""
     huff: dict = {}
@@ -204,7 +215,7 @@ def _select(dhts: tuple, dqts: tuple, shape: Shape) -> tuple | None:
     for body in dqts:
         quant.update(_dqt(body))
     try:
-        return tuple([huff[r] for r in shape.hrefs]), tuple([quant[q] for q in shape.qrefs])
+        return tuple([huff[r] for r in sampling.hrefs]), tuple([quant[q] for q in sampling.qrefs])
     except KeyError:
         return None
 
@@ -264,17 +275,13 @@ def check_huffman(counts, symbols: bytes, dc: bool) -> str | None:
 
 
 @lru_cache(maxsize=1024)
-def _shape(sof: bytes, sos: bytes, jfif: bool, adobe) -> Shape | str:
-    """The Shape the frame and scan headers `sof`, `sos` give, or why the file is refused (cached: files of one
-    size from one encoder share it)."""
-    precision, height, width, nf = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
-    if precision != 8:
-        return f"{precision}-bit samples"
-    if height == 0 or width == 0:
-        return "zero size in the frame header"
-    if nf not in (1, 3) or len(sof) < 6 + 3 * nf:
+def _sampling(sof: bytes, sos: bytes, jfif: bool, adobe) -> Sampling | str:
+    """The Sampling of the frame header from its component count on (`sof`) and the scan header `sos`, or why
+    the file is refused (cached: files from one encoder share it, whatever their sizes)."""
+    nf = sof[0]
+    if nf not in (1, 3) or len(sof) < 1 + 3 * nf:
         return f"{nf} components"
-    comps = [(sof[6 + 3 * i], sof[7 + 3 * i] >> 4, sof[7 + 3 * i] & 15, sof[8 + 3 * i]) for i in range(nf)]
+    comps = [(sof[1 + 3 * i], sof[2 + 3 * i] >> 4, sof[2 + 3 * i] & 15, sof[3 + 3 * i]) for i in range(nf)]
     if nf == 3 and not jfif:  # libjpeg's colour space guess (jdapimin.c): JFIF, else Adobe's transform, else ids
         if adobe is not None and adobe != 1:
             return "colours stored as RGB" if adobe == 0 else "unknown Adobe transform"
@@ -298,14 +305,7 @@ def _shape(sof: bytes, sos: bytes, jfif: bool, adobe) -> Shape | str:
             return "sampling factors this decoder does not upsample"
         if sum(c[1] * c[2] for c in comps) > MAX_BLOCKS_IN_MCU:
             return "too many blocks in an MCU"
-        mcus_x, mcus_y = -(-width // (8 * hmax)), -(-height // (8 * vmax))
     else:
-        hmax = vmax = 1
-        mcus_x, mcus_y = -(-width // 8), -(-height // 8)
-    specs = []
-    for (cid, h, v, tq), (_, td, ta) in zip(comps, scan):
-        if nf == 1:
-            h = v = 1  # one component: its samples are the image whatever its factors say
-        cw, ch = -(-width * h // hmax), -(-height * v // vmax)
-        specs.append((cid, h, v, tq, td, ta, cw, ch, mcus_x * h, mcus_y * v))
-    return Shape(width, height, hmax, vmax, mcus_x, mcus_y, tuple(specs))
+        hmax = vmax = 1  # one component: its samples are the image whatever its factors say
+        comps = [(cid, 1, 1, tq) for cid, _, _, tq in comps]
+    return Sampling(hmax, vmax, tuple((cid, h, v, tq, td, ta) for (cid, h, v, tq), (_, td, ta) in zip(comps, scan)))

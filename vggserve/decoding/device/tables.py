@@ -75,32 +75,23 @@ def quant_table(quant: bytes) -> np.ndarray:
 
 
 class Template:
-    """The rows of one file of a Shape, laid out alone (file 0, at byte, block and sample 0), its tables by their
-    index in the file's own `huffs` and `quants`: Batch.pack moves them to their place in a batch."""
+    """Per component of a Sampling: (h, v, DC, AC and quantisation table by their index in the file's own `huffs`
+    and `quants`, fh, fv), and the class of each of its Huffman tables (0 DC, 1 AC). Batch.pack makes every row
+    of a file from these and its size."""
 
-    __slots__ = ("comp", "plane", "scalars", "classes")
+    __slots__ = ("rows", "classes")
 
-    def __init__(self, shape):
-        comps, planes, block, sample = [], [], 0, 0
-        for (_, h, v, _, _, _, cw, ch, bw, bh), (dc, ac, q) in zip(shape.specs, shape.local):
-            comps.append((block, bw, h, v, dc, ac, q, 0))
-            method, fh, fv = _upsampling(shape.hmax // h, shape.vmax // v, cw)
-            planes.append((block, bw, bh, q, sample, 0, cw, ch, fh, fv, method, 0))
-            block += bw * bh
-            sample += bw * bh * 64
-        self.comp = np.array(comps, np.int32).reshape(-1, COMP)
-        self.plane = np.array(planes, np.int32).reshape(-1, PLANE)
-        #: components, blocks, samples, MCUs per row, MCUs, Huffman tables, quantisation tables, width, height
-        self.scalars = (len(comps), block, sample, shape.mcus_x, shape.mcus_x * shape.mcus_y, len(shape.hrefs),
-                        len(shape.qrefs), shape.width, shape.height)
-        self.classes = tuple(cls for cls, _ in shape.hrefs)  # 0 DC, 1 AC per Huffman table
+    def __init__(self, sampling):
+        self.rows = np.array([(h, v, dc, ac, q, sampling.hmax // h, sampling.vmax // v)
+                              for (_, h, v, _, _, _), (dc, ac, q) in zip(sampling.specs, sampling.local)], np.int64)
+        self.classes = tuple(cls for cls, _ in sampling.hrefs)
 
 
-def template(shape) -> Template:
-    """The shape's Template (made once, kept on the shape)."""
-    if shape.template is None:
-        shape.template = Template(shape)
-    return shape.template
+def template(sampling) -> Template:
+    """The sampling's Template (made once, kept on it)."""
+    if sampling.template is None:
+        sampling.template = Template(sampling)
+    return sampling.template
 
 
 @dataclass
@@ -143,37 +134,59 @@ class Batch:
         interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
         e.g. pinned staging memory); a fresh array by default.
 
-        Files of the same headers (one Shape, one tuple of tables each: parse.py caches them) form a group; each
-        group's rows come from its shape's Template, its tables are looked up once, and the rows of every file
-        are the group's moved to the file's place, with array operations over the whole batch."""
+        Files of the same headers but their size (one Sampling, one tuple of tables each: parse.py caches them)
+        form a group, whose tables are looked up once; every row comes from its group's Template and its file's
+        size, with array operations over the whole batch."""
         n = len(frames)
-        groups: dict = {}  # (ids of the shape and tables) -> the group's first file (the objects live meanwhile)
-        first_of = [groups.setdefault((id(f.shape), id(f.huffs), id(f.quants)), i) for i, f in enumerate(frames)]
+        groups: dict = {}  # (ids of the sampling and tables) -> the group's first file (the objects live meanwhile)
+        first_of = [groups.setdefault((id(f.sampling), id(f.huffs), id(f.quants)), i) for i, f in enumerate(frames)]
         reps = list(groups.values())
         number = np.zeros(n, np.intp)
         number[reps] = np.arange(len(reps))
         group = number[first_of]  # the group of each file
-        gcomp, gplane, gscal, tab, quant = _groups([frames[r] for r in reps])
-        scal = gscal[group]
-        ncomp, blocks, samples, mcus_x, mcus = scal[:, :5].T
+        grows, gcount, gmax, tab, quant = _groups([frames[r] for r in reps])
+        files = np.array([(f.width, f.height, f.scan_start, f.restart_interval) for f in frames],
+                         np.int64).reshape(n, 4)
         nbytes = np.array([len(d) for d in datas], np.int64)
-        byte0, comp0, block0, sample0 = _starts(nbytes), _starts(ncomp), _starts(blocks), _starts(samples)
-        total, nblocks, nsamples = int(nbytes.sum()), int(blocks.sum()), int(samples.sum())
-        if max(total, nblocks, nsamples) >= 1 << 31:  # the kernels' tables hold int32 offsets
-            raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nsamples} samples; "
-                             f"at most 2 GiB each): decode it in smaller batches")
+        width, height = files[:, 0], files[:, 1]
+        hmax, vmax = gmax[group, 0], gmax[group, 1]
+        mcus_x, mcus_y = -(-width // (8 * hmax)), -(-height // (8 * vmax))
+        ncomp = gcount[group]
+        comp0, byte0 = _starts(ncomp), _starts(nbytes)
         owner = np.repeat(np.arange(n), ncomp)  # the file of each component
-        rows = (_starts(gscal[:, 0])[group] - comp0)[owner] + np.arange(owner.size)  # its row in the group's
-        comp, plane = gcomp[rows], gplane[rows]
-        comp[:, 0] += block0[owner]
-        plane[:, 0] = comp[:, 0]
-        plane[:, 4] += sample0[owner]
-        plane[:, 5] = owner
+        spec = grows[(_starts(gcount)[group] - comp0)[owner] + np.arange(owner.size)]  # its row in its group's
+        h, v = spec[:, 0], spec[:, 1]
+        cw, ch = -(-width[owner] * h // hmax[owner]), -(-height[owner] * v // vmax[owner])
+        bw, bh = mcus_x[owner] * h, mcus_y[owner] * v
+        nb = bw * bh
+        block = np.cumsum(nb)
+        total, nblocks = int(nbytes.sum()), int(block[-1]) if n else 0
+        block -= nb
+        if max(total, 64 * nblocks) >= 1 << 31:  # the kernels' tables hold int32 offsets
+            raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nblocks} blocks; "
+                             f"at most 2 GiB of each): decode it in smaller batches")
+        comp = np.zeros((owner.size, COMP), np.int32)
+        comp[:, 0], comp[:, 1], comp[:, 2], comp[:, 3] = block, bw, h, v
+        comp[:, 4:7] = spec[:, 2:5]
+        plane = np.zeros((owner.size, PLANE), np.int32)
+        plane[:, 0], plane[:, 1], plane[:, 2], plane[:, 3], plane[:, 4] = block, bw, bh, spec[:, 4], block * 64
+        plane[:, 5], plane[:, 6], plane[:, 7], plane[:, 8], plane[:, 9] = owner, cw, ch, spec[:, 5], spec[:, 6]
+        plane[:, 10] = _methods(spec[:, 5], spec[:, 6], cw)
         img = np.zeros((n, IMG), np.int32)
         img[:, 0], img[:, 1], img[:, 2] = mcus_x, ncomp, comp0
-        seg = _segments(frames, restarts, nbytes, byte0, mcus)
-        return cls(_joined(datas, total, place), seg, img, comp, tab, plane, quant, seg[:, 0].copy(), nsamples,
-                   nblocks, size=scal[:, 7:9])
+        seg = _segments(files, restarts, nbytes, byte0, mcus_x * mcus_y)
+        return cls(_joined(datas, total, place), seg, img, comp, tab, plane, quant, seg[:, 0].copy(), 64 * nblocks,
+                   nblocks, size=files[:, :2])
+
+
+def _methods(fh: np.ndarray, fv: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """`_upsampling`'s method for each (fh, fv, width)."""
+    method = np.full(fh.shape, BOX, np.int32)
+    method[(fh == 1) & (fv == 1)] = FULL
+    method[(fh == 2) & (fv == 1) & (width > 2)] = H2V1
+    method[(fh == 1) & (fv == 2)] = H1V2
+    method[(fh == 2) & (fv == 2) & (width > 2)] = H2V2
+    return method
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:
@@ -182,10 +195,10 @@ def _starts(counts: np.ndarray) -> np.ndarray:
 
 
 def _groups(frames: list[Frame]) -> tuple:
-    """For one frame per group: (comp rows, plane rows, scalars of each (Template.scalars), Huffman tables,
-    quantisation tables), the rows of all of them back to back with their tables' indices in the batch's: one
-    table per distinct content (and class), in the order of first use."""
-    temps = [f.shape.template or template(f.shape) for f in frames]
+    """For one frame per group: (Template rows of all of them back to back, with their tables' indices in the
+    batch's; components of each; (hmax, vmax) of each; Huffman tables; quantisation tables): one table per
+    distinct content (and class), in the order of first use."""
+    temps = [f.sampling.template or template(f.sampling) for f in frames]
     huffs: dict = {}
     quants: dict = {}
     hmap, qmap, hat, qat = [], [], [], []
@@ -194,27 +207,26 @@ def _groups(frames: list[Frame]) -> tuple:
         qat.append(len(qmap))
         hmap += [huffs.setdefault((h, c), len(huffs)) for h, c in zip(f.huffs, t.classes)]
         qmap += [quants.setdefault(q, len(quants)) for q in f.quants]
-    scal = np.array([t.scalars for t in temps], np.int64).reshape(len(temps), 9)
+    count = np.array([len(t.rows) for t in temps], np.int64)
+    maxima = np.array([(f.sampling.hmax, f.sampling.vmax) for f in frames], np.int64).reshape(-1, 2)
     if not temps:
-        return (np.zeros((0, COMP), np.int32), np.zeros((0, PLANE), np.int32), scal, np.zeros((0, TAB), np.int32),
-                np.zeros((0, 64), np.int32))
-    comp = np.concatenate([t.comp for t in temps])
-    plane = np.concatenate([t.plane for t in temps])
-    owner = np.repeat(np.arange(len(temps)), scal[:, 0])
+        return np.zeros((0, 7), np.int64), count, maxima, np.zeros((0, TAB), np.int32), np.zeros((0, 64), np.int32)
+    rows = np.concatenate([t.rows for t in temps])
+    owner = np.repeat(np.arange(len(temps)), count)
     hmap, qmap = np.array(hmap, np.int64), np.array(qmap, np.int64)
     hat, qat = np.array(hat, np.int64)[owner], np.array(qat, np.int64)[owner]
-    comp[:, 4] = hmap[hat + comp[:, 4]]
-    comp[:, 5] = hmap[hat + comp[:, 5]]
-    comp[:, 6] = plane[:, 3] = qmap[qat + comp[:, 6]]
-    return (comp, plane, scal, np.stack([huffman_table(*key[0]) for key in huffs]),
+    rows[:, 2] = hmap[hat + rows[:, 2]]
+    rows[:, 3] = hmap[hat + rows[:, 3]]
+    rows[:, 4] = qmap[qat + rows[:, 4]]
+    return (rows, count, maxima, np.stack([huffman_table(*key[0]) for key in huffs]),
             np.stack([quant_table(q) for q in quants]))
 
 
-def _segments(frames, restarts, nbytes, byte0, mcus) -> np.ndarray:
-    """The seg rows: one segment per file, or one per restart interval (split at its restart markers)."""
-    n = len(frames)
-    intervals = np.array([f.restart_interval for f in frames], np.int64)
-    scan = np.array([f.scan_start for f in frames], np.int64)
+def _segments(files: np.ndarray, restarts, nbytes, byte0, mcus) -> np.ndarray:
+    """The seg rows: one segment per file, or one per restart interval (split at its restart markers). files:
+    per file (width, height, scan start, restart interval)."""
+    n = len(files)
+    scan, intervals = files[:, 2], files[:, 3]
     if not intervals.any():
         seg = np.zeros((n, SEG), np.int32)
         seg[:, 0], seg[:, 1], seg[:, 2], seg[:, 4], seg[:, 5] = np.arange(n), byte0 + scan, byte0 + nbytes, mcus, 1
