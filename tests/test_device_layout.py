@@ -128,14 +128,14 @@ def prepared():
 
 
 def windows_for(files) -> list[Window]:
-    """Whole images, crops, rows with a stride, and offsets past 4 GiB."""
+    """Whole images, crops, rows with a stride, and offsets past 4 GiB (with the low word past 2 GiB)."""
     out, offset = [], 0
     for i, f in enumerate(files):
         w, h = f.size
         if i % 3 == 0:
             window = Window(offset, 0, 0, w, h)
         elif i % 3 == 1:
-            window = Window(offset + (5 << 32), w // 3, h // 4, w - w // 3, max(1, h // 2))
+            window = Window(offset + (5 << 32) + (3 << 30), w // 3, h // 4, w - w // 3, max(1, h // 2))
         else:
             window = Window(offset + 7, w - 1, h - 1, 1, 1, stride=w + 9)
         out.append(window)

@@ -297,25 +297,24 @@ def _windows(files: list[Prepared], windows: list[Window], batch: Batch) -> tupl
         raise ValueError(f"{len(windows)} windows for {n} files: give each file its window")
     w = np.array([(v.offset, v.x0, v.y0, v.width, v.height, v.stride) for v in windows], np.int64).reshape(n, 6)
     orientation = np.array([f.orientation for f in files], np.int64)
-    offset, x0, y0, width, height, stride = w.T
     size = batch.size if batch.size is not None else np.array([(f.frame.width, f.frame.height) for f in files],
                                                               np.int64).reshape(n, 2)
-    swap = np.isin(orientation, SWAPS)
-    uw, uh = np.where(swap, size[:, 1], size[:, 0]), np.where(swap, size[:, 0], size[:, 1])
-    bad = (width < 1) | (height < 1) | (x0 < 0) | (y0 < 0) | (x0 + width > uw) | (y0 + height > uh)
+    swap = (orientation >= SWAPS[0]) & (orientation <= SWAPS[-1])
+    upright = np.where(swap[:, None], size[:, ::-1], size)
+    corner, extent = w[:, 1:3], w[:, 3:5]
+    bad = ((extent < 1) | (corner < 0) | (corner + extent > upright)).any(axis=1)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"file {i}: window {windows[i]} outside its {uw[i]}x{uh[i]} image")
-    area = width * height
-    plane0 = batch.img[:, 2].astype(np.int64)
+        raise ValueError(f"file {i}: window {windows[i]} outside its {upright[i, 0]}x{upright[i, 1]} image")
+    area = extent[:, 0] * extent[:, 1]
+    plane0 = batch.img[:, 2]
     colour = batch.img[:, 1] == 3
-    table = np.zeros((n, WIN), np.int64)
+    table = np.zeros((n, WIN), np.int32)  # int64 values wrap to int32 as the kernel reads them
     table[:, 0] = np.cumsum(area) - area
-    table[:, 1], table[:, 2] = offset & 0xFFFFFFFF, offset >> 32
-    table[:, 3], table[:, 4], table[:, 5], table[:, 6] = width, height, x0, y0
-    table[:, 7], table[:, 8], table[:, 9] = orientation, size[:, 0], size[:, 1]
+    table[:, 1], table[:, 2] = w[:, 0] & 0xFFFFFFFF, w[:, 0] >> 32
+    table[:, 3:5], table[:, 5:7] = extent, corner
+    table[:, 7], table[:, 8:10] = orientation, size
     table[:, 10] = plane0
-    table[:, 11] = np.where(colour, plane0 + 1, -1)
-    table[:, 12] = np.where(colour, plane0 + 2, -1)
-    table[:, 13] = np.where(stride != 0, stride, width)
-    return table.astype(np.int32), int(area.sum())
+    table[:, 11:13] = np.where(colour[:, None], plane0[:, None] + [1, 2], -1)
+    table[:, 13] = np.where(w[:, 5] != 0, w[:, 5], extent[:, 0])
+    return table, int(area.sum())
