@@ -154,20 +154,24 @@ def _parse(d: bytes) -> Frame | Refusal:
             continue
         if marker in _STANDALONE:
             return Refusal(f"marker 0x{marker:02X} before the scan")
-        end = pos + 2 + ((d[pos + 2] << 8) | d[pos + 3])
-        if end < pos + 4 or end > n:
+        start, end = pos + 4, pos + 2 + ((d[pos + 2] << 8) | d[pos + 3])
+        if end < start or end > n:
             return Refusal("segment past the end of the file")
-        body = d[pos + 4:end]
         pos = end
         if marker == 0xC4:
+            body = d[start:end]
             if type(why := _dht(body)) is str:
                 return Refusal(why)
             dhts.append(body)
         elif marker == 0xDB:
+            body = d[start:end]
             if type(why := _dqt(body)) is str:
                 return Refusal(why)
             dqts.append(body)
+        elif marker == 0xE1 or marker == 0xE2:  # only their presence counts: their bodies are not copied
+            pillow_header = True
         elif marker == 0xDA:
+            body = d[start:end]
             if sof is None:
                 return Refusal("scan before the frame header")
             precision, height, width, _ = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
@@ -185,20 +189,18 @@ def _parse(d: bytes) -> Frame | Refusal:
         elif marker in (0xC0, 0xC1):
             if sof is not None:
                 return Refusal("two frame headers")
-            sof = body
+            sof = d[start:end]
         elif marker in SOF_NAMES:
             return Refusal(f"{SOF_NAMES[marker]} JPEG")
         elif marker == 0xDD:
-            if len(body) != 2:
+            if end - start != 2:
                 return Refusal("bad restart interval")
-            restart = (body[0] << 8) | body[1]
+            restart = (d[start] << 8) | d[start + 1]
         elif marker == 0xE0:
-            jfif = jfif or (len(body) >= 14 and body[:5] == b"JFIF\0")  # jdmarker.c's APP0_DATA_LEN
-        elif marker == 0xE1 or marker == 0xE2:
-            pillow_header = True
+            jfif = jfif or (end - start >= 14 and d[start:start + 5] == b"JFIF\0")  # jdmarker.c's APP0_DATA_LEN
         elif marker == 0xEE:
-            if body[:5] == b"Adobe" and len(body) >= 12:
-                adobe = body[11]
+            if d[start:min(start + 5, end)] == b"Adobe" and end - start >= 12:
+                adobe = d[start + 11]
         elif marker == 0xDC:
             return Refusal("DNL marker")
 
