@@ -260,3 +260,11 @@ def test_frames_read_as_before(prepared):
         assert frame.mcus == frame.mcus_x * frame.mcus_y
         for c in frame.components:
             assert c.blocks_w * c.blocks_h > 0 and len(c.quant) == 128
+
+
+def test_files_of_one_encoder_share_their_parsed_header_whatever_their_size():
+    a = parse(corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=2))
+    b = parse(corpus.pillow_jpeg(corpus.picture(97, 41, 2), subsampling=2))
+    other = parse(corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=0))
+    assert a.header is b.header and (a.width, b.width) == (41, 97)
+    assert other.header is not a.header and other.sampling is not a.sampling

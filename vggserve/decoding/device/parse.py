@@ -79,22 +79,25 @@ class Sampling:
 
 
 class Frame:
-    """A parsed file: its Sampling, size, the tables it names (`huffs`: (counts, symbols) per `sampling.hrefs`,
-    `quants`: 64 uint16 LE per `sampling.qrefs`), its restart interval (MCUs, 0 for none), where its entropy-coded
-    bytes start, and whether it has APP1 or APP2 segments (EXIF, XMP, MPF: orientation and format are then read
-    through Pillow). Read-only."""
+    """A parsed file: its `header` (Sampling, huffs, quants), shared by the files of the same headers but their
+    size (`_select`), its size, restart interval (MCUs, 0 for none), where its entropy-coded bytes start, and
+    whether it has APP1 or APP2 segments (EXIF, XMP, MPF: orientation and format are then read through Pillow).
+    `huffs`: the (counts, symbols) of the Huffman tables in `sampling.hrefs`; `quants`: 64 uint16 LE per
+    `sampling.qrefs`. Read-only."""
 
-    __slots__ = ("sampling", "width", "height", "huffs", "quants", "restart_interval", "scan_start", "pillow_header",
-                 "_components")
+    __slots__ = ("header", "width", "height", "restart_interval", "scan_start", "pillow_header", "_components")
 
-    def __init__(self, sampling: Sampling, width: int, height: int, huffs: tuple, quants: tuple,
-                 restart_interval: int, scan_start: int, pillow_header: bool):
-        self.sampling, self.width, self.height, self.huffs, self.quants = sampling, width, height, huffs, quants
+    def __init__(self, header: tuple, width: int, height: int, restart_interval: int, scan_start: int,
+                 pillow_header: bool):
+        self.header, self.width, self.height = header, width, height
         self.restart_interval, self.scan_start, self.pillow_header = restart_interval, scan_start, pillow_header
         self._components = None
 
-    hmax = property(lambda self: self.sampling.hmax)
-    vmax = property(lambda self: self.sampling.vmax)
+    sampling = property(lambda self: self.header[0])
+    huffs = property(lambda self: self.header[1])
+    quants = property(lambda self: self.header[2])
+    hmax = property(lambda self: self.header[0].hmax)
+    vmax = property(lambda self: self.header[0].vmax)
 
     @property
     def mcus_x(self) -> int:
@@ -182,10 +185,10 @@ def _parse(d: bytes) -> Frame | Refusal:
             sampling = _sampling(sof[5:], body, jfif, adobe)
             if type(sampling) is str:
                 return Refusal(sampling)
-            tables = _select(tuple(dhts), tuple(dqts), sampling)
-            if tables is None:
+            header = _select(tuple(dhts), tuple(dqts), sampling)
+            if header is None:
                 return Refusal("a table the scan uses is missing")
-            return Frame(sampling, width, height, *tables, restart, pos, pillow_header)
+            return Frame(header, width, height, restart, pos, pillow_header)
         elif marker in (0xC0, 0xC1):
             if sof is not None:
                 return Refusal("two frame headers")
@@ -207,9 +210,10 @@ def _parse(d: bytes) -> Frame | Refusal:
 
 @lru_cache(maxsize=1024)
 def _select(dhts: tuple, dqts: tuple, sampling: Sampling) -> tuple | None:
-    """(huffs, quants): the tables `sampling` names, as the table segments `dhts`, `dqts` (checked bodies, in file
-    order: a later table replaces one of its class and number) define them; None where one is missing. Cached:
-    files with the same headers share these tuples, and a batch's layout takes their tables once per tuple."""
+    """A Frame's header: (sampling, huffs, quants), the tables `sampling` names as the table segments `dhts`,
+    `dqts` (checked bodies, in file order: a later table replaces one of its class and number) define them; None
+    where one is missing. Cached: files with the same headers but their size share it, and a batch's layout
+    takes their rows and tables once per header."""
     huff: dict = {}
     quant: dict = {}
     for body in dhts:
@@ -217,7 +221,7 @@ def _select(dhts: tuple, dqts: tuple, sampling: Sampling) -> tuple | None:
     for body in dqts:
         quant.update(_dqt(body))
     try:
-        return tuple([huff[r] for r in sampling.hrefs]), tuple([quant[q] for q in sampling.qrefs])
+        return sampling, tuple([huff[r] for r in sampling.hrefs]), tuple([quant[q] for q in sampling.qrefs])
     except KeyError:
         return None
 

@@ -134,12 +134,12 @@ class Batch:
         interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
         e.g. pinned staging memory); a fresh array by default.
 
-        Files of the same headers but their size (one Sampling, one tuple of tables each: parse.py caches them)
-        form a group, whose tables are looked up once; every row comes from its group's Template and its file's
-        size, with array operations over the whole batch."""
+        Files of the same headers but their size (one `Frame.header`: parse.py caches it) form a group, whose
+        tables are looked up once; every row comes from its group's Template and its file's size, with array
+        operations over the whole batch."""
         n = len(frames)
-        groups: dict = {}  # (ids of the sampling and tables) -> the group's first file (the objects live meanwhile)
-        first_of = [groups.setdefault((id(f.sampling), id(f.huffs), id(f.quants)), i) for i, f in enumerate(frames)]
+        groups: dict = {}  # id of a header -> the group's first file (the frames keep the headers alive meanwhile)
+        first_of = [groups.setdefault(id(f.header), i) for i, f in enumerate(frames)]
         reps = list(groups.values())
         number = np.zeros(n, np.intp)
         number[reps] = np.arange(len(reps))
