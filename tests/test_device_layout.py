@@ -268,3 +268,12 @@ def test_files_of_one_encoder_share_their_parsed_header_whatever_their_size():
     other = parse(corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=0))
     assert a.header is b.header and (a.width, b.width) == (41, 97)
     assert other.header is not a.header and other.sampling is not a.sampling
+
+
+def test_a_batch_past_the_kernels_int32_offsets_is_refused_with_the_fix(prepared):
+    from vggserve.decoding.device.parse import Frame
+
+    small = prepared[0].frame
+    huge = Frame(small.header, 65535, 65535, 0, small.scan_start, False)  # 100 million blocks: 6.4 G samples
+    with pytest.raises(ValueError, match="too large for one decode .* decode it in smaller batches"):
+        Batch.pack([small, huge], [prepared[0].data] * 2, [None, None])

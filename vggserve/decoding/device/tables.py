@@ -50,18 +50,16 @@ def huffman_table(counts: tuple, symbols: bytes) -> np.ndarray:
 
 
 def upsampling(frame: Frame, comp) -> tuple[int, int, int]:
-    """(method, fh, fv) libjpeg-turbo's jinit_upsampler picks for a component (fancy upsampling on)."""
-    return _upsampling(frame.hmax // comp.h, frame.vmax // comp.v, comp.width)
-
-
-def _upsampling(fh: int, fv: int, width: int) -> tuple[int, int, int]:
+    """(method, fh, fv) libjpeg-turbo's jinit_upsampler picks for a component (fancy upsampling on); Batch.pack
+    applies the same rule to a whole batch (`_methods`)."""
+    fh, fv = frame.hmax // comp.h, frame.vmax // comp.v
     if (fh, fv) == (1, 1):
         return FULL, 1, 1
-    if (fh, fv) == (2, 1) and width > 2:
+    if (fh, fv) == (2, 1) and comp.width > 2:
         return H2V1, 2, 1
     if (fh, fv) == (1, 2):
         return H1V2, 1, 2
-    if (fh, fv) == (2, 2) and width > 2:
+    if (fh, fv) == (2, 2) and comp.width > 2:
         return H2V2, 2, 2
     return BOX, fh, fv
 
@@ -148,30 +146,18 @@ class Batch:
         files = np.array([(f.width, f.height, f.scan_start, f.restart_interval) for f in frames],
                          np.int64).reshape(n, 4)
         nbytes = np.array([len(d) for d in datas], np.int64)
-        width, height = files[:, 0], files[:, 1]
         hmax, vmax = gmax[group, 0], gmax[group, 1]
-        mcus_x, mcus_y = -(-width // (8 * hmax)), -(-height // (8 * vmax))
+        mcus_x, mcus_y = -(-files[:, 0] // (8 * hmax)), -(-files[:, 1] // (8 * vmax))
         ncomp = gcount[group]
         comp0, byte0 = _starts(ncomp), _starts(nbytes)
         owner = np.repeat(np.arange(n), ncomp)  # the file of each component
         spec = grows[(_starts(gcount)[group] - comp0)[owner] + np.arange(owner.size)]  # its row in its group's
-        h, v = spec[:, 0], spec[:, 1]
-        cw, ch = -(-width[owner] * h // hmax[owner]), -(-height[owner] * v // vmax[owner])
-        bw, bh = mcus_x[owner] * h, mcus_y[owner] * v
-        nb = bw * bh
-        block = np.cumsum(nb)
-        total, nblocks = int(nbytes.sum()), int(block[-1]) if n else 0
-        block -= nb
+        comp, plane, nblocks = _component_rows(spec, owner, files[owner, 0], files[owner, 1], hmax[owner],
+                                               vmax[owner], mcus_x[owner], mcus_y[owner])
+        total = int(nbytes.sum())
         if max(total, 64 * nblocks) >= 1 << 31:  # the kernels' tables hold int32 offsets
             raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nblocks} blocks; "
                              f"at most 2 GiB of each): decode it in smaller batches")
-        comp = np.zeros((owner.size, COMP), np.int32)
-        comp[:, 0], comp[:, 1], comp[:, 2], comp[:, 3] = block, bw, h, v
-        comp[:, 4:7] = spec[:, 2:5]
-        plane = np.zeros((owner.size, PLANE), np.int32)
-        plane[:, 0], plane[:, 1], plane[:, 2], plane[:, 3], plane[:, 4] = block, bw, bh, spec[:, 4], block * 64
-        plane[:, 5], plane[:, 6], plane[:, 7], plane[:, 8], plane[:, 9] = owner, cw, ch, spec[:, 5], spec[:, 6]
-        plane[:, 10] = _methods(spec[:, 5], spec[:, 6], cw)
         img = np.zeros((n, IMG), np.int32)
         img[:, 0], img[:, 1], img[:, 2] = mcus_x, ncomp, comp0
         seg = _segments(files, restarts, nbytes, byte0, mcus_x * mcus_y)
@@ -179,8 +165,28 @@ class Batch:
                    nblocks, size=files[:, :2])
 
 
+def _component_rows(spec, owner, width, height, hmax, vmax, mcus_x, mcus_y) -> tuple:
+    """(comp rows, plane rows, blocks in all) of a batch's components: `spec` their Template rows (tables already
+    the batch's), `owner` their file, the rest their file's values."""
+    h, v = spec[:, 0], spec[:, 1]
+    cw, ch = -(-width * h // hmax), -(-height * v // vmax)  # downsampled size
+    bw, bh = mcus_x * h, mcus_y * v  # block grid
+    nb = bw * bh
+    block = np.cumsum(nb)
+    nblocks = int(block[-1]) if block.size else 0
+    block -= nb
+    comp = np.zeros((owner.size, COMP), np.int32)
+    comp[:, 0], comp[:, 1], comp[:, 2], comp[:, 3] = block, bw, h, v
+    comp[:, 4:7] = spec[:, 2:5]
+    plane = np.zeros((owner.size, PLANE), np.int32)
+    plane[:, 0], plane[:, 1], plane[:, 2], plane[:, 3], plane[:, 4] = block, bw, bh, spec[:, 4], block * 64
+    plane[:, 5], plane[:, 6], plane[:, 7], plane[:, 8], plane[:, 9] = owner, cw, ch, spec[:, 5], spec[:, 6]
+    plane[:, 10] = _methods(spec[:, 5], spec[:, 6], cw)
+    return comp, plane, nblocks
+
+
 def _methods(fh: np.ndarray, fv: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """`_upsampling`'s method for each (fh, fv, width)."""
+    """`upsampling`'s method for each (fh, fv, width) of a batch's components (its fh and fv are these)."""
     method = np.full(fh.shape, BOX, np.int32)
     method[(fh == 1) & (fv == 1)] = FULL
     method[(fh == 2) & (fv == 1) & (width > 2)] = H2V1
