@@ -72,6 +72,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
     raises the error it always raises: format, size, corruption). The pixel limit, the format allowlist and the
     EXIF orientation come out as the CPU path's; a file with EXIF, XMP or MPF segments has them read by Pillow
     itself."""
+    data = data if type(data) is bytes else bytes(data)
     frame = parse(data)
     if not frame:
         return frame
@@ -82,7 +83,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
         except Exception as exc:  # the CPU path raises this again, as its own error
             return Refusal(f"header refused: {exc}")
     else:
-        if "JPEG" not in _accepted_formats(formats):
+        if formats is not ALLOWED_FORMATS and "JPEG" not in _accepted_formats(formats):
             return Refusal("JPEG is not an accepted format")
         limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)
         if frame.width * frame.height > limit:
@@ -93,7 +94,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
         restarts = find_restarts(data, frame)
         if restarts is None:
             return Refusal("restart markers out of order")
-    return Prepared(bytes(data), frame, restarts, orientation if 1 <= orientation <= 8 else 1)
+    return Prepared(data, frame, restarts, orientation if 1 <= orientation <= 8 else 1)
 
 
 class _Grown:
@@ -198,16 +199,8 @@ class JpegDecoder:
             raise ValueError("a device decode needs at least one file")
         slot = self._staging.next()
         self.events = {}
-        batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files],
-                           place=lambda nbytes: slot.array(queue, "data", nbytes + 16))
-        if self.rounds:
-            batch.chunked(self.chunk_bytes)
-        win, pixels = _windows(files, windows, batch)
-        parts = [batch.seg, batch.img, batch.comp, batch.tab, batch.plane, batch.quant, win]
-        at = np.cumsum([0] + [p.size for p in parts])[:-1].tolist()
-        meta = slot.array(queue, "meta", 4 * int(at[-1] + win.size), np.int32)
-        for p, a in zip(parts, at):
-            meta[a:a + p.size] = p.ravel()
+        batch, meta, at, pixels = lay_out(files, windows, self.chunk_bytes if self.rounds else 0,
+                                          lambda role, nbytes, dtype=np.uint8: slot.array(queue, role, nbytes, dtype))
         nseg, nimg, nplanes = batch.seg.shape[0], batch.img.shape[0], batch.plane.shape[0]
         data_buf = self._data.get(batch.data.nbytes + 16)
         meta_buf = self._meta.get(meta.nbytes)
@@ -277,17 +270,51 @@ class JpegDecoder:
         return event
 
 
+def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes: int, array) -> tuple:
+    """The host's layout of a batch: (Batch, its meta table, where each part of the meta starts, pixels). The
+    parts are seg, img, comp, tab, plane, quant and the window table, back to back; `chunk_bytes` 0 leaves the
+    segments unchunked. `array(role, nbytes, dtype=uint8)`: staging memory ("data", "meta") to write them into."""
+    batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files],
+                       place=lambda nbytes: array("data", nbytes + 16))
+    if chunk_bytes:
+        batch.chunked(chunk_bytes)
+    win, pixels = _windows(files, windows, batch)
+    parts = [batch.seg, batch.img, batch.comp, batch.tab, batch.plane, batch.quant, win]
+    sizes = [p.size for p in parts]
+    at = [0]
+    for size in sizes[:-1]:
+        at.append(at[-1] + size)
+    meta = array("meta", 4 * (at[-1] + sizes[-1]), np.int32)
+    for p, a, size in zip(parts, at, sizes):
+        meta[a:a + size] = p.reshape(-1)
+    return batch, meta, at, pixels
+
+
 def _windows(files: list[Prepared], windows: list[Window], batch: Batch) -> tuple[np.ndarray, int]:
     """jpeg_color.cl's window table and the pixels it covers."""
-    rows, first = [], 0
-    for i, (f, w) in enumerate(zip(files, windows)):
-        uw, uh = f.size
-        if w.width < 1 or w.height < 1 or w.x0 < 0 or w.y0 < 0 or w.x0 + w.width > uw or w.y0 + w.height > uh:
-            raise ValueError(f"file {i}: window {w} outside its {uw}x{uh} image")
-        planes = [int(batch.img[i, 2]) + k for k in range(len(f.frame.components))]
-        rows.append((first, w.offset & 0xFFFFFFFF, w.offset >> 32, w.width, w.height, w.x0, w.y0, f.orientation,
-                     f.frame.width, f.frame.height, *planes, *([-1, -1] if len(planes) == 1 else []),
-                     w.stride or w.width, 0, 0))
-        first += w.width * w.height
-    table = np.array(rows, np.int64).reshape(-1, WIN)
-    return table.astype(np.int32), first
+    n = len(files)
+    if len(windows) != n:
+        raise ValueError(f"{len(windows)} windows for {n} files: give each file its window")
+    w = np.array([(v.offset, v.x0, v.y0, v.width, v.height, v.stride) for v in windows], np.int64).reshape(n, 6)
+    orientation = np.array([f.orientation for f in files], np.int64)
+    size = batch.size if batch.size is not None else np.array([(f.frame.width, f.frame.height) for f in files],
+                                                              np.int64).reshape(n, 2)
+    swap = (orientation >= SWAPS[0]) & (orientation <= SWAPS[-1])
+    upright = np.where(swap[:, None], size[:, ::-1], size)
+    corner, extent = w[:, 1:3], w[:, 3:5]
+    bad = ((extent < 1) | (corner < 0) | (corner + extent > upright)).any(axis=1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"file {i}: window {windows[i]} outside its {upright[i, 0]}x{upright[i, 1]} image")
+    area = extent[:, 0] * extent[:, 1]
+    plane0 = batch.img[:, 2]
+    colour = batch.img[:, 1] == 3
+    table = np.zeros((n, WIN), np.int32)  # int64 values wrap to int32 as the kernel reads them
+    table[:, 0] = np.cumsum(area) - area
+    table[:, 1], table[:, 2] = w[:, 0] & 0xFFFFFFFF, w[:, 0] >> 32
+    table[:, 3:5], table[:, 5:7] = extent, corner
+    table[:, 7], table[:, 8:10] = orientation, size
+    table[:, 10] = plane0
+    table[:, 11:13] = np.where(colour[:, None], plane0[:, None] + [1, 2], -1)
+    table[:, 13] = np.where(w[:, 5] != 0, w[:, 5], extent[:, 0])
+    return table, int(area.sum())

@@ -60,44 +60,94 @@ class Component:
     blocks_h: int
 
 
-@dataclass(frozen=True)
+class Sampling:
+    """What a file's frame and scan headers fix apart from its size, shared by every file with the same headers
+    (cached): the sampling maxima and, per component, (id, h, v, quant number, DC number, AC number) (h = v = 1,
+    maxima 1, for one component); the distinct tables they name in first use: `hrefs` ((class, number) of Huffman
+    tables, DC then AC per component), `qrefs` (quantisation numbers), and `local` per component (its DC, AC and
+    quantisation table's index in those). `template`: tables.py's rows for it, computed there once."""
+
+    __slots__ = ("hmax", "vmax", "specs", "hrefs", "qrefs", "local", "template")
+
+    def __init__(self, hmax: int, vmax: int, specs: tuple):
+        self.hmax, self.vmax, self.specs = hmax, vmax, specs
+        hrefs: dict = {}
+        qrefs: dict = {}
+        self.local = tuple((hrefs.setdefault((0, s[4]), len(hrefs)), hrefs.setdefault((1, s[5]), len(hrefs)),
+                            qrefs.setdefault(s[3], len(qrefs))) for s in specs)
+        self.hrefs, self.qrefs, self.template = tuple(hrefs), tuple(qrefs), None
+
+
 class Frame:
-    width: int
-    height: int
-    components: tuple  # of Component: Y (Cb, Cr)
-    hmax: int
-    vmax: int
-    mcus_x: int
-    mcus_y: int
-    restart_interval: int  # MCUs per restart interval, 0 for none
-    scan_start: int  # offset of the first entropy-coded byte in the file
-    pillow_header: bool  # APP1 or APP2 present (EXIF, XMP, MPF): orientation and format are read through Pillow
+    """A parsed file: its `header` (Sampling, huffs, quants), shared by the files of the same headers but their
+    size (`_select`), its size, restart interval (MCUs, 0 for none), where its entropy-coded bytes start, and
+    whether it has APP1 or APP2 segments (EXIF, XMP, MPF: orientation and format are then read through Pillow).
+    `huffs`: the (counts, symbols) of the Huffman tables in `sampling.hrefs`; `quants`: 64 uint16 LE per
+    `sampling.qrefs`. Read-only."""
+
+    __slots__ = ("header", "width", "height", "restart_interval", "scan_start", "pillow_header", "_components")
+
+    def __init__(self, header: tuple, width: int, height: int, restart_interval: int, scan_start: int,
+                 pillow_header: bool):
+        self.header, self.width, self.height = header, width, height
+        self.restart_interval, self.scan_start, self.pillow_header = restart_interval, scan_start, pillow_header
+        self._components = None
+
+    sampling = property(lambda self: self.header[0])
+    huffs = property(lambda self: self.header[1])
+    quants = property(lambda self: self.header[2])
+    hmax = property(lambda self: self.header[0].hmax)
+    vmax = property(lambda self: self.header[0].vmax)
+
+    @property
+    def mcus_x(self) -> int:
+        return -(-self.width // (8 * self.sampling.hmax))
+
+    @property
+    def mcus_y(self) -> int:
+        return -(-self.height // (8 * self.sampling.vmax))
 
     @property
     def mcus(self) -> int:
         return self.mcus_x * self.mcus_y
 
+    @property
+    def components(self) -> tuple:
+        """Component per component, Y (Cb, Cr) (made on first use)."""
+        if self._components is None:
+            sampling, w, h = self.sampling, self.width, self.height
+            mx, my = self.mcus_x, self.mcus_y
+            self._components = tuple(
+                Component(cid, ch, cv, self.quants[q], self.huffs[dc], self.huffs[ac], -(-w * ch // sampling.hmax),
+                          -(-h * cv // sampling.vmax), mx * ch, my * cv)
+                for (cid, ch, cv, _, _, _), (dc, ac, q) in zip(sampling.specs, sampling.local))
+        return self._components
+
+
+_STANDALONE = frozenset([0xD8, 0x01, 0xD9, *range(0xD0, 0xD8)])  # markers without a length, refused before the scan
+
 
 def parse(data: bytes) -> Frame | Refusal:
     """The Frame of the JPEG `data`, or the Refusal that sends it to the CPU path. Never raises for any bytes."""
     try:
-        return _parse(memoryview(data))
+        return _parse(data if type(data) is bytes else bytes(data))
     except (IndexError, struct.error, ValueError) as exc:
         return Refusal(f"damaged header ({exc})")
 
 
-def _parse(d: memoryview) -> Frame | Refusal:
-    if len(d) < 4 or d[0] != 0xFF or d[1] != 0xD8:
+def _parse(d: bytes) -> Frame | Refusal:
+    n = len(d)
+    if n < 4 or d[0] != 0xFF or d[1] != 0xD8:
         return Refusal("not a JPEG")
     pos = 2
-    quant: dict[int, bytes] = {}
-    huff: dict[tuple[int, int], tuple] = {}
+    dhts: list[bytes] = []  # the bodies of the table segments, in order
+    dqts: list[bytes] = []
     sof = None
     restart = 0
     jfif = pillow_header = False
     adobe = None
     while True:
-        if pos + 4 > len(d):
+        if pos + 4 > n:
             return Refusal("no scan")
         if d[pos] != 0xFF:
             return Refusal("bytes between markers")  # libjpeg skips them with a warning
@@ -105,46 +155,75 @@ def _parse(d: memoryview) -> Frame | Refusal:
         if marker == 0xFF:  # fill byte
             pos += 1
             continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7 or marker == 0xD9:
+        if marker in _STANDALONE:
             return Refusal(f"marker 0x{marker:02X} before the scan")
-        length = (d[pos + 2] << 8) | d[pos + 3]
-        if length < 2 or pos + 2 + length > len(d):
+        start, end = pos + 4, pos + 2 + ((d[pos + 2] << 8) | d[pos + 3])
+        if end < start or end > n:
             return Refusal("segment past the end of the file")
-        body = d[pos + 4:pos + 2 + length]
-        pos += 2 + length
-        if marker == 0xDB:
-            tables = _dqt(bytes(body))
-            if isinstance(tables, str):
-                return Refusal(tables)
-            quant.update(tables)
-        elif marker == 0xC4:
-            tables = _dht(bytes(body))
-            if isinstance(tables, str):
-                return Refusal(tables)
-            huff.update(tables)
+        pos = end
+        if marker == 0xC4:
+            body = d[start:end]
+            if type(why := _dht(body)) is str:
+                return Refusal(why)
+            dhts.append(body)
+        elif marker == 0xDB:
+            body = d[start:end]
+            if type(why := _dqt(body)) is str:
+                return Refusal(why)
+            dqts.append(body)
+        elif marker == 0xE1 or marker == 0xE2:  # only their presence counts: their bodies are not copied
+            pillow_header = True
+        elif marker == 0xDA:
+            body = d[start:end]
+            if sof is None:
+                return Refusal("scan before the frame header")
+            precision, height, width, _ = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
+            if precision != 8:
+                return Refusal(f"{precision}-bit samples")
+            if height == 0 or width == 0:
+                return Refusal("zero size in the frame header")
+            sampling = _sampling(sof[5:], body, jfif, adobe)
+            if type(sampling) is str:
+                return Refusal(sampling)
+            header = _select(tuple(dhts), tuple(dqts), sampling)
+            if header is None:
+                return Refusal("a table the scan uses is missing")
+            return Frame(header, width, height, restart, pos, pillow_header)
         elif marker in (0xC0, 0xC1):
             if sof is not None:
                 return Refusal("two frame headers")
-            sof = bytes(body)
+            sof = d[start:end]
         elif marker in SOF_NAMES:
             return Refusal(f"{SOF_NAMES[marker]} JPEG")
         elif marker == 0xDD:
-            if len(body) != 2:
+            if end - start != 2:
                 return Refusal("bad restart interval")
-            restart = (body[0] << 8) | body[1]
+            restart = (d[start] << 8) | d[start + 1]
         elif marker == 0xE0:
-            jfif = jfif or (len(body) >= 14 and bytes(body[:5]) == b"JFIF\0")  # jdmarker.c's APP0_DATA_LEN
-        elif marker in (0xE1, 0xE2):
-            pillow_header = True
+            jfif = jfif or (end - start >= 14 and d[start:start + 5] == b"JFIF\0")  # jdmarker.c's APP0_DATA_LEN
         elif marker == 0xEE:
-            if bytes(body[:5]) == b"Adobe" and len(body) >= 12:
-                adobe = body[11]
+            if d[start:min(start + 5, end)] == b"Adobe" and end - start >= 12:
+                adobe = d[start + 11]
         elif marker == 0xDC:
             return Refusal("DNL marker")
-        elif marker == 0xDA:
-            if sof is None:
-                return Refusal("scan before the frame header")
-            return _frame(sof, bytes(body), quant, huff, restart, jfif, adobe, pos, pillow_header)
+
+
+@lru_cache(maxsize=1024)
+def _select(dhts: tuple, dqts: tuple, sampling: Sampling) -> tuple | None:
+    """A Frame's header: (sampling, huffs, quants), the tables `sampling` names as the table segments `dhts`,
+    `dqts` (checked bodies, in file order: a later table replaces one of its class and number) define them; None
+    where one is missing. Cached: files with the same headers but their size share it, and a batch's layout
+    takes their rows and tables once per header."""
+    huff: dict = {}
+    quant: dict = {}
+    for body in dhts:
+        huff.update(_dht(body))
+    for body in dqts:
+        quant.update(_dqt(body))
+    try:
+        return sampling, tuple([huff[r] for r in sampling.hrefs]), tuple([quant[q] for q in sampling.qrefs])
+    except KeyError:
+        return None
 
 
 @lru_cache(maxsize=256)
@@ -201,49 +280,38 @@ def check_huffman(counts, symbols: bytes, dc: bool) -> str | None:
     return None
 
 
-def _frame(sof: bytes, sos: bytes, quant, huff, restart, jfif, adobe, scan_start, pillow_header) -> Frame | Refusal:
-    precision, height, width, nf = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
-    if precision != 8:
-        return Refusal(f"{precision}-bit samples")
-    if height == 0 or width == 0:
-        return Refusal("zero size in the frame header")
-    if nf not in (1, 3) or len(sof) < 6 + 3 * nf:
-        return Refusal(f"{nf} components")
-    comps = [(sof[6 + 3 * i], sof[7 + 3 * i] >> 4, sof[7 + 3 * i] & 15, sof[8 + 3 * i]) for i in range(nf)]
+@lru_cache(maxsize=1024)
+def _sampling(sof: bytes, sos: bytes, jfif: bool, adobe) -> Sampling | str:
+    """The Sampling of the frame header from its component count on (`sof`) and the scan header `sos`, or why
+    the file is refused (cached: files from one encoder share it, whatever their sizes)."""
+    nf = sof[0]
+    if nf not in (1, 3) or len(sof) < 1 + 3 * nf:
+        return f"{nf} components"
+    comps = [(sof[1 + 3 * i], sof[2 + 3 * i] >> 4, sof[2 + 3 * i] & 15, sof[3 + 3 * i]) for i in range(nf)]
     if nf == 3 and not jfif:  # libjpeg's colour space guess (jdapimin.c): JFIF, else Adobe's transform, else ids
         if adobe is not None and adobe != 1:
-            return Refusal("colours stored as RGB" if adobe == 0 else "unknown Adobe transform")
+            return "colours stored as RGB" if adobe == 0 else "unknown Adobe transform"
         if adobe is None and tuple(c[0] for c in comps) == RGB_IDS:
-            return Refusal("colours stored as RGB")
+            return "colours stored as RGB"
     if any(not (1 <= h <= 4 and 1 <= v <= 4) for _, h, v, _ in comps):
-        return Refusal("bad sampling factors")
+        return "bad sampling factors"
     hmax, vmax = max(c[1] for c in comps), max(c[2] for c in comps)
     ns = sos[0]
     if ns != nf or len(sos) != 4 + 2 * ns:
-        return Refusal("not one scan of every component")
+        return "not one scan of every component"
     ss, se, ahal = sos[1 + 2 * ns], sos[2 + 2 * ns], sos[3 + 2 * ns]
     if ss != 0 or se != 63 or ahal != 0:
-        return Refusal("bad scan parameters")
+        return "bad scan parameters"
     scan = [(sos[1 + 2 * i], sos[2 + 2 * i] >> 4, sos[2 + 2 * i] & 15) for i in range(ns)]
     if [s[0] for s in scan] != [c[0] for c in comps]:
-        return Refusal("scan components differ from the frame's")
+        return "scan components differ from the frame's"
     if nf == 3:
         y = comps[0]
         if (y[1], y[2]) != (hmax, vmax) or any(hmax % c[1] or vmax % c[2] for c in comps):
-            return Refusal("sampling factors this decoder does not upsample")
+            return "sampling factors this decoder does not upsample"
         if sum(c[1] * c[2] for c in comps) > MAX_BLOCKS_IN_MCU:
-            return Refusal("too many blocks in an MCU")
-        mcus_x, mcus_y = -(-width // (8 * hmax)), -(-height // (8 * vmax))
+            return "too many blocks in an MCU"
     else:
-        hmax = vmax = 1
-        mcus_x, mcus_y = -(-width // 8), -(-height // 8)
-    components = []
-    for (cid, h, v, tq), (_, td, ta) in zip(comps, scan):
-        if nf == 1:
-            h = v = 1  # one component: its samples are the image whatever its factors say
-        if tq not in quant or (0, td) not in huff or (1, ta) not in huff:
-            return Refusal("a table the scan uses is missing")
-        cw, ch = -(-width * h // hmax), -(-height * v // vmax)
-        components.append(Component(cid, h, v, quant[tq], huff[(0, td)], huff[(1, ta)], cw, ch,
-                                    mcus_x * h, mcus_y * v))
-    return Frame(width, height, tuple(components), hmax, vmax, mcus_x, mcus_y, restart, scan_start, pillow_header)
+        hmax = vmax = 1  # one component: its samples are the image whatever its factors say
+        comps = [(cid, 1, 1, tq) for cid, _, _, tq in comps]
+    return Sampling(hmax, vmax, tuple((cid, h, v, tq, td, ta) for (cid, h, v, tq), (_, td, ta) in zip(comps, scan)))

@@ -50,7 +50,8 @@ def huffman_table(counts: tuple, symbols: bytes) -> np.ndarray:
 
 
 def upsampling(frame: Frame, comp) -> tuple[int, int, int]:
-    """(method, fh, fv) libjpeg-turbo's jinit_upsampler picks for a component (fancy upsampling on)."""
+    """(method, fh, fv) libjpeg-turbo's jinit_upsampler picks for a component (fancy upsampling on); Batch.pack
+    applies the same rule to a whole batch (`_methods`)."""
     fh, fv = frame.hmax // comp.h, frame.vmax // comp.v
     if (fh, fv) == (1, 1):
         return FULL, 1, 1
@@ -61,6 +62,34 @@ def upsampling(frame: Frame, comp) -> tuple[int, int, int]:
     if (fh, fv) == (2, 2) and comp.width > 2:
         return H2V2, 2, 2
     return BOX, fh, fv
+
+
+@lru_cache(maxsize=512)
+def quant_table(quant: bytes) -> np.ndarray:
+    """A quantisation table as the kernels read it: 64 int32 in natural order."""
+    t = np.frombuffer(quant, "<u2").astype(np.int32)
+    t.setflags(write=False)
+    return t
+
+
+class Template:
+    """Per component of a Sampling: (h, v, DC, AC and quantisation table by their index in the file's own `huffs`
+    and `quants`, fh, fv), and the class of each of its Huffman tables (0 DC, 1 AC). Batch.pack makes every row
+    of a file from these and its size."""
+
+    __slots__ = ("rows", "classes")
+
+    def __init__(self, sampling):
+        self.rows = np.array([(h, v, dc, ac, q, sampling.hmax // h, sampling.vmax // v)
+                              for (_, h, v, _, _, _), (dc, ac, q) in zip(sampling.specs, sampling.local)], np.int64)
+        self.classes = tuple(cls for cls, _ in sampling.hrefs)
+
+
+def template(sampling) -> Template:
+    """The sampling's Template (made once, kept on it)."""
+    if sampling.template is None:
+        sampling.template = Template(sampling)
+    return sampling.template
 
 
 @dataclass
@@ -78,58 +107,154 @@ class Batch:
     plane_bytes: int  # sample bytes of every plane
     blocks: int
     chunk: np.ndarray | None = None  # jpeg_entropy.cl's chunks (segment, first byte, end byte, 0), after chunked()
+    size: np.ndarray | None = None  # int64 (width, height) of each image as stored (before its EXIF orientation)
 
     def chunked(self, size: int) -> None:
         """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count)."""
         start, end = self.seg[:, 1].astype(np.int64), self.seg[:, 2].astype(np.int64)
         count = np.maximum(1, -(-(end - start) // size))
-        first = np.concatenate([[0], np.cumsum(count)[:-1]])
+        first = np.cumsum(count) - count
         self.seg[:, 6], self.seg[:, 7] = first, count
-        owner = np.repeat(np.arange(len(count)), count)
-        index = np.arange(int(count.sum())) - first[owner]
-        lo = start[owner] + index * size
-        self.chunk = np.zeros((owner.size, CHUNK), np.int32)
-        self.chunk[:, 0], self.chunk[:, 1], self.chunk[:, 2] = owner, lo, np.minimum(lo + size, end[owner])
+        n = int(count.sum())
+        self.chunk = chunk = np.empty((n, CHUNK), np.int32)
+        chunk[:, 0] = np.repeat(np.arange(len(count), dtype=np.int32), count)
+        lo = np.arange(0, n * size, size, dtype=np.int64)
+        lo += np.repeat(start - first * size, count)  # chunk k of a segment starts k * size bytes into it
+        chunk[:, 1] = lo
+        lo += size
+        chunk[:, 2] = lo
+        chunk[first + count - 1, 2] = end  # every chunk but the last of its segment ends inside the segment
+        chunk[:, 3] = 0
 
     @classmethod
     def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None) -> "Batch":
         """restarts[i]: the byte offsets (within file i) of its restart markers, in order, when it has a restart
         interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
-        e.g. pinned staging memory); a fresh array by default."""
-        segs, imgs, comps, planes = [], [], [], []
-        tabs: dict = {}
-        quants: dict = {}
-        base, block, sample = 0, 0, 0
-        for i, (frame, data) in enumerate(zip(frames, datas)):
-            imgs.append((frame.mcus_x, len(frame.components), len(comps), 0))
-            for c in frame.components:
-                dc = tabs.setdefault((c.dc, 0), len(tabs))
-                ac = tabs.setdefault((c.ac, 1), len(tabs))
-                q = quants.setdefault(c.quant, len(quants))
-                comps.append((block, c.blocks_w, c.h, c.v, dc, ac, q, 0))
-                method, fh, fv = upsampling(frame, c)
-                planes.append((block, c.blocks_w, c.blocks_h, q, sample, i, c.width, c.height, fh, fv, method, 0))
-                block += c.blocks_w * c.blocks_h
-                sample += c.blocks_w * c.blocks_h * 64
-            start, end = base + frame.scan_start, base + len(data)
-            ri = frame.restart_interval
-            if ri:
-                marks = restarts[i]
-                bounds = [start] + [base + m + 2 for m in marks]
-                ends = [base + m for m in marks] + [end]
-                for k, (s, e) in enumerate(zip(bounds, ends)):
-                    first = k * ri
-                    segs.append((i, s, e, first, min(ri, frame.mcus - first), int(k == len(marks)), 0, 0))
-            else:
-                segs.append((i, start, end, 0, frame.mcus, 1, 0, 0))
-            base += len(data)
-        tab = np.stack([huffman_table(*key[0]) for key in tabs]) if tabs else np.zeros((0, TAB), np.int32)
-        quant = (np.stack([np.frombuffer(q, "<u2").astype(np.int32) for q in quants]) if quants
-                 else np.zeros((0, 64), np.int32))
-        seg = np.array(segs, np.int32).reshape(-1, SEG)
-        return cls(_joined(datas, base, place), seg, np.array(imgs, np.int32).reshape(-1, IMG),
-                   np.array(comps, np.int32).reshape(-1, COMP), tab, np.array(planes, np.int32).reshape(-1, PLANE),
-                   quant, seg[:, 0].copy(), sample, block)
+        e.g. pinned staging memory); a fresh array by default.
+
+        Files of the same headers but their size (one `Frame.header`: parse.py caches it) form a group, whose
+        tables are looked up once; every row comes from its group's Template and its file's size, with array
+        operations over the whole batch."""
+        n = len(frames)
+        groups: dict = {}  # id of a header -> the group's first file (the frames keep the headers alive meanwhile)
+        first_of = [groups.setdefault(id(f.header), i) for i, f in enumerate(frames)]
+        reps = list(groups.values())
+        number = np.zeros(n, np.intp)
+        number[reps] = np.arange(len(reps))
+        group = number[first_of]  # the group of each file
+        grows, gcount, gmax, tab, quant = _groups([frames[r] for r in reps])
+        files = np.array([(f.width, f.height, f.scan_start, f.restart_interval) for f in frames],
+                         np.int64).reshape(n, 4)
+        nbytes = np.array([len(d) for d in datas], np.int64)
+        hmax, vmax = gmax[group, 0], gmax[group, 1]
+        mcus_x, mcus_y = -(-files[:, 0] // (8 * hmax)), -(-files[:, 1] // (8 * vmax))
+        ncomp = gcount[group]
+        comp0, byte0 = _starts(ncomp), _starts(nbytes)
+        owner = np.repeat(np.arange(n), ncomp)  # the file of each component
+        spec = grows[(_starts(gcount)[group] - comp0)[owner] + np.arange(owner.size)]  # its row in its group's
+        comp, plane, nblocks = _component_rows(spec, owner, files[owner, 0], files[owner, 1], hmax[owner],
+                                               vmax[owner], mcus_x[owner], mcus_y[owner])
+        total = int(nbytes.sum())
+        if max(total, 64 * nblocks) >= 1 << 31:  # the kernels' tables hold int32 offsets
+            raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nblocks} blocks; "
+                             f"at most 2 GiB of each): decode it in smaller batches")
+        img = np.zeros((n, IMG), np.int32)
+        img[:, 0], img[:, 1], img[:, 2] = mcus_x, ncomp, comp0
+        seg = _segments(files, restarts, nbytes, byte0, mcus_x * mcus_y)
+        return cls(_joined(datas, total, place), seg, img, comp, tab, plane, quant, seg[:, 0].copy(), 64 * nblocks,
+                   nblocks, size=files[:, :2])
+
+
+def _component_rows(spec, owner, width, height, hmax, vmax, mcus_x, mcus_y) -> tuple:
+    """(comp rows, plane rows, blocks in all) of a batch's components: `spec` their Template rows (tables already
+    the batch's), `owner` their file, the rest their file's values."""
+    h, v = spec[:, 0], spec[:, 1]
+    cw, ch = -(-width * h // hmax), -(-height * v // vmax)  # downsampled size
+    bw, bh = mcus_x * h, mcus_y * v  # block grid
+    nb = bw * bh
+    block = np.cumsum(nb)
+    nblocks = int(block[-1]) if block.size else 0
+    block -= nb
+    comp = np.zeros((owner.size, COMP), np.int32)
+    comp[:, 0], comp[:, 1], comp[:, 2], comp[:, 3] = block, bw, h, v
+    comp[:, 4:7] = spec[:, 2:5]
+    plane = np.zeros((owner.size, PLANE), np.int32)
+    plane[:, 0], plane[:, 1], plane[:, 2], plane[:, 3], plane[:, 4] = block, bw, bh, spec[:, 4], block * 64
+    plane[:, 5], plane[:, 6], plane[:, 7], plane[:, 8], plane[:, 9] = owner, cw, ch, spec[:, 5], spec[:, 6]
+    plane[:, 10] = _methods(spec[:, 5], spec[:, 6], cw)
+    return comp, plane, nblocks
+
+
+def _methods(fh: np.ndarray, fv: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """`upsampling`'s method for each (fh, fv, width) of a batch's components (its fh and fv are these)."""
+    method = np.full(fh.shape, BOX, np.int32)
+    method[(fh == 1) & (fv == 1)] = FULL
+    method[(fh == 2) & (fv == 1) & (width > 2)] = H2V1
+    method[(fh == 1) & (fv == 2)] = H1V2
+    method[(fh == 2) & (fv == 2) & (width > 2)] = H2V2
+    return method
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of a run of things of these counts starts (the exclusive prefix sum)."""
+    return np.cumsum(counts) - counts
+
+
+def _groups(frames: list[Frame]) -> tuple:
+    """For one frame per group: (Template rows of all of them back to back, with their tables' indices in the
+    batch's; components of each; (hmax, vmax) of each; Huffman tables; quantisation tables): one table per
+    distinct content (and class), in the order of first use."""
+    temps = [f.sampling.template or template(f.sampling) for f in frames]
+    huffs: dict = {}
+    quants: dict = {}
+    hmap, qmap, hat, qat = [], [], [], []
+    for f, t in zip(frames, temps):
+        hat.append(len(hmap))
+        qat.append(len(qmap))
+        hmap += [huffs.setdefault((h, c), len(huffs)) for h, c in zip(f.huffs, t.classes)]
+        qmap += [quants.setdefault(q, len(quants)) for q in f.quants]
+    count = np.array([len(t.rows) for t in temps], np.int64)
+    maxima = np.array([(f.sampling.hmax, f.sampling.vmax) for f in frames], np.int64).reshape(-1, 2)
+    if not temps:
+        return np.zeros((0, 7), np.int64), count, maxima, np.zeros((0, TAB), np.int32), np.zeros((0, 64), np.int32)
+    rows = np.concatenate([t.rows for t in temps])
+    owner = np.repeat(np.arange(len(temps)), count)
+    hmap, qmap = np.array(hmap, np.int64), np.array(qmap, np.int64)
+    hat, qat = np.array(hat, np.int64)[owner], np.array(qat, np.int64)[owner]
+    rows[:, 2] = hmap[hat + rows[:, 2]]
+    rows[:, 3] = hmap[hat + rows[:, 3]]
+    rows[:, 4] = qmap[qat + rows[:, 4]]
+    return (rows, count, maxima, np.stack([huffman_table(*key[0]) for key in huffs]),
+            np.stack([quant_table(q) for q in quants]))
+
+
+def _segments(files: np.ndarray, restarts, nbytes, byte0, mcus) -> np.ndarray:
+    """The seg rows: one segment per file, or one per restart interval (split at its restart markers). files:
+    per file (width, height, scan start, restart interval)."""
+    n = len(files)
+    scan, intervals = files[:, 2], files[:, 3]
+    if not intervals.any():
+        seg = np.zeros((n, SEG), np.int32)
+        seg[:, 0], seg[:, 1], seg[:, 2], seg[:, 4], seg[:, 5] = np.arange(n), byte0 + scan, byte0 + nbytes, mcus, 1
+        return seg
+    marks = [restarts[i] if ri else [] for i, ri in enumerate(intervals.tolist())]
+    nmarks = np.array([len(m) for m in marks], np.int64)
+    flat = np.array([m for ms in marks for m in ms] + [0], np.int64)  # a pad: every index below stays in range
+    owner = np.repeat(np.arange(n), nmarks + 1)
+    k = np.arange(owner.size) - _starts(nmarks + 1)[owner]  # the segment's index in its file
+    at = _starts(nmarks)[owner] + k  # the marker ending segment k (the one before it starts it)
+    last = k == nmarks[owner]
+    base = byte0[owner]
+    ri = intervals[owner]
+    first = k * ri
+    seg = np.zeros((owner.size, SEG), np.int32)
+    seg[:, 0] = owner
+    seg[:, 1] = base + np.where(k == 0, scan[owner], flat[np.maximum(at - 1, 0)] + 2)
+    seg[:, 2] = base + np.where(last, nbytes[owner], flat[np.minimum(at, flat.size - 1)])
+    seg[:, 3] = first
+    seg[:, 4] = np.where(ri > 0, np.minimum(ri, mcus[owner] - first), mcus[owner])
+    seg[:, 5] = last
+    return seg
 
 
 def _joined(datas: list[bytes], total: int, place=None) -> np.ndarray:

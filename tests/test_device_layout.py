@@ -1,0 +1,279 @@
+"""The device JPEG decoder's host layout (tables.py's Batch.pack and chunked, decoder.py's window table) gives
+exactly the arrays of the per-file Python loops it replaced, kept below as the reference, on mixed batches: gray,
+4:2:0, 4:4:4, 4:2:2, cjpeg's other subsamplings, restart intervals, EXIF orientations, windows cropped, offset
+past 4 GiB and strided. No OpenCL."""
+
+from __future__ import annotations
+
+import importlib
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import jpeg_corpus as corpus
+from vggserve.decoding.device import Window, parse, prepare
+from vggserve.decoding.device.decoder import _windows, lay_out
+from vggserve.decoding.device.tables import CHUNK, IMG, SEG, TAB, WIN, Batch, huffman_table, upsampling
+
+PARSE = importlib.import_module("vggserve.decoding.device.parse")  # the module (the package exports parse())
+
+
+# ---- the reference: the layout as the eighth session wrote it -------------------------------------------------
+
+def reference_pack(frames, datas, restarts):
+    segs, imgs, comps, planes = [], [], [], []
+    tabs: dict = {}
+    quants: dict = {}
+    base, block, sample = 0, 0, 0
+    for i, (frame, data) in enumerate(zip(frames, datas)):
+        imgs.append((frame.mcus_x, len(frame.components), len(comps), 0))
+        for c in frame.components:
+            dc = tabs.setdefault((c.dc, 0), len(tabs))
+            ac = tabs.setdefault((c.ac, 1), len(tabs))
+            q = quants.setdefault(c.quant, len(quants))
+            comps.append((block, c.blocks_w, c.h, c.v, dc, ac, q, 0))
+            method, fh, fv = upsampling(frame, c)
+            planes.append((block, c.blocks_w, c.blocks_h, q, sample, i, c.width, c.height, fh, fv, method, 0))
+            block += c.blocks_w * c.blocks_h
+            sample += c.blocks_w * c.blocks_h * 64
+        start, end = base + frame.scan_start, base + len(data)
+        ri = frame.restart_interval
+        if ri:
+            marks = restarts[i]
+            bounds = [start] + [base + m + 2 for m in marks]
+            ends = [base + m for m in marks] + [end]
+            for k, (s, e) in enumerate(zip(bounds, ends)):
+                first = k * ri
+                segs.append((i, s, e, first, min(ri, frame.mcus - first), int(k == len(marks)), 0, 0))
+        else:
+            segs.append((i, start, end, 0, frame.mcus, 1, 0, 0))
+        base += len(data)
+    tab = np.stack([huffman_table(*key[0]) for key in tabs]) if tabs else np.zeros((0, TAB), np.int32)
+    quant = (np.stack([np.frombuffer(q, "<u2").astype(np.int32) for q in quants]) if quants
+             else np.zeros((0, 64), np.int32))
+    seg = np.array(segs, np.int32).reshape(-1, SEG)
+    return dict(data=np.frombuffer(b"".join(datas), np.uint8), seg=seg, img=np.array(imgs, np.int32).reshape(-1, IMG),
+                comp=np.array(comps, np.int32).reshape(-1, 8), tab=tab, plane=np.array(planes, np.int32).reshape(-1, 12),
+                quant=quant, seg_image=seg[:, 0].copy(), plane_bytes=sample, blocks=block)
+
+
+def reference_chunks(seg, size):
+    seg = seg.copy()
+    start, end = seg[:, 1].astype(np.int64), seg[:, 2].astype(np.int64)
+    count = np.maximum(1, -(-(end - start) // size))
+    first = np.concatenate([[0], np.cumsum(count)[:-1]])
+    seg[:, 6], seg[:, 7] = first, count
+    owner = np.repeat(np.arange(len(count)), count)
+    index = np.arange(int(count.sum())) - first[owner]
+    lo = start[owner] + index * size
+    chunk = np.zeros((owner.size, CHUNK), np.int32)
+    chunk[:, 0], chunk[:, 1], chunk[:, 2] = owner, lo, np.minimum(lo + size, end[owner])
+    return seg, chunk
+
+
+def reference_windows(files, windows, img):
+    rows, first = [], 0
+    for i, (f, w) in enumerate(zip(files, windows)):
+        uw, uh = f.size
+        if w.width < 1 or w.height < 1 or w.x0 < 0 or w.y0 < 0 or w.x0 + w.width > uw or w.y0 + w.height > uh:
+            raise ValueError(f"file {i}: window {w} outside its {uw}x{uh} image")
+        planes = [int(img[i, 2]) + k for k in range(len(f.frame.components))]
+        rows.append((first, w.offset & 0xFFFFFFFF, w.offset >> 32, w.width, w.height, w.x0, w.y0, f.orientation,
+                     f.frame.width, f.frame.height, *planes, *([-1, -1] if len(planes) == 1 else []),
+                     w.stride or w.width, 0, 0))
+        first += w.width * w.height
+    return np.array(rows, np.int64).reshape(-1, WIN).astype(np.int32), first
+
+
+# ---- the batch ---------------------------------------------------------------------------------------------
+
+def with_orientation(data: bytes, orientation: int) -> bytes:
+    image = Image.open(io.BytesIO(data))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality="keep", subsampling="keep", exif=exif.tobytes())
+    return out.getvalue()
+
+
+def mixed_files() -> list[bytes]:
+    pic = corpus.picture
+    files = [
+        corpus.pillow_jpeg(pic(41, 27, 1), subsampling=2),                        # 4:2:0
+        corpus.pillow_jpeg(pic(17, 9, 2, gray=True), quality=70),                 # gray
+        corpus.pillow_jpeg(pic(33, 31, 3), subsampling=0, quality=95),            # 4:4:4
+        corpus.pillow_jpeg(pic(63, 65, 4), subsampling=1),                        # 4:2:2
+        corpus.pillow_jpeg(pic(45, 37, 5), subsampling=2, restart_marker_blocks=3),
+        corpus.pillow_jpeg(pic(70, 50, 6), subsampling=1, restart_marker_rows=1),
+        corpus.pillow_jpeg(pic(41, 27, 7, gray=True), optimize=True, restart_marker_blocks=5),
+        corpus.pillow_jpeg(pic(41, 27, 1), subsampling=2),                        # the first again: its tables shared
+        corpus.pillow_jpeg(pic(23, 19, 8), quality=20, subsampling=0, optimize=True),
+    ]
+    files += [with_orientation(corpus.pillow_jpeg(pic(13, 7, o), subsampling=2), o) for o in (3, 5, 6, 8)]
+    if corpus.has_cjpeg():
+        files += [data for _, data in corpus.cjpeg_corpus(True)[:24]]
+    return files
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    files = [prepare(data) for data in mixed_files()]
+    assert all(files), [f.reason for f in files if not f]
+    assert {len(f.frame.components) for f in files} == {1, 3}
+    assert any(f.frame.restart_interval for f in files) and any(f.size != (f.frame.width, f.frame.height)
+                                                                 for f in files)
+    return files
+
+
+def windows_for(files) -> list[Window]:
+    """Whole images, crops, rows with a stride, and offsets past 4 GiB (with the low word past 2 GiB)."""
+    out, offset = [], 0
+    for i, f in enumerate(files):
+        w, h = f.size
+        if i % 3 == 0:
+            window = Window(offset, 0, 0, w, h)
+        elif i % 3 == 1:
+            window = Window(offset + (5 << 32) + (3 << 30), w // 3, h // 4, w - w // 3, max(1, h // 2))
+        else:
+            window = Window(offset + 7, w - 1, h - 1, 1, 1, stride=w + 9)
+        out.append(window)
+        offset += w * h * 3 + 1000
+    return out
+
+
+def pack(files) -> Batch:
+    return Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files])
+
+
+def assert_batch_is(batch: Batch, want: dict):
+    for name, value in want.items():
+        got = getattr(batch, name)
+        if isinstance(value, np.ndarray):
+            assert got.dtype == value.dtype and got.shape == value.shape, name
+            assert np.array_equal(got, value), name
+        else:
+            assert got == value, name
+
+
+# ---- the tests ----------------------------------------------------------------------------------------------
+
+def test_a_mixed_batch_packs_into_the_arrays_the_per_file_loop_made(prepared):
+    want = reference_pack([f.frame for f in prepared], [f.data for f in prepared], [f.restarts for f in prepared])
+    assert_batch_is(pack(prepared), want)
+    for start in range(0, len(prepared), 5):  # and every run of a few files, in any order
+        part = prepared[start:start + 5][::-1]
+        assert_batch_is(pack(part), reference_pack([f.frame for f in part], [f.data for f in part],
+                                                   [f.restarts for f in part]))
+
+
+def test_packing_into_given_memory_places_the_files_bytes_there(prepared):
+    memory = np.full(1 << 20, 0xAB, np.uint8)
+    batch = Batch.pack([f.frame for f in prepared], [f.data for f in prepared], [f.restarts for f in prepared],
+                       place=lambda nbytes: memory)
+    assert np.shares_memory(batch.data, memory)
+    assert batch.data.tobytes() == b"".join(f.data for f in prepared)
+
+
+def test_equal_tables_parsed_apart_are_stored_once(prepared):
+    first = prepare(prepared[0].data)
+    PARSE._dht.cache_clear()
+    PARSE._dqt.cache_clear()
+    PARSE._select.cache_clear()
+    again = prepare(prepared[0].data)  # the same tables, new objects
+    assert first.frame.huffs[0] is not again.frame.huffs[0] and first.frame.huffs[0] == again.frame.huffs[0]
+    files = [first, again, prepared[1], again]
+    batch = pack(files)
+    assert_batch_is(batch, reference_pack([f.frame for f in files], [f.data for f in files], [None] * 4))
+    # the colour file's two DC and two AC tables once (the gray file's are Pillow's standard luminance ones too),
+    # its two quantisation tables and the gray file's (another quality)
+    assert batch.tab.shape[0] == 4 and batch.quant.shape[0] == 3
+
+
+@pytest.mark.parametrize("size", [8, 37, 128, 1 << 20])
+def test_chunking_cuts_segments_as_before(prepared, size):
+    batch = pack(prepared)
+    want_seg, want_chunk = reference_chunks(batch.seg, size)
+    batch.chunked(size)
+    assert np.array_equal(batch.seg, want_seg)
+    assert batch.chunk.dtype == np.int32 and np.array_equal(batch.chunk, want_chunk)
+
+
+def test_chunking_cuts_empty_and_one_byte_segments_as_before():
+    seg = np.zeros((5, SEG), np.int32)
+    seg[:, 1], seg[:, 2] = [0, 10, 10, 11, 300], [10, 10, 11, 300, 300]
+    batch = Batch(np.zeros(300, np.uint8), seg, *[np.zeros((0, 1), np.int32)] * 5, seg[:, 0], 0, 0)
+    want_seg, want_chunk = reference_chunks(seg, 16)
+    batch.chunked(16)
+    assert np.array_equal(batch.seg, want_seg) and np.array_equal(batch.chunk, want_chunk)
+
+
+def test_the_window_table_is_the_per_file_loops(prepared):
+    windows = windows_for(prepared)
+    batch = pack(prepared)
+    table, pixels = _windows(prepared, windows, batch)
+    want, want_pixels = reference_windows(prepared, windows, batch.img)
+    assert table.dtype == np.int32 and np.array_equal(table, want)
+    assert pixels == want_pixels and type(pixels) is int
+
+
+def test_a_window_outside_its_image_is_refused_naming_the_file(prepared):
+    windows = windows_for(prepared)
+    w, h = prepared[5].size
+    windows[5] = Window(0, 1, 0, w, h)
+    with pytest.raises(ValueError) as caught:
+        _windows(prepared, windows, pack(prepared))
+    with pytest.raises(ValueError) as want:
+        reference_windows(prepared, windows, pack(prepared).img)
+    assert str(caught.value) == str(want.value) and str(caught.value).startswith("file 5: window Window(")
+
+
+def test_a_window_per_file_is_required(prepared):
+    with pytest.raises(ValueError, match="windows for .* files: give each file its window"):
+        _windows(prepared, windows_for(prepared)[:-1], pack(prepared))
+
+
+def test_the_meta_table_holds_every_part_back_to_back(prepared):
+    windows = windows_for(prepared)
+    staging = {}
+
+    def array(role, nbytes, dtype=np.uint8):
+        staging[role] = np.zeros(nbytes, np.uint8)
+        return staging[role].view(dtype)
+
+    batch, meta, at, pixels = lay_out(prepared, windows, 64, array)
+    want = reference_pack([f.frame for f in prepared], [f.data for f in prepared], [f.restarts for f in prepared])
+    want_seg, want_chunk = reference_chunks(want["seg"], 64)
+    win, want_pixels = reference_windows(prepared, windows, want["img"])
+    parts = [want_seg, want["img"], want["comp"], want["tab"], want["plane"], want["quant"], win]
+    assert np.array_equal(meta, np.concatenate([p.ravel() for p in parts]))
+    assert at == np.cumsum([0] + [p.size for p in parts])[:-1].tolist() and pixels == want_pixels
+    assert np.array_equal(batch.chunk, want_chunk) and np.shares_memory(meta, staging["meta"])
+    assert batch.data.tobytes() == b"".join(f.data for f in prepared)
+
+
+def test_frames_read_as_before(prepared):
+    for f in prepared:
+        frame = parse(f.data)
+        assert (frame.width, frame.height, frame.mcus) == (f.frame.width, f.frame.height, f.frame.mcus)
+        assert frame.mcus == frame.mcus_x * frame.mcus_y
+        for c in frame.components:
+            assert c.blocks_w * c.blocks_h > 0 and len(c.quant) == 128
+
+
+def test_files_of_one_encoder_share_their_parsed_header_whatever_their_size():
+    a = parse(corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=2))
+    b = parse(corpus.pillow_jpeg(corpus.picture(97, 41, 2), subsampling=2))
+    other = parse(corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=0))
+    assert a.header is b.header and (a.width, b.width) == (41, 97)
+    assert other.header is not a.header and other.sampling is not a.sampling
+
+
+def test_a_batch_past_the_kernels_int32_offsets_is_refused_with_the_fix(prepared):
+    from vggserve.decoding.device.parse import Frame
+
+    small = prepared[0].frame
+    huge = Frame(small.header, 65535, 65535, 0, small.scan_start, False)  # 100 million blocks: 6.4 G samples
+    with pytest.raises(ValueError, match="too large for one decode .* decode it in smaller batches"):
+        Batch.pack([small, huge], [prepared[0].data] * 2, [None, None])
