@@ -275,7 +275,8 @@ def test_http_workers_setting_and_flag():
     assert Settings().http_workers == 1
     assert Settings(http_workers=4).frontend_queue_share == 64
     assert Settings(http_workers=3, max_queue=10, max_files=4).frontend_queue_share == 4
-    assert [auto_http_workers(n) for n in (1, 2, 4, 16, 64)] == [1, 1, 2, 14, 16]
+    assert [auto_http_workers(n) for n in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 16]
+    assert [auto_http_workers(32, d, max_queue=1024) for d in (1, 2, 4)] == [16, 15, 13]
     assert parse_http_workers("auto") == auto_http_workers() and parse_http_workers("3") == 3
     for bad, words in [(0, "--http-workers"), (65, "--http-workers"),
                        ({"http_workers": 2, "preprocess_procs": 2}, "--preprocess-procs"),
@@ -551,8 +552,8 @@ def test_default_front_ends_follow_the_device_kind(monkeypatch):
 
     kinds = {"gpu:0": "gpu", "gpu:1": "gpu", "cpu": "cpu"}
     monkeypatch.setattr(devs, "resolve", lambda spec: SimpleNamespace(kind=kinds[spec]))
-    assert default_http_workers(("gpu:0",), cpus=16) == 14
-    assert default_http_workers(("gpu:0", "gpu:1"), cpus=8) == 5
+    assert default_http_workers(("gpu:0",), cpus=16) == 8
+    assert default_http_workers(("gpu:0", "gpu:1"), cpus=8) == 3
     assert default_http_workers(("cpu",), cpus=16) == 1
     assert default_http_workers(("gpu:0", "cpu"), cpus=16) == 1
     assert default_http_workers(("tpu",), cpus=16) == 1  # unresolvable: the worker will say why
@@ -560,8 +561,8 @@ def test_default_front_ends_follow_the_device_kind(monkeypatch):
 
 
 def test_auto_front_ends_follow_the_cores_and_devices_without_a_cap(monkeypatch, tmp_path):
-    """`auto` leaves the engine process a core and one per device worker, counts the cores of the affinity within
-    the cgroup's CPU quota, and has no cap below the setting's bound (issue 24, item B)."""
+    """`auto` is half the cores less one per device past the first, counts the cores of the affinity within the
+    cgroup's CPU quota, and has no cap below the setting's bound (issue 24, item B)."""
     from vggserve.distributed import cores
     from vggserve.serving import settings as settings_module
     from vggserve.serving.settings import cgroup_cpu_limit, host_cores
@@ -569,10 +570,10 @@ def test_auto_front_ends_follow_the_cores_and_devices_without_a_cap(monkeypatch,
     monkeypatch.setattr(cores, "allowed_cpus", lambda: set(range(16)))
     monkeypatch.setattr(settings_module, "cgroup_cpu_limit", lambda: None)
     assert host_cores() == 16
-    assert parse_http_workers("auto", ("gpu:0",)) == 14  # was 8 (half the cores, at most 8)
-    assert parse_http_workers("auto", ("gpu:0", "gpu:1", "gpu:2", "gpu:3")) == 11
+    assert parse_http_workers("auto", ("gpu:0",)) == 8
+    assert parse_http_workers("auto", ("gpu:0", "gpu:1", "gpu:2", "gpu:3")) == 5
     monkeypatch.setattr(settings_module, "cgroup_cpu_limit", lambda: 5.5)  # docker run --cpus 5.5
-    assert host_cores() == 6 and parse_http_workers("auto", ("gpu:0",)) == 4
+    assert host_cores() == 6 and parse_http_workers("auto", ("gpu:0",)) == 3
     monkeypatch.setattr(cores, "allowed_cpus", lambda: {0, 1, 2})  # taskset -c 0-2, within the quota
     assert parse_http_workers("auto", ("gpu:0",)) == 1  # nothing left for front ends: one process
     monkeypatch.setattr(cores, "allowed_cpus", lambda: set(range(128)))

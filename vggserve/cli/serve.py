@@ -52,8 +52,9 @@ def register(subparsers) -> None:
     p.add_argument("--preprocess-procs", type=int, default=None, metavar="N",
                    help="worker processes decoding images, past the GIL (default 0: in the threads only)")
     p.add_argument("--http-workers", default=None, metavar="N",
-                   help="HTTP front-end processes (1..64, or `auto` = the cores left after this process's share: "
-                        "cores - 1 - devices, at least 1 and at most --max-queue / --max-files, where cores are those "
+                   help="HTTP front-end processes (1..64, or `auto` = half the cores, less one per device past the "
+                        "first: cores // 2 - (devices - 1), at least 1 and at most --max-queue / --max-files, where "
+                        "cores are those "
                         "of the CPU affinity within the cgroup's CPU quota): each parses requests and decodes "
                         "images in its own process and sends "
                         "the crops to this process, which batches them on the devices. Use it when the front end, "

@@ -75,12 +75,15 @@ def host_cores() -> int:
 
 
 def auto_http_workers(cpus: int | None = None, devices: int = 1, max_queue: int = 256, max_files: int = 16) -> int:
-    """`--http-workers auto`: the cores left after the engine process's share, one for its main and link threads and
-    one per device worker (cores - 1 - devices), at least 1 (1: one process, no front ends). No fixed cap; at most
+    """`--http-workers auto`: half the cores, less one for each device past the first (cores // 2 - (devices - 1)),
+    at least 1 (1: one process, no front ends). The other half goes to the engine process (its link, device-worker
+    and copy threads) and the front ends' decoding threads: on 32 cores with H200s, FP16, 16 front ends served
+    more than 8 (5,350 against 4,516 images/s with one GPU, 5,036 against 4,763 with two, one call), and 30 front
+    ends fewer than 8 (3,981 against 4,550, two calls; BENCHMARKS.md, ninth session). No fixed cap; at most
     --max-queue / --max-files (each front end's share of the queue must take a full /classify/batch) and 64 (the
     setting's bound). `cpus` defaults to host_cores()."""
     cpus = host_cores() if cpus is None else cpus
-    return max(1, min(_BOUNDS["http_workers"][1], max_queue // max(1, max_files), cpus - 1 - devices))
+    return max(1, min(_BOUNDS["http_workers"][1], max_queue // max(1, max_files), cpus // 2 - (devices - 1)))
 
 
 def default_http_workers(devices: tuple[str, ...], cpus: int | None = None, max_queue: int = 256,
