@@ -50,13 +50,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--http-workers", default=None, help="the services' --http-workers (default: theirs)")
     p.add_argument("--smoke", action="store_true",
-                   help="CPU, 2 devices, 8 images, batch 2, 2 s runs: checks that everything runs, measures nothing")
+                   help="CPU, 2 devices, 8 images, batch 2, 5 s runs: checks that everything runs, measures nothing")
     p.add_argument("--workdir", default=None, help="JPEGs, outputs and nginx's files (default: a temp dir)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the rows and every run's figures")
     args = p.parse_args(argv)
     if args.smoke:
         args.gpus = args.gpus or 2
-        args.batch_size, args.images, args.duration, args.warmup = 2, 8, 2.0, 1.0
+        # long enough that a loaded 2-core machine answers some requests of every run (a CPU batch takes ~1 s)
+        args.batch_size, args.images, args.duration, args.warmup = 2, 8, 5.0, 2.0
     return args
 
 
@@ -169,6 +170,7 @@ def main(argv=None) -> int:
         notes.append("nginx is not installed (apt-get install nginx-light): the nginx rows are left out")
     weights = str(find_weights(args.weights))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vggserve-scaling-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     measure = {"batch": batch_run, "service": service_run, "nginx": nginx_run}
     rows = []
     for precision in [p.strip() for p in args.precisions.split(",") if p.strip()]:
