@@ -189,6 +189,19 @@ def test_serve_takes_decode_gpu_and_auto_and_the_cpu_path_then_decodes_exactly()
         Settings(decode="nvjpeg")
 
 
+def test_serve_help_says_how_decode_auto_chooses_and_classify_keeps_its_own(capsys):
+    from vggserve.cli import build_parser
+
+    helped = {}
+    for command in ("serve", "classify"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        helped[command] = " ".join(capsys.readouterr().out.split())
+    assert ("auto: on a GPU engine, each baseline JPEG is decoded in the front end while another of its decoding "
+            "threads is idle, else sent compressed to the GPU") in helped["serve"]
+    assert "auto: gpu where the device is a GPU, else exact" in helped["classify"]
+
+
 def test_only_files_the_device_decodes_are_routed_to_it_and_the_others_say_why():
     s420 = service_corpus()["s420.jpg"]
     assert route(s420, MAX_PIXELS) == ON_DEVICE
