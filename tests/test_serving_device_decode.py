@@ -4,8 +4,10 @@ engine compressed and are decoded on its device; every other file is decoded on 
 With the real engine (tiny weights, on the test device: PoCL in CI), in one process and with --http-workers 2:
 logits and probabilities identical to --decode exact for a small corpus (4:2:0, 4:4:4, 4:2:2 at an odd size, grey,
 restart markers, EXIF-rotated, progressive, PNG, a corrupt stream Pillow still decodes), and the same status and JSON
-body for a JPEG whose header parses but whose stream is cut short, and for one over --max-pixels. Without it: the
-settings, where each file is routed and why, and stand-in models, which never see an encoded input."""
+body for a JPEG whose header parses but whose stream is cut short, and for one over --max-pixels; with --decode
+auto on the test device said to be a GPU, the same answers with both paths used. Without it: the settings, where
+each file is routed and why (under auto also by the decoding threads' load), and stand-in models, which never see
+an encoded input."""
 
 import base64
 import io
