@@ -4,8 +4,10 @@ engine compressed and are decoded on its device; every other file is decoded on 
 With the real engine (tiny weights, on the test device: PoCL in CI), in one process and with --http-workers 2:
 logits and probabilities identical to --decode exact for a small corpus (4:2:0, 4:4:4, 4:2:2 at an odd size, grey,
 restart markers, EXIF-rotated, progressive, PNG, a corrupt stream Pillow still decodes), and the same status and JSON
-body for a JPEG whose header parses but whose stream is cut short, and for one over --max-pixels. Without it: the
-settings, where each file is routed and why, and stand-in models, which never see an encoded input."""
+body for a JPEG whose header parses but whose stream is cut short, and for one over --max-pixels; with --decode
+auto on the test device said to be a GPU, the same answers with both paths used. Without it: the settings, where
+each file is routed and why (under auto also by the decoding threads' load), and stand-in models, which never see
+an encoded input."""
 
 import base64
 import io
@@ -189,6 +191,19 @@ def test_serve_takes_decode_gpu_and_auto_and_the_cpu_path_then_decodes_exactly()
         Settings(decode="nvjpeg")
 
 
+def test_serve_help_says_how_decode_auto_chooses_and_classify_keeps_its_own(capsys):
+    from vggserve.cli import build_parser
+
+    helped = {}
+    for command in ("serve", "classify"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        helped[command] = " ".join(capsys.readouterr().out.split())
+    assert ("auto: on a GPU engine, each baseline JPEG is decoded in the front end while another of its decoding "
+            "threads is idle, else sent compressed to the GPU") in helped["serve"]
+    assert "auto: gpu where the device is a GPU, else exact" in helped["classify"]
+
+
 def test_only_files_the_device_decodes_are_routed_to_it_and_the_others_say_why():
     s420 = service_corpus()["s420.jpg"]
     assert route(s420, MAX_PIXELS) == ON_DEVICE
@@ -332,3 +347,138 @@ def test_an_image_error_crosses_the_engine_link_as_itself():
     Answer(peer, 8).set_exception(ValueError("a bug"))
     assert sent[0][:2] == ("error", 7) and isinstance(sent[0][2], ImageDecodeError)
     assert sent[1][:2] == ("error", 8) and sent[1][2].code == "internal_error" and "ValueError" in str(sent[1][2])
+
+
+# ---- --decode auto on a GPU: the CPU while a decoding thread is to spare, else the device ---------------------------
+
+def remote_backend(decode: str, decodes_on_device: bool = True, threads: int = 2):
+    """A front-end process's backend as it prepares uploads, its engine's state set by hand (no engine)."""
+    from vggserve.serving.processes.remote import RemoteBackend
+
+    settings = Settings(decode=decode, max_pixels=MAX_PIXELS, preprocess_threads=threads, http_workers=2)
+    backend = RemoteBackend(settings, Metrics(), "unused", b"unused", 0)
+    backend.engine.state = {"info": {"decodes_on_device": decodes_on_device, "resizes_on_device": True,
+                                     "preprocessing": "torchvision"}}
+    backend.pool = ThreadPoolExecutor(threads)
+    return backend
+
+
+def prepared_with_busy(backend, data: bytes, busy: int) -> ModelInput:
+    """backend.prepare(data) while `busy` of its decoding threads are held by other uploads."""
+    import asyncio
+    from contextlib import ExitStack
+
+    with ExitStack() as others:
+        for _ in range(busy):
+            others.enter_context(backend.router)
+        return asyncio.run(backend.prepare(data))[0]
+
+
+def cpu_counts(backend) -> dict:
+    return {k: v for k, v in decoded_counts(backend.metrics.render()[0].decode()).items() if v}
+
+
+def test_auto_decodes_a_jpeg_on_the_cpu_while_another_decoding_thread_is_idle_else_sends_it_compressed():
+    backend = remote_backend("auto", threads=2)
+    s420, png = service_corpus()["s420.jpg"], service_corpus()["palette.png"]
+    try:
+        assert prepared_with_busy(backend, s420, busy=0).form == "image"  # the other thread idle: decoded here
+        assert cpu_counts(backend) == {("cpu", "spare_cpu"): 1}
+        assert prepared_with_busy(backend, s420, busy=1).form == "encoded"  # every other thread busy: the device
+        assert prepared_with_busy(backend, png, busy=1).form == "image"  # not a JPEG: the CPU, however busy
+        assert cpu_counts(backend) == {("cpu", "spare_cpu"): 1, ("cpu", "other_format"): 1}
+        with pytest.raises(ImageError):
+            prepared_with_busy(backend, error_files()["over_limit.jpg"], busy=0)
+        assert backend.router.busy == 0  # each upload counted while a thread has it, errors included
+    finally:
+        backend.pool.shutdown()
+
+
+def test_auto_and_gpu_decode_on_the_cpu_when_the_engine_does_not_decode_on_its_device_and_gpu_never_by_load():
+    s420 = service_corpus()["s420.jpg"]
+    off = remote_backend("auto", decodes_on_device=False)
+    gpu = remote_backend("gpu")
+    try:
+        assert prepared_with_busy(off, s420, busy=0).form == "image"
+        assert prepared_with_busy(off, s420, busy=1).form == "image"  # busy or not: no device decoding there
+        assert cpu_counts(off) == {("cpu", "no_device"): 2}
+        assert gpu.router is None
+        assert prepared_with_busy(gpu, s420, busy=0).form == "encoded"  # gpu: always the device where it can
+        assert cpu_counts(gpu) == {}
+    finally:
+        off.pool.shutdown()
+        gpu.pool.shutdown()
+
+
+def test_auto_with_decoding_processes_sends_a_jpeg_to_one_while_one_is_idle_else_compressed():
+    """One process, --preprocess-procs: the choice is made in the event loop, by the uploads the processes hold."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vggserve.serving.scheduling.local import LocalBackend
+
+    class Procs:
+        async def run(self, data, mode, max_pixels):
+            return decode_and_crop(data, mode, max_pixels)
+
+    settings = Settings(decode="auto", max_pixels=MAX_PIXELS, preprocess_procs=1, preprocess_threads=2)
+    backend = LocalBackend(settings, Metrics())
+    backend.workers = [SimpleNamespace(info={"decodes_on_device": True, "preprocessing": "torchvision"})]
+    backend.pool, backend.procs = ThreadPoolExecutor(2), Procs()
+    s420 = service_corpus()["s420.jpg"]
+    try:
+        assert prepared_with_busy(backend, s420, busy=0).form == "crop"  # the process idle
+        assert prepared_with_busy(backend, s420, busy=1).form == "encoded"  # the process busy: the device
+        assert cpu_counts(backend) == {("cpu", "spare_cpu"): 1}
+        assert backend.router.busy == 0
+    finally:
+        backend.pool.shutdown()
+
+
+@pytest.fixture
+def first_cpu_decode_waits_for_the_device(monkeypatch):
+    """The one process's CPU decode, its first call held until some upload was decoded on the device (at most
+    120 s): while it holds its thread, every JPEG the other thread takes finds no thread to spare."""
+    import vggserve.serving.scheduling.local as local
+
+    metrics = []  # the service's Metrics, once the app exists
+    first = threading.Lock()
+    real = local.decode_for_engine
+
+    def held(*args, **kwargs):
+        if first.acquire(blocking=False):
+            device = metrics[0].decoded.labels(path="device", reason=ON_DEVICE)
+            wait_until(lambda: device._value.get() > 0, 120, "an upload decoded on the device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local, "decode_for_engine", held)
+    return metrics
+
+
+def test_one_process_with_decode_auto_on_a_gpu_uses_both_paths_under_load_and_answers_as_decode_exact(
+        tiny_tensors, exact_answers, first_cpu_decode_waits_for_the_device):
+    import dataclasses
+
+    from vggserve.model.vgg16 import VGG16
+
+    def on_a_gpu(device):  # the test device (PoCL) said to be a GPU: what --decode auto asks of it
+        model = VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=4)
+        model.device_info = dataclasses.replace(model.device_info, kind="gpu")
+        return model
+
+    settings = Settings(decode="auto", max_batch_size=4, max_wait_ms=200, max_pixels=MAX_PIXELS, max_files=4,
+                        preprocess_procs=0, preprocess_threads=2)
+    app = create_app(settings, model_factory=on_a_gpu)
+    first_cpu_decode_waits_for_the_device.append(app.state.service.metrics)
+    with TestClient(app) as client:
+        got = answers(client)
+        load = {**service_corpus(), **error_files()}
+        with ThreadPoolExecutor(6) as pool:
+            again = list(pool.map(lambda d: infer(client, d), list(load.values()) * 2))
+        meta = client.get("/metadata").json()
+        counts = decoded_counts(client.get("/metrics").text)
+    check_same_answers(got, exact_answers)
+    for round_ in (again[:len(load)], again[len(load):]):
+        check_same_answers({**got, "v2": dict(zip(load, round_))}, exact_answers)
+    assert (meta["decode"], meta["decodes_on_device"]) == ("auto", True)
+    assert counts[("device", ON_DEVICE)] > 0 and counts[("cpu", "spare_cpu")] > 0

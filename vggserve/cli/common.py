@@ -19,15 +19,17 @@ def add_precision_arg(parser) -> None:
                              "(tensor cores on NVIDIA, FP16 storage with FP32 math elsewhere); see docs/precision.md")
 
 
-def add_decode_arg(parser, device: bool = False) -> None:
-    """--decode; `device`: with the device JPEG decoder's modes, gpu and auto."""
+AUTO_DECODE = "gpu where the device is a GPU, else exact"
+
+
+def add_decode_arg(parser, device: bool = False, auto: str = AUTO_DECODE) -> None:
+    """--decode; `device`: with the device JPEG decoder's modes, gpu and auto (`auto`: what auto does)."""
     parser.add_argument("--decode", choices=("exact", "fast") + (("gpu", "auto") if device else ()), default="exact",
                         help="exact: every pixel decoded, torchvision's preprocessing bit for bit (default); fast: "
                              "large JPEGs decoded scaled down by 1/2, 1/4 or 1/8 in their DCT, never below what "
                              "Resize(256) needs (several times faster on phone photos; predictions agree with exact "
                              "on almost every image)" + ("; gpu: baseline JPEGs decoded on the model's OpenCL "
-                             "device, bit for bit as exact, other files as exact; auto: gpu where the device is a "
-                             "GPU, else exact" if device else ""))
+                             "device, bit for bit as exact, other files as exact; auto: " + auto if device else ""))
 
 
 MAX_PIXELS_RANGE = (1, 1 << 31)  # as `serve --max-pixels` (serving/settings.py)

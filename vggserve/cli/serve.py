@@ -65,7 +65,9 @@ def register(subparsers) -> None:
                         "ends send decoded images through shared memory and the engine's kernels resize them, bit "
                         "for bit as on the CPU, at a fraction of the front ends' CPU; `cpu`: in the front ends "
                         "(default device)")
-    add_decode_arg(p, device=True)
+    add_decode_arg(p, device=True, auto="on a GPU engine, each baseline JPEG is decoded in the front end while "
+                   "another of its decoding threads is idle, else sent compressed to the GPU (both bit for bit as "
+                   "exact: the CPU's spare time takes work off the GPU); off a GPU, exact")
     add_precision_arg(p)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")

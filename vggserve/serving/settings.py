@@ -188,7 +188,8 @@ class Settings:
     resize_on: str = "device"
     # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding),
     # "gpu" (JPEGs the device decoder takes go to the engine compressed and are decoded on its device, bit for bit as
-    # exact: serving.scheduling.devicedecode) or "auto" (gpu where a worker's device is a GPU, else exact)
+    # exact: serving.scheduling.devicedecode) or "auto" (where a worker's device is a GPU, such a JPEG is decoded on
+    # the CPU while a decoding thread is to spare, else on the device: serving.scheduling.decoderouter; else exact)
     decode: str = "exact"
     # the engine's precision: fp32, tf32 or fp16 (vggserve/ops/precision.py)
     precision: str = "fp32"

@@ -10,6 +10,7 @@ from typing import Callable
 
 from ...modelinput import ModelInput
 from ..metrics import Metrics
+from ..scheduling.decoderouter import decode_router
 from ..scheduling.devicedecode import DEVICE_MODES, encoded_or_decoded, note_cpu
 from ..scheduling.errors import Unavailable
 from ..scheduling.imaging import decode_and_crop, decode_for_engine
@@ -25,6 +26,7 @@ class RemoteBackend:
         self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index,
                                    shares=(settings.max_queue, settings.http_workers))
         self.pool: ThreadPoolExecutor | None = None
+        self.router = decode_router(settings.decode, settings.preprocess_threads)  # --decode auto: CPU or device
         self.on_change: Callable[[], None] = lambda: None
         self.on_all_dead: Callable[[str], None] = lambda reasons: None
 
@@ -77,13 +79,14 @@ class RemoteBackend:
     async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
         """(crop or image, seconds): the engine resizes on its device when it can (images), else it gets crops, and
         normalises them. With --decode gpu|auto and an engine that decodes on its device, a JPEG it takes goes to
-        it as it is, compressed (`devicedecode`)."""
+        it as it is, compressed (`devicedecode`); under auto only while no other decoding thread is idle
+        (`decoderouter`)."""
         info = self.model_info()
         task = decode_for_engine if info.get("resizes_on_device") else decode_and_crop
         if self.settings.decode in DEVICE_MODES:
             note = note_cpu(self.metrics)
             if info.get("decodes_on_device"):
-                task = partial(encoded_or_decoded, task=task, note=note)
+                task = partial(encoded_or_decoded, task=task, note=note, router=self.router)
             else:
                 note("no_device")
         return await asyncio.get_running_loop().run_in_executor(

@@ -2,7 +2,8 @@
 
     front end (LocalBackend, or a front-end process's RemoteBackend), per upload, in a decoding thread:
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
-                                        as they came; any other file -> decoded here as under --decode exact
+                                        as they came (under auto, only while the front end has no decoding thread
+                                        to spare: decoderouter); any other file -> decoded here as under exact
     device worker, per batch, before the batch is prepared (while the device computes the previous one):
         DeviceDecoding.decode(model, batch, on_device, preprocessing)
                                         one `decode_for_model` call for the batch's encoded images; one whose
@@ -19,7 +20,9 @@ the CPU.
 
 vggserve_decoded_images_total{path, reason} counts, under gpu and auto, where each upload was decoded and why:
     path=device  baseline_jpeg   decoded on the engine's device
-    path=cpu     other_format    not a JPEG (PNG, WebP, GIF, ...)
+    path=cpu     spare_cpu       one the device takes, decoded in the front end by choice: under auto, while it has
+                                 a decoding thread (or process) to spare (serving.scheduling.decoderouter)
+                 other_format    not a JPEG (PNG, WebP, GIF, ...)
                  jpeg_kind       a JPEG the device decoder does not take (progressive, arithmetic, CMYK, 12-bit, ...)
                  header          its header refused: the pixel limit, the format allowlist, a header Pillow refuses
                  stream          the device flagged its stream (corrupt or unusual): decoded, or refused, on the CPU
@@ -32,18 +35,21 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 
 from ...errors import ImageError
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from ...modelinput import ENCODED, TENSOR, ModelInput, uses_device_resize
 from ...wording import count
+from .decoderouter import SPARE_CPU
 
 log = logging.getLogger("vggserve.serving")
 
 DEVICE_MODES = ("gpu", "auto")
 DEVICE, CPU = "device", "cpu"
 ON_DEVICE = "baseline_jpeg"
-CPU_REASONS = ("other_format", "jpeg_kind", "header", "stream", "device_error", "no_device", "tensor_batch")
+CPU_REASONS = (SPARE_CPU, "other_format", "jpeg_kind", "header", "stream", "device_error", "no_device", "tensor_batch")
+NOT_ROUTED = nullcontext()  # --decode gpu: no router
 _HEADER_REFUSALS = ("header refused", "JPEG is not an accepted format", "more pixels than the limit")
 
 
@@ -65,21 +71,25 @@ def route(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FOR
 
 
 def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, *, task,
-                       decode: str = "exact", note=None) -> tuple[ModelInput, float]:
+                       decode: str = "exact", note=None, router=None) -> tuple[ModelInput, float]:
     """In a front end's decoding thread: (the encoded input, seconds) for a file the device decodes, else `task`'s
     answer for it, `task` being the CPU path it takes today (imaging.prepare_image, decode_and_crop,
-    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`)."""
+    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`). With a `router` (--decode
+    auto, `decoderouter`), a file the device decodes is decoded here all the same while another thread is idle."""
     from ...preprocessing import check_mode
 
-    started = time.perf_counter()
-    check_mode(mode)  # as the CPU path does first
-    why = route(data, max_pixels, formats)
-    if why == ON_DEVICE:
-        return ModelInput.encoded(data), time.perf_counter() - started
-    if note is not None:
-        note(why)
-    image, seconds = task(data, mode, max_pixels, formats, decode=decode)
-    return image, time.perf_counter() - started
+    with router if router is not None else NOT_ROUTED:  # counts this thread busy
+        started = time.perf_counter()
+        check_mode(mode)  # as the CPU path does first
+        why = route(data, max_pixels, formats)
+        if why == ON_DEVICE:
+            if router is None or not router.spare():
+                return ModelInput.encoded(data), time.perf_counter() - started
+            why = SPARE_CPU
+        if note is not None:
+            note(why)
+        image, seconds = task(data, mode, max_pixels, formats, decode=decode)
+        return image, time.perf_counter() - started
 
 
 def note_cpu(metrics):
