@@ -6,6 +6,7 @@ nginx-upstream.conf in front of two `vggserve serve` instances (requests spread,
 passed over, a POST an instance may have computed never sent to another); the Docker build context, entrypoint and
 healthcheck."""
 
+import asyncio
 import contextlib
 import http.server
 import io
@@ -394,16 +395,25 @@ def nginx_binary() -> str:
     return nginx
 
 
+def documented_main_settings(snippet: str) -> str:
+    """The main-context lines a deploy file's comment asks nginx.conf for (worker_rlimit_nofile, events
+    {worker_connections}: an included file cannot set them), as one line."""
+    found = re.findall(r"^#\s+(worker_rlimit_nofile \d+;|events \{ worker_connections \d+; \})\s*$", snippet, re.M)
+    assert [line.split()[0] for line in found] == ["worker_rlimit_nofile", "events"], found
+    return " ".join(found)
+
+
 def nginx_prefix(tmp_path, snippet: str) -> list[str]:
     """nginx's arguments for a main config under `tmp_path` (pid, logs, temp files there: no root needed) that
-    includes `snippet` in its http {} block, as the deploy files are meant to be included."""
+    includes `snippet` in its http {} block, as the deploy files are meant to be included, with the main settings
+    its comment asks for. The error log keeps `warn` lines."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "vggserve.conf").write_text(snippet)
     user = "user root;" if os.geteuid() == 0 else ""
     temp = " ".join(f"{kind}_temp_path {tmp_path}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
                                                                          "scgi"))
     (tmp_path / "nginx.conf").write_text(
-        f"{user} pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log; events {{}}\n"
+        f"{user} pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log warn; {documented_main_settings(snippet)}\n"
         f"http {{ access_log off; {temp} include {tmp_path}/vggserve.conf; }}\n")
     return ["-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")]
 
@@ -593,6 +603,113 @@ def test_nginx_upstream_passes_a_503_on_to_the_other_instance(tmp_path):
             taking.answer = "503"
             r = httpx.post(f"{url}/classify", content=b"jpeg", timeout=30)
             assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+
+
+class _HeldInstance:
+    """Stands in for one instance under load, on its own event loop: answers a GET at once, and holds every POST
+    (counted in `posts`) until release(), then answers each with 200 and its JSON."""
+
+    def __init__(self):
+        self.posts, self.loop = 0, asyncio.new_event_loop()
+        self.released = asyncio.Event()
+        self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0, backlog=4096))
+        self.port = self.server.sockets[0].getsockname()[1]
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    async def handle(self, reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                if head.startswith(b"POST"):
+                    self.posts += 1
+                    await self.released.wait()
+                body = b'{"predictions": [{"index": 0, "label": "x", "probability": 1.0}]}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    def release(self):
+        self.loop.call_soon_threadsafe(self.released.set)
+
+    def close(self):
+        async def stop():
+            self.server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def nginx_log(tmp_path) -> str:
+    path = tmp_path / "error.log"
+    return path.read_text() if path.exists() else ""
+
+
+def test_nginx_upstream_takes_600_requests_in_flight_at_once_without_resets(tmp_path):
+    """600 POSTs held in flight at once (the lead's benchmark had 512 through nginx), one nginx worker, and a new
+    connection's GET meanwhile (the benchmark's /metrics polling): every one is answered 200 by the instance. With
+    nginx's default 512 worker_connections (4 per request here) nginx closed idle and just-accepted connections
+    (resets, 502s), and with the inner socket's default backlog (511) a burst of new requests got 502."""
+    import resource
+
+    from vggserve.loadtest.rawhttp import RawConnection
+
+    n = 600
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # this process holds 2 x n sockets, nginx 4 x n
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
+    instance, port = _HeldInstance(), free_port()
+    try:
+        with nginx_running(tmp_path, upstream_snippet(tmp_path, port, [instance.port]), port):
+            async def load():
+                async def post():
+                    conn = RawConnection("127.0.0.1", port, timeout_s=60)
+                    try:
+                        status, _, body = await conn.request("POST", "/classify", b"\xff\xd8" + bytes(30000),
+                                                             {"content-type": "image/jpeg"})
+                        return status if b'"predictions"' in body else f"{status} {body[:80]!r}"
+                    except Exception as exc:  # a reset, or the connection closed without an answer
+                        return type(exc).__name__
+                    finally:
+                        await conn.close()
+
+                posts = [asyncio.create_task(post()) for _ in range(n)]
+                deadline = time.monotonic() + 30
+                while instance.posts < n and not all(p.done() for p in posts) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                held = instance.posts
+                probe = RawConnection("127.0.0.1", port, timeout_s=30)
+                try:
+                    polled = (await probe.request("GET", "/metrics"))[0]
+                except Exception as exc:
+                    polled = type(exc).__name__
+                await probe.close()
+                instance.release()
+                return held, polled, await asyncio.gather(*posts)
+
+            held, polled, statuses = asyncio.run(load())
+        counted = {status: statuses.count(status) for status in set(statuses)}
+        log = nginx_log(tmp_path)
+        assert counted == {200: n} and held == n and polled == 200, (counted, held, polled, log[-1500:])
+        assert "worker_connections are not enough" not in log, log[-1500:]
+    finally:
+        instance.close()
+
+
+def test_nginx_upstream_keeps_request_bodies_in_memory_in_both_server_blocks(tmp_path):
+    """The inner block buffered each upload again with nginx's default 16 KiB client_body_buffer_size: every image
+    over 16 KiB was written to a temporary file (a `warn` line each) on its way to an instance."""
+    import httpx
+
+    port = free_port()
+    with stand_in_instances("ok") as (instance,):
+        with nginx_running(tmp_path, upstream_snippet(tmp_path, port, [instance.server_address[1]]), port) as url:
+            r = httpx.post(f"{url}/classify", content=b"\xff\xd8" + bytes(500_000), timeout=30)
+            assert r.status_code == 200, r.text
+    assert "buffered to a temporary file" not in nginx_log(tmp_path), nginx_log(tmp_path)
 
 
 NOT_READY_SERVER = """
