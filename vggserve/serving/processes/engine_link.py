@@ -159,19 +159,19 @@ class DirectLink(Link):
         with self._wake:
             if self._closed.is_set():
                 return
-            if not self._backlog:
+            sent = 0
+            if not self._backlog:  # else behind what waits
                 try:
                     sent = self._sock.send(frame, socket.MSG_DONTWAIT)
                 except BlockingIOError:
-                    sent = 0
+                    pass
                 except OSError:
                     sent = None
-                if sent == len(frame):
-                    return
-                if sent is not None:
-                    self._backlog.append(memoryview(frame)[sent:])
+            if sent is not None:
+                if sent < len(frame):
+                    self._backlog.append(memoryview(frame)[sent:] if sent else frame)
                     self._wake.notify()
-                    return
+                return
         self.close()
 
     def close(self) -> None:
