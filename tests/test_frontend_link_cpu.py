@@ -180,6 +180,12 @@ def test_a_direct_link_writes_at_once_and_leaves_what_the_socket_cannot_take_to_
         received = [pickle.loads(theirs.recv_bytes()) for _ in payloads]
         assert received == [[("big", i, p), ("after", i)] for i, p in enumerate(payloads)]
         assert not link._backlog
+        link.close()
+        link._writer.join(5)
+        assert not link._writer.is_alive() and theirs.poll(5) and not link._sock.fileno() >= 0
+        with pytest.raises(EOFError):
+            theirs.recv_bytes()  # the engine sees the link closed
+        link.send(("after close", 0))  # dropped, no error
     finally:
         link.close()
         theirs.close()

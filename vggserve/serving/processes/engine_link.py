@@ -176,9 +176,9 @@ class DirectLink(Link):
         self.close()
 
     def close(self) -> None:
-        with self._wake:
-            self._wake.notify()
         super().close()
+        with self._wake:  # the writer, waiting for a backlog, sees the link closed
+            self._wake.notify()
 
     def _write(self) -> None:
         name_this_thread()
