@@ -9,9 +9,9 @@ This process is the engine process as `vggserve serve --http-workers N` runs it 
 BatchQueue, one device worker per --devices with the in-flight runner, an EngineHost), with
 vggserve.testing.models.InstantModel on each device (it copies each input into a staging array and answers at
 once, or after --batch-ms). --fronts client processes each connect an EngineClient, as a front end does, and keep
---inflight images in flight on it: an answered image is submitted again at once (a 224x224 uint8 crop, through the
-front end's shared-memory arena). No HTTP, no decoding: what is measured is the link, the queue, the device workers'
-host work and the answers.
+--inflight images in flight on it from an event loop, as a front end's requests do: an answered image is submitted
+again at once (a 224x224 uint8 crop, through the front end's shared-memory arena). No HTTP, no decoding: what is
+measured is the link, the queue, the device workers' host work and the answers.
 
 Printed: images/s over the --seconds window (after --warmup), the engine process's CPU ms per image (from
 os.times()) and its busiest threads' (from /proc). The engine process runs its threads under one GIL, so
@@ -21,6 +21,7 @@ os.times()) and its busiest threads' (from /proc). The engine process runs its t
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -81,18 +82,22 @@ def front_end(address: str, authkey: bytes, index: int, inflight: int, logits: b
             time.sleep(0.01)
     crop = ModelInput.crop(np.random.default_rng(index).integers(0, 256, (224, 224, 3), dtype=np.uint8))
 
-    def send(_future=None) -> None:
-        if _future is not None:
-            answered.value += 1
-        if not stop.is_set():
+    async def keep_one_in_flight() -> None:
+        while True:
             client.queue.admit(1)
-            item = client.queue.submit(crop, time.monotonic() + 60, logits)
-            item.future.add_done_callback(send)
+            await client.queue.submit(crop, time.monotonic() + 60, logits).future
+            answered.value += 1
 
-    answered.value = 0
-    for _ in range(inflight):
-        send()
-    stop.wait()
+    async def run() -> None:  # on an event loop, as a front end submits: those of one turn as one message list
+        loop = asyncio.get_running_loop()
+        senders = [asyncio.ensure_future(keep_one_in_flight()) for _ in range(inflight)]
+        answered.value = 0
+        await loop.run_in_executor(None, stop.wait)
+        for sender in senders:
+            sender.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+
+    asyncio.run(run())
     client.close()
 
 

@@ -2,7 +2,8 @@
 of it: `RemoteQueue`, which the request pipeline uses in place of the engine's BatchQueue.
 
 A link is one authenticated Unix-socket connection (`multiprocessing.connection`). Each side sends lists of
-messages (several at a time when they queue up); a message is a tuple whose first element names it:
+messages: the engine's writer threads several at a time when they queue up; a front end's event loop those of one
+turn of the loop, written by the loop itself (`DirectLink`). A message is a tuple whose first element names it:
 
     front end -> engine
         ("hello", index, pid, arena)               who is connecting, and the name of its shared-memory arena
@@ -45,6 +46,7 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
@@ -136,15 +138,127 @@ class Link:
             self.on_close()
 
 
+class DirectLink(Link):
+    """A Link whose messages are written by the thread that sends them, without a writer thread's wake-up: pickled
+    and handed to the socket at once without waiting (MSG_DONTWAIT), so a front end's event loop sends its submits
+    itself. What the socket cannot take at once (the engine is behind) is left to the writer thread, and later
+    messages queue behind it, in order. The frames are `multiprocessing.connection`'s, as the other end reads."""
+
+    def __init__(self, conn: Connection, on_messages: Callable[[list], None], on_close: Callable[[], None],
+                 name: str):
+        super().__init__(conn, on_messages, on_close, name)
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self._backlog: deque = deque()  # frames (or what is left of one) for the writer thread, in order
+        self._wake = threading.Condition(threading.Lock())
+
+    def send(self, message: tuple) -> None:
+        self.send_many([message])
+
+    def send_many(self, messages: list) -> None:
+        """Send these messages as one list (one frame, one system call)."""
+        frame = _frame(pickle.dumps(messages, PROTOCOL))
+        with self._wake:
+            if self._closed.is_set():
+                return
+            sent = 0
+            if not self._backlog:  # else behind what waits
+                try:
+                    sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    sent = None
+            if sent is not None:
+                if sent < len(frame):
+                    self._backlog.append(memoryview(frame)[sent:] if sent else frame)
+                    self._wake.notify()
+                return
+        self.close()
+
+    def close(self) -> None:
+        super().close()
+        with self._wake:  # the writer, waiting for a backlog, sees the link closed
+            self._wake.notify()
+
+    def _write(self) -> None:
+        name_this_thread()
+        try:
+            while True:
+                with self._wake:
+                    while not self._backlog and not self._closed.is_set():
+                        self._wake.wait()
+                    if self._closed.is_set():
+                        return
+                    chunk = self._backlog[0]
+                try:
+                    self._sock.sendall(chunk)
+                except OSError:
+                    self.close()
+                    return
+                with self._wake:
+                    self._backlog.popleft()
+        finally:
+            with self._wake:  # not while a sender holds the socket
+                self._sock.close()
+
+
+def _frame(payload: bytes) -> bytes:
+    """`payload` framed as Connection.send_bytes frames it (a big-endian length first; -1 and 8 bytes past 2 GiB)."""
+    n = len(payload)
+    if n > 0x7FFFFFFF:
+        return b"\xff\xff\xff\xff" + n.to_bytes(8, "big") + payload
+    return n.to_bytes(4, "big") + payload
+
+
 @dataclass(eq=False)
 class RemoteItem:
-    """One image sent to the engine; its future gets an Outcome or a SchedulingError from the engine."""
+    """One image sent to the engine; its future gets an Outcome or a SchedulingError from the engine. Submitted on
+    an event loop (a front end's requests), the future is that loop's asyncio future, settled on the loop together
+    with the other answers of the same message (`settle`); from any other thread, a concurrent Future."""
 
     id: int
     deadline: float
+    future: "asyncio.Future | Future"
     enqueued: float = field(default_factory=time.monotonic)
-    future: Future = field(default_factory=Future)
     shared: Shared | None = None  # its pixels' block in the arena, freed when the engine answers
+
+
+def _new_future() -> "asyncio.Future | Future":
+    try:
+        return asyncio.get_running_loop().create_future()
+    except RuntimeError:
+        return Future()
+
+
+def settle(answers: list[tuple[RemoteItem, object, bool]]) -> None:
+    """Set each (item, value, is_error)'s future: concurrent ones here, asyncio ones with one call_soon_threadsafe
+    per loop for all of them (a wake-up of the loop per message, not per image)."""
+    on_loops: dict = {}
+    for answer in answers:
+        future = answer[0].future
+        if isinstance(future, Future):
+            _set(future, answer[1], answer[2])
+        else:
+            on_loops.setdefault(future.get_loop(), []).append(answer)
+    for loop, theirs in on_loops.items():
+        try:
+            loop.call_soon_threadsafe(_settle_here, theirs)
+        except RuntimeError:  # the loop is closed: nobody waits for these any more
+            pass
+
+
+def _settle_here(answers: list[tuple[RemoteItem, object, bool]]) -> None:
+    for item, value, is_error in answers:
+        if not item.future.done():
+            _set(item.future, value, is_error)
+
+
+def _set(future, value, is_error: bool) -> None:
+    if is_error:
+        future.set_exception(value)
+        future.exception()  # seen: as with a concurrent Future, an answer nobody waits for any more is not logged
+    else:
+        future.set_result(value)
 
 
 class RemoteQueue(Admission):
@@ -174,7 +288,7 @@ class RemoteQueue(Admission):
             if self._closed is not None:
                 self._admitted -= 1
                 raise self._closed
-            item = RemoteItem(next(self._ids), deadline)
+            item = RemoteItem(next(self._ids), deadline, _new_future())
             self._pending[item.id] = item
         if self.arena is not None:
             item.shared = self.arena.put_image(image)
@@ -196,10 +310,7 @@ class RemoteQueue(Admission):
             self._admitted -= 1
         if item.shared is not None:
             self.arena.free(item.shared)
-        if error is not None:
-            item.future.set_exception(error)
-        else:
-            item.future.set_result(outcome)
+        settle([(item, outcome, False) if error is None else (item, error, True)])
 
     def resolve_rows(self, image_ids: list[int], probabilities, logits, asked: list[int], queue_s: list[float],
                      inference_s: float, batch_size: int, device: str) -> None:
@@ -209,13 +320,15 @@ class RemoteQueue(Admission):
             self._admitted -= sum(item is not None for item in items)
         probabilities = rows_of(probabilities, len(image_ids))
         rows = dict(zip(asked, rows_of(logits, len(asked)))) if asked else {}
+        answers = []
         for i, item in enumerate(items):
             if item is None:
                 continue
             if item.shared is not None:
                 self.arena.free(item.shared)
-            item.future.set_result(Outcome(probabilities[i], queue_s[i], inference_s, batch_size, device,
-                                           rows.get(i)))
+            answers.append((item, Outcome(probabilities[i], queue_s[i], inference_s, batch_size, device,
+                                          rows.get(i)), False))
+        settle(answers)
 
     def close(self, error: SchedulingError) -> None:
         """Refuse further images with `error` and fail those still waiting for the engine with it."""
@@ -224,8 +337,7 @@ class RemoteQueue(Admission):
             left = list(self._pending.values())
             self._pending.clear()
             self._admitted -= len(left)
-        for item in left:
-            item.future.set_exception(error)
+        settle([(item, error, True) for item in left])
 
 
 def rows_of(data: bytes, n: int) -> np.ndarray:
@@ -246,20 +358,35 @@ class EngineClient:
         self._first_state = threading.Event()
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
-        self.link: Link | None = None
+        self.link: DirectLink | None = None
+        self._outgoing: list = []  # messages of this turn of the event loop, sent together at its end
         self.queue = RemoteQueue(capacity, metrics, self._send, shares)
         self._arena: Arena | None = None
         self._stopping = False
 
     def _send(self, message: tuple) -> None:
-        if self.link is not None:
+        """Send now from a plain thread; on an event loop, with the others of this turn of the loop, in one list."""
+        if self.link is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
             self.link.send(message)
+            return
+        if not self._outgoing:
+            loop.call_soon(self._flush)
+        self._outgoing.append(message)
+
+    def _flush(self) -> None:
+        messages, self._outgoing = self._outgoing, []
+        if messages and self.link is not None:
+            self.link.send_many(messages)
 
     def connect(self, wait_state_s: float = 5.0) -> None:
         """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
         self._arena = make_arena()  # inputs through shared memory (shm.py) once the engine says it mapped it
-        self.link = Link(conn, self._received_all, self._closed, f"vggserve-frontend{self.index}-link")
+        self.link = DirectLink(conn, self._received_all, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
         self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
         self._first_state.wait(wait_state_s)

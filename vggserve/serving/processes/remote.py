@@ -1,6 +1,6 @@
 """The remote backend of an HTTP front-end process: readiness, admission and results come from the engine process
-over the link (`engine_link.EngineClient`); uploads are decoded here, in this process's threads, into the crops
-or images the engine's device workers take."""
+over the link (`engine_link.EngineClient`); uploads are decoded here, into the crops or images the engine's
+device workers take: small ones on the event loop (`inline`), the others in this process's decoding threads."""
 
 from functools import partial
 import asyncio
@@ -16,6 +16,7 @@ from ..scheduling.errors import Unavailable
 from ..scheduling.imaging import decode_and_crop, decode_for_engine
 from ..settings import Settings
 from .engine_link import EngineClient
+from .inline import decodes_inline
 
 
 class RemoteBackend:
@@ -89,6 +90,12 @@ class RemoteBackend:
                 task = partial(encoded_or_decoded, task=task, note=note, router=self.router)
             else:
                 note("no_device")
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, partial(task, decode=self.settings.cpu_decode), data, info.get("preprocessing", "torchvision"),
-            self.settings.max_pixels)
+        return await self.run(partial(task, data, info.get("preprocessing", "torchvision"), self.settings.max_pixels,
+                                      decode=self.settings.cpu_decode), data)
+
+    async def run(self, task: Callable[[], tuple[ModelInput, float]], data: bytes) -> tuple[ModelInput, float]:
+        """task(): on the event loop for a small upload (`inline.decodes_inline`: the thread hop would cost more
+        than the decode), in a decoding thread otherwise."""
+        if decodes_inline(data):
+            return task()
+        return await asyncio.get_running_loop().run_in_executor(self.pool, task)
