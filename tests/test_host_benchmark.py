@@ -110,7 +110,7 @@ def test_the_services_host_floor_runs_the_engine_with_device_decoding(tmp_path, 
     out = tmp_path / "floor.json"
     done = subprocess.run([sys.executable, script, "--weights", str(tiny_weights_path), "--device", TEST_DEVICE,
                            "--decode", "gpu", "--http-workers", "2", "--max-batch-size", "4", "--concurrency", "4",
-                           "--duration", "2", "--warmup", "1", "--json", str(out)],
+                           "--duration", "5", "--warmup", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -156,8 +156,10 @@ class Batch:
                                                vmax[owner], mcus_x[owner], mcus_y[owner])
         total = int(nbytes.sum())
         if max(total, 64 * nblocks) >= 1 << 31:  # the kernels' tables hold int32 offsets
-            raise ValueError(f"a batch of {n} files is too large for one decode ({total} bytes, {nblocks} blocks; "
-                             f"at most 2 GiB of each): decode it in smaller batches")
+            from ...wording import count
+
+            raise ValueError(f"a batch of {count(n, 'file')} is too large for one decode ({total} bytes, {nblocks} "
+                             f"blocks; at most 2 GiB of each): decode it in smaller batches")
         img = np.zeros((n, IMG), np.int32)
         img[:, 0], img[:, 1], img[:, 2] = mcus_x, ncomp, comp0
         seg = _segments(files, restarts, nbytes, byte0, mcus_x * mcus_y)
