@@ -128,16 +128,19 @@ def main() -> None:
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "
           f"{res['segments_in_parallel']}/{len(distinct)})")
 
-    def timed(step) -> tuple[float, dict]:
+    def timed(step, groups=None) -> tuple[float, dict]:
+        """images/s of step(group, stages) over `groups` (default the prepared batches) for --seconds, and each
+        stage's seconds in `stages` as ms per image."""
+        groups = groups or batches
         stages: dict = {}
-        step(batches[0], stages)  # warm
+        step(groups[0], stages)  # warm
         queue.finish()
         stages.clear()
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < args.seconds:
-            for batch in batches:
-                step(batch, stages)
-                n += len(batch)
+            for group in groups:
+                step(group, stages)
+                n += len(group)
         queue.finish()
         return n / (time.perf_counter() - t0), {k: v / n * 1e3 for k, v in stages.items()}
 
@@ -228,17 +231,7 @@ def main() -> None:
             state["pending"].ok()
         state["pending"] = run
 
-    stages: dict = {}
-    streamed(raw_files[0], stages)
-    queue.finish()
-    stages.clear()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < args.seconds:
-        for group in raw_files:
-            streamed(group, stages)
-            n += len(group)
-    queue.finish()
-    rate = n / (time.perf_counter() - t0)
+    rate, per_image = timed(streamed, raw_files)
     if args.profile_host:  # where the host's time goes in the streamed loop (calls that block show up here)
         import cProfile
         import pstats
@@ -246,12 +239,12 @@ def main() -> None:
         profile = cProfile.Profile()
         profile.enable()
         for group in raw_files:
-            streamed(group, stages)
+            streamed(group, {})
         queue.finish()
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(12)
     res["streamed_decode_resize_crop_images_per_s"] = rate
-    res["streamed_host_cpu_ms_per_image"] = stages["host"] * 1e3 / n
+    res["streamed_host_cpu_ms_per_image"] = per_image["host"]
     print(f"device decode + Resize(256) + CenterCrop(224), streamed from bytes (host parse included): {rate:,.0f} "
           f"images/s; host CPU {res['streamed_host_cpu_ms_per_image']:.4f} ms per image (prepare + enqueue)")
 

@@ -23,7 +23,7 @@ from PIL import Image
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, _accepted_formats, exif_orientation, open_checked
 from ...ops.launch import round_up
 from .parse import Frame, Refusal, parse
-from .staging import StagingRing
+from .staging import Grown, StagingRing
 from .tables import WIN, Batch, find_restarts
 
 PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
@@ -97,28 +97,15 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
     return Prepared(data, frame, restarts, orientation if 1 <= orientation <= 8 else 1)
 
 
-class _Grown:
-    """A device buffer that grows to the largest size asked for."""
-
-    def __init__(self, context, flags):
-        self.context, self.flags, self.size, self.buffer = context, flags, 0, None
-
-    def get(self, nbytes: int):
-        if nbytes > self.size:
-            self.size = max(nbytes, self.size + self.size // 2, 4096)
-            self.buffer = cl.Buffer(self.context, self.flags, self.size)
-        return self.buffer
-
-
 @dataclass
 class Run:
     """One enqueued batch: `ok()` waits for the statuses and says, per file, whether its pixels are exact."""
 
     batch: Batch
-    status: np.ndarray  # read into the staging slot's pinned memory (an asynchronous copy), then kept here
+    status: np.ndarray  # mapped from the staging slot's own buffer (without blocking), then copied here by keep()
     read: object  # the statuses' read event
     done: object  # the colour kernel's event (its output is complete)
-    host: tuple  # (the queue the statuses are mapped on,)
+    queue: object  # the queue the statuses are mapped on
     parallel: np.ndarray  # per segment, 1 where jpeg_entropy.cl decoded it, 0 where jpeg_huffman.cl did
     _kept: bool = False
 
@@ -130,7 +117,7 @@ class Run:
             mapped = (self.status, self.parallel)
             self.status, self.parallel, self._kept = self.status.copy(), self.parallel.copy(), True
             for array in mapped:
-                array.base.release(self.host[0])
+                array.base.release(self.queue)
 
     def segments_in_parallel(self) -> int:
         self.keep()
@@ -181,15 +168,15 @@ class JpegDecoder:
         self.k_prefix = cl.Kernel(programs[3], "jpeg_prefix")
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
         mf = cl.mem_flags
-        self._data = _Grown(context, mf.READ_ONLY)
-        self._meta = _Grown(context, mf.READ_ONLY)
-        self._coef = _Grown(context, mf.READ_WRITE)
-        self._samples = _Grown(context, mf.READ_WRITE)
-        self._chunks = _Grown(context, mf.READ_ONLY)
-        self._states = [_Grown(context, mf.READ_WRITE) for _ in range(2)]  # a round's exits, and the round's before
-        self._used = _Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
+        self._data = Grown(context, mf.READ_ONLY)
+        self._meta = Grown(context, mf.READ_ONLY)
+        self._coef = Grown(context, mf.READ_WRITE)
+        self._samples = Grown(context, mf.READ_WRITE)
+        self._chunks = Grown(context, mf.READ_ONLY)
+        self._states = [Grown(context, mf.READ_WRITE) for _ in range(2)]  # a round's exits, and the round's before
+        self._used = Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
         self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
-        self._entry = _Grown(context, mf.READ_WRITE)
+        self._entry = Grown(context, mf.READ_WRITE)
         self._staging = StagingRing(context)  # pinned host memory the uploads read, a slot per batch in flight
 
     def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None) -> Run:
@@ -207,12 +194,10 @@ class JpegDecoder:
         coef_buf = self._coef.get(batch.blocks * 128)
         samples_buf = self._samples.get(batch.plane_bytes)
         status_buf = slot.device("status", 4 * (nseg + nimg))  # mapped for reading once the batch is done
-        # one in-order queue: each command follows the one before, so no event lists are passed between them (the
-        # NVIDIA driver made such a launch wait on the host for the kernel before it)
+        # one in-order queue: each command follows the one before, so no event lists are passed between them
         slot.reads = [cl.enqueue_copy(queue, data_buf, batch.data, is_blocking=False, wait_for=wait_for),
                       cl.enqueue_copy(queue, meta_buf, meta, is_blocking=False, wait_for=wait_for)]
         cl.enqueue_fill_buffer(queue, status_buf, np.int32(0), 0, 4 * (nseg + nimg))
-        wg = self.wg
         settled = slot.device("settled", 4 * nseg)
         cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg)
         if self.rounds:
@@ -230,7 +215,7 @@ class JpegDecoder:
         parallel, read = cl.enqueue_map_buffer(queue, settled, cl.map_flags.READ, 0, (nseg,), np.int32,
                                                is_blocking=False)
         queue.flush()
-        slot.run = Run(batch, status, read, done, (queue,), parallel)
+        slot.run = Run(batch, status, read, done, queue, parallel)
         return slot.run
 
     def _parallel(self, queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot) -> None:

@@ -35,6 +35,19 @@ class _Pinned:
             self.buffer, self.array = None, np.zeros(0, np.uint8)
 
 
+class Grown:
+    """A device buffer that grows to the largest size asked for (by half again at least, so it rarely moves)."""
+
+    def __init__(self, context, flags=cl.mem_flags.READ_WRITE):
+        self.context, self.flags, self.size, self.buffer = context, flags, 0, None
+
+    def get(self, nbytes: int):
+        if nbytes > self.size:
+            self.size = max(nbytes, self.size + self.size // 2, 4096)
+            self.buffer = cl.Buffer(self.context, self.flags, self.size)
+        return self.buffer
+
+
 class Slot:
     """Pinned arrays by role for one batch: its uploads ("data", "meta", "chunk"), the events that read them, and
     its statuses read back ("status", "parallel")."""
@@ -42,6 +55,7 @@ class Slot:
     def __init__(self, context):
         self.context = context
         self._arrays: dict[str, _Pinned] = {}
+        self._device: dict[str, Grown] = {}
         self.reads: list = []
         self.run = None  # the batch whose statuses are read into this slot (decoder.Run)
 
@@ -53,12 +67,7 @@ class Slot:
     def device(self, role: str, nbytes: int):
         """A device buffer of this slot's own for `role` (grown to the largest size asked for): one the host maps to
         read a batch's results while later batches run in other slots' buffers."""
-        buffers = self.__dict__.setdefault("_device", {})
-        have = buffers.get(role)
-        if have is None or have.size < nbytes:
-            size = max(nbytes, 4096) if have is None else max(nbytes, have.size + have.size // 2)
-            buffers[role] = have = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, size)
-        return have
+        return self._device.setdefault(role, Grown(self.context)).get(nbytes)
 
     def put(self, queue, role: str, values: np.ndarray) -> np.ndarray:
         """`values` copied into the slot's pinned array for `role`."""
