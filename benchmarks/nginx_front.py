@@ -17,10 +17,10 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 from pathlib import Path
+
+from vggserve.testing.servers import free_port, wait_listening
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "deploy" / "nginx-upstream.conf"
@@ -30,12 +30,6 @@ MAIN_LINES = re.compile(r"^#\s+(worker_rlimit_nofile \d+;|events \{ worker_conne
 
 def nginx_binary() -> str | None:
     return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def upstream_config(port: int, instances: list[int], socket_path: Path, text: str | None = None) -> str:
@@ -100,12 +94,7 @@ def nginx_in_front(instances: list[int], workdir: Path):
         raise RuntimeError(f"nginx -t refused {config}: {checked.stderr.strip()}")
     process = subprocess.Popen([nginx, *args, "-g", "daemon off;"], stderr=subprocess.DEVNULL)
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port, 10.0)
         yield f"http://127.0.0.1:{port}"
     except Exception as exc:
         exc.add_note(log_summary(workdir / "error.log"))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from vggserve.testing.servers import wait_listening
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 
@@ -433,12 +435,7 @@ def nginx_running(tmp_path, snippet: str, port: int):
     process = subprocess.Popen([nginx_binary(), *nginx_prefix(tmp_path, snippet), "-g", "daemon off;"],
                                stderr=subprocess.PIPE, text=True)
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port, 5.0)
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()

@@ -25,6 +25,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(port: int, timeout_s: float = 10.0, host: str = "127.0.0.1") -> bool:
+    """Wait until something accepts connections on host:port (True), or `timeout_s` has passed (False)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            return True
+        except OSError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+
+
 def python_env(extra: dict | None = None) -> dict:
     """The environment with this checkout importable, so `python -m vggserve` works without installing."""
     env = dict(os.environ)
