@@ -125,3 +125,39 @@ def test_several_ranks_are_seen_from_the_launchers_environment(monkeypatch):
     assert not warmstart.several_ranks()
     monkeypatch.setenv("PMI_SIZE", "4")
     assert warmstart.several_ranks()
+
+
+SLOW_DRIVER = r"""
+import os, sys, time
+from vggserve.runtime import warmstart
+def slow(path, own_loader, want_context):  # a driver that takes its time to start, reading the environment
+    time.sleep(1.0)
+    os.write(1, b"driver started\n")
+warmstart._discover = slow
+assert warmstart.start("cpu")
+assert os.environ.get("OPENBLAS_MAIN_FREE") == "1"  # set ahead, so numpy's import leaves the environment alone
+"""
+
+
+def run_slow_driver(code: str) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("OPENBLAS_MAIN_FREE", None)
+    env.pop("VGGSERVE_EARLY_DISCOVERY", None)
+    done = subprocess.run([sys.executable, "-c", SLOW_DRIVER + code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
+
+
+def test_the_environment_is_not_changed_while_the_drivers_start():
+    """A setenv while the driver's getenv walks the environment crashed processes now and then (SIGSEGV, no output):
+    another thread's change waits until the discovery thread has finished."""
+    lines = run_slow_driver("os.environ['VGGSERVE_SOME_SETTING'] = '1'; print('set, finished:', "
+                            "warmstart.times() is not None); os.unsetenv('VGGSERVE_SOME_SETTING'); print('unset')")
+    assert lines == ["driver started", "set, finished: True", "unset"]
+
+
+def test_the_process_exits_only_after_the_drivers_have_started():
+    """An error found at once (a bad argument) ended the process mid-start of the drivers: it waits for them."""
+    assert run_slow_driver("print('leaving', warmstart.times() is None, flush=True)") == ["leaving True",
+                                                                                        "driver started"]

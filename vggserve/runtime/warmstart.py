@@ -15,13 +15,22 @@ loader, the system's loader warms the vendor drivers, and no context is made ahe
 loader). `devices.list_devices` waits for the thread before it enumerates; `take_context(device)` hands the early
 context to the model that asks for that device and releases it for any other. The `vggserve` commands that build
 a model call `start` themselves. VGGSERVE_EARLY_DISCOVERY=0 turns it off.
+
+The drivers read the environment (getenv) while they start, and glibc's setenv may move the array getenv walks:
+another thread changing the environment meanwhile can crash the process (SIGSEGV, no message; numpy's import does
+it, setting and unsetting OPENBLAS_MAIN_FREE). So the variables known to be set by imports are set before the thread
+starts (the importer then leaves them alone), and while the thread runs any other thread's os.putenv/os.unsetenv
+waits for it (an audit hook). At exit the process waits for the thread too: a driver half-started while the
+interpreter and the libraries' destructors run is the same kind of crash.
 """
 
+import atexit
 import ctypes
 import ctypes.util
 import glob
 import importlib.util
 import os
+import sys
 import threading
 import time
 
@@ -30,6 +39,11 @@ from ..distributed.mpi import several_ranks
 CL_DEVICE_TYPE_GPU = 1 << 2
 CL_DEVICE_TYPE_ALL = 0xFFFFFFFF
 CONTEXT_SPECS = ("auto", "gpu", "gpu:0", "all")  # specs whose device is the first GPU when there is one
+# variables that imports set (numpy's sets this one around loading OpenBLAS, then unsets it) unless already set:
+# set before the thread starts, with the value the importer gives, they are not touched while it runs
+SET_BY_IMPORTS = {"OPENBLAS_MAIN_FREE": "1"}
+ENVIRONMENT_EVENTS = ("os.putenv", "os.unsetenv")
+WAIT_S = 30.0  # the longest an environment change, or the exit, waits for the thread
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -92,6 +106,12 @@ def _run(path: str, own_loader: bool, want_context: bool) -> None:
         _early.update(started=started, finished=time.perf_counter())
 
 
+def _environment_guard(event: str, args) -> None:
+    """Audit hook: another thread's change to the environment waits until the discovery thread has finished."""
+    if event in ENVIRONMENT_EVENTS and _early["finished"] is None:
+        wait(WAIT_S)  # returns at once in the discovery thread itself
+
+
 def start(spec: str | None = "auto") -> bool:
     """Begin OpenCL discovery in the background (once per process); with a spec that selects the first GPU
     (auto, gpu, gpu:0, all), also make that GPU's context, unless this is one of several MPI ranks. False if it
@@ -107,6 +127,10 @@ def start(spec: str | None = "auto") -> bool:
             return False
         # several MPI ranks each bind their own GPU: an early context on the first one would suit one rank only
         want_context = (spec or "auto").strip().lower() in CONTEXT_SPECS and not several_ranks()
+        for key, value in SET_BY_IMPORTS.items():
+            os.environ.setdefault(key, value)
+        sys.addaudithook(_environment_guard)
+        atexit.register(wait, WAIT_S)
         _thread = threading.Thread(target=_run, args=(path, own_loader, want_context), name="vggserve-discovery",
                                    daemon=True)
         _thread.start()
