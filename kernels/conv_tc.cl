@@ -28,6 +28,13 @@
  * MMA_EMULATE = 1 replaces cp.async, ldmatrix and mma.sync by an exact software model of their data movement
  * (lanes = 32 consecutive work-items, fragments exchanged through local memory), so the tiling and fragment
  * bookkeeping of this file run, and are tested against numpy, on any OpenCL device (e.g. PoCL in CI).
+ *
+ * WGMMA = 1 (Hopper, sm_90a; wgmma.clh): each warpgroup of 4 warps multiplies its 64 rows by the whole BN-wide B tile
+ * with wgmma.mma_async straight from local memory (no ldmatrix), the tiles laid out as wgmma's core matrices instead
+ * of the XOR swizzle. Shape: WARPS_N = 1, WARPS_M = BM / 16 (a multiple of 4: one m16 tile per warp, so the epilogue
+ * is unchanged), BN = 64, 128, 192 or 256. A stage's wgmma run while the next tiles are copied; before a stage is
+ * refilled every warpgroup has waited for the wgmma that read it (WG_WAIT, then the barrier). The program is built
+ * from the driver's PTX with the placeholders replaced (vggserve/runtime/ptx.py); emulated like the rest.
  */
 
 #ifndef BM
@@ -66,6 +73,9 @@
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
 
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define CHUNKS (KB / 16)           /* chunks per local row */
@@ -79,7 +89,12 @@
 #define B_ITERS (BN * CHUNKS / THREADS)
 #define STAGE_CHUNKS ((BM + BN) * CHUNKS)
 
-#if CHUNKS == 2               /* mma.clh's swizzle of rows of CHUNKS chunks */
+#if WGMMA                     /* wgmma's core matrices (wgmma.clh) */
+#define SWZ(r, c) WG_CORE(r, c)
+#if WARPS_N != 1 || BM != 16 * WARPS_M || WARPS_M % 4 || BN % 64 || BN > 256
+#error "WGMMA: WARPS_N = 1, WARPS_M = BM / 16 (a multiple of 4), BN a multiple of 64 up to 256"
+#endif
+#elif CHUNKS == 2             /* mma.clh's swizzle of rows of CHUNKS chunks */
 #define SWZ SWZ2
 #elif CHUNKS == 4
 #define SWZ SWZ4
@@ -95,6 +110,7 @@
 #include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
 #include "tc_gather.clh"    /* the activation rows gathered from NHWC (implicit GEMM) */
 #include "tc_epilogue.clh"  /* RELU (default 1): bias, ReLU and the store of the accumulators */
+#include "wgmma.clh"        /* WGMMA: the core-matrix layout, wgmma placeholders (or their model) */
 
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
@@ -153,6 +169,19 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
         if (s < nt) LOAD_STAGE(s)
         CP_COMMIT();
     }
+#if WGMMA
+    for (int t = 0; t < nt; ++t) {
+        CP_WAIT();
+        WG_PROXY();
+        WG_WAIT(acc);  /* stage t - 1's wgmma are done: after the barrier, its tiles may be refilled */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        __local uint4 *sa = smem + (t % STAGES) * STAGE_CHUNKS, *sb = sa + BM * CHUNKS;
+        WG_STAGE(acc, sa + WG_CORE((warp >> 2) * 64, 0), sb);
+        if (t + STAGES - 1 < nt) LOAD_STAGE((t + STAGES - 1) % STAGES)
+        CP_COMMIT();
+    }
+    WG_WAIT(acc);
+#else
     for (int t = 0; t < nt; ++t) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -163,6 +192,7 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
         if (t + STAGES - 1 < nt) LOAD_STAGE((t + STAGES - 1) % STAGES)
         CP_COMMIT();
     }
+#endif
 
     /* epilogue: lane holds rows g and g + 8, channels 2 * t4 and 2 * t4 + 1 of each 16 x 8 tile (tc_epilogue.clh) */
     const int g = lane >> 2, t4 = lane & 3;

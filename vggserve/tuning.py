@@ -20,7 +20,7 @@ import pyopencl as cl
 
 from dataclasses import replace
 
-from .errors import VggserveError
+from .errors import KernelBuildError, VggserveError
 from .ops import nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
@@ -222,7 +222,13 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                 continue
             cands = algo.candidates(caps, prec, layer)
             for p in cands[:limit] if algo.name != "winograd" else cands:
-                ms, out = time_op(queue, build(algo, p), bench, batch, size, repeats)
+                try:
+                    op = build(algo, p)
+                except KernelBuildError as exc:  # e.g. a PTX program the driver refuses (runtime/ptx.py)
+                    progress(f"{key:>14s} batch {batch} {prec.name}: {algo.name} {p} failed to build, its other "
+                             f"candidates skipped: {exc}")
+                    break
+                ms, out = time_op(queue, op, bench, batch, size, repeats)
                 judge({**p, "FUSE_POOL": 0} if pool else p, ms + pool_ms, out, ref)
                 if pool and algo.fuses_pool(p):
                     fused = algo.make(ctx, cache, p, prec, replace(layer, pool=True), bench.weight, bench.bias, env)

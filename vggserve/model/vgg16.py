@@ -16,11 +16,13 @@ into its store (`registry.pool_fused`: tc_halo at FP16 and TF32, and on 2:4 weig
 step then disappears.
 """
 
+import logging
 import time
 from dataclasses import replace
 from functools import partial
 
 from ..engine.engine import Engine, Step, StartupTimes  # noqa: F401 - re-exported
+from ..errors import KernelBuildError
 from ..ops import nhwc, registry, sparse_select
 from ..ops.launch import round_up
 from ..ops.pool import KERNEL_FILE as POOL_FILE, MaxPool
@@ -30,6 +32,8 @@ from ..ops.relayout import KERNEL_FILE as RELAYOUT_FILE, DeviceRelayout, defines
 from ..ops.tensorcore import nhwc_fc_weights, vec
 from ..runtime.params import conv_params_for, nearest_table, shape_key, table_key
 from ..weights.spec import INPUT_SIZE, POOLED_SIZE, infer_width, vgg16_spec
+
+log = logging.getLogger("vggserve.model")
 
 
 def activation_sizes(spec) -> list[int]:
@@ -95,11 +99,14 @@ class VGG16(Engine):
             why = "family default (no tuned entry)"
         named = p.get("ALGO", registry.DEFAULT_ALGO[self.family])
         try:
-            fits = registry.choose(p, self.family, layer.kind).name == named
+            chosen = registry.choose(p, self.family, layer.kind)
+            fits = chosen.name == named
         except ValueError:  # an algorithm this version does not know
             fits = False
         if not fits:  # e.g. a tensor-core winner tuned with VGGSERVE_EMULATE_MMA=1, read by a portable start
             return default, f"family default (the tuned entry is {named}, not a {self.family} {layer.kind} kernel)"
+        if not chosen.available(self.caps, self.precision):  # e.g. wgmma turned off, or another GPU's table
+            return default, f"family default (the tuned entry is {named}, which this device does not run)"
         return p, why
 
     def _choose(self, layer: LayerSpec, weight, pool: bool = False) -> tuple:
@@ -123,6 +130,23 @@ class VGG16(Engine):
             why = f"{why}; {sparse.reason}"
         return registry.choose(p, self.family, layer.kind), p, why
 
+    def _make(self, algo, p: dict, why: str, layer: LayerSpec, pool_after: bool, weight, bias, env, **extra):
+        """(layer object, whether it pools, why) of `algo` with `p`; a kernel that fails to build (a PTX program the
+        driver refuses, runtime/ptx.py) gives way to the family's default with one logged line."""
+        fused = pool_after and registry.pool_fused(algo, p)
+        try:
+            return (algo.make(self.context, self.program_cache, p, self.precision,
+                              replace(layer, pool=True) if fused else layer, weight, bias, env, **extra), fused, why)
+        except KernelBuildError as exc:
+            default = registry.get(registry.DEFAULT_ALGO[self.family])
+            if algo is default:
+                raise
+            log.warning("vggserve: %s for the %s layer %s failed to build, running %s instead: %s", algo.name,
+                        layer.kind, layer.shape_key, default.name, exc)
+            return self._make(default, default.default(self.caps, self.precision),
+                              f"family default ({algo.name} failed to build)", layer, pool_after, weight, bias, env,
+                              **extra)
+
     def _build(self, tensors: dict) -> None:
         ctx, cache, prec = self.context, self.program_cache, self.precision
         relayout = DeviceRelayout(ctx, self.queue, cache.build(RELAYOUT_FILE, relayout_defines(prec.storage)),
@@ -144,12 +168,9 @@ class VGG16(Engine):
         for i, c in enumerate(self.spec.convs):
             layer = LayerSpec("conv3x3", c.cin, c.cout, size, relu=True)
             algo, p, why = self._choose(layer, tensors[f"{c.name}.weight"], pool=c.pool_after)
-            fused = c.pool_after and registry.pool_fused(algo, p)
-            if fused:  # the pooling happens in the convolution's store
-                layer = replace(layer, pool=True)
             extra = {} if tc else {"first": i == 0}
-            op = algo.make(ctx, cache, p, prec, layer, tensors[f"{c.name}.weight"], tensors[f"{c.name}.bias"], env,
-                           **extra)
+            op, fused, why = self._make(algo, p, why, layer, c.pool_after, tensors[f"{c.name}.weight"],
+                                        tensors[f"{c.name}.bias"], env, **extra)
             self.convs.append((c, op))
             chans = round_up(c.cout, vec(prec)) if tc else c.cout
             run, flops = partial(_run_sized, op, size), partial(_sized_flops, op, size)
@@ -172,7 +193,7 @@ class VGG16(Engine):
             if tc and j == 0:  # torchvision flattens NCHW; the NHWC activation needs the columns permuted
                 weight = nhwc_fc_weights(weight, self.spec.convs[-1].cout, chans, POOLED_SIZE)
                 extra = {"cpad": weight.shape[1]}
-            op = algo.make(ctx, cache, p, prec, layer, weight, tensors[f"{f.name}.bias"], env, **extra)
+            op, _, why = self._make(algo, p, why, layer, False, weight, tensors[f"{f.name}.bias"], env, **extra)
             self.fcs.append((f, op))
             out = round_up(f.fout, vec(prec)) if tc else f.fout
             steps.append(Step(f.name, op.enqueue, partial(_fc_flops, f.fin, f.fout), out * item,

@@ -83,6 +83,12 @@ class TensorCoreLayer:
     """One 3x3 convolution (ks=3) or fully connected layer (ks=1) on conv_tc.cl. Input: NHWC with `cpad` channels;
     output: NHWC with `cstore` = round_up(cout, VEC) channels (float32 logits when `last`)."""
 
+    name = "tc_gemm"
+    extra_defines: dict = {}
+
+    def program(self, cache, env, defines: dict):
+        return cache.build(KERNEL_FILE, defines)
+
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv, cpad: int | None = None):
         self.p, self.precision, self.layer = dict(params), precision, layer
@@ -99,13 +105,13 @@ class TensorCoreLayer:
         self.ntiles = self.kpad // self.bk
         self.wt = upload(ctx, tc_weights(weight, self.cpad, self.npad, self.kpad, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
-        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define)
-        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_tc"))
+        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define, **self.extra_defines)
+        self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc"))
         self.target = int(params.get("GROUPS_TARGET", 2 * env.caps.compute_units))
         self.split_kernel = self.reduce = None
         self.plans = {n: self.plan(n) for n in range(1, env.max_batch + 1)}
         if any(s > 1 for s, _ in self.plans.values()):
-            split = cache.build(KERNEL_FILE, {**defines, "SPLITK": 1})
+            split = self.program(cache, env, {**defines, "SPLITK": 1})
             self.split_kernel = Launch(cl.Kernel(split, "conv_tc"))
             self.reduce = Launch(cl.Kernel(split, "tc_reduce"))
             self.ws = env.workspace("tc_split", lambda: SplitWorkspace(ctx))
@@ -143,7 +149,7 @@ class TensorCoreLayer:
 
     def describe(self) -> str:
         p = self.p
-        return (f"tc_gemm {p['BM']}x{p['BN']} warps {p['WARPS_M']}x{p['WARPS_N']} {p['STAGES']} stages "
+        return (f"{self.name} {p['BM']}x{p['BN']} warps {p['WARPS_M']}x{p['WARPS_N']} {p['STAGES']} stages "
                 f"{p['KB']}-byte rows")
 
 
@@ -220,6 +226,47 @@ class TensorCoreGemm(_TensorCoreAlgorithm):
 
 
 ALGORITHM = register(TensorCoreGemm())
+
+
+# ---- conv_tc.cl with WGMMA = 1: Hopper's warpgroup MMA from local memory, built through PTX ------------------------
+WGMMA_DEFAULT = {"ALGO": "tc_wgmma", "BM": 128, "BN": 128, "WARPS_M": 8, "WARPS_N": 1, "STAGES": 3, "KB": 64}
+# (BM, BN, WARPS_M, WARPS_N, STAGES, KB): one or two warpgroups of 64 rows, the whole BN per warpgroup
+WGMMA_TILES = [(128, 128, 8, 1, 3, 64), (128, 128, 8, 1, 6, 32), (128, 256, 8, 1, 4, 32), (64, 128, 4, 1, 4, 64),
+               (64, 256, 4, 1, 4, 32), (128, 64, 8, 1, 4, 64), (64, 64, 4, 1, 6, 64), (64, 128, 4, 1, 2, 128)]
+
+
+def wgmma_valid(params: dict) -> bool:
+    """conv_tc.cl's shape rules under WGMMA = 1 (its #error lines)."""
+    bm, bn, wm, wn = (params[k] for k in ("BM", "BN", "WARPS_M", "WARPS_N"))
+    return wn == 1 and bm == 16 * wm and wm % 4 == 0 and bn % 64 == 0 and bn <= 256 and valid(params)
+
+
+class WgmmaLayer(TensorCoreLayer):
+    """A TensorCoreLayer on wgmma: natively its programs are built from the driver's PTX, patched (runtime/ptx.py);
+    emulated (PoCL) they run the software model like the mma.sync kernels."""
+
+    name = "tc_wgmma"
+    extra_defines = {"WGMMA": 1}
+
+    def program(self, cache, env, defines: dict):
+        from ..runtime import ptx
+
+        return cache.build(KERNEL_FILE, defines, ptx=None if env.caps.emulate_mma else ptx)
+
+
+class TensorCoreWgmma(TensorCoreGemm):
+    name = "tc_wgmma"
+    tiles, default_params = WGMMA_TILES, WGMMA_DEFAULT
+    valid = staticmethod(wgmma_valid)
+
+    def available(self, caps, precision):
+        return caps.wgmma and super().available(caps, precision)
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return WgmmaLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
+
+
+WGMMA_ALGORITHM = register(TensorCoreWgmma())
 
 
 # ---- conv_tc_halo.cl: halo tiles, one input patch per channel chunk for all nine taps ------------------------------

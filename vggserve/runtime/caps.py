@@ -2,6 +2,8 @@
 
 `VGGSERVE_EMULATE_MMA=1` makes any device count as having tensor cores, running the tensor-core kernels on an exact
 software model of mma.sync / ldmatrix / cp.async (kernels/conv_tc.cl): slow, for testing their logic on PoCL.
+It emulates Hopper's wgmma too (kernels/wgmma.clh), which natively needs compute capability 9.0 exactly (sm_90a
+code runs on no other GPU). `VGGSERVE_NO_WGMMA=1` turns the wgmma kernels off (they are then never chosen).
 """
 
 import os
@@ -17,6 +19,7 @@ class Caps:
     max_work_group: int
     tensor_cores: bool  # mma.sync m16n8k16 f16 and m16n8k8 tf32 (NVIDIA, compute capability 8.0+), or emulated
     emulate_mma: bool  # the tensor-core kernels run on the software model
+    wgmma: bool = False  # Hopper's wgmma through PTX programs (compute capability 9.0, sm_90a), or emulated
 
     @property
     def mma_define(self) -> dict:
@@ -37,9 +40,15 @@ def emulation_requested() -> bool:
     return os.environ.get("VGGSERVE_EMULATE_MMA", "") in ("1", "true", "yes")
 
 
+def wgmma_turned_off() -> bool:
+    return os.environ.get("VGGSERVE_NO_WGMMA", "") in ("1", "true", "yes")
+
+
 def of(device, kind: str, label: str) -> Caps:
     cc = nvidia_compute_capability(device)
     native = cc is not None and cc >= (8, 0)
     emulate = not native and emulation_requested()
+    wgmma = (cc == (9, 0) or emulate) and not wgmma_turned_off()
     return Caps(kind=kind, label=label, compute_units=device.max_compute_units, local_mem=device.local_mem_size,
-                max_work_group=device.max_work_group_size, tensor_cores=native or emulate, emulate_mma=emulate)
+                max_work_group=device.max_work_group_size, tensor_cores=native or emulate, emulate_mma=emulate,
+                wgmma=wgmma)

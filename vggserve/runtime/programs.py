@@ -104,15 +104,18 @@ class ProgramCache:
         self._built: dict = {}  # (name, defines) -> program, so layers sharing parameters share one program
         self.progress = BuildProgress(device.name.strip(), self.folder) if progress else None
 
-    def build(self, name: str, defines: dict, generated: Generated | None = None):
-        """The program of kernels/`name` with `defines`, and with `generated` included where the template says."""
-        memo = (name, tuple(sorted(defines.items())), generated and (generated.name, generated.key))
+    def build(self, name: str, defines: dict, generated: Generated | None = None, ptx=None):
+        """The program of kernels/`name` with `defines`, and with `generated` included where the template says.
+        ptx: a module with `patch(text) -> text` and `PATCH_VERSION` (runtime/ptx.py): the program is built from the
+        driver's PTX so patched."""
+        memo = (name, tuple(sorted(defines.items())), generated and (generated.name, generated.key),
+                ptx and ptx.PATCH_VERSION)
         if memo in self._built:
             return self._built[memo]
         t0 = time.perf_counter()
         if generated is None:
             source = kernel_source(name, defines)
-            key = cache_key(self.device, source, self.options)
+            key = cache_key(self.device, source, self.options + (f" [{ptx.PATCH_VERSION}]" if ptx else ""))
         else:  # keyed by the template and the piece's digest; the piece itself is written only on a miss
             source = None
             template = kernel_source(name, defines, {generated.name: f"/* {generated.name}: {generated.key} */"})
@@ -120,7 +123,7 @@ class ProgramCache:
         path = self.folder / f"{key}.bin"
         program = self._from_binary(path) if self.enabled else None
         if program is None:
-            program = self._compile_and_store(name, defines, source, generated, path)
+            program = self._compile_and_store(name, defines, source, generated, path, ptx)
             self.compiles += 1
         else:
             self.hits += 1
@@ -134,7 +137,7 @@ class ProgramCache:
             self.progress.finish()
 
     def _compile_and_store(self, name: str, defines: dict, source: str | None, generated: Generated | None,
-                           path: Path):
+                           path: Path, ptx=None):
         """The miss, reported as one compile: the piece written, the build, and the binary stored (PoCL makes
         the machine code only when asked for the binary: that is most of a CPU's time)."""
         if self.progress is not None:
@@ -143,6 +146,8 @@ class ProgramCache:
             if source is None:
                 source = kernel_source(name, defines, {generated.name: generated.make()})
             program = self._compile(name, source)
+            if ptx is not None:
+                program = self._patched(name, program, ptx)
             if self.enabled:
                 self._store(path, program)
             return program
@@ -171,6 +176,20 @@ class ProgramCache:
             log = str(exc).strip().splitlines()
             detail = " | ".join(line for line in log if "error" in line.lower())[:1500] or " ".join(log)[:1500]
             raise KernelBuildError(f"building kernels/{name} for {self.device.name.strip()} failed: {detail}") from exc
+
+    def _patched(self, name: str, program, ptx):
+        """The program built again from its PTX, patched (runtime/ptx.py)."""
+        what = f"the PTX program of kernels/{name} for {self.device.name.strip()}"
+        try:
+            text = program_binary(program).rstrip(b"\0").decode()
+            patched = ptx.patch(text)
+        except (UnicodeDecodeError, ptx.PtxPatchError) as exc:
+            raise KernelBuildError(f"patching {what} failed: {exc}") from exc
+        try:
+            return cl.Program(self.context, [self.device], [patched.encode() + b"\0"]).build(options=self.options)
+        except cl.Error as exc:
+            log = " ".join(str(exc).split())[:1500]
+            raise KernelBuildError(f"building {what} failed: {log}") from exc
 
     def _store(self, path: Path, program) -> None:
         try:

@@ -1,0 +1,155 @@
+"""The wgmma engine per layer (kernels/conv_tc.cl with WGMMA = 1, built through PTX): every VGG16 layer shape timed
+on each tc_wgmma candidate, beside what the engine runs there today (the device's tuned entry, or the family's
+default) and cuDNN's own convolution / matmul at the same precision, in one process on one GPU.
+
+    python benchmarks/wgmma_layers.py --device gpu --batch 64 [--precisions fp16,tf32] [--json out.json]
+
+Prints per shape and precision: the engine's current kernel, the best wgmma candidate (ms, TFLOP/s, fraction of the
+wgmma ceiling: 946 TFLOP/s FP16, 473 TF32 on the H100, from ../shared/probes), cuDNN's, and each candidate's largest
+difference from the current kernel's output (relative to its largest value): a layout error shows as O(1).
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CEILING = {"fp16": 946.0, "tf32": 473.0}
+
+
+def torch_time(torch, layer, batch, precision, repeats):
+    """ms of cuDNN's convolution (channels_last) or matmul for the layer, CUDA events, median of `repeats`."""
+    dev = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    if layer.kind == "conv3x3":
+        x = torch.randn(batch, layer.cin, layer.size, layer.size, device=dev, dtype=dtype).to(
+            memory_format=torch.channels_last)
+        conv = torch.nn.Conv2d(layer.cin, layer.cout, 3, padding=1).to(dev, dtype).to(memory_format=torch.channels_last)
+        run = lambda: torch.relu(conv(x))  # noqa: E731
+    else:
+        x = torch.randn(batch, layer.cin, device=dev, dtype=dtype)
+        fc = torch.nn.Linear(layer.cin, layer.cout).to(dev, dtype)
+        run = lambda: torch.relu(fc(x))  # noqa: E731
+    times = []
+    with torch.no_grad():
+        for _ in range(3):
+            run()
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="gpu")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--precisions", default="fp16,tf32")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--shapes", default="", help="shape keys to run (default: all of VGG16's)")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    import pyopencl as cl
+
+    from vggserve.errors import KernelBuildError
+    from vggserve.ops import precision as precisions, registry
+    from vggserve.ops.registry import BuildEnv, LayerSpec
+    from vggserve.runtime import caps as device_caps, devices as devs
+    from vggserve.runtime.params import conv_params_for, params_for
+    from vggserve.runtime.programs import ProgramCache
+    from vggserve.tuning import LayerBench, layer_shapes, time_op
+
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+        except ImportError:
+            print("torch not importable: no cuDNN column")
+    info = devs.resolve(args.device)
+    device = devs.cl_device(info)
+    caps = device_caps.of(device, info.kind, info.label)
+    print(f"device: {info.label}; wgmma: {caps.wgmma}; batch {args.batch}")
+    ctx = cl.Context([device])
+    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    cache = ProgramCache(ctx, device, progress=False)
+    tables = params_for(info.kind, info.label)
+    env = BuildEnv(caps=caps, max_batch=args.batch, tables=tables)
+    wg = registry.get("tc_wgmma")
+    rng = np.random.default_rng(0)
+    only = set(filter(None, args.shapes.split(",")))
+    rows = []
+    for pname in args.precisions.split(","):
+        prec = precisions.get(pname)
+        default = registry.get(registry.DEFAULT_ALGO["tensorcore"]).default(caps, prec)
+        for key, cin, cout, size, ks in layer_shapes(args.batch, pooled=False):
+            if only and key not in only:
+                continue
+            layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
+            bench = LayerBench(ctx, "tensorcore", prec, layer, args.batch, rng)
+            flops = 2.0 * args.batch * size * size * cin * cout * ks * ks
+            now = conv_params_for(tables, cin, cout, size, args.batch, pname, default=default)
+            now_algo = registry.choose(now, "tensorcore", layer.kind)
+            if not now_algo.available(caps, prec) or now_algo.name == "tc_wgmma":
+                now_algo, now = registry.get("tc_gemm"), default
+            op = now_algo.make(ctx, cache, now, prec, layer, bench.weight, bench.bias, env)
+            now_ms, ref = time_op(queue, op, bench, args.batch, size, args.repeats)
+            scale = max(float(np.abs(ref).max()), 1e-30)
+            row = {"precision": pname, "shape": key, "now": op.describe(), "now_ms": now_ms, "wgmma": []}
+            for p in wg.candidates(caps, prec, layer):
+                t0 = time.perf_counter()
+                try:
+                    cand = wg.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env)
+                except KernelBuildError as exc:
+                    row["wgmma"].append({"params": p, "error": str(exc)[:400]})
+                    print(f"  {key} {pname} {p}: {str(exc)[:400]}")
+                    continue
+                built = time.perf_counter() - t0
+                ms, out = time_op(queue, cand, bench, args.batch, size, args.repeats)
+                err = float(np.abs(out - ref).max() / scale) if np.all(np.isfinite(out)) else float("inf")
+                row["wgmma"].append({"params": p, "ms": ms, "err": err, "build_s": built})
+            ok = [c for c in row["wgmma"] if "ms" in c and c["err"] < 2e-2]
+            best = min(ok, key=lambda c: c["ms"]) if ok else None
+            row["torch_ms"] = torch_time(torch, layer, args.batch, pname, args.repeats) if torch else None
+            rows.append(row)
+            tf = lambda ms: flops / ms / 1e9 if ms else float("nan")  # noqa: E731
+            line = f"{pname} {key:>14s}: now {now_ms:7.3f} ms {tf(now_ms):6.1f} TF/s ({row['now']})"
+            if best:
+                bp = best["params"]
+                line += (f" | wgmma {best['ms']:7.3f} ms {tf(best['ms']):6.1f} TF/s ({tf(best['ms']) / CEILING[pname]:.2f}"
+                         f" of ceiling) {bp['BM']}x{bp['BN']} s{bp['STAGES']} k{bp['KB']}")
+            else:
+                line += " | wgmma: no candidate agreed" if row["wgmma"] else " | wgmma: none"
+            if row["torch_ms"]:
+                line += f" | cuDNN {row['torch_ms']:7.3f} ms {tf(row['torch_ms']):6.1f} TF/s"
+            print(line, flush=True)
+            errs = [f"{c['params']['BM']}x{c['params']['BN']}s{c['params']['STAGES']}k{c['params']['KB']}:"
+                    f"{c['ms']:.3f}/{c['err']:.1e}" for c in row["wgmma"] if "ms" in c]
+            print("    candidates ms/err: " + " ".join(errs), flush=True)
+        sums = {"now": 0.0, "wgmma_or_now": 0.0, "torch": 0.0}
+        for r in (r for r in rows if r["precision"] == pname):
+            ok = [c["ms"] for c in r["wgmma"] if "ms" in c and c["err"] < 2e-2]
+            sums["now"] += r["now_ms"]
+            sums["wgmma_or_now"] += min([r["now_ms"], *ok])
+            sums["torch"] += r["torch_ms"] or 0.0
+        print(f"{pname} sum over layers (no pooling): now {sums['now']:.3f} ms, with wgmma where faster "
+              f"{sums['wgmma_or_now']:.3f} ms, cuDNN {sums['torch']:.3f} ms", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": info.label, "batch": args.batch, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Hopper's wgmma engine (kernels/conv_tc.cl with WGMMA = 1, kernels/wgmma.clh, vggserve/runtime/ptx.py).
+
+On an H100/H200 (VGGSERVE_TEST_DEVICE=gpu) the layers run real wgmma from programs built out of the driver's patched
+PTX; here and in CI they run on PoCL through wgmma.clh's software model, which reads the tiles through the same
+core-matrix layout the descriptors describe. Each case is compared with numpy on awkward sizes (1 image, odd channel
+counts, pixels and channels not multiples of the tile), inputs rounded to the storage type first.
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from vggserve.ops import precision as precisions, registry
+from vggserve.ops.registry import BuildEnv, LayerSpec
+from vggserve.ops.tensorcore import WGMMA_TILES, WgmmaLayer, wgmma_valid
+from vggserve.runtime import caps as device_caps, ptx
+
+from clbuffers import rel_err
+from test_tensorcore import TC_PRECISIONS, run_layer, tc_env  # noqa: F401 - the fixture
+
+KEYS = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
+CONFIGS = [(64, 64, 4, 1, 3, 64), (128, 128, 8, 1, 2, 128), (64, 256, 4, 1, 3, 32), (64, 192, 4, 1, 2, 64)]
+SHAPES = [  # (n, cin, cout, h, w, ks)
+    (1, 3, 8, 5, 7, 3),
+    (2, 13, 21, 6, 5, 3),
+    (1, 40, 70, 9, 4, 3),
+    (3, 24, 33, 1, 1, 1),
+]
+
+
+def wgmma_layer(cfg):
+    p = dict(zip(KEYS, cfg), ALGO="tc_wgmma")
+    assert wgmma_valid(p)
+    return lambda ctx, cache, prec, layer, w, b, env: WgmmaLayer(ctx, cache, p, prec, layer,
+                                                                   w if layer.ks == 3 else w[:, :, 0, 0], b, env)
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "{}x{}_w{}x{}_s{}_k{}".format(*c))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
+    got, ref, _ = run_layer(tc_env, prec, None, shape, rng, make=wgmma_layer(cfg))
+    cout = shape[2]
+    assert not np.isnan(got).any(), "an output element was never written"
+    assert np.all(got[..., cout:] == 0), "the padding channels must be zero (the next layer reads them)"
+    assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+def test_wgmma_split_k_sums_the_same_as_one_pass(tc_env, rng, prec):
+    cfg = CONFIGS[0]
+    p = dict(zip(KEYS, cfg), ALGO="tc_wgmma", GROUPS_TARGET=64)
+    make = lambda ctx, cache, prec, layer, w, b, env: WgmmaLayer(ctx, cache, p, prec, layer, w, b, env)  # noqa: E731
+    got, ref, op = run_layer(tc_env, prec, None, (1, 64, 24, 3, 3, 3), rng, make=make)
+    assert op.plans[1][0] > 1, "this layer should have been split"
+    assert rel_err(got[..., :24].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
+    caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
+                            tensor_cores=True, emulate_mma=False, wgmma=True)
+    algo = registry.get("tc_wgmma")
+    cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, 28))
+    assert len(cands) == len(WGMMA_TILES)
+    assert all(wgmma_valid(p) and algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
+    assert not wgmma_valid(dict(zip(KEYS, (128, 128, 4, 2, 3, 64))))  # two warps across N: not a warpgroup's shape
+
+
+def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch):
+    """sm_90a code runs on compute capability 9.0 only; VGGSERVE_NO_WGMMA turns it off."""
+    class Device:
+        extensions = "cl_nv_device_attribute_query"
+        max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024
+
+        def __init__(self, cc):
+            self.compute_capability_major_nv, self.compute_capability_minor_nv = cc
+
+    monkeypatch.delenv("VGGSERVE_EMULATE_MMA", raising=False)
+    monkeypatch.delenv("VGGSERVE_NO_WGMMA", raising=False)
+    algo = registry.get("tc_wgmma")
+    assert algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
+    for cc in ((8, 0), (8, 9), (10, 0)):
+        caps = device_caps.of(Device(cc), "gpu", "GPU")
+        assert caps.tensor_cores and not algo.available(caps, precisions.FP16)
+    monkeypatch.setenv("VGGSERVE_NO_WGMMA", "1")
+    assert not algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
+
+
+def test_the_committed_slot_header_is_the_generators():
+    from vggserve.runtime.programs import kernels_dir
+
+    assert (kernels_dir() / "wgmma_slots.clh").read_text() == ptx.slot_header()
+
+
+# what NVIDIA's compiler leaves of the placeholders (inline asm, registers substituted), in a minimal PTX
+DRIVER_PTX = """//
+.version 7.8
+.target sm_90
+.address_size 64
+.entry k(){
+.reg .f32 %f<8>;
+.reg .b64 %rd<4>;
+.reg .b32 %r<4>;
+// begin inline asm
+{ // SLOT_WGPROXY
+.reg .b32 z;
+}
+// end inline asm
+// begin inline asm
+{ // SLOT_WGSTAGE_N8_KB64_F16
+.reg .b64 t;
+.reg .b32 z;
+add.f32 %f1, %f1, 0f00000000;
+add.f32 %f2, %f2, 0f00000000;
+add.f32 %f3, %f3, 0f00000000;
+add.f32 %f4, %f4, 0f00000000;
+xor.b64 t, %rd1, %rd2;
+mov.b32 z, %r1;
+}
+// end inline asm
+// begin inline asm
+{ // SLOT_WGWAIT
+add.f32 %f1, %f1, 0f00000000;
+add.f32 %f2, %f2, 0f00000000;
+add.f32 %f3, %f3, 0f00000000;
+add.f32 %f4, %f4, 0f00000000;
+}
+// end inline asm
+ret;
+}
+"""
+
+
+def test_the_patch_puts_wgmma_on_the_placeholders_registers():
+    out = ptx.patch(DRIVER_PTX)
+    assert ".target sm_90a" in out and ".version 8.0" in out and "SLOT_" not in out
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n8k16\.f32\.f16\.f16 \{([^}]*)\}, (%\w+), (%\w+)", out)
+    assert len(mmas) == 2  # KB 64 = two k16 steps
+    assert all(m[0] == "%f1, %f2, %f3, %f4" for m in mmas)
+    assert "mov.b64 %wa, %rd1;" in out and "mov.b64 %wb, %rd2;" in out and "setp.ne.b32 %wp, %r1, 0;" in out
+    assert out.count("add.s64 %wa, %wa, 16;") == 1  # the second step reads 256 bytes further along K
+    assert out.index("fence.proxy.async.shared::cta;") < out.index("wgmma.fence") < out.index("commit_group") \
+        < out.index("wgmma.wait_group.sync.aligned 0;")
+
+
+def test_a_placeholder_the_patch_cannot_read_is_an_error_not_a_wrong_program():
+    broken = DRIVER_PTX.replace("add.f32 %f4, %f4, 0f00000000;\nxor", "xor")  # an accumulator lost
+    with pytest.raises(ptx.PtxPatchError, match="3 accumulators"):
+        ptx.patch(broken)
+    with pytest.raises(ptx.PtxPatchError, match="no wgmma placeholder"):
+        ptx.patch(".version 7.8\n.target sm_90\n")
+    tf32 = ptx.patch(DRIVER_PTX.replace("KB64_F16", "KB128_TF32"))
+    assert tf32.count("wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32") == 4
+
+
+def model_on_wgmma(tiny_tensors, monkeypatch, precision, tables=None, every_layer=True, batch=2):
+    """A tiny VGG16 at FP16/TF32 on the tensor-core family (emulated without a GPU) whose layers run tc_wgmma: all
+    of them (the family's default made tc_wgmma), or those `tables` name."""
+    import vggserve.engine.engine as engine
+    from vggserve import VGG16
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    if every_layer:
+        monkeypatch.setitem(registry.DEFAULT_ALGO, "tensorcore", "tc_wgmma")
+    if tables:
+        real = engine.params_for
+        monkeypatch.setattr(engine, "params_for", lambda kind, label: {**real(kind, label), **tables})
+    from conftest import TEST_DEVICE
+
+    return VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=batch, precision=precision)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_the_whole_network_on_wgmma_matches_float64(tiny_tensors, monkeypatch, precision):
+    from vggserve.model.reference import reference_logits
+
+    x = np.random.default_rng(3).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    with model_on_wgmma(tiny_tensors, monkeypatch, precision) as model:
+        plan = [p["kernel"] for p in model.kernel_plan()]
+        out = model.logits(x)
+    layers = [k for k in plan if k.startswith("tc_")]
+    assert len(layers) == 16 and all(k.startswith("tc_wgmma") for k in layers), plan
+    ref = reference_logits(tiny_tensors, x)
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+
+
+def test_a_wgmma_program_that_fails_to_build_gives_way_to_the_default_with_one_logged_line(tiny_tensors, monkeypatch,
+                                                                                          caplog):
+    """The driver may refuse a patched PTX program (another driver, another GPU): the layer then runs on the family's
+    default kernel, the model works, and the log says so once per layer."""
+    from vggserve.errors import KernelBuildError
+    from vggserve.model.reference import reference_logits
+
+    def refuse(self, cache, env, defines):
+        raise KernelBuildError("building the PTX program of kernels/conv_tc.cl failed: ptxas error (a test)")
+
+    monkeypatch.setattr(WgmmaLayer, "program", refuse)
+    table = {"conv_by_batch_fp16": {"1": {"3x8x224": dict(zip(KEYS, CONFIGS[0]), ALGO="tc_wgmma")}}}
+    x = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with caplog.at_level("WARNING", logger="vggserve.model"):
+        with model_on_wgmma(tiny_tensors, monkeypatch, "fp16", tables=table, every_layer=False, batch=1) as model:
+            plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+            out = model.logits(x)
+    assert plan["features.0"].startswith("tc_gemm") and "tc_wgmma failed to build" in plan["features.0"]
+    lines = [r.getMessage() for r in caplog.records if "failed to build" in r.getMessage()]
+    assert len(lines) == 1 and "tc_wgmma" in lines[0] and "ptxas error (a test)" in lines[0]
+    ref = reference_logits(tiny_tensors, x)
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+
+
+def test_a_table_naming_wgmma_on_a_device_without_it_runs_the_default(tiny_tensors, monkeypatch):
+    monkeypatch.setenv("VGGSERVE_NO_WGMMA", "1")
+    table = {"conv_by_batch_fp16": {"1": {"3x8x224": dict(zip(KEYS, CONFIGS[0]), ALGO="tc_wgmma")}}}
+    with model_on_wgmma(tiny_tensors, monkeypatch, "fp16", tables=table, every_layer=False, batch=1) as model:
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+    assert plan["features.0"].startswith("tc_gemm") and "does not run" in plan["features.0"], plan["features.0"]
