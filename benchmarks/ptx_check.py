@@ -34,7 +34,8 @@ from vggserve.runtime.params import shipped_file  # noqa: E402
 from vggserve.runtime.programs import kernel_source  # noqa: E402
 
 LIBCLC = Path("/usr/lib/clc/nvptx64--nvidiacl.bc")
-FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"),
+FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_wgmma": ("conv_tc.cl", "conv_tc"),
+         "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"),
          "tc_sparse24": ("conv_tc_sparse.cl", "conv_tc_sparse"),
          "tc_halo_sparse24": ("conv_tc_halo_sparse.cl", "conv_tc_halo_sparse")}
 
@@ -42,7 +43,7 @@ FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_halo": ("conv_tc_halo.cl", "c
 def tunables(algo: str) -> tuple:
     from vggserve.ops import tensorcore, tensorcore_sparse
 
-    return {"tc_gemm": tensorcore.TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
+    return {"tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
             "tc_sparse24": tensorcore_sparse.TUNABLES, "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
 
@@ -55,8 +56,8 @@ def pools(algo: str, tiles: dict) -> bool:
 
 def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
     """(label, defines) of the programs the engine builds from one tile configuration."""
-    base = {**tiles, "MMA_EMULATE": 0}
-    if algo == "tc_gemm":
+    base = {**tiles, "MMA_EMULATE": 0, **({"WGMMA": 1} if algo == "tc_wgmma" else {})}
+    if algo in ("tc_gemm", "tc_wgmma"):
         tf32 = int(precision == "tf32")
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
         return [("conv", conv), ("conv split-K", {**conv, "SPLITK": 1}),
@@ -102,6 +103,7 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
     from vggserve.ops import tensorcore, tensorcore_sparse
 
     lists = {"tc_gemm": (tensorcore.TILES, tensorcore.valid),
+             "tc_wgmma": (tensorcore.WGMMA_TILES, tensorcore.wgmma_valid),
              "tc_halo": (tensorcore.HALO_TILES + tensorcore.HALO_FITTED_TILES, tensorcore.halo_valid),
              "tc_sparse24": (tensorcore_sparse.TILES, tensorcore_sparse.valid),
              "tc_halo_sparse24": (tensorcore_sparse.HALO_SPARSE_TILES, tensorcore_sparse.halo_valid)}
@@ -110,13 +112,15 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
         for tile in tiles:
             p = dict(zip(tunables(algo), tile))
             if valid(p):
-                for precision in (("fp16", "tf32") if algo in ("tc_gemm", "tc_halo") else ("fp16",)):
+                for precision in (("fp16", "tf32") if algo in ("tc_gemm", "tc_wgmma", "tc_halo") else ("fp16",)):
                     out.append((algo, precision, p))
     return out
 
 
 def compile_report(source: str, kernel: str, work: Path) -> dict:
-    """clang-15 -> PTX -> ptxas sm_90 -v: {"regs", "spill", "stack", "smem", "ptx", "cubin" (digests), "error"}."""
+    """clang-15 -> PTX -> ptxas sm_90 -v: {"regs", "spill", "stack", "smem", "ptx", "cubin" (digests), "error"}.
+    A source with wgmma placeholders (runtime/ptx.py) is patched as the runtime patches the driver's PTX and
+    assembled for sm_90a; ptxas' warnings (e.g. wgmma serialised) are kept under "warnings"."""
     cl, ptx = work / "k.cl", work / "k.ptx"
     cl.write_text(source)
     r = subprocess.run(["clang-15", "-x", "cl", "-cl-std=CL1.2", "-target", "nvptx64-nvidia-nvcl", "-march=sm_86",
@@ -128,12 +132,21 @@ def compile_report(source: str, kernel: str, work: Path) -> dict:
     text = ptx.read_text()
     text = re.sub(r"^\.version \S+", ".version 8.0", text, flags=re.M)
     text = re.sub(r"^\.target sm_86", ".target sm_90", text, flags=re.M)
+    arch = "sm_90"
+    if "SLOT_WG" in text:
+        from vggserve.runtime import ptx as wgmma_ptx
+
+        try:
+            text, arch = wgmma_ptx.patch(text), "sm_90a"
+        except wgmma_ptx.PtxPatchError as exc:
+            return {"error": f"patch: {exc}"}
     ptx.write_text(text)
     body = "\n".join(line.split("//")[0].rstrip() for line in text.splitlines()
                      if line.strip() and not line.lstrip().startswith("//"))
-    r = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(ptx), "-o", str(work / "k.cubin")], capture_output=True,
+    r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(ptx), "-o", str(work / "k.cubin")], capture_output=True,
                        text=True)
     log = r.stdout + r.stderr
+    warnings = [x.strip() for x in log.splitlines() if "warning" in x.lower()]
     if r.returncode:
         return {"error": "ptxas: " + " | ".join(x for x in log.splitlines() if "error" in x.lower())[:300]}
     part = log.split(f"Function properties for {kernel}")[-1]
@@ -141,7 +154,8 @@ def compile_report(source: str, kernel: str, work: Path) -> dict:
     return {"regs": num(r"Used (\d+) registers"), "spill": num(r"(\d+) bytes spill stores") +
             num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
             "smem": num(r"(\d+) bytes smem"), "ptx": hashlib.sha256(body.encode()).hexdigest()[:12],
-            "cubin": hashlib.sha256((work / "k.cubin").read_bytes()).hexdigest()[:12]}
+            "cubin": hashlib.sha256((work / "k.cubin").read_bytes()).hexdigest()[:12],
+            **({"warnings": warnings} if warnings else {})}
 
 
 def base_tree(rev: str, into: Path) -> Path:
@@ -221,9 +235,11 @@ def main(argv=None) -> int:
                 for r in (before, after):
                     if r and "error" in r:
                         print(f"  {algo} {precision} {label} {tile}: {r['error']}", file=sys.stderr)
+                    for warning in (r or {}).get("warnings", []):
+                        print(f"  {algo} {precision} {label} {tile}: {warning}", file=sys.stderr)
         widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
         line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
-        print(f"ptxas -arch=sm_90 -v, before ({args.base}) -> after (this tree); a single figure: unchanged")
+        print(f"ptxas -arch=sm_90 -v (sm_90a for wgmma), before ({args.base}) -> after (this tree); a single figure: unchanged")
         print(line(head))
         print(line(["-" * w for w in widths]))
         for r in rows:

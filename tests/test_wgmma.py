@@ -6,6 +6,7 @@ core-matrix layout the descriptors describe. Each case is compared with numpy on
 counts, pixels and channels not multiples of the tile), inputs rounded to the storage type first.
 """
 
+import os
 import re
 
 import numpy as np
@@ -68,7 +69,8 @@ def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
 
 
 def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch):
-    """sm_90a code runs on compute capability 9.0 only; VGGSERVE_NO_WGMMA turns it off."""
+    """sm_90a code runs on compute capability 9.0 only, and natively only with VGGSERVE_WGMMA=1 until a GPU run has
+    checked it; VGGSERVE_WGMMA=0 turns it off, the software model's too."""
     class Device:
         extensions = "cl_nv_device_attribute_query"
         max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024
@@ -77,14 +79,22 @@ def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch):
             self.compute_capability_major_nv, self.compute_capability_minor_nv = cc
 
     monkeypatch.delenv("VGGSERVE_EMULATE_MMA", raising=False)
-    monkeypatch.delenv("VGGSERVE_NO_WGMMA", raising=False)
+    monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
     algo = registry.get("tc_wgmma")
+    assert not algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)  # opt-in
+    monkeypatch.setenv("VGGSERVE_WGMMA", "1")
     assert algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
     for cc in ((8, 0), (8, 9), (10, 0)):
         caps = device_caps.of(Device(cc), "gpu", "GPU")
         assert caps.tensor_cores and not algo.available(caps, precisions.FP16)
-    monkeypatch.setenv("VGGSERVE_NO_WGMMA", "1")
+    monkeypatch.setenv("VGGSERVE_WGMMA", "0")
     assert not algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
+    pocl = Device((0, 0))
+    pocl.extensions = ""  # no NVIDIA attributes: a CPU
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    assert not algo.available(device_caps.of(pocl, "cpu", "PoCL"), precisions.FP16)  # still VGGSERVE_WGMMA=0
+    monkeypatch.delenv("VGGSERVE_WGMMA")
+    assert algo.available(device_caps.of(pocl, "cpu", "PoCL"), precisions.FP16)  # the software model
 
 
 def test_the_committed_slot_header_is_the_generators():
@@ -161,6 +171,8 @@ def model_on_wgmma(tiny_tensors, monkeypatch, precision, tables=None, every_laye
     from vggserve import VGG16
 
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    if "VGGSERVE_WGMMA" not in os.environ:  # natively opt-in (runtime/caps.py)
+        monkeypatch.setenv("VGGSERVE_WGMMA", "1")
     if every_layer:
         monkeypatch.setitem(registry.DEFAULT_ALGO, "tensorcore", "tc_wgmma")
     if tables:
@@ -210,7 +222,7 @@ def test_a_wgmma_program_that_fails_to_build_gives_way_to_the_default_with_one_l
 
 
 def test_a_table_naming_wgmma_on_a_device_without_it_runs_the_default(tiny_tensors, monkeypatch):
-    monkeypatch.setenv("VGGSERVE_NO_WGMMA", "1")
+    monkeypatch.setenv("VGGSERVE_WGMMA", "0")
     table = {"conv_by_batch_fp16": {"1": {"3x8x224": dict(zip(KEYS, CONFIGS[0]), ALGO="tc_wgmma")}}}
     with model_on_wgmma(tiny_tensors, monkeypatch, "fp16", tables=table, every_layer=False, batch=1) as model:
         plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}

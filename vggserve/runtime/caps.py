@@ -3,7 +3,9 @@
 `VGGSERVE_EMULATE_MMA=1` makes any device count as having tensor cores, running the tensor-core kernels on an exact
 software model of mma.sync / ldmatrix / cp.async (kernels/conv_tc.cl): slow, for testing their logic on PoCL.
 It emulates Hopper's wgmma too (kernels/wgmma.clh), which natively needs compute capability 9.0 exactly (sm_90a
-code runs on no other GPU). `VGGSERVE_NO_WGMMA=1` turns the wgmma kernels off (they are then never chosen).
+code runs on no other GPU). Natively the wgmma kernels are opt-in, `VGGSERVE_WGMMA=1`, until a GPU run has checked
+them (they have been checked on the software model and assembled by ptxas for sm_90a only); `VGGSERVE_WGMMA=0` turns
+them off everywhere, the software model included (they are then never chosen).
 """
 
 import os
@@ -40,15 +42,18 @@ def emulation_requested() -> bool:
     return os.environ.get("VGGSERVE_EMULATE_MMA", "") in ("1", "true", "yes")
 
 
-def wgmma_turned_off() -> bool:
-    return os.environ.get("VGGSERVE_NO_WGMMA", "") in ("1", "true", "yes")
+def wgmma_setting() -> str | None:
+    """VGGSERVE_WGMMA: "on", "off", or None (unset: emulated yes, native no)."""
+    value = os.environ.get("VGGSERVE_WGMMA", "").strip().lower()
+    return "on" if value in ("1", "true", "yes") else "off" if value in ("0", "false", "no") else None
 
 
 def of(device, kind: str, label: str) -> Caps:
     cc = nvidia_compute_capability(device)
     native = cc is not None and cc >= (8, 0)
     emulate = not native and emulation_requested()
-    wgmma = (cc == (9, 0) or emulate) and not wgmma_turned_off()
+    setting = wgmma_setting()
+    wgmma = setting != "off" and (emulate or (cc == (9, 0) and setting == "on"))
     return Caps(kind=kind, label=label, compute_units=device.max_compute_units, local_mem=device.local_mem_size,
                 max_work_group=device.max_work_group_size, tensor_cores=native or emulate, emulate_mma=emulate,
                 wgmma=wgmma)
