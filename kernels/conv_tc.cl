@@ -91,6 +91,10 @@
 
 #if WGMMA                     /* wgmma's core matrices (wgmma.clh) */
 #define SWZ(r, c) WG_CORE(r, c)
+/* work-item t copies rows (t % 8) + 8 (t / (8 CHUNKS)) + i THREADS / CHUNKS at chunk (t / 8) % CHUNKS: its local
+ * chunk is then WG_CORE(row, chunk) = t + i THREADS, 8 work-items filling one core matrix (no bank conflicts) */
+#define TC_ROW_OF(tid_, CH_) (((tid_) & 7) + 8 * ((tid_) / (8 * (CH_))))
+#define TC_CHUNK_OF(tid_, CH_) (((tid_) >> 3) % (CH_))
 #if WARPS_N != 1 || BM != 16 * WARPS_M || WARPS_M % 4 || BN % 64 || BN > 256
 #error "WGMMA: WARPS_N = 1, WARPS_M = BM / 16 (a multiple of 4), BN a multiple of 64 up to 256"
 #endif
@@ -134,16 +138,18 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
     const int K = KS * KS * Cpad;
     const int HW = H * W;
 
-    /* this work-item's A chunks: rows r_i = tid / CHUNKS + i * (THREADS / CHUNKS) at chunk c (tc_gather.clh) */
-    const int c = tid % CHUNKS;
+    /* this work-item's A chunks: rows r_i = r_0 + i * (THREADS / CHUNKS) at chunk c (tc_gather.clh: r_0 = tid /
+     * CHUNKS, c = tid % CHUNKS, or WGMMA's order) */
+    const int c = TC_CHUNK_OF(tid, CHUNKS);
     int aoff[A_ITERS];
     uint amask[A_ITERS];
     for (int i = 0; i < A_ITERS; ++i) TC_GATHER_ROW(i, m0, CHUNKS)
     TC_GATHER_START(kt0 * BK + c * VEC)
-    const uint sa_row0 = SWZ(tid / CHUNKS, c);  /* local chunk of row r_0; row r_i adds i * THREADS (swizzle period
-                                                  divides THREADS / CHUNKS, so the XOR pattern repeats) */
-    __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + tid / CHUNKS) * Kpad + c * VEC) +
-                                 (size_t)kt0 * KB;
+    /* local chunk of row r_0; row r_i adds i * THREADS (the swizzle's period divides THREADS / CHUNKS, so the XOR
+     * pattern repeats; WGMMA: THREADS / CHUNKS rows are whole 8-row groups) */
+    const uint sa_row0 = SWZ(TC_ROW_OF(tid, CHUNKS), c);
+    __global const uchar *wrow =
+        (__global const uchar *)(wt + (size_t)(n0 + TC_ROW_OF(tid, CHUNKS)) * Kpad + c * VEC) + (size_t)kt0 * KB;
     const size_t wstep = (size_t)(THREADS / CHUNKS) * Kpad * ELEM;  /* bytes between one work-item's B rows */
 
 #define A_ADDR(l) (sa + SWZ(mrow0 + ((l) & 7) + (((l) >> 3) & 1) * 8, ks * 2 + ((l) >> 4)))
