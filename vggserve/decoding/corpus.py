@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import ExifTags, Image, ImageDraw, ImageFilter
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,24 @@ def _save(image: Image.Image, kind: Kind, path: Path) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def camera_exif(orientation: int = 1, endian: str = "<") -> Image.Exif:
+    """EXIF as a phone camera writes it (`endian` "<" for an II header, ">" for MM): IFD0 with the make, model,
+    orientation, resolution, software and date, an Exif IFD of exposure tags with a maker note, and a GPS IFD."""
+    exif = Image.Exif()
+    exif.endian = endian
+    exif.update({0x010F: "Phone Maker", 0x0110: "Phone 12 Pro", 0x0112: orientation, 0x011A: 72.0, 0x011B: 72.0,
+                 0x0128: 2, 0x0131: "17.4.1", 0x0132: "2024:05:01 12:34:56", 0x0213: 1})
+    exif.get_ifd(ExifTags.IFD.Exif).update({
+        0x829A: 1 / 120, 0x829D: 1.8, 0x8822: 2, 0x8827: 64, 0x9000: b"0232", 0x9003: "2024:05:01 12:34:56",
+        0x9004: "2024:05:01 12:34:56", 0x9201: 6.9, 0x9202: 1.7, 0x9204: 0.0, 0x9207: 5, 0x9209: 16,
+        0x920A: 4.2, 0x927C: bytes(range(256)) * 8, 0xA001: 65535, 0xA002: 4000, 0xA003: 3000, 0xA402: 0,
+        0xA403: 0, 0xA405: 26, 0xA406: 0, 0xA432: (1.54, 6.0, 1.6, 2.4), 0xA433: "Phone Maker",
+        0xA434: "Phone 12 Pro back camera"})
+    exif.get_ifd(ExifTags.IFD.GPSInfo).update({1: "N", 2: (51.0, 30.0, 12.5), 3: "W", 4: (0.0, 7.0, 39.9),
+                                               5: b"\x00", 6: 24.5})
+    return exif
 
 
 def sample_photos() -> list[np.ndarray]:

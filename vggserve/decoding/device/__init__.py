@@ -3,6 +3,7 @@ colour tables), for baseline Huffman-coded 8-bit files; every other file falls b
 
 Stages, one module or kernel file each, in libjpeg-turbo's layout:
     parse.py                 markers and tables (the only CPU work per file), or the reason for the CPU path
+    exif.py                  what Pillow reads from the APP1/APP2 segments (EXIF orientation, MPO), without Pillow
     tables.py                the batch's layout for the kernels: segments, planes, Huffman lookup tables
     kernels/jpeg_huffman.cl  entropy decoding, one work-item per restart interval (jdhuff.c)
     kernels/jpeg_idct.cl     dequantisation + ISLOW IDCT, one work-item per block (jidctint.c)

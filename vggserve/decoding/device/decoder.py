@@ -22,6 +22,7 @@ from PIL import Image
 
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, _accepted_formats, exif_orientation, open_checked
 from ...ops.launch import round_up
+from .exif import pillow_view
 from .parse import Frame, Refusal, parse
 from .staging import Grown, StagingRing
 from .tables import WIN, Batch, find_restarts
@@ -31,6 +32,7 @@ CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decodin
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -70,18 +72,20 @@ class Window:
 def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS) -> Prepared | Refusal:
     """What the device needs to decode `data`, or why the CPU path must take it (that path then decodes it, or
     raises the error it always raises: format, size, corruption). The pixel limit, the format allowlist and the
-    EXIF orientation come out as the CPU path's; a file with EXIF, XMP or MPF segments has them read by Pillow
-    itself."""
+    EXIF orientation come out as the CPU path's; a file with EXIF, XMP, MPF or ICC segments has them read as
+    Pillow reads them (exif.py), or by Pillow itself where that reading is not certain of Pillow's answer."""
     data = data if type(data) is bytes else bytes(data)
     frame = parse(data)
     if not frame:
         return frame
     if frame.pillow_header:
-        try:
-            with open_checked(io.BytesIO(data), "input", max_pixels, formats) as image:
-                orientation = exif_orientation(image)
-        except Exception as exc:  # the CPU path raises this again, as its own error
-            return Refusal(f"header refused: {exc}")
+        orientation = _taken_without_pillow(data, frame, max_pixels, formats)
+        if orientation is None:
+            try:
+                with open_checked(io.BytesIO(data), "input", max_pixels, formats) as image:
+                    orientation = exif_orientation(image)
+            except Exception as exc:  # the CPU path raises this again, as its own error
+                return Refusal(f"header refused: {exc}")
     else:
         if formats is not ALLOWED_FORMATS and "JPEG" not in _accepted_formats(formats):
             return Refusal("JPEG is not an accepted format")
@@ -95,6 +99,22 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
         if restarts is None:
             return Refusal("restart markers out of order")
     return Prepared(data, frame, restarts, orientation if 1 <= orientation <= 8 else 1)
+
+
+def _taken_without_pillow(data: bytes, frame: Frame, max_pixels: int, formats) -> int | None:
+    """The EXIF orientation, where exif.py is certain that Pillow opens `data` as a format of `formats` and that
+    the pixel limits take its size (as open_checked); None leaves the file to Pillow (its refusals included, which
+    keeps their messages)."""
+    seen = pillow_view(data, frame.segments)
+    if seen is None:
+        return None
+    pixels = frame.width * frame.height
+    try:
+        accepted = _DEFAULT_ACCEPTED if formats is ALLOWED_FORMATS else _accepted_formats(formats)
+        taken = seen[0] in accepted and pixels <= max_pixels and pixels <= (Image.MAX_IMAGE_PIXELS or pixels)
+    except Exception:  # bad formats or limit: open_checked raises, and prepare returns that as the refusal
+        return None
+    return seen[1] if taken else None
 
 
 @dataclass

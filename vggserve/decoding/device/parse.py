@@ -80,17 +80,20 @@ class Sampling:
 
 class Frame:
     """A parsed file: its `header` (Sampling, huffs, quants), shared by the files of the same headers but their
-    size (`_select`), its size, restart interval (MCUs, 0 for none), where its entropy-coded bytes start, and
-    whether it has APP1 or APP2 segments (EXIF, XMP, MPF: orientation and format are then read through Pillow).
-    `huffs`: the (counts, symbols) of the Huffman tables in `sampling.hrefs`; `quants`: 64 uint16 LE per
-    `sampling.qrefs`. Read-only."""
+    size (`_select`), its size, restart interval (MCUs, 0 for none), where its entropy-coded bytes start,
+    whether it has APP1 or APP2 segments (EXIF, XMP, MPF, ICC: orientation and format are then read as Pillow
+    reads them, exif.py) and `segments`: (marker, body start, body end) of every segment up to the scan header's,
+    in file order. `huffs`: the (counts, symbols) of the Huffman tables in `sampling.hrefs`; `quants`: 64 uint16 LE
+    per `sampling.qrefs`. Read-only."""
 
-    __slots__ = ("header", "width", "height", "restart_interval", "scan_start", "pillow_header", "_components")
+    __slots__ = ("header", "width", "height", "restart_interval", "scan_start", "pillow_header", "segments",
+                 "_components")
 
     def __init__(self, header: tuple, width: int, height: int, restart_interval: int, scan_start: int,
-                 pillow_header: bool):
+                 pillow_header: bool, segments: tuple = ()):
         self.header, self.width, self.height = header, width, height
         self.restart_interval, self.scan_start, self.pillow_header = restart_interval, scan_start, pillow_header
+        self.segments = segments
         self._components = None
 
     sampling = property(lambda self: self.header[0])
@@ -146,6 +149,7 @@ def _parse(d: bytes) -> Frame | Refusal:
     restart = 0
     jfif = pillow_header = False
     adobe = None
+    segments: list = []  # (marker, body start, body end) of each segment up to the scan header's
     while True:
         if pos + 4 > n:
             return Refusal("no scan")
@@ -161,6 +165,7 @@ def _parse(d: bytes) -> Frame | Refusal:
         if end < start or end > n:
             return Refusal("segment past the end of the file")
         pos = end
+        segments.append((marker, start, end))
         if marker == 0xC4:
             body = d[start:end]
             if type(why := _dht(body)) is str:
@@ -171,7 +176,7 @@ def _parse(d: bytes) -> Frame | Refusal:
             if type(why := _dqt(body)) is str:
                 return Refusal(why)
             dqts.append(body)
-        elif marker == 0xE1 or marker == 0xE2:  # only their presence counts: their bodies are not copied
+        elif marker == 0xE1 or marker == 0xE2:  # exif.py reads them where `segments` says
             pillow_header = True
         elif marker == 0xDA:
             body = d[start:end]
@@ -188,7 +193,7 @@ def _parse(d: bytes) -> Frame | Refusal:
             header = _select(tuple(dhts), tuple(dqts), sampling)
             if header is None:
                 return Refusal("a table the scan uses is missing")
-            return Frame(header, width, height, restart, pos, pillow_header)
+            return Frame(header, width, height, restart, pos, pillow_header, tuple(segments))
         elif marker in (0xC0, 0xC1):
             if sof is not None:
                 return Refusal("two frame headers")
