@@ -35,6 +35,9 @@
 #             at batch $SPARSE24_BATCH (default 64): every conv shape, dense FP16 vs each tile of both 2:4 kernels
 #             (tc_sparse24, tc_halo_sparse24; and cuDNN FP16), each kernel's best tile stored for the engine's choice,
 #             the whole network pruned 2:4 vs dense at FP16 (logits, streamed, per-layer device times); JSON in $OUT
+#   wgmma     the wgmma engine (issue 25), first run on a GPU: benchmarks/wgmma_ptx.py (driver and patched PTX, build
+#             log, into $OUT), tests/test_wgmma.py natively, then benchmarks/wgmma_layers.py at batch 64 and 1 (every
+#             layer: each tc_wgmma candidate against today's kernel and cuDNN), VGGSERVE_WGMMA=1 throughout
 #   hostfloor the host side alone on this host's cores (no GPU): benchmarks/batch_host_floor.py (one rank with its
 #             decode processes; the rank alone with --replay; 15 decode processes and a device at the FP16 and FP32
 #             engines' pace, emulated) and benchmarks/serve_host_floor.py (8 front ends on an instant engine)
@@ -132,6 +135,13 @@ PY
             --network --json "$OUT/tc_pool.json" 2>&1 | grep -v Warning | tee -a "$LOG"
           timeout 200 python3 benchmarks/tc_pool.py --device gpu --batch ${POOL_BATCH:-64} --precisions fp16 \
             --sparse24 --tiles all --json "$OUT/tc_pool_sparse24.json" 2>&1 | grep -v Warning | tee -a "$LOG" ;;
+  wgmma) export VGGSERVE_WGMMA=1
+         timeout 120 python3 benchmarks/wgmma_ptx.py --device gpu --out "$OUT" 2>&1 | grep -v Warning | tee -a "$LOG"
+         VGGSERVE_TEST_DEVICE=gpu timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_wgmma.py -x -rf 2>&1 \
+           | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15 | tee -a "$LOG"
+         for b in ${WGMMA_BATCHES:-64 1}; do timeout 400 python3 benchmarks/wgmma_layers.py --device gpu --batch $b \
+           --precisions ${WGMMA_PRECISIONS:-fp16,tf32} --json "$OUT/wgmma_layers_$b.json" 2>&1 | grep -v Warning \
+           | tee -a "$LOG"; done ;;
   hostfloor) for args in "--images 4096 --workdir /tmp/floor" \
                          "--images 256 --repeat 32 --decode-procs 1 --replay --workdir /tmp/floor256" \
                          "--images 256 --repeat 16 --replay --replay-ms 2.2 --device-ms 6.5 --workdir /tmp/floor256" \
