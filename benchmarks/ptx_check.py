@@ -43,7 +43,7 @@ FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_wgmma": ("conv_tc.cl", "conv_
 def tunables(algo: str) -> tuple:
     from vggserve.ops import tensorcore, tensorcore_sparse
 
-    return {"tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
+    return {"tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
             "tc_sparse24": tensorcore_sparse.TUNABLES, "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
 

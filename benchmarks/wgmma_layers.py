@@ -22,6 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CEILING = {"fp16": 946.0, "tf32": 473.0}
 
 
+def tiles(p: dict) -> str:
+    return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"
+
+
 def torch_time(torch, layer, batch, precision, repeats):
     """ms of cuDNN's convolution (channels_last) or matmul for the layer, CUDA events, median of `repeats`."""
     dev = torch.device("cuda")
@@ -128,15 +132,14 @@ def main(argv=None) -> int:
             line = f"{pname} {key:>14s}: now {now_ms:7.3f} ms {tf(now_ms):6.1f} TF/s ({row['now']})"
             if best:
                 bp = best["params"]
-                line += (f" | wgmma {best['ms']:7.3f} ms {tf(best['ms']):6.1f} TF/s ({tf(best['ms']) / CEILING[pname]:.2f}"
-                         f" of ceiling) {bp['BM']}x{bp['BN']} s{bp['STAGES']} k{bp['KB']}")
+                share = tf(best["ms"]) / CEILING[pname]
+                line += f" | wgmma {best['ms']:7.3f} ms {tf(best['ms']):6.1f} TF/s ({share:.2f} of ceiling) {tiles(bp)}"
             else:
                 line += " | wgmma: no candidate agreed" if row["wgmma"] else " | wgmma: none"
             if row["torch_ms"]:
                 line += f" | cuDNN {row['torch_ms']:7.3f} ms {tf(row['torch_ms']):6.1f} TF/s"
             print(line, flush=True)
-            errs = [f"{c['params']['BM']}x{c['params']['BN']}s{c['params']['STAGES']}k{c['params']['KB']}:"
-                    f"{c['ms']:.3f}/{c['err']:.1e}" for c in row["wgmma"] if "ms" in c]
+            errs = [f"{tiles(c['params'])}:{c['ms']:.3f}/{c['err']:.1e}" for c in row["wgmma"] if "ms" in c]
             print("    candidates ms/err: " + " ".join(errs), flush=True)
         sums = {"now": 0.0, "wgmma_or_now": 0.0, "torch": 0.0}
         for r in (r for r in rows if r["precision"] == pname):

@@ -76,6 +76,9 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+#ifndef WG_INFLIGHT
+#define WG_INFLIGHT 0   /* WGMMA: wgmma groups left running across the next barrier (0 or 1; 1: 3+ stages) */
+#endif
 
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define CHUNKS (KB / 16)           /* chunks per local row */
@@ -95,8 +98,8 @@
  * chunk is then WG_CORE(row, chunk) = t + i THREADS, 8 work-items filling one core matrix (no bank conflicts) */
 #define TC_ROW_OF(tid_, CH_) (((tid_) & 7) + 8 * ((tid_) / (8 * (CH_))))
 #define TC_CHUNK_OF(tid_, CH_) (((tid_) >> 3) % (CH_))
-#if WARPS_N != 1 || BM != 16 * WARPS_M || WARPS_M % 4 || BN % 64 || BN > 256
-#error "WGMMA: WARPS_N = 1, WARPS_M = BM / 16 (a multiple of 4), BN a multiple of 64 up to 256"
+#if WARPS_N != 1 || BM != 16 * WARPS_M || WARPS_M % 4 || BN % 64 || BN > 256 || STAGES < 2 + WG_INFLIGHT
+#error "WGMMA: WARPS_N = 1, WARPS_M = BM / 16 (a multiple of 4), BN 64 to 256 by 64, STAGES >= 2 + WG_INFLIGHT"
 #endif
 #elif CHUNKS == 2             /* mma.clh's swizzle of rows of CHUNKS chunks */
 #define SWZ SWZ2
@@ -171,23 +174,30 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
 
     MMA_ACC(acc, MI, NJ)
 
+#if WGMMA
+    /* copies run LEAD stages ahead; a stage is refilled once the wgmma that read it, WG_INFLIGHT + 1 stages back,
+     * are done in every warpgroup (each waits until at most WG_INFLIGHT of its groups run, then the barrier) */
+#define LEAD (STAGES - 1 - WG_INFLIGHT)
+    for (int s = 0; s < LEAD; ++s) {
+        if (s < nt) LOAD_STAGE(s)
+        CP_COMMIT();
+    }
+    for (int t = 0; t < nt; ++t) {
+        WG_CP_WAIT(LEAD - 1);  /* stage t has landed */
+        WG_PROXY();
+        WG_WAIT(acc, WG_INFLIGHT);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        __local uint4 *sa = smem + (t % STAGES) * STAGE_CHUNKS, *sb = sa + BM * CHUNKS;
+        WG_STAGE(acc, sa + WG_CORE((warp >> 2) * 64, 0), sb);
+        if (t + LEAD < nt) LOAD_STAGE((t + LEAD) % STAGES)
+        CP_COMMIT();
+    }
+    WG_WAIT(acc, 0);
+#else
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nt) LOAD_STAGE(s)
         CP_COMMIT();
     }
-#if WGMMA
-    for (int t = 0; t < nt; ++t) {
-        CP_WAIT();
-        WG_PROXY();
-        WG_WAIT(acc);  /* stage t - 1's wgmma are done: after the barrier, its tiles may be refilled */
-        barrier(CLK_LOCAL_MEM_FENCE);
-        __local uint4 *sa = smem + (t % STAGES) * STAGE_CHUNKS, *sb = sa + BM * CHUNKS;
-        WG_STAGE(acc, sa + WG_CORE((warp >> 2) * 64, 0), sb);
-        if (t + STAGES - 1 < nt) LOAD_STAGE((t + STAGES - 1) % STAGES)
-        CP_COMMIT();
-    }
-    WG_WAIT(acc);
-#else
     for (int t = 0; t < nt; ++t) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);

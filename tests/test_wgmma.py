@@ -20,8 +20,9 @@ from vggserve.runtime import caps as device_caps, ptx
 from clbuffers import rel_err
 from test_tensorcore import TC_PRECISIONS, run_layer, tc_env  # noqa: F401 - the fixture
 
-KEYS = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
-CONFIGS = [(64, 64, 4, 1, 3, 64), (128, 128, 8, 1, 2, 128), (64, 256, 4, 1, 3, 32), (64, 192, 4, 1, 2, 64)]
+KEYS = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB", "WG_INFLIGHT")
+CONFIGS = [(64, 64, 4, 1, 3, 64, 0), (128, 128, 8, 1, 2, 128, 0), (64, 256, 4, 1, 3, 32, 1), (64, 192, 4, 1, 2, 64, 0),
+           (128, 64, 8, 1, 4, 64, 1)]
 SHAPES = [  # (n, cin, cout, h, w, ks)
     (1, 3, 8, 5, 7, 3),
     (2, 13, 21, 6, 5, 3),
@@ -38,7 +39,7 @@ def wgmma_layer(cfg):
 
 
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "{}x{}_w{}x{}_s{}_k{}".format(*c))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "{}x{}_w{}x{}_s{}_k{}_f{}".format(*c))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_wgmma_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     got, ref, _ = run_layer(tc_env, prec, None, shape, rng, make=wgmma_layer(cfg))
@@ -65,7 +66,8 @@ def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, 28))
     assert len(cands) == len(WGMMA_TILES)
     assert all(wgmma_valid(p) and algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
-    assert not wgmma_valid(dict(zip(KEYS, (128, 128, 4, 2, 3, 64))))  # two warps across N: not a warpgroup's shape
+    assert not wgmma_valid(dict(zip(KEYS, (128, 128, 4, 2, 3, 64, 0))))  # two warps across N: not a warpgroup's shape
+    assert not wgmma_valid(dict(zip(KEYS, (128, 128, 8, 1, 2, 64, 1))))  # a wgmma group in flight needs 3 stages
 
 
 def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch):
@@ -130,7 +132,7 @@ mov.b32 z, %r1;
 }
 // end inline asm
 // begin inline asm
-{ // SLOT_WGWAIT
+{ // SLOT_WGWAIT_0
 add.f32 %f1, %f1, 0f00000000;
 add.f32 %f2, %f2, 0f00000000;
 add.f32 %f3, %f3, 0f00000000;

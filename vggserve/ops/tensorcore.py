@@ -84,7 +84,9 @@ class TensorCoreLayer:
     output: NHWC with `cstore` = round_up(cout, VEC) channels (float32 logits when `last`)."""
 
     name = "tc_gemm"
-    extra_defines: dict = {}
+
+    def extra_defines(self, params: dict) -> dict:
+        return {}
 
     def program(self, cache, env, defines: dict):
         return cache.build(KERNEL_FILE, defines)
@@ -105,7 +107,7 @@ class TensorCoreLayer:
         self.ntiles = self.kpad // self.bk
         self.wt = upload(ctx, tc_weights(weight, self.cpad, self.npad, self.kpad, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
-        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define, **self.extra_defines)
+        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define, **self.extra_defines(params))
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc"))
         self.target = int(params.get("GROUPS_TARGET", 2 * env.caps.compute_units))
         self.split_kernel = self.reduce = None
@@ -229,16 +231,23 @@ ALGORITHM = register(TensorCoreGemm())
 
 
 # ---- conv_tc.cl with WGMMA = 1: Hopper's warpgroup MMA from local memory, built through PTX ------------------------
-WGMMA_DEFAULT = {"ALGO": "tc_wgmma", "BM": 128, "BN": 128, "WARPS_M": 8, "WARPS_N": 1, "STAGES": 3, "KB": 64}
-# (BM, BN, WARPS_M, WARPS_N, STAGES, KB): one or two warpgroups of 64 rows, the whole BN per warpgroup
-WGMMA_TILES = [(128, 128, 8, 1, 3, 64), (128, 128, 8, 1, 6, 32), (128, 256, 8, 1, 4, 32), (64, 128, 4, 1, 4, 64),
-               (64, 256, 4, 1, 4, 32), (128, 64, 8, 1, 4, 64), (64, 64, 4, 1, 6, 64), (64, 128, 4, 1, 2, 128)]
+WGMMA_TUNABLES = TUNABLES + ("WG_INFLIGHT",)
+WGMMA_DEFAULT = {"ALGO": "tc_wgmma", "BM": 128, "BN": 128, "WARPS_M": 8, "WARPS_N": 1, "STAGES": 3, "KB": 64,
+                 "WG_INFLIGHT": 0}
+# (BM, BN, WARPS_M, WARPS_N, STAGES, KB, WG_INFLIGHT): one or two warpgroups of 64 rows, the whole BN per warpgroup;
+# WG_INFLIGHT 1 keeps a stage's wgmma running across the next stage's barrier, at the cost of one stage of prefetch
+WGMMA_TILES = [(128, 128, 8, 1, 3, 64, 0), (128, 128, 8, 1, 6, 32, 0), (128, 128, 8, 1, 6, 32, 1),
+               (128, 256, 8, 1, 4, 32, 0), (128, 256, 8, 1, 4, 32, 1), (64, 128, 4, 1, 4, 64, 0),
+               (64, 128, 4, 1, 4, 64, 1), (64, 256, 4, 1, 4, 32, 0), (128, 64, 8, 1, 4, 64, 0),
+               (64, 64, 4, 1, 6, 64, 1), (64, 128, 4, 1, 2, 128, 0)]
 
 
 def wgmma_valid(params: dict) -> bool:
     """conv_tc.cl's shape rules under WGMMA = 1 (its #error lines)."""
     bm, bn, wm, wn = (params[k] for k in ("BM", "BN", "WARPS_M", "WARPS_N"))
-    return wn == 1 and bm == 16 * wm and wm % 4 == 0 and bn % 64 == 0 and bn <= 256 and valid(params)
+    inflight = params.get("WG_INFLIGHT", 0)
+    return (wn == 1 and bm == 16 * wm and wm % 4 == 0 and bn % 64 == 0 and bn <= 256 and inflight in (0, 1)
+            and params["STAGES"] >= 2 + inflight and valid(params))
 
 
 class WgmmaLayer(TensorCoreLayer):
@@ -246,7 +255,9 @@ class WgmmaLayer(TensorCoreLayer):
     emulated (PoCL) they run the software model like the mma.sync kernels."""
 
     name = "tc_wgmma"
-    extra_defines = {"WGMMA": 1}
+
+    def extra_defines(self, params: dict) -> dict:
+        return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0))}
 
     def program(self, cache, env, defines: dict):
         from ..runtime import ptx
@@ -256,7 +267,8 @@ class WgmmaLayer(TensorCoreLayer):
 
 class TensorCoreWgmma(TensorCoreGemm):
     name = "tc_wgmma"
-    tiles, default_params = WGMMA_TILES, WGMMA_DEFAULT
+    tunables = WGMMA_TUNABLES
+    tiles, tile_keys, default_params = WGMMA_TILES, WGMMA_TUNABLES, WGMMA_DEFAULT
     valid = staticmethod(wgmma_valid)
 
     def available(self, caps, precision):

@@ -13,14 +13,14 @@ A placeholder is `{ // SLOT_<NAME>` then one line per operand (`add.f32 %i, %i, 
 says what replaces it:
   WGSTAGE_N<n>_KB<b>_<F16|TF32> fence, b / 32 x wgmma m64n<n>k16 (f16) / m64n<n>k8 (tf32) with the descriptors advanced by
                                 256 bytes (two K-adjacent core matrices) per step, FP32 accumulate, then commit
-  WGWAIT                        wgmma.wait_group 0 (the accumulators are the registers it waits for)
+  WGWAIT_<n>                    wgmma.wait_group n: at most n groups still run (the accumulators are its operands)
   WGPROXY                       fence.proxy.async.shared::cta: what cp.async wrote is seen by wgmma (async proxy)
 The compiler may unroll a loop around a placeholder: every copy is replaced.
 """
 
 import re
 
-PATCH_VERSION = "wgmma-ptx-1"  # part of a patched program's cache key: change it when `patch` changes its output
+PATCH_VERSION = "wgmma-ptx-2"  # part of a patched program's cache key: change it when `patch` changes its output
 SLOT_WIDTHS = (8, 16, 24, 32)  # n8 tiles a warpgroup's accumulators span: BN = 64, 128, 192, 256
 SLOT = re.compile(r"\{[ \t]*// SLOT_(\w+)[ \t]*\n(.*?)\n[ \t]*\}", re.S)
 ZERO_ADD = "add.f32 %{i}, %{i}, 0f00000000;"
@@ -94,8 +94,9 @@ def _stage(name: str, body: str) -> str:
 
 
 def _replacement(name: str, body: str) -> str:
-    if name == "WGWAIT":
-        return "wgmma.wait_group.sync.aligned 0;"
+    wait = re.fullmatch(r"WGWAIT_(\d)", name)
+    if wait:
+        return f"wgmma.wait_group.sync.aligned {wait.group(1)};"
     if name == "WGPROXY":
         return "fence.proxy.async.shared::cta;"
     return _stage(name, body)
