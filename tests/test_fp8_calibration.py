@@ -76,7 +76,8 @@ def test_quantize_is_e4m3_of_x_times_the_float32_reciprocal_per_tensor_and_per_c
     for n in range(4):
         np.testing.assert_array_equal(codes[n], quantize(x[n], per_channel[n]))
         np.testing.assert_array_equal(dequantize(codes, per_channel)[n], e4m3.decode(codes[n]) * per_channel[n])
-    assert codes.dtype == np.uint8 and np.array_equal(reciprocal(per_channel), (1 / per_channel.astype(float)).astype(np.float32))
+    assert codes.dtype == np.uint8
+    np.testing.assert_array_equal(reciprocal(per_channel), (1 / per_channel.astype(float)).astype(np.float32))
 
 
 def test_quantize_dequantize_round_trip_is_within_e4m3s_half_step_and_saturates(rng):
@@ -87,7 +88,8 @@ def test_quantize_dequantize_round_trip_is_within_e4m3s_half_step_and_saturates(
     # 3 mantissa bits: the nearest value is within 2^-4 of x (relative); subnormals within half of 2^-9 (absolute)
     assert np.all(np.abs(back - x)[normal] <= np.abs(x[normal]) * 2.0 ** -4 * (1 + 1e-6))
     assert np.all(np.abs(back - x)[~normal] <= scale * 2.0 ** -10 * (1 + 1e-6))
-    np.testing.assert_array_equal(dequantize(quantize([25.0, -1e9], scale), scale), np.float32([448, -448]) * np.float32(scale))
+    saturated = dequantize(quantize([25.0, -1e9], scale), scale)
+    np.testing.assert_array_equal(saturated, np.float32([448, -448]) * np.float32(scale))
 
 
 def test_activation_scale_is_amax_over_448_and_one_for_an_all_zero_input():
@@ -343,8 +345,9 @@ def test_calibrate_refuses_weights_that_are_not_vgg16_or_missing(capsys, weights
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(wrong))
     _fails(capsys, 4, "features.2.weight", "--weights", str(wrong), "--images", str(images),
            folders=[wrong.parent, images])
-    _fails(capsys, 4, f"weights file {tmp_path / 'none.safetensors'} does not exist", "--weights", str(tmp_path / "none.safetensors"),
-           "--images", str(images), folders=[tmp_path / "weights", images])
+    missing = tmp_path / "none.safetensors"
+    _fails(capsys, 4, f"weights file {missing} does not exist", "--weights", str(missing), "--images", str(images),
+           folders=[tmp_path / "weights", images])
 
 
 def test_calibrate_refuses_a_percentile_without_the_percentile_method(capsys, weights_file, images):

@@ -7,8 +7,7 @@ from .common import positive_int
 
 
 def register(subparsers) -> None:
-    from ..quant.calibrate import DEFAULT_METHOD, DEFAULT_PERCENTILE
-    from ..quant.calibration import METHODS
+    from ..quant.methods import DEFAULT_METHOD, DEFAULT_PERCENTILE, METHODS
 
     p = subparsers.add_parser("calibrate", help="measure FP8 activation ranges on sample images (docs/fp8.md)")
     p.add_argument("--weights", default=None,
@@ -20,7 +19,8 @@ def register(subparsers) -> None:
                    help=f"max: the largest value seen; percentile: --percentile of |x|; entropy: TensorRT's "
                         f"KL-divergence calibrator (default {DEFAULT_METHOD}; docs/fp8.md compares them)")
     p.add_argument("--percentile", type=_percentile, default=None, metavar="P",
-                   help=f"with --method percentile: the percentile of |x| kept unclipped (default {DEFAULT_PERCENTILE})")
+                   help=f"with --method percentile: the percentile of |x| kept unclipped "
+                        f"(default {DEFAULT_PERCENTILE})")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="use the first N images (in path order) only")
     p.add_argument("--output", type=Path, default=None,

@@ -10,13 +10,14 @@ batch after batch, so the memory does not grow with the number of images. Each m
 - max: the largest |x| seen. Nothing is clipped; rare large values cost resolution everywhere else.
 - percentile: the p-th percentile of |x| (default 99.99), zeros counted: the rarest 0.01% are clipped to it.
 - entropy: TensorRT's KL-divergence calibrator (Migacz, "8-bit Inference with TensorRT", GTC 2017), as described
-  there: a 2,048-bin histogram of |x| from 0 to the maximum; for each candidate count of bins i from 128 to 2,048,
-  the reference P is the first i bins with everything beyond folded into bin i - 1, and the candidate Q is the same
-  i bins quantised to 128 levels (the bins split into 128 runs of equal length, each run's total spread evenly over
-  its non-empty bins, empty ones staying empty); the i with the least KL(P || Q) wins and the threshold is
-  (i + 0.5) bin widths. Exact zeros are left out (every scale represents them), else the half of a post-ReLU
-  tensor that is zero would pull every threshold down. A bin of P with no mass in Q (the fold into bin i - 1 when
-  that bin was empty) gets a small probability EPSILON in Q, taken from the rest in proportion.
+  there: a histogram of |x| in 2,048 bins (here 1,639 to 2,048: whole groups of AbsHistogram's) from 0 to the
+  maximum; for each candidate count of bins i from 128 to all of them, the reference P is the first i bins with
+  everything beyond folded into bin i - 1, and the candidate Q is the same i bins quantised to 128 levels (the bins
+  split into 128 runs of equal length, each run's total spread evenly over its non-empty bins, empty ones staying
+  empty); the i with the least KL(P || Q) wins and the threshold is (i + 0.5) bin widths. Exact zeros are left out
+  (every scale represents them), else the half of a post-ReLU tensor that is zero would pull every threshold
+  down. A bin of P with no mass in Q (the fold into bin i - 1 when that bin was empty) gets a small probability
+  EPSILON in Q, taken from the rest in proportion.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ import numpy as np
 
 from ..model.reference import dense_layer, staged_logits
 from ..weights.spec import infer_width, vgg16_spec
-from .calibration import LAYERS, METHODS, Calibration
+from .calibration import LAYERS, Calibration
 from .histogram import AbsHistogram
+from .methods import DEFAULT_PERCENTILE, METHODS
 
-DEFAULT_METHOD = "max"
-DEFAULT_PERCENTILE = 99.99
 ENTROPY_BINS = 2048
 ENTROPY_LEVELS = 128  # TensorRT's: the positive half of an 8-bit code
 EPSILON = 1e-4

@@ -34,10 +34,10 @@ from ..errors import CalibrationError
 from ..tempfiles import replace_atomically
 from ..weights.spec import vgg16_spec
 from . import e4m3
+from .methods import METHODS
 
 FORMAT = "vggserve-fp8-calibration"
 VERSION = 1
-METHODS = ("max", "percentile", "entropy")
 _SPEC = vgg16_spec(1.0)
 #: every convolution and FC layer, in network order (the names do not depend on the width)
 LAYERS = tuple(c.name for c in _SPEC.convs) + tuple(f.name for f in _SPEC.fcs)
