@@ -8,6 +8,16 @@ logit margins, so natural inputs make agreement a real test), each preprocessed 
 For each library and precision: top-1 agreement and top-5 agreement (FP32's top-1 among the top 5; and the top-5
 sets equal) with the same library's FP32; and, on the first few images, the max relative error of the logits
 against a float64 numpy reference.
+
+    python benchmarks/precision_accuracy.py --fp8-model --images 512 [--calibration-images 64] [--json out.json]
+
+`--fp8-model`: no device; the numpy FP8 model (vggserve/quant/reference.py: e4m3 activations per tensor, e4m3
+weights per output channel, float32 sums) against numpy FP32, for each calibration method and each set of layers
+kept at FP16 (none, the first convolution, the last FC layer, both). Calibrated on crops drawn with
+--calibration-seed (1), measured on crops drawn with --seed (0: the GPU run's 512 crops), so never on the images
+it was calibrated on. Each row: the agreements above, the logits' relative error against FP32 (per image, the L2
+norm of the difference over the FP32 logits' norm: mean and max), and FP32's own margin between its top two
+logits, the measure of how hard agreement is with random weights.
 """
 
 import argparse
@@ -101,23 +111,104 @@ def run_torch(tensors, x, precision, batch):
     return np.concatenate(outs)
 
 
+FP8_METHODS = ("max", "percentile:99.9", "percentile:99.99", "percentile:99.999", "entropy")
+FP16_SETS = {"none": (), "first": ("features.0",), "last": ("classifier.6",), "both": ("features.0", "classifier.6")}
+
+
+def relative_error(logits: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(logits - ref, axis=1) / np.linalg.norm(ref, axis=1)
+
+
+def margins(ref: np.ndarray) -> np.ndarray:
+    """FP32's gap between its top two logits over the logits' norm: the relative error that can flip its top-1."""
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    return (top2[:, 1] - top2[:, 0]) / np.linalg.norm(ref, axis=1)
+
+
+def run_fp8_model(args) -> dict:
+    """The FP8 accuracy study on the CPU (module docstring)."""
+    import time
+
+    from vggserve.model.reference import dense_layer, staged_logits
+    from vggserve.quant.calibrate import from_histograms, observe
+    from vggserve.quant.reference import LAST_FC, QuantizedWeights, fp8_layer, fp8_logits
+    from vggserve.weights.init import init_weights
+    from vggserve.weights.spec import vgg16_spec
+
+    tensors = init_weights(seed=0, width=args.width)
+    spec, b = vgg16_spec(args.width), args.batch
+    x_cal, x = crops(args.calibration_images, args.calibration_seed), crops(args.images, args.seed)
+    start = time.perf_counter()
+    hists, n = observe(tensors, (x_cal[i:i + b] for i in range(0, len(x_cal), b)))
+    print(f"calibrated on {n} crops (seed {args.calibration_seed}): {(time.perf_counter() - start) / n:.2f} s/image",
+          flush=True)
+    start = time.perf_counter()
+    dense = dense_layer(tensors)
+    fp32 = np.concatenate([staged_logits(spec, x[i:i + b], dense) for i in range(0, len(x), b)])
+    per_image = (time.perf_counter() - start) / len(x)
+    gaps = margins(fp32)
+    print(f"FP32 on {len(x)} crops (seed {args.seed}): {per_image:.2f} s/image; its top-1 margin over the logits' "
+          f"norm: median {np.median(gaps):.2e}, 10th percentile {np.percentile(gaps, 10):.2e}", flush=True)
+    results = {"images": len(x), "calibration_images": n, "width": args.width, "seconds_per_image": per_image,
+               "fp32_margin_median": float(np.median(gaps)), "fp32_margin_p10": float(np.percentile(gaps, 10)),
+               "rows": []}
+    weights = QuantizedWeights(tensors)
+    for spelled in args.methods.split(","):
+        method, _, p = spelled.partition(":")
+        cal = from_histograms(hists, n, "0" * 64, method, float(p) if p else None)
+        for first in (False, True):  # the sets that share everything up to the last layer, computed once
+            sets = {name: FP16_SETS[name] for name in args.fp16_sets.split(",") if
+                    ("features.0" in FP16_SETS[name]) == first}
+            if sets:
+                feats = fp8_logits(weights, x, cal, ("features.0",) if first else (), batch_size=b, upto=LAST_FC)
+            for name, layers in sets.items():
+                logits = fp8_layer(weights, cal, layers)(LAST_FC, feats)
+                results["rows"].append(_fp8_row(spelled, name, logits, fp32, gaps))
+                if args.json:  # row by row: a long run stopped early keeps what it measured
+                    Path(args.json).write_text(json.dumps(results, indent=1))
+    return results
+
+
+def _fp8_row(method: str, fp16: str, logits: np.ndarray, fp32: np.ndarray, gaps: np.ndarray) -> dict:
+    err = relative_error(logits, fp32)
+    row = {"method": method, "fp16_layers": fp16, **agreement(logits, fp32),
+           "rel_err_mean": float(err.mean()), "rel_err_max": float(err.max()),
+           "margin_below_error": float(np.mean(gaps < err))}
+    print(f"{method:18s} FP16 {fp16:5s}: top-1 {row['top1']:.4f}, FP32 top-1 in top-5 {row['top1_in_top5']:.4f}, "
+          f"top-5 sets equal {row['top5_sets_equal']:.4f}, rel. error mean {row['rel_err_mean']:.3f} max "
+          f"{row['rel_err_max']:.3f}", flush=True)
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--images", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=None, help="images per call (default 64; --fp8-model: 8)")
     ap.add_argument("--reference-images", type=int, default=4, help="images checked against float64 (slow on CPU)")
     ap.add_argument("--precisions", default="fp32,tf32,fp16")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--width", type=float, default=1.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fp8-model", action="store_true", help="the numpy FP8 model on the CPU (no device)")
+    ap.add_argument("--calibration-images", type=int, default=64, help="--fp8-model: crops to calibrate on")
+    ap.add_argument("--calibration-seed", type=int, default=1, help="--fp8-model: their seed")
+    ap.add_argument("--seed", type=int, default=0, help="the measured crops' seed")
+    ap.add_argument("--methods", default=",".join(FP8_METHODS), help="--fp8-model: methods (percentile:P)")
+    ap.add_argument("--fp16-sets", default=",".join(FP16_SETS),
+                    help="--fp8-model: layers kept at FP16, of none, first (features.0), last (classifier.6), both")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.fp8_model:
+        args.batch = args.batch or 8  # numpy's activations at batch 64 would take several GB
+        run_fp8_model(args)
+        return 0
+    args.batch = args.batch or 64
     from vggserve.model.reference import reference_logits
     from vggserve.weights.init import init_weights
 
     tensors = init_weights(seed=0, width=args.width)
-    x = crops(args.images)
+    x = crops(args.images, args.seed)
     precs = args.precisions.split(",")
     ref64 = reference_logits(tensors, x[:args.reference_images]) if args.reference_images else None
     results = {"images": args.images, "width": args.width, "rows": []}

@@ -35,6 +35,13 @@ class WeightsNotFound(WeightsError):
     """No weights were given and none were found in the default places."""
 
 
+class CalibrationError(VggserveError):
+    """FP8 activation scales missing, damaged or made for other weights, or a `calibrate` run with nothing usable to
+    calibrate on (a usage error: exit 2, as a bad setting)."""
+
+    exit_code = 2
+
+
 class ImageError(VggserveError):
     """An input is not a decodable image, or is outside the allowed formats or size."""
 

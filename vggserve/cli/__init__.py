@@ -14,7 +14,7 @@ from ..errors import VggserveError
 from .buildlog import build_progress_on_stderr
 
 # subcommand modules, in the order `vggserve --help` lists them
-SUBCOMMANDS = ("classify", "devices", "weights", "bench", "batch", "serve", "loadtest", "tune")
+SUBCOMMANDS = ("classify", "devices", "weights", "calibrate", "bench", "batch", "serve", "loadtest", "tune")
 
 
 def build_parser() -> argparse.ArgumentParser:

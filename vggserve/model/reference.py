@@ -37,3 +37,57 @@ def reference_logits(tensors: dict[str, np.ndarray], x: np.ndarray, dtype=np.flo
         if fc.relu:
             a = np.maximum(a, 0)
     return a
+
+
+# Channels-last float32 forward, one layer at a time through a caller's function: what calibration observes and
+# the numpy FP8 model (vggserve/quant/reference.py) computes. Activations are (N, H, W, C); the flatten before
+# classifier.0 takes torchvision's (C, H, W) order, so the FC weights are used as they are stored.
+
+def conv3x3_nhwc(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """3x3 convolution, stride 1, zero padding 1, channels last, no bias: the sum over the nine taps of one
+    (N*H*W, C) x (C, K) product each, in x's dtype. x (N, H, W, C), w (K, C, 3, 3) -> (N, H, W, K)."""
+    n, h, wd, c = x.shape
+    padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    out = None
+    for dy in range(3):
+        for dx in range(3):
+            tap = padded[:, dy:dy + h, dx:dx + wd, :].reshape(-1, c) @ w[:, :, dy, dx].T.astype(x.dtype, copy=False)
+            out = tap if out is None else np.add(out, tap, out=out)
+    return out.reshape(n, h, wd, w.shape[0])
+
+
+def maxpool2x2_nhwc(x: np.ndarray) -> np.ndarray:
+    n, h, w, c = x.shape
+    x = x[:, : h // 2 * 2, : w // 2 * 2, :]
+    return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def staged_logits(spec, x: np.ndarray, layer, upto: str | None = None) -> np.ndarray:
+    """VGG16 (`spec`: weights.spec.VGG16Spec) on normalised input x (N, 3, 224, 224) with each convolution and FC
+    layer computed by `layer(name, a)`: its input a ((N, H, W, C) for a convolution, (N, F) for an FC layer) ->
+    its output before the ReLU. ReLU, pooling and the flatten happen here. `upto`: return that layer's input
+    instead of the logits."""
+    a = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1))
+    for conv in spec.convs:
+        if conv.name == upto:
+            return a
+        a = np.maximum(layer(conv.name, a), 0)
+        if conv.pool_after:
+            a = maxpool2x2_nhwc(a)
+    a = np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(a.shape[0], int(np.prod(a.shape[1:])))
+    for fc in spec.fcs:
+        if fc.name == upto:
+            return a
+        a = layer(fc.name, a)
+        if fc.relu:
+            a = np.maximum(a, 0)
+    return a
+
+
+def dense_layer(tensors: dict[str, np.ndarray], dtype=np.float32):
+    """`staged_logits`' layer function for plain arithmetic in `dtype` (float32: what calibration runs)."""
+    def layer(name: str, a: np.ndarray) -> np.ndarray:
+        w, b = tensors[f"{name}.weight"], tensors[f"{name}.bias"].astype(dtype)
+        a = a.astype(dtype, copy=False)
+        return (conv3x3_nhwc(a, w) if w.ndim == 4 else a @ w.T.astype(dtype, copy=False)) + b
+    return layer
