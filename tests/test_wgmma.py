@@ -166,6 +166,83 @@ def test_a_placeholder_the_patch_cannot_read_is_an_error_not_a_wrong_program():
     assert tf32.count("wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32") == 4
 
 
+# an A-in-registers stage (conv_tc_halo.cl's) as the driver leaves it: BN 8 (4 accumulators), KB 64 (two k-steps of
+# 4 A registers each), B's descriptor, the scale word
+DRIVER_PTX_RA = """//
+.version 7.8
+.target sm_90
+.address_size 64
+.entry k(){
+.reg .f32 %f<8>;
+.reg .b64 %rd<4>;
+.reg .b32 %r<16>;
+// begin inline asm
+{ // SLOT_WGSTAGE_RA_N8_KB64_F16
+.reg .b64 t;
+.reg .b32 z;
+add.f32 %f1, %f1, 0f00000000;
+add.f32 %f2, %f2, 0f00000000;
+add.f32 %f3, %f3, 0f00000000;
+add.f32 %f4, %f4, 0f00000000;
+or.b32 z, %r1, 0;
+or.b32 z, %r2, 0;
+or.b32 z, %r3, 0;
+or.b32 z, %r4, 0;
+or.b32 z, %r5, 0;
+or.b32 z, %r6, 0;
+or.b32 z, %r7, 0;
+or.b32 z, %r8, 0;
+mov.b64 t, %rd3;
+mov.b32 z, %r9;
+}
+// end inline asm
+// begin inline asm
+{ // SLOT_WGWAIT_0
+add.f32 %f1, %f1, 0f00000000;
+add.f32 %f2, %f2, 0f00000000;
+add.f32 %f3, %f3, 0f00000000;
+add.f32 %f4, %f4, 0f00000000;
+}
+// end inline asm
+ret;
+}
+"""
+
+
+def test_the_patch_feeds_each_k_step_the_next_four_a_registers_and_advances_b():
+    out = ptx.patch(DRIVER_PTX_RA)
+    assert ".target sm_90a" in out and "SLOT_" not in out
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n8k16\.f32\.f16\.f16 \{([^}]*)\}, \{([^}]*)\}, (%\w+), "
+                      r"(%\w+), 1, 1, 0;", out)
+    assert [m[1] for m in mmas] == ["%r1, %r2, %r3, %r4", "%r5, %r6, %r7, %r8"]  # k-step 0, then 1
+    assert all(m[0] == "%f1, %f2, %f3, %f4" and m[2:] == ("%wb", "%wp") for m in mmas)
+    assert "mov.b64 %wb, %rd3;" in out and "setp.ne.b32 %wp, %r9, 0;" in out
+    assert out.count("add.s64 %wb, %wb, 16;") == 1  # the second k-step's B: 256 bytes further along K
+    assert out.index("wgmma.fence") < out.index("mma_async") < out.index("commit_group") < out.index("wait_group")
+    tf32 = ptx.patch(DRIVER_PTX_RA.replace("_F16", "_TF32"))  # tf32: no transpose operand
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n8k8\.f32\.tf32\.tf32 \{[^}]*\}, \{[^}]*\}, %wb, %wp, "
+                          r"1, 1;", tf32)) == 2
+
+
+def test_an_a_in_registers_placeholder_the_patch_cannot_read_is_an_error():
+    lost_a = DRIVER_PTX_RA.replace("or.b32 z, %r8, 0;\n", "")
+    with pytest.raises(ptx.PtxPatchError, match="7 A registers \\(want 8\\)"):
+        ptx.patch(lost_a)
+    with pytest.raises(ptx.PtxPatchError, match="B descriptor missing"):
+        ptx.patch(DRIVER_PTX_RA.replace("mov.b64 t, %rd3;\n", ""))
+    with pytest.raises(ptx.PtxPatchError, match="3 accumulators"):
+        ptx.patch(DRIVER_PTX_RA.replace("add.f32 %f4, %f4, 0f00000000;\nor.b32", "or.b32"))
+    with pytest.raises(ptx.PtxPatchError, match="unknown placeholder SLOT_WGSTAGE_RA_N8_KB64_BF16"):
+        ptx.patch(DRIVER_PTX_RA.replace("_F16", "_BF16"))
+
+
+def test_the_slot_header_numbers_the_a_registers_after_the_accumulators():
+    header = ptx.slot_header()
+    assert '#define WG_RA_IN_BODY_16_2 "or.b32 z, %64, 0;\\n"' in header  # 64 accumulators: A starts at %64
+    assert '"or.b32 z, %71, 0;\\n" "mov.b64 t, %72;\\n" "mov.b32 z, %73;\\n"' in header
+    assert '#define WG_RA_OPS_2(AF_) "r"(AF_[0][0]),' in header and '"r"(AF_[1][3])\n' in header
+
+
 def model_on_wgmma(tiny_tensors, monkeypatch, precision, tables=None, every_layer=True, batch=2):
     """A tiny VGG16 at FP16/TF32 on the tensor-core family (emulated without a GPU) whose layers run tc_wgmma: all
     of them (the family's default made tc_wgmma), or those `tables` name."""
