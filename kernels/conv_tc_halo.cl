@@ -33,6 +33,19 @@
  * shfl.sync.bfly per value for the pixel beside) before the bias and the ReLU, which equals pooling the stored
  * outputs bit for bit, and even-g lanes store one pixel of the pooled output.
  * Shared with conv_tc_halo_sparse.cl: the block, patch and its load (tc_halo.clh) and the store (tc_epilogue.clh).
+ *
+ * WGMMA = 1 (Hopper, sm_90a; wgmma.clh): each warpgroup of 4 warps multiplies its 64 block rows by the whole BN-wide
+ * weight stage with wgmma.mma_async, A in registers and B from local memory: A's rows of tap (ky, kx) start at patch
+ * rows that are not multiples of 8, which no matrix descriptor can address, so each warp still takes its 16 rows from
+ * the patch by ldmatrix.x4 (the mma.sync A fragment is wgmma's register fragment of A for that warp); the weight
+ * stage is laid out as wgmma's core matrices (conv_tc.cl's WGMMA layout, 64-byte rows: SBO 512 bytes) instead of the
+ * XOR swizzle, and read through a descriptor. Shape: WARPS_N = 1, one m16 tile per warp (WARPS_M = TH * TW / 16, a
+ * multiple of 4: BM = 64 per warpgroup), BN = 64, 128, 192 or 256; the accumulators are laid out as above, so the
+ * epilogue and the fused pooling (TW = 8 only: a window's rows must lie in one warp's 16) are unchanged. Order of a
+ * step: its copies landed (CP_WAIT, proxy fence), the warpgroup's wgmma of the previous step done (WG_WAIT: they read
+ * the A registers about to be reloaded and the stage about to be refilled), barrier, ldmatrix, wgmma (asynchronous),
+ * then the next copies are issued while the tensor cores run. The program is built from the driver's PTX with the
+ * placeholders replaced (vggserve/runtime/ptx.py); emulated like the rest (wgmma.clh's model).
  */
 
 #ifndef TW
@@ -63,6 +76,9 @@
 #ifndef POOL
 #define POOL 0      /* 1: a 2x2/2 max-pool fused into the store (TH even; TW 8, or a multiple of 16 with WTM of 2*TW) */
 #endif
+#ifndef WGMMA
+#define WGMMA 0     /* 1: Hopper's wgmma (sm_90a, through the driver's patched PTX), A in registers */
+#endif
 
 #include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
 #include "tc_halo.clh"      /* TH (default 8), the block, its input patch and their maps */
@@ -86,6 +102,14 @@
 #error "POOL: TH even, and TW 8 or a multiple of 16 with WTM a multiple of 2*TW"
 #endif
 
+#if WGMMA                     /* the weight stage as wgmma's core matrices (wgmma.clh) */
+#if WARPS_N != 1 || WTM != 16 || WARPS_M % 4 || BN % 64 || BN > 256
+#error "WGMMA: WARPS_N = 1, WARPS_M = TH * TW / 16 (a multiple of 4: 64 rows a warpgroup), BN 64, 128, 192 or 256"
+#endif
+#define BK CK
+#include "wgmma.clh"
+#endif
+
 __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
                   __global const elem_t *restrict wt,   /* Npad x 9*CpadK */
@@ -101,11 +125,21 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     HALO_BLOCK()
     const size_t Kw = (size_t)9 * CpadK;
 
+#if WGMMA
+    /* weights: this work-item's rows (tid % 8) + 8 (tid / 32) + i * (THREADS / CHUNKS), piece c = (tid / 8) % 4: a warp
+     * copies 8 rows of 4 pieces, the same bytes as below, and local chunk WG_CORE(row, c) is then simply tid (8 lanes
+     * write 128 consecutive bytes: one core matrix) */
+    const int c = (tid >> 3) & 3;
+    const int brow = (tid & 7) + 8 * (tid >> 5);
+    __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + brow) * Kw + c * VEC);
+    const uint bs_row0 = tid;
+#else
     /* weights: this work-item's rows tid / CHUNKS + i * (THREADS / CHUNKS), piece c = tid % CHUNKS */
     const int c = tid % CHUNKS;
     __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + tid / CHUNKS) * Kw + c * VEC);
-    const size_t wstep = (size_t)(THREADS / CHUNKS) * Kw * ELEM;
     const uint bs_row0 = SWZ4(tid / CHUNKS, c);
+#endif
+    const size_t wstep = (size_t)(THREADS / CHUNKS) * Kw * ELEM;
 
     /* step s = (chunk s / 9, tap s % 9): its weights (and, at tap 0, its chunk's patch) into stage s % STAGES */
 #define LOAD_STEP(s)                                                                                      \
@@ -127,6 +161,25 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         if (s < nsteps) LOAD_STEP(s)
         CP_COMMIT();
     }
+#if WGMMA
+    const int mrow0 = warp * 16;  /* this warp's 16 block rows (wm = warp: WARPS_N = 1) */
+    for (int s = 0; s < nsteps; ++s) {
+        CP_WAIT();
+        WG_PROXY();
+        WG_WAIT(acc, 0);  /* step s - 1's wgmma are done: their A registers may be reloaded and, after the barrier, every
+                        * warpgroup's reads of their stage are over */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        HALO_STEP(s)
+        uint af[KSTEPS][4];
+        _Pragma("unroll") for (int ks = 0; ks < KSTEPS; ++ks) LDSM_X4(af[ks], A_ADDR);
+        WG_STAGE_RA(acc, af, bs + (s % STAGES) * BN * CHUNKS);
+        /* refills the stage read in step s - 1 and, at a new chunk, the patch buffer chunk - 2 used (read by
+         * ldmatrix before the barrier above) */
+        if (s + STAGES - 1 < nsteps) LOAD_STEP(s + STAGES - 1)
+        CP_COMMIT();
+    }
+    WG_WAIT(acc, 0);
+#else
     for (int s = 0; s < nsteps; ++s) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -138,6 +191,7 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         if (s + STAGES - 1 < nsteps) LOAD_STEP(s + STAGES - 1)
         CP_COMMIT();
     }
+#endif
 
     const int g = lane >> 2, t4 = lane & 3;
 #if POOL

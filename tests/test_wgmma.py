@@ -1,4 +1,5 @@
-"""Hopper's wgmma engine (kernels/conv_tc.cl with WGMMA = 1, kernels/wgmma.clh, vggserve/runtime/ptx.py).
+"""Hopper's wgmma engine (kernels/conv_tc.cl and kernels/conv_tc_halo.cl with WGMMA = 1, kernels/wgmma.clh,
+vggserve/runtime/ptx.py).
 
 On an H100/H200 (VGGSERVE_TEST_DEVICE=gpu) the layers run real wgmma from programs built out of the driver's patched
 PTX; here and in CI they run on PoCL through wgmma.clh's software model, which reads the tiles through the same
@@ -14,11 +15,13 @@ import pytest
 
 from vggserve.ops import precision as precisions, registry
 from vggserve.ops.registry import BuildEnv, LayerSpec
-from vggserve.ops.tensorcore import WGMMA_TILES, WgmmaLayer, wgmma_valid
+from vggserve.ops.tensorcore import (HALO_TUNABLES, HALO_WGMMA_TILES, WGMMA_TILES, HaloWgmmaLayer, WgmmaLayer,
+                                     halo_wgmma_valid, wgmma_valid)
 from vggserve.runtime import caps as device_caps, ptx
 
 from clbuffers import rel_err
-from test_tensorcore import TC_PRECISIONS, run_layer, tc_env  # noqa: F401 - the fixture
+from test_tc_pool import check_fused, run_halo
+from test_tensorcore import HALO_SHAPES, TC_PRECISIONS, nhwc_input, run_layer, tc_env  # noqa: F401 - the fixture
 
 KEYS = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB", "WG_INFLIGHT")
 CONFIGS = [(64, 64, 4, 1, 3, 64, 0), (128, 128, 8, 1, 2, 128, 0), (64, 256, 4, 1, 3, 32, 1), (64, 192, 4, 1, 2, 64, 0),
@@ -59,6 +62,86 @@ def test_wgmma_split_k_sums_the_same_as_one_pass(tc_env, rng, prec):
     assert rel_err(got[..., :24].transpose(0, 3, 1, 2), ref) < 2e-3
 
 
+# ---- conv_tc_halo.cl with WGMMA = 1: A from the patch in registers, B through a descriptor ------------------------
+# tc_halo's awkward shapes (n, cin, cout, h, w): blocks cut by the image's edges, channels below one chunk and not a
+# multiple of it, 1 image; and three FP16 chunks (the patch buffers reused)
+HALO_WG_SHAPES = HALO_SHAPES + [(1, 70, 20, 6, 9)]
+
+
+def halo_wgmma_params(cfg):
+    p = dict(zip(HALO_TUNABLES, cfg), ALGO="tc_halo_wgmma")
+    assert halo_wgmma_valid(p)
+    return p
+
+
+def halo_wgmma_layer(p):
+    return lambda ctx, cache, prec, layer, w, b, env: HaloWgmmaLayer(ctx, cache, p, prec, layer, w, b, env)
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("cfg", HALO_WGMMA_TILES, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
+@pytest.mark.parametrize("shape", HALO_WG_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_halo_wgmma_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
+    """Every tc_halo_wgmma tile: each warp's A fragments from the patch by ldmatrix, wgmma's software model (the
+    fragments exchanged through local memory, B read through the core-matrix layout)."""
+    got, ref, _ = run_layer(tc_env, prec, None, (*shape, 3), rng, make=halo_wgmma_layer(halo_wgmma_params(cfg)))
+    cout = shape[2]
+    assert not np.isnan(got).any(), "an output element was never written"
+    assert np.all(got[..., cout:] == 0), "the padding channels must be zero (the next layer reads them)"
+    assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+HALO_WG_POOL_SHAPES = [(1, 3, 8, 5, 7), (3, 13, 21, 11, 17), (2, 16, 16, 1, 3), (1, 40, 70, 9, 4)]
+# TW = 8, the tiles that fuse, one and two warpgroups (BN changes only the accumulators' count, not the windows)
+HALO_WG_POOL_TILES = [t for t in HALO_WGMMA_TILES if t[1] == 8 and t[2] == 128]
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("cfg", HALO_WG_POOL_TILES, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
+@pytest.mark.parametrize("shape", HALO_WG_POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_halo_wgmma_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, cfg, shape):
+    """TW = 8 tiles pool in the store: a window's rows are g and g + 8 of one warp's fragment, as in tc_halo."""
+    assert len(HALO_WG_POOL_TILES) == 2
+    n, cin, cout, h, w = shape
+    p = halo_wgmma_params(cfg)
+    assert registry.get("tc_halo_wgmma").fuses_pool(p)
+    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    xin = nhwc_input(x, -(-cin // (16 // prec.itemsize)) * (16 // prec.itemsize), prec)
+    layer = LayerSpec("conv3x3", cin, cout, h)
+    fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, True, HaloWgmmaLayer)
+    plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, False, HaloWgmmaLayer)
+    check_fused(fused, untouched, plain, prec, x, weight, bias)
+
+
+def test_only_halo_wgmma_tiles_8_pixels_wide_fuse_the_pooling(tc_env):
+    """One m16 tile a warp: a 16-wide block's row below lies in the next warp, so only TW = 8 blocks can pool."""
+    ctx, _, cache, caps = tc_env
+    algo = registry.get("tc_halo_wgmma")
+    assert [algo.fuses_pool(halo_wgmma_params(t)) for t in HALO_WGMMA_TILES] == [t[1] == 8 for t in HALO_WGMMA_TILES]
+    assert any(t[1] == 8 for t in HALO_WGMMA_TILES) and any(t[1] == 16 for t in HALO_WGMMA_TILES)
+    assert not algo.fuses_pool(dict(zip(HALO_TUNABLES, (8, 8, 128, 2, 2, 3))))  # tc_halo's shape, not a warpgroup's
+    with pytest.raises(ValueError, match="tc_halo_wgmma .* cannot fuse"):
+        HaloWgmmaLayer(ctx, cache, halo_wgmma_params((8, 16, 128, 8, 1, 3)), precisions.FP16,
+                       LayerSpec("conv3x3", 8, 16, 8, pool=True), np.zeros((16, 8, 3, 3), np.float32),
+                       np.zeros(16, np.float32), BuildEnv(caps=caps, max_batch=1))
+
+
+def test_every_halo_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
+    caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
+                            tensor_cores=True, emulate_mma=False, wgmma=True)
+    algo = registry.get("tc_halo_wgmma")
+    for size in (224, 28):  # no blocks fitted to the image: 64 block rows a warpgroup
+        cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, size))
+        assert [tuple(p[k] for k in HALO_TUNABLES) for p in cands] == HALO_WGMMA_TILES
+        assert all(halo_wgmma_valid(p) and algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
+    assert algo.kinds == ("conv3x3",)
+    assert not halo_wgmma_valid(dict(zip(HALO_TUNABLES, (4, 28, 128, 7, 1, 3))))  # 112 rows: not 64 a warpgroup
+    assert not halo_wgmma_valid(dict(zip(HALO_TUNABLES, (8, 16, 128, 4, 2, 3))))  # two warps across N
+    assert not halo_wgmma_valid(dict(zip(HALO_TUNABLES, (8, 16, 96, 8, 1, 3))))  # BN not a multiple of 64
+
+
 def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
                             tensor_cores=True, emulate_mma=False, wgmma=True)
@@ -70,7 +153,8 @@ def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     assert not wgmma_valid(dict(zip(KEYS, (128, 128, 8, 1, 2, 64, 1))))  # a wgmma group in flight needs 3 stages
 
 
-def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch):
+@pytest.mark.parametrize("name", ["tc_wgmma", "tc_halo_wgmma"])
+def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch, name):
     """sm_90a code runs on compute capability 9.0 only, and natively only with VGGSERVE_WGMMA=1 until a GPU run has
     checked it; VGGSERVE_WGMMA=0 turns it off, the software model's too."""
     class Device:
@@ -82,7 +166,7 @@ def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch):
 
     monkeypatch.delenv("VGGSERVE_EMULATE_MMA", raising=False)
     monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
-    algo = registry.get("tc_wgmma")
+    algo = registry.get(name)
     assert not algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)  # opt-in
     monkeypatch.setenv("VGGSERVE_WGMMA", "1")
     assert algo.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)

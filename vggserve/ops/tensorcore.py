@@ -250,9 +250,16 @@ def wgmma_valid(params: dict) -> bool:
             and params["STAGES"] >= 2 + inflight and valid(params))
 
 
+def wgmma_program(cache, env, file: str, defines: dict):
+    """A WGMMA = 1 program: natively built from the driver's PTX, patched (runtime/ptx.py); emulated (PoCL) the
+    software model, built as the mma.sync kernels are."""
+    from ..runtime import ptx
+
+    return cache.build(file, defines, ptx=None if env.caps.emulate_mma else ptx)
+
+
 class WgmmaLayer(TensorCoreLayer):
-    """A TensorCoreLayer on wgmma: natively its programs are built from the driver's PTX, patched (runtime/ptx.py);
-    emulated (PoCL) they run the software model like the mma.sync kernels."""
+    """A TensorCoreLayer on wgmma (wgmma_program)."""
 
     name = "tc_wgmma"
 
@@ -260,9 +267,7 @@ class WgmmaLayer(TensorCoreLayer):
         return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0))}
 
     def program(self, cache, env, defines: dict):
-        from ..runtime import ptx
-
-        return cache.build(KERNEL_FILE, defines, ptx=None if env.caps.emulate_mma else ptx)
+        return wgmma_program(cache, env, KERNEL_FILE, defines)
 
 
 class TensorCoreWgmma(TensorCoreGemm):
@@ -332,11 +337,17 @@ class HaloLayer:
     """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks. With
     `layer.pool`, the 2x2/2 max-pool that follows is fused into the store: the output is the (h/2) x (w/2) image."""
 
+    name = "tc_halo"
+    extra_defines: dict = {}
+
+    def program(self, cache, env, defines: dict):
+        return cache.build(HALO_FILE, defines)
+
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv):
         if layer.pool and not halo_pools(params):
-            raise ValueError(f"tc_halo {params}: this tile cannot fuse the pooling (TH even; TW 8, or a multiple of 16 "
-                             "with each warp's rows a multiple of 2*TW)")
+            raise ValueError(f"{self.name} {params}: this tile cannot fuse the pooling (TH even; TW 8, or a multiple "
+                             "of 16 with each warp's rows a multiple of 2*TW)")
         self.p, self.layer = dict(params), layer
         v = vec(precision)
         self.ck = HALO_ROW // precision.itemsize
@@ -349,8 +360,8 @@ class HaloLayer:
         self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
         defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
-                   "OUT_F32": int(layer.last), "POOL": int(layer.pool), **env.caps.mma_define}
-        self.kernel = Launch(cl.Kernel(cache.build(HALO_FILE, defines), "conv_tc_halo"))
+                   "OUT_F32": int(layer.last), "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines}
+        self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
         return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w)
@@ -360,7 +371,7 @@ class HaloLayer:
 
     def describe(self) -> str:
         p = self.p
-        return (f"tc_halo {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
+        return (f"{self.name} {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
                 f"{p['STAGES']} stages{', 2x2 max-pool in the store' if self.layer.pool else ''}")
 
 
@@ -389,3 +400,49 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
 
 
 HALO_ALGORITHM = register(TensorCoreHalo())
+
+
+# ---- conv_tc_halo.cl with WGMMA = 1: halo tiles on wgmma, A (the patch rows) in registers, built through PTX ---------
+HALO_WGMMA_DEFAULT = {"ALGO": "tc_halo_wgmma", "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 8, "WARPS_N": 1, "STAGES": 3}
+# (TH, TW, BN, WARPS_M, WARPS_N, STAGES): one or two warpgroups of 64 block rows, the whole BN per warpgroup; TW = 8
+# blocks can fuse the pooling (a window's rows within one warp's 16), 8x8 tiles 56-pixel images exactly
+HALO_WGMMA_TILES = [(8, 16, 128, 8, 1, 3), (16, 8, 128, 8, 1, 3), (8, 8, 128, 4, 1, 4), (4, 16, 256, 4, 1, 2),
+                    (8, 8, 256, 4, 1, 2), (8, 16, 192, 8, 1, 2), (8, 16, 64, 8, 1, 4), (4, 16, 128, 4, 1, 4)]
+
+
+def halo_wgmma_valid(params: dict) -> bool:
+    """conv_tc_halo.cl's shape rules under WGMMA = 1 (its #error lines): one m16 tile per warp, 64 rows a warpgroup."""
+    bm, bn, wm = params["TH"] * params["TW"], params["BN"], params["WARPS_M"]
+    return (params["WARPS_N"] == 1 and bm == 16 * wm and wm % 4 == 0 and bn % 64 == 0 and bn <= 256
+            and halo_valid(params))
+
+
+class HaloWgmmaLayer(HaloLayer):
+    """A HaloLayer on wgmma (wgmma_program)."""
+
+    name = "tc_halo_wgmma"
+    extra_defines = {"WGMMA": 1}
+
+    def program(self, cache, env, defines: dict):
+        return wgmma_program(cache, env, HALO_FILE, defines)
+
+
+class TensorCoreHaloWgmma(TensorCoreHalo):
+    name = "tc_halo_wgmma"
+    tiles, default_params = HALO_WGMMA_TILES, HALO_WGMMA_DEFAULT
+    valid = staticmethod(halo_wgmma_valid)
+
+    def available(self, caps, precision):
+        return caps.wgmma and super().available(caps, precision)
+
+    def fuses_pool(self, params):
+        return self.valid(params) and halo_pools(params)
+
+    def candidates(self, caps, precision, layer):
+        return _TensorCoreAlgorithm.candidates(self, caps, precision, layer)  # no fitted blocks: 64 rows a warpgroup
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return HaloWgmmaLayer(ctx, cache, params, precision, layer, weight, bias, env)
+
+
+HALO_WGMMA_ALGORITHM = register(TensorCoreHaloWgmma())
