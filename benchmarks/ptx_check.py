@@ -35,16 +35,21 @@ from vggserve.runtime.programs import kernel_source  # noqa: E402
 
 LIBCLC = Path("/usr/lib/clc/nvptx64--nvidiacl.bc")
 FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_wgmma": ("conv_tc.cl", "conv_tc"),
-         "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"),
+         "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"), "tc_halo_wgmma": ("conv_tc_halo.cl", "conv_tc_halo"),
          "tc_sparse24": ("conv_tc_sparse.cl", "conv_tc_sparse"),
          "tc_halo_sparse24": ("conv_tc_halo_sparse.cl", "conv_tc_halo_sparse")}
+
+
+WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma")  # built with WGMMA = 1, patched and assembled for sm_90a
+DENSE_ALGOS = ("tc_gemm", "tc_wgmma", "tc_halo", "tc_halo_wgmma")  # FP16 and TF32 (the 2:4 ones: FP16 only)
 
 
 def tunables(algo: str) -> tuple:
     from vggserve.ops import tensorcore, tensorcore_sparse
 
     return {"tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
-            "tc_sparse24": tensorcore_sparse.TUNABLES, "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
+            "tc_halo_wgmma": tensorcore.HALO_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
+            "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
 
 def pools(algo: str, tiles: dict) -> bool:
@@ -56,13 +61,13 @@ def pools(algo: str, tiles: dict) -> bool:
 
 def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
     """(label, defines) of the programs the engine builds from one tile configuration."""
-    base = {**tiles, "MMA_EMULATE": 0, **({"WGMMA": 1} if algo == "tc_wgmma" else {})}
+    base = {**tiles, "MMA_EMULATE": 0, **({"WGMMA": 1} if algo in WGMMA_ALGOS else {})}
     if algo in ("tc_gemm", "tc_wgmma"):
         tf32 = int(precision == "tf32")
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
         return [("conv", conv), ("conv split-K", {**conv, "SPLITK": 1}),
                 ("fc last", {**base, "TF32": tf32, "KS": 1, "PAD": 0, "RELU": 0, "OUT_F32": 1})]
-    if algo == "tc_halo":
+    if algo in ("tc_halo", "tc_halo_wgmma"):
         conv = {**base, "TF32": int(precision == "tf32"), "RELU": 1, "OUT_F32": 0, "POOL": 0}
         return [("conv", conv)] + ([("conv POOL=1", {**conv, "POOL": 1})] if pools(algo, tiles) else [])
     conv = {**base, "RELU": 1}
@@ -99,12 +104,13 @@ def shipped_configs() -> list[tuple[str, str, dict]]:
 
 
 def candidate_configs() -> list[tuple[str, str, dict]]:
-    """Every registry candidate tile of the four entries, at each precision the entry runs."""
+    """Every registry candidate tile of the entries, at each precision the entry runs."""
     from vggserve.ops import tensorcore, tensorcore_sparse
 
     lists = {"tc_gemm": (tensorcore.TILES, tensorcore.valid),
              "tc_wgmma": (tensorcore.WGMMA_TILES, tensorcore.wgmma_valid),
              "tc_halo": (tensorcore.HALO_TILES + tensorcore.HALO_FITTED_TILES, tensorcore.halo_valid),
+             "tc_halo_wgmma": (tensorcore.HALO_WGMMA_TILES, tensorcore.halo_wgmma_valid),
              "tc_sparse24": (tensorcore_sparse.TILES, tensorcore_sparse.valid),
              "tc_halo_sparse24": (tensorcore_sparse.HALO_SPARSE_TILES, tensorcore_sparse.halo_valid)}
     out = []
@@ -112,7 +118,7 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
         for tile in tiles:
             p = dict(zip(tunables(algo), tile))
             if valid(p):
-                for precision in (("fp16", "tf32") if algo in ("tc_gemm", "tc_wgmma", "tc_halo") else ("fp16",)):
+                for precision in (("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
                     out.append((algo, precision, p))
     return out
 
