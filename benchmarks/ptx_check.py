@@ -48,7 +48,7 @@ def tunables(algo: str) -> tuple:
     from vggserve.ops import tensorcore, tensorcore_sparse
 
     return {"tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
-            "tc_halo_wgmma": tensorcore.HALO_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
+            "tc_halo_wgmma": tensorcore.HALO_WGMMA_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
             "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
 

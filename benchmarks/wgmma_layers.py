@@ -1,12 +1,14 @@
-"""The wgmma engine per layer (kernels/conv_tc.cl with WGMMA = 1, built through PTX): every VGG16 layer shape timed
-on each tc_wgmma candidate, beside what the engine runs there today (the device's tuned entry, or the family's
-default) and cuDNN's own convolution / matmul at the same precision, in one process on one GPU.
+"""The wgmma engines per layer (built through PTX: kernels/conv_tc.cl with WGMMA = 1, tc_wgmma, and the halo tiles of
+kernels/conv_tc_halo.cl with WGMMA = 1, tc_halo_wgmma, 3x3 convolutions only): every VGG16 layer shape timed on each
+candidate of each, beside what the engine runs there today (the device's tuned entry, or the family's default) and
+cuDNN's own convolution / matmul at the same precision, in one process on one GPU.
 
-    python benchmarks/wgmma_layers.py --device gpu --batch 64 [--precisions fp16,tf32] [--json out.json]
+    python benchmarks/wgmma_layers.py --device gpu --batch 64 [--precisions fp16,tf32] [--algos tc_halo_wgmma]
+                                      [--json out.json]
 
-Prints per shape and precision: the engine's current kernel, the best wgmma candidate (ms, TFLOP/s, fraction of the
-wgmma ceiling: 946 TFLOP/s FP16, 473 TF32 on the H100, from ../shared/probes), cuDNN's, and each candidate's largest
-difference from the current kernel's output (relative to its largest value): a layout error shows as O(1).
+Prints per shape and precision: the engine's current kernel, each entry's best candidate (ms, TFLOP/s, fraction of
+the wgmma ceiling: 946 TFLOP/s FP16, 473 TF32 on the H100, from ../shared/probes), cuDNN's, and each candidate's
+largest difference from the current kernel's output (relative to its largest value): a layout error shows as O(1).
 """
 
 import argparse
@@ -22,7 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CEILING = {"fp16": 946.0, "tf32": 473.0}
 
 
+WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma")
+
+
 def tiles(p: dict) -> str:
+    if "TH" in p:  # a halo tile: TH x TW pixels x BN channels
+        return f"{p['TH']}x{p['TW']}x{p['BN']}s{p['STAGES']}f{p.get('WG_INFLIGHT', 0)}"
     return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"
 
 
@@ -62,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp16,tf32")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--shapes", default="", help="shape keys to run (default: all of VGG16's)")
+    ap.add_argument("--algos", default=",".join(WGMMA_ALGOS), help="wgmma entries to time (default: both)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -91,7 +99,7 @@ def main(argv=None) -> int:
     cache = ProgramCache(ctx, device, progress=False)
     tables = params_for(info.kind, info.label)
     env = BuildEnv(caps=caps, max_batch=args.batch, tables=tables)
-    wg = registry.get("tc_wgmma")
+    engines = [registry.get(name) for name in args.algos.split(",")]
     rng = np.random.default_rng(0)
     only = set(filter(None, args.shapes.split(",")))
     rows = []
@@ -106,13 +114,14 @@ def main(argv=None) -> int:
             flops = 2.0 * args.batch * size * size * cin * cout * ks * ks
             now = conv_params_for(tables, cin, cout, size, args.batch, pname, default=default)
             now_algo = registry.choose(now, "tensorcore", layer.kind)
-            if not now_algo.available(caps, prec) or now_algo.name == "tc_wgmma":
+            if not now_algo.available(caps, prec) or now_algo.name in WGMMA_ALGOS:
                 now_algo, now = registry.get("tc_gemm"), default
             op = now_algo.make(ctx, cache, now, prec, layer, bench.weight, bench.bias, env)
             now_ms, ref = time_op(queue, op, bench, args.batch, size, args.repeats)
             scale = max(float(np.abs(ref).max()), 1e-30)
             row = {"precision": pname, "shape": key, "now": op.describe(), "now_ms": now_ms, "wgmma": []}
-            for p in wg.candidates(caps, prec, layer):
+            cands = [(wg, p) for wg in engines if layer.kind in wg.kinds for p in wg.candidates(caps, prec, layer)]
+            for wg, p in cands:
                 t0 = time.perf_counter()
                 try:
                     cand = wg.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env)
@@ -124,22 +133,25 @@ def main(argv=None) -> int:
                 ms, out = time_op(queue, cand, bench, args.batch, size, args.repeats)
                 err = float(np.abs(out - ref).max() / scale) if np.all(np.isfinite(out)) else float("inf")
                 row["wgmma"].append({"params": p, "ms": ms, "err": err, "build_s": built})
-            ok = [c for c in row["wgmma"] if "ms" in c and c["err"] < 2e-2]
-            best = min(ok, key=lambda c: c["ms"]) if ok else None
             row["torch_ms"] = torch_time(torch, layer, args.batch, pname, args.repeats) if torch else None
             rows.append(row)
             tf = lambda ms: flops / ms / 1e9 if ms else float("nan")  # noqa: E731
             line = f"{pname} {key:>14s}: now {now_ms:7.3f} ms {tf(now_ms):6.1f} TF/s ({row['now']})"
-            if best:
-                bp = best["params"]
-                share = tf(best["ms"]) / CEILING[pname]
-                line += f" | wgmma {best['ms']:7.3f} ms {tf(best['ms']):6.1f} TF/s ({share:.2f} of ceiling) {tiles(bp)}"
-            else:
-                line += " | wgmma: no candidate agreed" if row["wgmma"] else " | wgmma: none"
+            for wg in engines:
+                mine = [c for c in row["wgmma"] if c["params"]["ALGO"] == wg.name]
+                ok = [c for c in mine if "ms" in c and c["err"] < 2e-2]
+                best = min(ok, key=lambda c: c["ms"]) if ok else None
+                if best:
+                    share = tf(best["ms"]) / CEILING[pname]
+                    line += (f" | {wg.name} {best['ms']:7.3f} ms {tf(best['ms']):6.1f} TF/s ({share:.2f} of ceiling) "
+                             f"{tiles(best['params'])}")
+                elif mine:
+                    line += f" | {wg.name}: no candidate agreed"
             if row["torch_ms"]:
                 line += f" | cuDNN {row['torch_ms']:7.3f} ms {tf(row['torch_ms']):6.1f} TF/s"
             print(line, flush=True)
-            errs = [f"{tiles(c['params'])}:{c['ms']:.3f}/{c['err']:.1e}" for c in row["wgmma"] if "ms" in c]
+            errs = [f"{c['params']['ALGO']} {tiles(c['params'])}:{c['ms']:.3f}/{c['err']:.1e}" for c in row["wgmma"]
+                    if "ms" in c]
             print("    candidates ms/err: " + " ".join(errs), flush=True)
         sums = {"now": 0.0, "wgmma_or_now": 0.0, "torch": 0.0}
         for r in (r for r in rows if r["precision"] == pname):

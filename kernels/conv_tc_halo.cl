@@ -42,10 +42,13 @@
  * XOR swizzle, and read through a descriptor. Shape: WARPS_N = 1, one m16 tile per warp (WARPS_M = TH * TW / 16, a
  * multiple of 4: BM = 64 per warpgroup), BN = 64, 128, 192 or 256; the accumulators are laid out as above, so the
  * epilogue and the fused pooling (TW = 8 only: a window's rows must lie in one warp's 16) are unchanged. Order of a
- * step: its copies landed (CP_WAIT, proxy fence), the warpgroup's wgmma of the previous step done (WG_WAIT: they read
- * the A registers about to be reloaded and the stage about to be refilled), barrier, ldmatrix, wgmma (asynchronous),
- * then the next copies are issued while the tensor cores run. The program is built from the driver's PTX with the
- * placeholders replaced (vggserve/runtime/ptx.py); emulated like the rest (wgmma.clh's model).
+ * step: its copies landed (WG_CP_WAIT, proxy fence), the warpgroup's wgmma of step s - 1 - WG_INFLIGHT done (WG_WAIT:
+ * every wgmma still running reads other A registers, and after the barrier no warpgroup reads the stage about to be
+ * refilled), barrier, ldmatrix, wgmma (asynchronous), then the copies of step s + LEAD (LEAD = STAGES - 1 -
+ * WG_INFLIGHT) are issued while the tensor cores run. WG_INFLIGHT = 1 leaves a step's wgmma running across the next
+ * step's barrier and ldmatrix: the A fragments alternate between two register sets (af0 for even steps, af1 for odd
+ * ones: the loop is unrolled by two), and copies run one step less ahead. The program is built from the driver's PTX
+ * with the placeholders replaced (vggserve/runtime/ptx.py); emulated like the rest (wgmma.clh's model).
  */
 
 #ifndef TW
@@ -79,6 +82,9 @@
 #ifndef WGMMA
 #define WGMMA 0     /* 1: Hopper's wgmma (sm_90a, through the driver's patched PTX), A in registers */
 #endif
+#ifndef WG_INFLIGHT
+#define WG_INFLIGHT 0   /* WGMMA: wgmma groups left running across the next step's barrier (0 or 1; 1: 3+ stages) */
+#endif
 
 #include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
 #include "tc_halo.clh"      /* TH (default 8), the block, its input patch and their maps */
@@ -103,8 +109,8 @@
 #endif
 
 #if WGMMA                     /* the weight stage as wgmma's core matrices (wgmma.clh) */
-#if WARPS_N != 1 || WTM != 16 || WARPS_M % 4 || BN % 64 || BN > 256
-#error "WGMMA: WARPS_N = 1, WARPS_M = TH * TW / 16 (a multiple of 4: 64 rows a warpgroup), BN 64, 128, 192 or 256"
+#if WARPS_N != 1 || WTM != 16 || WARPS_M % 4 || BN % 64 || BN > 256 || STAGES < 2 + WG_INFLIGHT || WG_INFLIGHT > 1
+#error "WGMMA: WARPS_N = 1, WARPS_M = TH*TW/16 (4 a warpgroup), BN 64 to 256 by 64, STAGES >= 2 + WG_INFLIGHT (0, 1)"
 #endif
 #define BK CK
 #include "wgmma.clh"
@@ -157,29 +163,46 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
 
     MMA_ACC(acc, MI, NJ)
 
+#if WGMMA
+#define LEAD (STAGES - 1 - WG_INFLIGHT)  /* steps whose copies are issued ahead */
+    /* step s_ with its A fragments in AF_, registers that no wgmma still running reads. After WG_WAIT and the
+     * barrier, every warpgroup's wgmma up to step s_ - 1 - WG_INFLIGHT are done: their stage, (s_ + LEAD) % STAGES, is
+     * refilled, and at a new chunk the patch buffer chunk - 2 used (read by ldmatrix only, before the barrier) */
+#define WG_HALO_STEP(s_, AF_)                                                                             \
+    {                                                                                                     \
+        WG_CP_WAIT(LEAD - 1);  /* step s_'s copies have landed */                                         \
+        WG_PROXY();                                                                                       \
+        WG_WAIT(acc, WG_INFLIGHT);                                                                        \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                                     \
+        HALO_STEP(s_)                                                                                     \
+        _Pragma("unroll") for (int ks = 0; ks < KSTEPS; ++ks) LDSM_X4(AF_[ks], A_ADDR);                   \
+        WG_STAGE_RA(acc, AF_, bs + ((s_) % STAGES) * BN * CHUNKS);                                        \
+        if ((s_) + LEAD < nsteps) LOAD_STEP((s_) + LEAD)                                                  \
+        CP_COMMIT();                                                                                      \
+    }
+    for (int s = 0; s < LEAD; ++s) {
+        if (s < nsteps) LOAD_STEP(s)
+        CP_COMMIT();
+    }
+    const int mrow0 = warp * 16;  /* this warp's 16 block rows (wm = warp: WARPS_N = 1) */
+    uint af0[KSTEPS][4];
+#if WG_INFLIGHT
+    uint af1[KSTEPS][4];
+    int s = 0;
+    for (; s + 1 < nsteps; s += 2) {
+        WG_HALO_STEP(s, af0)
+        WG_HALO_STEP(s + 1, af1)
+    }
+    if (s < nsteps) WG_HALO_STEP(s, af0)  /* an odd number of chunks: 9 per chunk */
+#else
+    for (int s = 0; s < nsteps; ++s) WG_HALO_STEP(s, af0)
+#endif
+    WG_WAIT(acc, 0);
+#else
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nsteps) LOAD_STEP(s)
         CP_COMMIT();
     }
-#if WGMMA
-    const int mrow0 = warp * 16;  /* this warp's 16 block rows (wm = warp: WARPS_N = 1) */
-    for (int s = 0; s < nsteps; ++s) {
-        CP_WAIT();
-        WG_PROXY();
-        WG_WAIT(acc, 0);  /* step s - 1's wgmma are done: their A registers may be reloaded and, after the barrier, every
-                        * warpgroup's reads of their stage are over */
-        barrier(CLK_LOCAL_MEM_FENCE);
-        HALO_STEP(s)
-        uint af[KSTEPS][4];
-        _Pragma("unroll") for (int ks = 0; ks < KSTEPS; ++ks) LDSM_X4(af[ks], A_ADDR);
-        WG_STAGE_RA(acc, af, bs + (s % STAGES) * BN * CHUNKS);
-        /* refills the stage read in step s - 1 and, at a new chunk, the patch buffer chunk - 2 used (read by
-         * ldmatrix before the barrier above) */
-        if (s + STAGES - 1 < nsteps) LOAD_STEP(s + STAGES - 1)
-        CP_COMMIT();
-    }
-    WG_WAIT(acc, 0);
-#else
     for (int s = 0; s < nsteps; ++s) {
         CP_WAIT();
         barrier(CLK_LOCAL_MEM_FENCE);

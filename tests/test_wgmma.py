@@ -15,8 +15,8 @@ import pytest
 
 from vggserve.ops import precision as precisions, registry
 from vggserve.ops.registry import BuildEnv, LayerSpec
-from vggserve.ops.tensorcore import (HALO_TUNABLES, HALO_WGMMA_TILES, WGMMA_TILES, HaloWgmmaLayer, WgmmaLayer,
-                                     halo_wgmma_valid, wgmma_valid)
+from vggserve.ops.tensorcore import (HALO_TUNABLES, HALO_WGMMA_TILES, HALO_WGMMA_TUNABLES, WGMMA_TILES, HaloWgmmaLayer,
+                                     WgmmaLayer, halo_wgmma_valid, wgmma_valid)
 from vggserve.runtime import caps as device_caps, ptx
 
 from clbuffers import rel_err
@@ -64,12 +64,14 @@ def test_wgmma_split_k_sums_the_same_as_one_pass(tc_env, rng, prec):
 
 # ---- conv_tc_halo.cl with WGMMA = 1: A from the patch in registers, B through a descriptor ------------------------
 # tc_halo's awkward shapes (n, cin, cout, h, w): blocks cut by the image's edges, channels below one chunk and not a
-# multiple of it, 1 image; and three FP16 chunks (the patch buffers reused)
-HALO_WG_SHAPES = HALO_SHAPES + [(1, 70, 20, 6, 9)]
+# multiple of it, 1 and 2 images, 9 and 18 steps (one chunk; two FP16, three TF32); and three FP16 chunks, five TF32
+# (the patch buffers reused, an odd number of steps after the double-buffered pairs of WG_INFLIGHT = 1)
+HALO_WG_SHAPES = HALO_SHAPES[:3] + [(1, 70, 20, 6, 9)]
+HALO_WG_IDS = "{}x{}x{}_w{}x{}_s{}_f{}".format
 
 
 def halo_wgmma_params(cfg):
-    p = dict(zip(HALO_TUNABLES, cfg), ALGO="tc_halo_wgmma")
+    p = dict(zip(HALO_WGMMA_TUNABLES, cfg), ALGO="tc_halo_wgmma")
     assert halo_wgmma_valid(p)
     return p
 
@@ -79,7 +81,7 @@ def halo_wgmma_layer(p):
 
 
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
-@pytest.mark.parametrize("cfg", HALO_WGMMA_TILES, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
+@pytest.mark.parametrize("cfg", HALO_WGMMA_TILES, ids=lambda c: HALO_WG_IDS(*c))
 @pytest.mark.parametrize("shape", HALO_WG_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_halo_wgmma_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
     """Every tc_halo_wgmma tile: each warp's A fragments from the patch by ldmatrix, wgmma's software model (the
@@ -92,16 +94,17 @@ def test_halo_wgmma_layer_matches_numpy(tc_env, rng, prec, cfg, shape):
 
 
 HALO_WG_POOL_SHAPES = [(1, 3, 8, 5, 7), (3, 13, 21, 11, 17), (2, 16, 16, 1, 3), (1, 40, 70, 9, 4)]
-# TW = 8, the tiles that fuse, one and two warpgroups (BN changes only the accumulators' count, not the windows)
-HALO_WG_POOL_TILES = [t for t in HALO_WGMMA_TILES if t[1] == 8 and t[2] == 128]
+# TW = 8, the tiles that fuse: one and two warpgroups, A single- and double-buffered (BN changes only the accumulators'
+# count, not the windows)
+HALO_WG_POOL_TILES = [(8, 8, 128, 4, 1, 4, 0), (16, 8, 128, 8, 1, 3, 1)]
 
 
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
-@pytest.mark.parametrize("cfg", HALO_WG_POOL_TILES, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
+@pytest.mark.parametrize("cfg", HALO_WG_POOL_TILES, ids=lambda c: HALO_WG_IDS(*c))
 @pytest.mark.parametrize("shape", HALO_WG_POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_halo_wgmma_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, cfg, shape):
     """TW = 8 tiles pool in the store: a window's rows are g and g + 8 of one warp's fragment, as in tc_halo."""
-    assert len(HALO_WG_POOL_TILES) == 2
+    assert cfg in HALO_WGMMA_TILES
     n, cin, cout, h, w = shape
     p = halo_wgmma_params(cfg)
     assert registry.get("tc_halo_wgmma").fuses_pool(p)
@@ -123,7 +126,7 @@ def test_only_halo_wgmma_tiles_8_pixels_wide_fuse_the_pooling(tc_env):
     assert any(t[1] == 8 for t in HALO_WGMMA_TILES) and any(t[1] == 16 for t in HALO_WGMMA_TILES)
     assert not algo.fuses_pool(dict(zip(HALO_TUNABLES, (8, 8, 128, 2, 2, 3))))  # tc_halo's shape, not a warpgroup's
     with pytest.raises(ValueError, match="tc_halo_wgmma .* cannot fuse"):
-        HaloWgmmaLayer(ctx, cache, halo_wgmma_params((8, 16, 128, 8, 1, 3)), precisions.FP16,
+        HaloWgmmaLayer(ctx, cache, halo_wgmma_params((8, 16, 128, 8, 1, 3, 0)), precisions.FP16,
                        LayerSpec("conv3x3", 8, 16, 8, pool=True), np.zeros((16, 8, 3, 3), np.float32),
                        np.zeros(16, np.float32), BuildEnv(caps=caps, max_batch=1))
 
@@ -134,12 +137,15 @@ def test_every_halo_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     algo = registry.get("tc_halo_wgmma")
     for size in (224, 28):  # no blocks fitted to the image: 64 block rows a warpgroup
         cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, size))
-        assert [tuple(p[k] for k in HALO_TUNABLES) for p in cands] == HALO_WGMMA_TILES
+        assert [tuple(p[k] for k in HALO_WGMMA_TUNABLES) for p in cands] == HALO_WGMMA_TILES
         assert all(halo_wgmma_valid(p) and algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
     assert algo.kinds == ("conv3x3",)
-    assert not halo_wgmma_valid(dict(zip(HALO_TUNABLES, (4, 28, 128, 7, 1, 3))))  # 112 rows: not 64 a warpgroup
-    assert not halo_wgmma_valid(dict(zip(HALO_TUNABLES, (8, 16, 128, 4, 2, 3))))  # two warps across N
-    assert not halo_wgmma_valid(dict(zip(HALO_TUNABLES, (8, 16, 96, 8, 1, 3))))  # BN not a multiple of 64
+    invalid = [(4, 28, 128, 7, 1, 3, 0),   # 112 rows: not 64 a warpgroup
+               (8, 16, 128, 4, 2, 3, 0),   # two warps across N
+               (8, 16, 96, 8, 1, 3, 0),    # BN not a multiple of 64
+               (8, 16, 128, 8, 1, 2, 1)]   # a step's wgmma left running needs a third stage
+    assert not any(halo_wgmma_valid(dict(zip(HALO_WGMMA_TUNABLES, t))) for t in invalid)
+    assert {t[-1] for t in HALO_WGMMA_TILES} == {0, 1}
 
 
 def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
@@ -356,6 +362,31 @@ def test_the_whole_network_on_wgmma_matches_float64(tiny_tensors, monkeypatch, p
         out = model.logits(x)
     layers = [k for k in plan if k.startswith("tc_")]
     assert len(layers) == 16 and all(k.startswith("tc_wgmma") for k in layers), plan
+    ref = reference_logits(tiny_tensors, x)
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+
+
+def test_the_whole_network_on_halo_wgmma_fuses_the_poolings_and_matches_float64(tiny_tensors, monkeypatch):
+    """Every 3x3 layer on tc_halo_wgmma (16x8 blocks, a step's wgmma left running: WG_INFLIGHT 1) through the tuned
+    table, each pooling in the store of the convolution before it; the FC layers stay on tc_gemm."""
+    from vggserve.model.reference import reference_logits
+    from vggserve.runtime.params import shape_key
+    from vggserve.weights.spec import infer_width, vgg16_spec
+
+    tile = halo_wgmma_params((16, 8, 128, 8, 1, 3, 1))
+    spec, size, table = vgg16_spec(infer_width(tiny_tensors)), 224, {}
+    for c in spec.convs:
+        table[shape_key(c.cin, c.cout, size)] = dict(tile)
+        size //= 2 if c.pool_after else 1
+    x = np.random.default_rng(5).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    with model_on_wgmma(tiny_tensors, monkeypatch, "fp16", tables={"conv_by_batch_fp16": {"2": table}},
+                        every_layer=False) as model:
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+        out = model.logits(x)
+    convs = [k for name, k in plan.items() if name.startswith("features.")]
+    assert len(convs) == 13 and all(k.startswith("tc_halo_wgmma 16x8") for k in convs), plan
+    assert sum("max-pool in the store" in k for k in convs) == 5 and not any("pool after" in n for n in plan), plan
+    assert all(plan[f"classifier.{i}"].startswith("tc_gemm") for i in (0, 3, 6)), plan
     ref = reference_logits(tiny_tensors, x)
     assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
 

@@ -338,7 +338,9 @@ class HaloLayer:
     `layer.pool`, the 2x2/2 max-pool that follows is fused into the store: the output is the (h/2) x (w/2) image."""
 
     name = "tc_halo"
-    extra_defines: dict = {}
+
+    def extra_defines(self, params: dict) -> dict:
+        return {}
 
     def program(self, cache, env, defines: dict):
         return cache.build(HALO_FILE, defines)
@@ -360,7 +362,8 @@ class HaloLayer:
         self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
         defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
-                   "OUT_F32": int(layer.last), "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines}
+                   "OUT_F32": int(layer.last), "POOL": int(layer.pool), **env.caps.mma_define,
+                   **self.extra_defines(params)}
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
@@ -403,25 +406,34 @@ HALO_ALGORITHM = register(TensorCoreHalo())
 
 
 # ---- conv_tc_halo.cl with WGMMA = 1: halo tiles on wgmma, A (the patch rows) in registers, built through PTX ---------
-HALO_WGMMA_DEFAULT = {"ALGO": "tc_halo_wgmma", "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 8, "WARPS_N": 1, "STAGES": 3}
-# (TH, TW, BN, WARPS_M, WARPS_N, STAGES): one or two warpgroups of 64 block rows, the whole BN per warpgroup; TW = 8
-# blocks can fuse the pooling (a window's rows within one warp's 16), 8x8 tiles 56-pixel images exactly
-HALO_WGMMA_TILES = [(8, 16, 128, 8, 1, 3), (16, 8, 128, 8, 1, 3), (8, 8, 128, 4, 1, 4), (4, 16, 256, 4, 1, 2),
-                    (8, 8, 256, 4, 1, 2), (8, 16, 192, 8, 1, 2), (8, 16, 64, 8, 1, 4), (4, 16, 128, 4, 1, 4)]
+HALO_WGMMA_TUNABLES = HALO_TUNABLES + ("WG_INFLIGHT",)
+HALO_WGMMA_DEFAULT = {"ALGO": "tc_halo_wgmma", "TH": 8, "TW": 16, "BN": 128, "WARPS_M": 8, "WARPS_N": 1, "STAGES": 3,
+                      "WG_INFLIGHT": 0}
+# (TH, TW, BN, WARPS_M, WARPS_N, STAGES, WG_INFLIGHT): one or two warpgroups of 64 block rows, the whole BN per
+# warpgroup; TW = 8 blocks can fuse the pooling (a window's rows within one warp's 16), 8x8 tiles 56-pixel images
+# exactly; WG_INFLIGHT 1 keeps a step's wgmma running across the next step's barrier and ldmatrix (A registers
+# double-buffered), at the cost of one step of prefetch
+HALO_WGMMA_TILES = [(8, 16, 128, 8, 1, 3, 0), (8, 16, 128, 8, 1, 3, 1), (16, 8, 128, 8, 1, 3, 0),
+                    (16, 8, 128, 8, 1, 3, 1), (8, 8, 128, 4, 1, 4, 0), (8, 8, 128, 4, 1, 4, 1),
+                    (4, 16, 256, 4, 1, 2, 0), (8, 8, 256, 4, 1, 2, 0), (8, 16, 192, 8, 1, 2, 0),
+                    (8, 16, 64, 8, 1, 4, 1), (4, 16, 128, 4, 1, 4, 1)]
 
 
 def halo_wgmma_valid(params: dict) -> bool:
     """conv_tc_halo.cl's shape rules under WGMMA = 1 (its #error lines): one m16 tile per warp, 64 rows a warpgroup."""
     bm, bn, wm = params["TH"] * params["TW"], params["BN"], params["WARPS_M"]
+    inflight = params.get("WG_INFLIGHT", 0)
     return (params["WARPS_N"] == 1 and bm == 16 * wm and wm % 4 == 0 and bn % 64 == 0 and bn <= 256
-            and halo_valid(params))
+            and inflight in (0, 1) and params["STAGES"] >= 2 + inflight and halo_valid(params))
 
 
 class HaloWgmmaLayer(HaloLayer):
     """A HaloLayer on wgmma (wgmma_program)."""
 
     name = "tc_halo_wgmma"
-    extra_defines = {"WGMMA": 1}
+
+    def extra_defines(self, params: dict) -> dict:
+        return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0))}
 
     def program(self, cache, env, defines: dict):
         return wgmma_program(cache, env, HALO_FILE, defines)
@@ -429,7 +441,8 @@ class HaloWgmmaLayer(HaloLayer):
 
 class TensorCoreHaloWgmma(TensorCoreHalo):
     name = "tc_halo_wgmma"
-    tiles, default_params = HALO_WGMMA_TILES, HALO_WGMMA_DEFAULT
+    tunables = HALO_WGMMA_TUNABLES
+    tiles, tile_keys, default_params = HALO_WGMMA_TILES, HALO_WGMMA_TUNABLES, HALO_WGMMA_DEFAULT
     valid = staticmethod(halo_wgmma_valid)
 
     def available(self, caps, precision):
