@@ -138,14 +138,15 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     const int c = (tid >> 3) & 3;
     const int brow = (tid & 7) + 8 * (tid >> 5);
     __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + brow) * Kw + c * VEC);
+    const size_t wstep = (size_t)(THREADS / CHUNKS) * Kw * ELEM;
     const uint bs_row0 = tid;
 #else
     /* weights: this work-item's rows tid / CHUNKS + i * (THREADS / CHUNKS), piece c = tid % CHUNKS */
     const int c = tid % CHUNKS;
     __global const uchar *wrow = (__global const uchar *)(wt + (size_t)(n0 + tid / CHUNKS) * Kw + c * VEC);
+    const size_t wstep = (size_t)(THREADS / CHUNKS) * Kw * ELEM;
     const uint bs_row0 = SWZ4(tid / CHUNKS, c);
 #endif
-    const size_t wstep = (size_t)(THREADS / CHUNKS) * Kw * ELEM;
 
     /* step s = (chunk s / 9, tap s % 9): its weights (and, at tap 0, its chunk's patch) into stage s % STAGES */
 #define LOAD_STEP(s)                                                                                      \
