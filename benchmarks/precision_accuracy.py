@@ -24,7 +24,7 @@ logits, the measure of how hard agreement is with random weights.
 `--int8-model`: the same table for INT8 (vggserve/quant/int8.py: s8 per channel and per tensor, clipped to +-127,
 exact integer sums), with the entropy method also on INT8's own grid (`entropy-int8`, quant/calibrate.py).
 
-    python benchmarks/precision_accuracy.py --sensitivity --formats fp8,int8 --images 16 [--json out.json]
+    python benchmarks/precision_accuracy.py --sensitivity --formats fp8,int8 --images 32 [--target 1.01] [--json o.json]
 
 `--sensitivity`: per-layer sensitivity under one calibration (--sensitivity-method, max): every layer 8-bit; each
 layer alone kept at FP16; then the greedy set, layers added at FP16 in order of their single benefit (the drop of
