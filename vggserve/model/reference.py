@@ -62,20 +62,26 @@ def maxpool2x2_nhwc(x: np.ndarray) -> np.ndarray:
     return x.reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
-def staged_logits(spec, x: np.ndarray, layer, upto: str | None = None) -> np.ndarray:
+def staged_logits(spec, x: np.ndarray, layer, upto: str | None = None, start: str | None = None) -> np.ndarray:
     """VGG16 (`spec`: weights.spec.VGG16Spec) on normalised input x (N, 3, 224, 224) with each convolution and FC
     layer computed by `layer(name, a)`: its input a ((N, H, W, C) for a convolution, (N, F) for an FC layer) ->
     its output before the ReLU. ReLU, pooling and the flatten happen here. `upto`: return that layer's input
-    instead of the logits."""
-    a = np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1))
-    for conv in spec.convs:
+    instead of the logits. `start`: begin at that layer, x being its input (what `upto` returns for it)."""
+    convs, fcs = list(spec.convs), list(spec.fcs)
+    names = [c.name for c in convs] + [f.name for f in fcs]
+    if start is not None and start not in names:
+        raise ValueError(f"no layer {start} in VGG16; layers: {', '.join(names)}")
+    first = names.index(start) if start is not None else 0
+    a = np.asarray(x) if start is not None else np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1))
+    for conv in convs[first:]:
         if conv.name == upto:
             return a
         a = np.maximum(layer(conv.name, a), 0)
         if conv.pool_after:
             a = maxpool2x2_nhwc(a)
-    a = np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(a.shape[0], int(np.prod(a.shape[1:])))
-    for fc in spec.fcs:
+    if first < len(convs):
+        a = np.ascontiguousarray(a.transpose(0, 3, 1, 2)).reshape(a.shape[0], int(np.prod(a.shape[1:])))
+    for fc in fcs[max(first - len(convs), 0):]:
         if fc.name == upto:
             return a
         a = layer(fc.name, a)

@@ -18,6 +18,12 @@ batch after batch, so the memory does not grow with the number of images. Each m
   (every scale represents them), else the half of a post-ReLU tensor that is zero would pull every threshold
   down. A bin of P with no mass in Q (the fold into bin i - 1 when that bin was empty) gets a small probability
   EPSILON in Q, taken from the rest in proportion.
+- entropy with grid="int8": the same search with Q on INT8's own grid. A candidate range of i bins maps onto 127
+  uniform steps (scale i / 127 bins), and each bin joins the level its centre rounds to, as the quantiser rounds:
+  level 0 takes the bins below half a step (values that become 0), levels 1 to 126 a whole step each, level 127
+  the last half step. The threshold is then i bin widths, the edge of the range that maps onto 127. TensorRT's 128
+  runs of equal length fit a grid of 128 intervals from 0, which FP8's uneven grid has no better match for; INT8's
+  symmetric grid rounds to nearest, so its levels sit on the steps, not between them.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from .methods import DEFAULT_PERCENTILE, METHODS
 ENTROPY_BINS = 2048
 ENTROPY_LEVELS = 128  # TensorRT's: the positive half of an 8-bit code
 EPSILON = 1e-4
+INT8_LEVELS = 127  # INT8's positive steps: [0, amax] is 127 of them
+GRIDS = ("fp8", "int8")
 
 
 def observe(tensors: dict[str, np.ndarray], batches: Iterable[np.ndarray],
@@ -62,58 +70,69 @@ def observe(tensors: dict[str, np.ndarray], batches: Iterable[np.ndarray],
 
 
 def from_histograms(hists: dict[str, AbsHistogram], images: int, weights_sha256: str, method: str = "max",
-                    percentile: float | None = None) -> Calibration:
-    """The Calibration that `method` (max, percentile or entropy) reads from `observe`'s histograms."""
+                    percentile: float | None = None, grid: str = "fp8") -> Calibration:
+    """The Calibration that `method` (max, percentile or entropy) reads from `observe`'s histograms; `grid`
+    ("fp8" or "int8"): the entropy method's levels (module docstring)."""
     if method not in METHODS:
         raise ValueError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "percentile":
         percentile = DEFAULT_PERCENTILE if percentile is None else float(percentile)
     else:
         percentile = None
-    amax = {name: amax_of(hists[name], method, percentile) for name in LAYERS}
+    amax = {name: amax_of(hists[name], method, percentile, grid) for name in LAYERS}
     return Calibration(weights_sha256, method, images, percentile, amax)
 
 
-def amax_of(hist: AbsHistogram, method: str, percentile: float | None = None) -> float:
+def amax_of(hist: AbsHistogram, method: str, percentile: float | None = None, grid: str = "fp8") -> float:
     if method == "max":
         return float(hist.max)
     if method == "percentile":
         return float(hist.percentile(DEFAULT_PERCENTILE if percentile is None else percentile))
-    return entropy_amax(hist)
+    return entropy_amax(hist, grid=grid)
 
 
-def entropy_amax(hist: AbsHistogram, bins: int = ENTROPY_BINS, levels: int = ENTROPY_LEVELS) -> float:
-    """The entropy method's threshold for the non-zero values of `hist` (never above their maximum)."""
+def entropy_amax(hist: AbsHistogram, bins: int = ENTROPY_BINS, levels: int = ENTROPY_LEVELS,
+                 grid: str = "fp8") -> float:
+    """The entropy method's threshold for the non-zero values of `hist` (never above their maximum); `grid`:
+    "fp8" (TensorRT's 128 runs, threshold at i + 0.5 bins) or "int8" (INT8's 127 rounding steps, at i bins)."""
+    if grid not in GRIDS:
+        raise ValueError(f"no entropy grid {grid!r}; grids: {', '.join(GRIDS)}")
     counts, width = hist.coarse(bins)
     if counts.sum() == 0:
         return 0.0
+    if grid == "int8":
+        return float(min(kl_best_bins(counts, INT8_LEVELS, int8_grid=True) * width, hist.max))
     return float(min((kl_best_bins(counts, levels) + 0.5) * width, hist.max))
 
 
-def kl_best_bins(counts: np.ndarray, levels: int = ENTROPY_LEVELS) -> int:
+def kl_best_bins(counts: np.ndarray, levels: int = ENTROPY_LEVELS, int8_grid: bool = False) -> int:
     """The number of bins i (levels <= i <= len(counts)) whose clipped distribution P is the closest, by KL
-    divergence, to its quantisation Q to `levels` levels; len(counts) when there are no more bins than levels."""
+    divergence, to its quantisation Q to `levels` levels (`int8_grid`: levels + 1 rounding steps 0..levels, module
+    docstring); len(counts) when there are no more bins than levels."""
     counts = np.asarray(counts, dtype=np.float64)
     n = len(counts)
     if n <= levels:
         return n
     beyond = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # beyond[i] = counts[i:].sum()
     candidates = range(levels, n + 1)
-    divergences = np.array([_kl_clipped(counts[:i], beyond[i], levels) for i in candidates])
+    divergences = np.array([_kl_clipped(counts[:i], beyond[i], levels, int8_grid) for i in candidates])
     return candidates[int(np.argmin(divergences))]
 
 
-def _kl_clipped(kept: np.ndarray, outliers: float, levels: int) -> float:
+def _kl_clipped(kept: np.ndarray, outliers: float, levels: int, int8_grid: bool = False) -> float:
     """KL(P || Q) for the first i bins `kept` with `outliers` folded into the last (P) and quantised (Q)."""
     i = len(kept)
     if kept.sum() == 0:
         return np.inf
     p = kept.copy()
     p[-1] += outliers
-    run = np.arange(i) * levels // i  # the level each bin falls in: `levels` runs of i / levels bins
+    if int8_grid:  # the level each bin's centre rounds to, the range's i bins being `levels` steps
+        run = np.rint((np.arange(i) + 0.5) * levels / i).astype(np.int64)
+    else:  # the level each bin falls in: `levels` runs of i / levels bins
+        run = np.arange(i) * levels // i
     filled = kept > 0
-    totals = np.bincount(run, weights=kept, minlength=levels)
-    nonempty = np.bincount(run, weights=filled, minlength=levels)
+    totals = np.bincount(run, weights=kept, minlength=levels + 1)
+    nonempty = np.bincount(run, weights=filled, minlength=levels + 1)
     q = np.where(filled, totals[run] / np.maximum(nonempty[run], 1), 0.0)
     p /= p.sum()
     q /= q.sum()

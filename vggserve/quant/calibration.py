@@ -159,11 +159,12 @@ def load_for(weights_path: str | os.PathLike, weights_sha256: str) -> Calibratio
     return cal
 
 
-def weight_scales(weight: np.ndarray) -> np.ndarray:
-    """Per output channel (axis 0): the channel's absolute maximum / 448, float32; 1.0 for a channel of zeros."""
+def weight_scales(weight: np.ndarray, top: float = e4m3.MAX) -> np.ndarray:
+    """Per output channel (axis 0): the channel's absolute maximum / `top` (448, e4m3's largest; INT8: 127),
+    float32; 1.0 for a channel of zeros."""
     w = np.asarray(weight, dtype=np.float32)
     amax = np.abs(w.reshape(w.shape[0], -1)).max(axis=1) if w.size else np.zeros(w.shape[0], np.float32)
-    return np.where(amax > 0, amax / np.float32(e4m3.MAX), np.float32(1.0)).astype(np.float32)
+    return np.where(amax > 0, amax / np.float32(top), np.float32(1.0)).astype(np.float32)
 
 
 def reciprocal(scale) -> np.ndarray:
