@@ -250,34 +250,40 @@ def wgmma_valid(params: dict) -> bool:
             and params["STAGES"] >= 2 + inflight and valid(params))
 
 
-def wgmma_program(cache, env, file: str, defines: dict):
-    """A WGMMA = 1 program: natively built from the driver's PTX, patched (runtime/ptx.py); emulated (PoCL) the
-    software model, built as the mma.sync kernels are."""
-    from ..runtime import ptx
+class OnWgmma:
+    """What a layer on wgmma adds to its mma.sync twin: its kernel file (`kernel_file`) built with WGMMA = 1 and
+    WG_INFLIGHT; natively from the driver's PTX, patched (runtime/ptx.py); emulated (PoCL) the software model,
+    built as the mma.sync kernels are."""
 
-    return cache.build(file, defines, ptx=None if env.caps.emulate_mma else ptx)
-
-
-class WgmmaLayer(TensorCoreLayer):
-    """A TensorCoreLayer on wgmma (wgmma_program)."""
-
-    name = "tc_wgmma"
+    kernel_file = ""
 
     def extra_defines(self, params: dict) -> dict:
         return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0))}
 
     def program(self, cache, env, defines: dict):
-        return wgmma_program(cache, env, KERNEL_FILE, defines)
+        from ..runtime import ptx
+
+        return cache.build(self.kernel_file, defines, ptx=None if env.caps.emulate_mma else ptx)
 
 
-class TensorCoreWgmma(TensorCoreGemm):
+class NeedsWgmma:
+    """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs."""
+
+    def available(self, caps, precision):
+        return caps.wgmma and super().available(caps, precision)
+
+
+class WgmmaLayer(OnWgmma, TensorCoreLayer):
+    """A TensorCoreLayer on wgmma."""
+
+    name, kernel_file = "tc_wgmma", KERNEL_FILE
+
+
+class TensorCoreWgmma(NeedsWgmma, TensorCoreGemm):
     name = "tc_wgmma"
     tunables = WGMMA_TUNABLES
     tiles, tile_keys, default_params = WGMMA_TILES, WGMMA_TUNABLES, WGMMA_DEFAULT
     valid = staticmethod(wgmma_valid)
-
-    def available(self, caps, precision):
-        return caps.wgmma and super().available(caps, precision)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
         return WgmmaLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
@@ -427,26 +433,17 @@ def halo_wgmma_valid(params: dict) -> bool:
             and inflight in (0, 1) and params["STAGES"] >= 2 + inflight and halo_valid(params))
 
 
-class HaloWgmmaLayer(HaloLayer):
-    """A HaloLayer on wgmma (wgmma_program)."""
+class HaloWgmmaLayer(OnWgmma, HaloLayer):
+    """A HaloLayer on wgmma."""
 
-    name = "tc_halo_wgmma"
-
-    def extra_defines(self, params: dict) -> dict:
-        return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0))}
-
-    def program(self, cache, env, defines: dict):
-        return wgmma_program(cache, env, HALO_FILE, defines)
+    name, kernel_file = "tc_halo_wgmma", HALO_FILE
 
 
-class TensorCoreHaloWgmma(TensorCoreHalo):
+class TensorCoreHaloWgmma(NeedsWgmma, TensorCoreHalo):
     name = "tc_halo_wgmma"
     tunables = HALO_WGMMA_TUNABLES
     tiles, tile_keys, default_params = HALO_WGMMA_TILES, HALO_WGMMA_TUNABLES, HALO_WGMMA_DEFAULT
     valid = staticmethod(halo_wgmma_valid)
-
-    def available(self, caps, precision):
-        return caps.wgmma and super().available(caps, precision)
 
     def fuses_pool(self, params):
         return self.valid(params) and halo_pools(params)
