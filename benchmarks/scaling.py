@@ -49,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per service run (default 20)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--http-workers", default=None, help="the services' --http-workers (default: theirs)")
+    p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
+                   help="the job's, the services' and the instances' --decode (default: theirs, exact)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, 2 devices, 8 images, batch 2, 5 s runs: checks that everything runs, measures nothing")
     p.add_argument("--workdir", default=None, help="JPEGs, outputs and nginx's files (default: a temp dir)")
@@ -83,7 +85,8 @@ def batch_run(args, weights: str, workdir: Path, precision: str, ranks: int) -> 
                                  timeout=3600)
     out = workdir / f"batch-{precision}"
     out.mkdir(parents=True, exist_ok=True)
-    summary = batch_scaling.run_once(options, ranks, images, out, ("--precision", precision))
+    extra = ("--precision", precision) + (("--decode", args.decode) if args.decode else ())
+    summary = batch_scaling.run_once(options, ranks, images, out, extra)
     return {"images_per_s": summary["images_per_second"], "errors": summary["errors"],
             "ranks": [{k: r.get(k) for k in ("device", "device_name", "images_per_second", "host_share")}
                       for r in summary["ranks"]]}
@@ -99,6 +102,8 @@ def saturate(args, precision: str, devices: int, workdir: Path, name: str, url: 
     argv += ["--url", url] if url else ["--weights", weights, "--device", device]
     if args.http_workers and not url:
         argv += ["--http-workers", str(args.http_workers)]
+    if args.decode and not url:
+        argv += ["--decode", args.decode]
     serve_saturation.main(argv)
     service = json.loads(out.read_text())["service"]
     return {k: service[k] for k in ("images_per_s", "statuses", "mean_batch", "latency_ms")}
@@ -123,6 +128,8 @@ def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -
                      "--max-queue", queue, "--precision", precision, "--log-level", "warning"]
             if args.http_workers:
                 serve += ["--http-workers", str(args.http_workers)]
+            if args.decode:
+                serve += ["--decode", args.decode]
             servers.append(ServerProcess.serve_cli(serve).start())
         for server in servers:
             server.wait_ready(600)
@@ -181,7 +188,8 @@ def main(argv=None) -> int:
             print(f"scaling: {rows[-1]['what']}, {precision}: {one['images_per_s']:.1f} -> "
                   f"{every['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
     print(f"\nScaling over {args.gpus} {'CPU stand-ins (--smoke)' if args.smoke else 'GPUs'}: batch size "
-          f"{args.batch_size}, {args.images} JPEGs for the batch job, {args.duration:g} s per service run\n")
+          f"{args.batch_size}, {args.images} JPEGs for the batch job, {args.duration:g} s per service run, "
+          f"--decode {args.decode or 'exact'}\n")
     print(table(rows, args.gpus))
     for note in notes:
         print(f"\n{note}")
