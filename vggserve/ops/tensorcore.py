@@ -258,7 +258,8 @@ class OnWgmma:
     kernel_file = ""
 
     def extra_defines(self, params: dict) -> dict:
-        return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0))}
+        diag = {"WG_DIAG": int(params["WG_DIAG"])} if params.get("WG_DIAG") else {}  # benchmarks/wgmma_diag.py
+        return {"WGMMA": 1, "WG_INFLIGHT": int(params.get("WG_INFLIGHT", 0)), **diag}
 
     def program(self, cache, env, defines: dict):
         from ..runtime import ptx
