@@ -116,6 +116,14 @@ def service_run(args, weights: str, workdir: Path, precision: str, devices: int)
                                          weights=weights, device=device)}
 
 
+def instance_frontends(instances: int, cpus: int | None = None) -> int:
+    """Front ends of each of `instances` services on one host: `--http-workers auto`'s half of the cores, shared out
+    (each instance alone would take half the host's cores, and G of them would oversubscribe it G times)."""
+    import os
+
+    return max(1, ((cpus or os.cpu_count() or 2) // 2) // instances)
+
+
 def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -> dict:
     from vggserve.testing.servers import ServerProcess
 
@@ -126,8 +134,8 @@ def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -
         for i in range(devices):
             serve = ["--weights", weights, "--device", instance(i), "--max-batch-size", str(args.batch_size),
                      "--max-queue", queue, "--precision", precision, "--log-level", "warning"]
-            if args.http_workers:
-                serve += ["--http-workers", str(args.http_workers)]
+            if args.http_workers or not args.smoke:  # G instances share the host: each its share of the front ends
+                serve += ["--http-workers", str(args.http_workers or instance_frontends(devices))]
             if args.decode:
                 serve += ["--decode", args.decode]
             servers.append(ServerProcess.serve_cli(serve).start())
