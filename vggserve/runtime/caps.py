@@ -3,8 +3,8 @@
 `VGGSERVE_EMULATE_MMA=1` makes any device count as having tensor cores, running the tensor-core kernels on an exact
 software model of mma.sync / ldmatrix / cp.async (kernels/conv_tc.cl): slow, for testing their logic on PoCL.
 It emulates Hopper's wgmma too (kernels/wgmma.clh), which natively needs compute capability 9.0 exactly (sm_90a
-code runs on no other GPU). Natively the wgmma kernels are opt-in, `VGGSERVE_WGMMA=1`, until a GPU run has checked
-them (they have been checked on the software model and assembled by ptxas for sm_90a only); `VGGSERVE_WGMMA=0` turns
+code runs on no other GPU). Natively the wgmma kernels are opt-in, `VGGSERVE_WGMMA=1`: they pass their tests on an
+H100 but are slower there than the mma.sync kernels on every layer measured (BENCHMARKS.md); `VGGSERVE_WGMMA=0` turns
 them off everywhere, the software model included (they are then never chosen).
 """
 
