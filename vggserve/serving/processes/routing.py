@@ -165,4 +165,5 @@ class EngineRouter:
         merged = dict(good[0])
         if what == "metadata":
             merged["devices"] = [d for answer in good for d in answer.get("devices", [])]
+            merged["engine_processes"] = len(self.clients)
         return merged
