@@ -250,7 +250,8 @@ def test_a_device_failing_mid_load_loses_no_request_and_readiness_stays_200(per_
 
 def test_a_killed_engine_process_loses_no_request_and_the_others_serve_on(per_device_server):
     server = per_device_server
-    victim = max(engine_pids(server))  # engine 2, the last started
+    victim = int(re.search(r"engine 2 \(device cpu:2\) started, pid (\d+)", server.output()).group(1))
+    assert victim in engine_pids(server)
     responses = load(server.url, 8, 10, lambda: (time.sleep(0.5), os.kill(victim, signal.SIGKILL)))
     answered_or_503(responses)
     assert sum(r.status_code == 200 for r in responses) >= 75

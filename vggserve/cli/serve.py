@@ -131,7 +131,7 @@ def _run(args) -> int:
     settings = _settings(args)
     fronts = f" and {settings.http_workers} HTTP front-end processes" if settings.http_workers > 1 else ""
     if settings.engine_count > 1:
-        fronts += f", one engine process per device"
+        fronts += ", one engine process per device"
     banner = f"with {count(len(settings.devices), 'device worker')} ({', '.join(settings.devices)}){fronts}"
     return run_server(settings, log_level=args.log_level, access_log=args.access_log, banner=banner)
 

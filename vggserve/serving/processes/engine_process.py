@@ -89,7 +89,7 @@ def serve(spec: EngineSpec, fd: int) -> int:
     host = EngineHost(service, spec.address, spec.authkey)
     host.start()
     service.start()
-    log.info("engine %d (device %s) started", spec.index, ", ".join(spec.settings.devices))
+    log.info("engine %d (device %s) started, pid %d", spec.index, ", ".join(spec.settings.devices), os.getpid())
     try:
         while not stop.wait(0.5):  # woken for SIGTERM at least every half second
             pass
