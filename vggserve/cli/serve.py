@@ -3,6 +3,7 @@ with each batch sharded over every rank's device.
 
     vggserve serve --weights W [--host 127.0.0.1] [--port 8000] [--device gpu:0,gpu:1] [--max-batch-size 16]
     vggserve serve --weights W --http-workers 4   # 4 HTTP front-end processes feed this process's device workers
+    vggserve serve --weights W --device all --http-workers 8   # and one engine process per GPU (--engine-processes)
     mpirun -n 4 vggserve serve --weights W --device gpu      # rank 0 serves HTTP; batches go to all 4 GPUs
 
 See docs/serving.md for the API, every setting and the deploy files.
@@ -60,6 +61,12 @@ def register(subparsers) -> None:
                         "the crops to this process, which batches them on the devices. Use it when the front end, "
                         "not the device, is the limit (default: `auto` when every device is a GPU, else 1 = "
                         "everything in one process)")
+    p.add_argument("--engine-processes", default="auto", metavar="{auto,1,per-device}",
+                   help="with several devices and HTTP front ends: `per-device` runs one engine process per device "
+                        "(its own queue and GIL; each front end sends each image to the ready engine with the "
+                        "fewest of its images outstanding, and an engine whose device is lost stops getting work), "
+                        "`1` one engine process for every device (one queue shared by the devices); `auto` is "
+                        "per-device when there are several devices and several front ends (default auto)")
     p.add_argument("--resize-on", choices=("device", "cpu"), default="device",
                    help="with HTTP front ends: where uploads are resized and centre-cropped. `device`: the front "
                         "ends send decoded images through shared memory and the engine's kernels resize them, bit "
@@ -100,7 +107,7 @@ def _settings(args, **overrides):
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, read_timeout_s=args.read_timeout,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup, resize_on=args.resize_on, decode=args.decode, precision=args.precision,
+        warmup=not args.no_warmup, engine_processes=args.engine_processes, resize_on=args.resize_on, decode=args.decode, precision=args.precision,
         cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
@@ -123,6 +130,8 @@ def _run(args) -> int:
 
     settings = _settings(args)
     fronts = f" and {settings.http_workers} HTTP front-end processes" if settings.http_workers > 1 else ""
+    if settings.engine_count > 1:
+        fronts += ", one engine process per device"
     banner = f"with {count(len(settings.devices), 'device worker')} ({', '.join(settings.devices)}){fronts}"
     return run_server(settings, log_level=args.log_level, access_log=args.access_log, banner=banner)
 

@@ -47,9 +47,13 @@ def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.s
 
 def announce_when_ready(service, sock: socket.socket, host: str, banner: str) -> None:
     """Print "serving on URL BANNER" to stderr once: when the socket is bound and every device worker is ready."""
+    service.when_ready(announcement(sock, host, banner))
+
+
+def announcement(sock: socket.socket, host: str, banner: str):
+    """A function printing "vggserve: serving on URL BANNER" to stderr."""
     port = sock.getsockname()[1]
-    service.when_ready(lambda: print(f"vggserve: serving on http://{host}:{port} {banner}".rstrip(), file=sys.stderr,
-                                     flush=True))
+    return lambda: print(f"vggserve: serving on http://{host}:{port} {banner}".rstrip(), file=sys.stderr, flush=True)
 
 
 def uvicorn_config(app, log_level: str, access_log: bool, **where) -> uvicorn.Config:

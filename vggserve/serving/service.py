@@ -135,6 +135,7 @@ class Service:
             "preprocess_procs": self.settings.preprocess_procs,
             "mpi": self.settings.mpi,
             "http_workers": self.settings.http_workers,
+            "engine_processes": self.settings.engine_count,  # an engine's own: 1 (its front ends' router counts them)
             # uploads decoded by the front ends, resized and cropped on the device
             "resize_on_device": self.settings.http_workers > 1 and bool(info.get("resizes_on_device")),
             # --decode gpu|auto: JPEGs sent to the engine compressed and decoded on its device

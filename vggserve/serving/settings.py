@@ -1,7 +1,7 @@
 """Service settings, validated when built: a bad value fails at start-up with a message that says how to fix it."""
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from ..errors import VggserveError
@@ -10,6 +10,7 @@ from ..wording import count
 
 API_KEY_ENV = "VGGSERVE_API_KEY"
 DECODE_MODES = ("exact", "fast", "gpu", "auto")
+ENGINE_PROCESSES = ("auto", "1", "per-device")  # --engine-processes
 MAX_TOP_K = NUM_CLASSES  # `top_k` is 1..MAX_TOP_K, as the CLI's --top-k and v2's `classification`
 MAX_TIMEOUT_MS = 600_000  # the largest deadline a request header may ask for (10 minutes)
 
@@ -195,6 +196,10 @@ class Settings:
     precision: str = "fp32"
     # browser origins allowed to call the API (CORS); none by default: browsers on other origins are refused
     cors_origins: tuple[str, ...] = ()
+    # with HTTP front ends and several devices: "per-device" (one engine process per device, each its own queue and
+    # GIL; the front ends spread images over them: processes.engines), "1" (one engine process, one queue shared by
+    # every device) or "auto" (per-device when there are several devices and several front ends)
+    engine_processes: str = "auto"
 
     def __post_init__(self):
         if self.preprocess_threads is None and isinstance(self.http_workers, int):
@@ -215,6 +220,12 @@ class Settings:
             raise SettingsError(f"--resize-on must be device or cpu, got {self.resize_on!r}")
         if self.decode not in DECODE_MODES:
             raise SettingsError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
+        if self.engine_processes not in ENGINE_PROCESSES:
+            raise SettingsError(f"--engine-processes must be one of {', '.join(ENGINE_PROCESSES)}, got "
+                                f"{self.engine_processes!r}; pass e.g. --engine-processes per-device")
+        if self.engine_processes == "per-device" and self.http_workers == 1 and len(self.devices) > 1:
+            raise SettingsError("--engine-processes per-device needs HTTP front-end processes to spread the images "
+                                "over the engines; pass --http-workers 2 or more, or --engine-processes 1")
         if self.precision not in ("fp32", "tf32", "fp16"):
             raise SettingsError(f"--precision must be fp32, tf32 or fp16, got {self.precision!r}")
         if not isinstance(self.host, str) or not self.host.strip():
@@ -258,6 +269,20 @@ class Settings:
     def frontend_queue_share(self) -> int:
         """Images each HTTP front-end process may admit at once: ceil(max_queue / http_workers)."""
         return -(-self.max_queue // self.http_workers)
+
+    @property
+    def engine_count(self) -> int:
+        """Engine processes behind the front ends: one per device (`engine_processes` per-device, or auto with
+        several devices and several front ends), else 1."""
+        if self.http_workers < 2 or len(self.devices) < 2 or self.engine_processes == "1":
+            return 1
+        return len(self.devices)
+
+    def for_engine(self, index: int) -> "Settings":
+        """The settings of engine `index` of `engine_count`: its one device (all of them with one engine)."""
+        if self.engine_count == 1:
+            return self
+        return replace(self, devices=(self.devices[index],))
 
     @property
     def cpu_decode(self) -> str:

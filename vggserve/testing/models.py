@@ -1,9 +1,10 @@
 """Stand-in models with the engine's interface, for tests and demos of the service without OpenCL.
 
 `ReferenceModel` computes real VGG16 scores with the float32 numpy reference (slow but exact); `SlowModel`
-returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose; `PipelinedModel` is a
-SlowModel with the engine's `submit` (batches in flight, gated results, failures); `InstantModel` a device that
-takes no time, for benchmarks of the host side. `crash_on_marker` is a
+returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose; `SlowModels` makes them for
+engine processes (a picklable factory; devices that fail on demand); `PipelinedModel` is a SlowModel with the
+engine's `submit` (batches in flight, gated results, failures); `InstantModel` a device that takes no time, for
+benchmarks of the host side. `crash_on_marker` is a
 preprocessing-process task whose worker dies on a marker upload (`service.preprocess_task = crash_on_marker`).
 """
 
@@ -77,6 +78,32 @@ class SlowModel:
 
     def close(self) -> None:
         pass
+
+
+class SlowModels:
+    """A model factory of SlowModels that an engine process can be given (it pickles by reference, unlike a
+    closure): `fail_files` maps a device to a file whose existence makes that device fail at its next batch (a
+    test kills one device mid-load, when it chooses)."""
+
+    def __init__(self, seconds_per_batch: float = 0.05, max_batch_size: int = 4,
+                 fail_files: dict[str, str] | None = None):
+        self.seconds_per_batch = seconds_per_batch
+        self.max_batch_size = max_batch_size
+        self.fail_files = dict(fail_files or {})
+
+    def __call__(self, device: str) -> "SlowModel":
+        model = SlowModel(device, self.seconds_per_batch, self.max_batch_size)
+        fail_file = self.fail_files.get(device)
+        if fail_file is not None:
+            logits = model.logits
+
+            def failing(x: np.ndarray) -> np.ndarray:
+                if os.path.exists(fail_file):
+                    raise RuntimeError(f"simulated failure of device {device}")
+                return logits(x)
+
+            model.logits = failing
+        return model
 
 
 def slow_model_logits(x: np.ndarray) -> np.ndarray:

@@ -111,8 +111,8 @@ class FrontEndPeer:
                 except OSError as exc:  # the front end then sends its pixels inline
                     log.warning("front end %s: cannot map its pixel arena (%s)", self.index, exc)
                 self.link.send(("arena", self.arena is not None))
-            log.info("front end %s (pid %s) connected%s", self.index, self.pid,
-                     ", pixels through shared memory" if self.arena else "")
+            who = "the supervisor" if self.index < 0 else f"front end {self.index}"  # engines.Watch: index -1
+            log.info("%s (pid %s) connected%s", who, self.pid, ", pixels through shared memory" if self.arena else "")
         else:
             log.warning("unknown message %r from front end %s", kind, self.index)
 

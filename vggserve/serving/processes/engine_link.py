@@ -221,6 +221,9 @@ class RemoteItem:
     future: "asyncio.Future | Future"
     enqueued: float = field(default_factory=time.monotonic)
     shared: Shared | None = None  # its pixels' block in the arena, freed when the engine answers
+    image: ModelInput | None = None  # held until answered, so that another engine can take it (`reroute`)
+    want_logits: bool = False
+    engine: int = 0  # which engine has it, among several (routing.RoutedQueue)
 
 
 def _new_future() -> "asyncio.Future | Future":
@@ -263,18 +266,24 @@ def _set(future, value, is_error: bool) -> None:
 
 class RemoteQueue(Admission):
     """The front end's queue: admission against this process's share of --max-queue (an image holds its place
-    from admission until the engine answers it), images sent to the engine, answers matched back to them."""
+    from admission until the engine answers it), images sent to the engine, answers matched back to them.
+
+    With several engines (`routing.RoutedQueue`), `room` is the Admission they all count in (its lock guards every
+    queue), and `reroute(items, error)` is offered the images an engine failed or lost: it returns those it could
+    not hand to another engine, which are then answered with the error."""
 
     def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None],
-                 shares: tuple[int, int] | None = None):
+                 shares: tuple[int, int] | None = None, room: Admission | None = None):
         """`shares`: (--max-queue, front ends) that `capacity` is a share of, for the 429's message."""
-        self._lock = threading.Lock()
+        self._lock = room._guard if room is not None else threading.Lock()
         super().__init__(capacity, metrics, self._lock)
+        self._room = room if room is not None else self
         self._send = send
         self._shares = shares
         self._pending: dict[int, RemoteItem] = {}
         self._ids = itertools.count()
         self.arena: Arena | None = None  # set on connect when shared memory is available
+        self.reroute: Callable[[list[RemoteItem], SchedulingError], list[RemoteItem]] | None = None
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -286,14 +295,40 @@ class RemoteQueue(Admission):
         """Send one admitted image to the engine."""
         with self._lock:
             if self._closed is not None:
-                self._admitted -= 1
+                self._room._admitted -= 1
                 raise self._closed
-            item = RemoteItem(next(self._ids), deadline, _new_future())
+            item = RemoteItem(next(self._ids), deadline, _new_future(), image=image, want_logits=want_logits)
             self._pending[item.id] = item
-        if self.arena is not None:
-            item.shared = self.arena.put_image(image)
-        self._send(("submit", item.id, item.shared or image, deadline - time.monotonic(), want_logits))
+        self._send_item(item)
         return item
+
+    def _send_item(self, item: RemoteItem) -> None:
+        if self.arena is not None:
+            item.shared = self.arena.put_image(item.image)
+        self._send(("submit", item.id, item.shared or item.image, item.deadline - time.monotonic(),
+                    item.want_logits))
+
+    def take_over(self, item: RemoteItem, engine: int) -> bool:
+        """Send an image another engine failed or lost to this one (it keeps its future and its room); False when
+        this queue is closed."""
+        with self._lock:
+            if self._closed is not None:
+                return False
+            self._room._admitted += 1
+            item.id, item.engine = next(self._ids), engine
+            self._pending[item.id] = item
+        self._send_item(item)
+        return True
+
+    def _offer(self, items: list[RemoteItem], error: SchedulingError) -> list[RemoteItem]:
+        """The items (answered by `error`, their room given back) that no other engine takes."""
+        for item in items:
+            if item.shared is not None:
+                self.arena.free(item.shared)
+                item.shared = None
+        if self.reroute is None or not items:
+            return items
+        return self.reroute(items, error)
 
     def withdraw(self, item: RemoteItem, error: SchedulingError) -> bool:
         """Ask the engine to drop the image if it still waits; its answer (this error, or its result if a device
@@ -307,17 +342,20 @@ class RemoteQueue(Admission):
             item = self._pending.pop(image_id, None)
             if item is None:
                 return
-            self._admitted -= 1
+            self._room._admitted -= 1
+        if error is not None:
+            settle([(item, error, True) for item in self._offer([item], error)])
+            return
         if item.shared is not None:
             self.arena.free(item.shared)
-        settle([(item, outcome, False) if error is None else (item, error, True)])
+        settle([(item, outcome, False)])
 
     def resolve_rows(self, image_ids: list[int], probabilities, logits, asked: list[int], queue_s: list[float],
                      inference_s: float, batch_size: int, device: str) -> None:
         """The engine's "results" for several images of one batch (the message's fields): each its Outcome."""
         with self._lock:
             items = [self._pending.pop(image_id, None) for image_id in image_ids]
-            self._admitted -= sum(item is not None for item in items)
+            self._room._admitted -= sum(item is not None for item in items)
         probabilities = rows_of(probabilities, len(image_ids))
         rows = dict(zip(asked, rows_of(logits, len(asked)))) if asked else {}
         answers = []
@@ -336,8 +374,8 @@ class RemoteQueue(Admission):
             self._closed = error
             left = list(self._pending.values())
             self._pending.clear()
-            self._admitted -= len(left)
-        settle([(item, error, True) for item in left])
+            self._room._admitted -= len(left)
+        settle([(item, error, True) for item in self._offer(left, error)])
 
 
 def rows_of(data: bytes, n: int) -> np.ndarray:
@@ -349,18 +387,19 @@ class EngineClient:
     """A front end's connection to the engine: the link, the remote queue, the engine's last state, calls."""
 
     def __init__(self, address: str, authkey: bytes, capacity: int, metrics: Metrics, index: int,
-                 shares: tuple[int, int] | None = None):
+                 shares: tuple[int, int] | None = None, room: Admission | None = None):
         self.address = address
         self.authkey = authkey
         self.index = index
         self.state: dict | None = None  # the engine's last "state" message
         self.on_lost: Callable[[str], None] | None = None  # the engine went away
+        self.on_state: Callable[[], None] | None = None  # a new "state" message arrived
         self._first_state = threading.Event()
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
         self.link: DirectLink | None = None
         self._outgoing: list = []  # messages of this turn of the event loop, sent together at its end
-        self.queue = RemoteQueue(capacity, metrics, self._send, shares)
+        self.queue = RemoteQueue(capacity, metrics, self._send, shares, room)
         self._arena: Arena | None = None
         self._stopping = False
 
@@ -382,10 +421,12 @@ class EngineClient:
         if messages and self.link is not None:
             self.link.send_many(messages)
 
-    def connect(self, wait_state_s: float = 5.0) -> None:
-        """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once."""
+    def connect(self, wait_state_s: float = 5.0, arena: bool = True) -> None:
+        """Connect and say hello; wait (bounded) for the engine's first state, so readiness is known at once.
+        `arena`: offer a shared-memory arena for the pixels (a link that sends none, a supervisor's, needs none)."""
         conn = Client(self.address, family="AF_UNIX", authkey=self.authkey)
-        self._arena = make_arena()  # inputs through shared memory (shm.py) once the engine says it mapped it
+        if arena:  # inputs through shared memory (shm.py) once the engine says it mapped it
+            self._arena = make_arena()
         self.link = DirectLink(conn, self._received_all, self._closed, f"vggserve-frontend{self.index}-link")
         self.link.start()
         self.link.send(("hello", self.index, os.getpid(), self._arena and self._arena.name))
@@ -427,6 +468,8 @@ class EngineClient:
         elif kind == "state":
             self.state = message[1]
             self._first_state.set()
+            if self.on_state is not None:
+                self.on_state()
         elif kind == "arena":
             if message[1] and self._arena is not None:
                 self.queue.arena = self._arena
@@ -443,6 +486,7 @@ class EngineClient:
             if not future.done():
                 future.set_exception(shutting_down())
         if not self._stopping:
-            log.error("front end %d: lost the link to the engine process", self.index)
+            log.error("front end %d: lost the link to the engine process (%s)", self.index,
+                      os.path.basename(self.address))
             if self.on_lost is not None:
                 self.on_lost("the engine process went away")

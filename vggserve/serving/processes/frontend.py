@@ -33,7 +33,7 @@ class FrontendSpec:
 
     settings: Settings
     fd: int  # the inherited listening socket
-    address: str  # the engine's Unix socket
+    address: str | tuple[str, ...]  # the engine's Unix socket, or each engine process's (one per device)
     authkey: bytes
     index: int
     log_level: str = "info"
@@ -59,7 +59,7 @@ class FrontendHeaderMiddleware:
         await self.app(scope, receive, send_named)
 
 
-def frontend_service(settings: Settings, address: str, authkey: bytes, index: int) -> Service:
+def frontend_service(settings: Settings, address: str | tuple[str, ...], authkey: bytes, index: int) -> Service:
     """The service of a front-end process: readiness, admission and results come from the engine process."""
     metrics = Metrics(multiprocess=True)
     return Service(settings, multiprocess=True, backend=RemoteBackend(settings, metrics, address, authkey, index),
@@ -67,7 +67,8 @@ def frontend_service(settings: Settings, address: str, authkey: bytes, index: in
 
 
 def serve(spec: FrontendSpec) -> int:
-    """Serve on the inherited socket until drained (0) or the engine goes away (1)."""
+    """Serve on the inherited socket until drained (0) or the engine goes away (1; with several engine processes,
+    every one of them)."""
     configure_logging(spec.log_level)
     sock = socket.socket(fileno=spec.fd)
     service = frontend_service(spec.settings, spec.address, spec.authkey, spec.index)

@@ -10,6 +10,11 @@ requests refused, in-flight ones finish within --drain-timeout) and exit, then t
 process exits 0; a second SIGINT kills the front ends at once. Every device worker dead: exit status 3, as with one
 process. Metrics of every process go to one directory (prometheus_client's multiprocess mode) so any front end's
 /metrics shows the whole server.
+
+With several devices and `--engine-processes per-device` (or auto), each device has an engine process of its own:
+this process hosts engine 0 and supervises, engines 1.. are child processes (`engines.EngineGroup`), and each front
+end links to every engine (`routing.EngineRouter`). An engine whose device is lost stops getting images; the server
+exits with status 3 only once every engine is out. The engines stop after the front ends have drained.
 """
 
 import logging
@@ -25,17 +30,20 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from .engine_host import EngineHost
 from .engine_link import AUTHKEY_BYTES
+from .engine_process import portable
+from .engines import EngineGroup
 from .frontend import FrontendSpec
 from ..metrics import forget_process, multiprocess_metrics
 from ..hosting import (CANNOT_LISTEN_EXIT, CLOSE_CONNECTIONS_S, FRONTENDS_FAILED_EXIT, NO_WORKERS_EXIT, CannotListen,
-                       announce_when_ready, listening_socket)
+                       announce_when_ready, announcement, listening_socket)
 from ..service import ModelFactory, Service
-from ..settings import Settings
+from ..settings import Settings, SettingsError
 
 log = logging.getLogger("vggserve.serving")
 
@@ -189,47 +197,81 @@ def run_with_frontends(settings: Settings, model_factory: ModelFactory | None = 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def engine_factory(settings: Settings, model_factory) -> tuple[Settings, bytes | None]:
+    """The settings to serve with, and the model factory pickled for engine processes 1.. (None: they load
+    settings.weights). A factory that cannot travel to another process is an error with --engine-processes
+    per-device, and one engine process for every device with auto (a warning says so)."""
+    if settings.engine_count == 1 or model_factory is None:
+        return settings, None
+    try:
+        return settings, portable(model_factory)
+    except ValueError as exc:
+        if settings.engine_processes == "per-device":
+            raise SettingsError(f"--engine-processes per-device: {exc}; define it in a module, or pass "
+                                "--engine-processes 1") from None
+        log.warning("%s; one engine process serves every device", exc)
+        return replace(settings, engine_processes="1"), None
+
+
 def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, workdir: str, banner: str) -> int:
+    settings, factory = engine_factory(settings, model_factory)
     try:
         socks = bind(settings, settings.http_workers)
     except CannotListen as exc:
         print(f"vggserve: error: {exc.strerror}", file=sys.stderr)
         return CANNOT_LISTEN_EXIT
-    service = Service(settings, model_factory, multiprocess=True)
-    announce_when_ready(service, socks[0], settings.host, banner)
-    host = EngineHost(service, os.path.join(workdir, "engine.sock"), os.urandom(AUTHKEY_BYTES))
+    engines = settings.engine_count
+    addresses = [os.path.join(workdir, f"engine{i}.sock" if engines > 1 else "engine.sock") for i in range(engines)]
+    service = Service(settings.for_engine(0), model_factory, multiprocess=True)
+    host = EngineHost(service, addresses[0], os.urandom(AUTHKEY_BYTES))
     stop = Stop()
-    service.on_all_workers_dead = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")
+    group = None
+    if engines == 1:
+        announce_when_ready(service, socks[0], settings.host, banner)
+        service.on_all_workers_dead = lambda reasons: stop.fail(NO_WORKERS_EXIT,
+                                                                f"no device worker is alive ({reasons})")
+    else:
+        group = EngineGroup(settings, addresses, host.authkey, factory, log_level, service.metrics, PACKAGE_ROOT)
+        group.on_ready.append(announcement(socks[0], settings.host, banner))
+        group.on_all_out = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")
+    address = addresses[0] if engines == 1 else tuple(addresses)
 
     def spec_for(index: int) -> FrontendSpec:  # a restarted front end gets the socket of the one it replaces
-        return FrontendSpec(settings, socks[index].fileno(), host.address, host.authkey, index, log_level, access_log)
+        return FrontendSpec(settings, socks[index].fileno(), address, host.authkey, index, log_level, access_log)
 
     frontends = FrontEnds(settings.http_workers, launcher(spec_for))
     with _handling_signals(stop):
         try:
             host.start()
             service.start()
+            if group is not None:
+                group.start()
             frontends.start()
-            log.info("listening on http://%s:%d with %d HTTP front-end processes (pids %s)", settings.host,
-                     socks[0].getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)))
-            _supervise(frontends, stop)
+            log.info("listening on http://%s:%d with %d HTTP front-end processes (pids %s)%s", settings.host,
+                     socks[0].getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)),
+                     f" and {engines} engine processes (this one and pids "
+                     f"{', '.join(map(str, group.pids))})" if group else "")
+            _supervise(frontends, group, stop)
         finally:
-            _shut_down(settings, service, host, frontends, stop, socks)
+            _shut_down(settings, service, host, frontends, stop, socks, group)
     if stop.code:
         print(f"vggserve: error: {stop.reason}", file=sys.stderr)
     return stop.code
 
 
-def _supervise(frontends: FrontEnds, stop: Stop) -> None:
-    """Restart front ends that die until a signal or a failure stops the server."""
+def _supervise(frontends: FrontEnds, group: EngineGroup | None, stop: Stop) -> None:
+    """Restart front ends that die, note engine processes that exit, until a signal or a failure stops the
+    server."""
     while not stop.event.wait(SUPERVISE_EVERY_S):
         reason = frontends.check()
         if reason:
             stop.fail(FRONTENDS_FAILED_EXIT, reason)
+        if group is not None:
+            group.check()
 
 
 def _shut_down(settings: Settings, service: Service, host: EngineHost, frontends: FrontEnds, stop: Stop,
-               socks: list) -> None:
+               socks: list, group: EngineGroup | None = None) -> None:
     """Drain the front ends and wait for them to exit (killed if they take too long), then stop the workers."""
     service.drain.begin(announce=False)  # readiness "draining", pushed to the front ends
     service.state_changed()
@@ -245,5 +287,7 @@ def _shut_down(settings: Settings, service: Service, host: EngineHost, frontends
         frontends.kill()
     for pid in frontends.pids:
         forget_process(pid)
+    if group is not None:
+        group.stop(settings.drain_timeout_s)
     host.close()
     service.stop()

@@ -1,5 +1,5 @@
 """The remote backend of an HTTP front-end process: readiness, admission and results come from the engine process
-over the link (`engine_link.EngineClient`); uploads are decoded here, into the crops or images the engine's
+over the link (`engine_link.EngineClient`), or from one engine process per device (`routing.EngineRouter`); uploads are decoded here, into the crops or images the engine's
 device workers take: small ones on the event loop (`inline`), the others in this process's decoding threads."""
 
 from functools import partial
@@ -17,15 +17,23 @@ from ..scheduling.imaging import decode_and_crop, decode_for_engine
 from ..settings import Settings
 from .engine_link import EngineClient
 from .inline import decodes_inline
+from .routing import EngineRouter
 
 
 class RemoteBackend:
-    def __init__(self, settings: Settings, metrics: Metrics, address: str, authkey: bytes, index: int):
+    def __init__(self, settings: Settings, metrics: Metrics, address: str | tuple[str, ...], authkey: bytes,
+                 index: int):
+        """`address`: the engine's Unix socket, or one per engine process (as many as settings.engine_count)."""
         self.settings = settings
         self.metrics = metrics
         self.index = index
-        self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index,
-                                   shares=(settings.max_queue, settings.http_workers))
+        shares = (settings.max_queue, settings.http_workers)
+        if isinstance(address, str) or len(address) == 1:
+            address = address if isinstance(address, str) else address[0]
+            self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index, shares=shares)
+        else:
+            self.engine = EngineRouter(list(address), authkey, settings.frontend_queue_share, metrics, index,
+                                       shares=shares, devices=settings.devices)
         self.pool: ThreadPoolExecutor | None = None
         self.router = decode_router(settings.decode, settings.preprocess_threads)  # --decode auto: CPU or device
         self.on_change: Callable[[], None] = lambda: None

@@ -86,6 +86,8 @@ class Metadata(BaseModel):
     preprocess_procs: int = Field(description="Worker processes decoding images; 0 when the threads do it.")
     mpi: bool
     http_workers: int = Field(1, description="HTTP front-end processes feeding the device workers.")
+    engine_processes: int = Field(1, description="Engine processes behind the front ends: one per device with "
+                                  "--engine-processes per-device, else 1.")
     resize_on_device: bool = Field(False, description="Whether uploads are decoded by the front ends and resized and "
                                    "centre-cropped on the device (bit for bit as on the CPU), with --http-workers "
                                    "above 1 and the OpenCL engine.")
