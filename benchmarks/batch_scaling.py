@@ -44,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--mpirun", default=None, help="launcher (default: mpirun, else mpiexec)")
     parser.add_argument("--launcher-args", default="", help="extra launcher arguments, e.g. '--hostfile h'")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
+    parser.add_argument("--precision", default=None, help="--precision for vggserve batch (default: its own)")
     parser.add_argument("--json", default=None, help="also write every run's summary here")
     return parser.parse_args(argv)
 
@@ -133,6 +134,20 @@ def table(runs: dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
+def rank_table(runs: dict[int, dict]) -> str:
+    """Every rank of every run: its rate, and the wall ms per image its runner waited for its device, its decodes and
+    rank 0's next chunk (the coordinator behind), with its own process's CPU ms per image."""
+    lines = ["| ranks | rank | device | images | images/s | wait device ms | wait decode ms | wait chunks ms | "
+             "rank CPU ms |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for ranks, run in sorted(runs.items()):
+        for r in run["ranks"]:
+            waits, cpu = r.get("wait_ms_per_image") or {}, r.get("cpu_ms_per_image") or {}
+            lines.append(f"| {ranks} | {r.get('rank', '')} | {r.get('device', '')} | {r.get('images', '')} | "
+                         f"{r['images_per_second']:.1f} | {waits.get('device', 0):.3f} | {waits.get('decode', 0):.3f} | "
+                         f"{waits.get('chunks', 0):.3f} | {cpu.get('rank_process', 0):.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank_counts = [int(r) for r in args.ranks.split(",")]
@@ -141,11 +156,14 @@ def main(argv=None) -> int:
     images = workdir / "images"
     print(f"batch_scaling: {args.images} synthetic {width}x{height} JPEGs in {images}", file=sys.stderr)
     make_images(images, args.images, (width, height))
-    runs = {ranks: run_once(args, ranks, images, workdir) for ranks in rank_counts}
+    extra = ("--precision", args.precision) if args.precision else ()
+    runs = {ranks: run_once(args, ranks, images, workdir, extra) for ranks in rank_counts}
     device = runs[min(runs)]["ranks"][0]["device_name"]
     print(f"\n`vggserve batch` scaling: {args.images} images, batch size {args.batch_size}, --device {args.device} "
           f"({device})\n")
     print(table(runs))
+    print()
+    print(rank_table(runs))
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=2) + "\n")
     return 0

@@ -55,6 +55,7 @@ class RankStats:
     waits: StageClock | None = field(default=None, repr=False)
     decoder: object = field(default=None, repr=False)  # the runner's decoder: processes, restarts, inline answers
     host_share: dict = field(default_factory=dict)  # what the rank sized from its share of the host (cores.HostShare)
+    starved_s: float = 0.0  # wall seconds with nothing to classify, waiting for rank 0's next chunk (workqueue.Worker)
     _started: float | None = field(default=None, repr=False)
     _cpu_started: float = field(default=0.0, repr=False)
     _cpu: float = field(default=0.0, repr=False)
@@ -97,10 +98,12 @@ class RankStats:
 
     def wait_ms_per_image(self) -> dict[str, float]:
         """Wall milliseconds per image that the rank's runner thread waited: "device" for the model's results (about
-        0 when the host side is the limit), "decode" for its decodes (ChunkRunner.waits)."""
+        0 when the host side is the limit), "decode" for its decodes (ChunkRunner.waits), "chunks" for rank 0's next
+        chunk with nothing left to classify (the coordinator is behind)."""
         if self.waits is None or self.images == 0:
             return {}
-        return {stage: self.waits.per_image_ms(self.images).get(stage, 0.0) for stage in ("device", "decode")}
+        waits = {stage: self.waits.per_image_ms(self.images).get(stage, 0.0) for stage in ("device", "decode")}
+        return {**waits, "chunks": round(1000.0 * self.starved_s / self.images, 3)}
 
 
 def probabilities_of(model, inputs: list) -> np.ndarray:

@@ -28,6 +28,7 @@ every rank (3 images over 2 ranks are 3 chunks of one image).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from .mpi import Outbox, wait_for_message
@@ -72,7 +73,10 @@ class Worker:
         """Take a chunk that has arrived (starting its decoding), waiting for one when nothing is left to
         classify; else classify the oldest chunk and report it (which asks for another)."""
         if self.requested and (self.runner.pending == 0 or self.link.chunk_waiting()):
+            starved = time.perf_counter() if self.runner.pending == 0 and self.stats.images else None
             chunk = self.link.receive()
+            if starved is not None:
+                self.stats.starved_s += time.perf_counter() - starved
             self.requested -= 1
             if chunk is None:
                 self.live -= 1
