@@ -21,9 +21,7 @@ the main thread; the helper thread stops after its current chunk.
 
 from __future__ import annotations
 
-import os
 import queue
-import sys
 import threading
 from collections import deque
 from typing import Callable
@@ -31,20 +29,6 @@ from typing import Callable
 from .mpi import sleep_until
 from .pipeline import ChunkOutcome, ChunkRunner, RankStats
 from .workqueue import TOKENS, CoordinatorLink, Worker
-
-
-SWITCH_INTERVAL_MS = 0.5
-
-
-def switch_interval_s() -> float:
-    """The interpreter's thread switch interval on rank 0 of a job of several ranks: SWITCH_INTERVAL_MS (Python's is
-    5 ms), or $VGGSERVE_COORDINATOR_SWITCH_MS. Rank 0's main thread answers every other rank's reports while rank 0's
-    own Worker, its copy threads and its decode collectors hold the GIL; at 5 ms a report can wait that long for the
-    GIL several times over, and the other ranks run short of chunks (their "chunks" wait in the summary)."""
-    try:
-        return max(0.0001, float(os.environ.get("VGGSERVE_COORDINATOR_SWITCH_MS", SWITCH_INTERVAL_MS)) / 1000.0)
-    except ValueError:
-        return SWITCH_INTERVAL_MS / 1000.0
 
 
 class Stopped(Exception):
@@ -119,10 +103,7 @@ class Coordinator:
             for rank in self.tokens:
                 self._give(rank)
         helper = None
-        previous_switch = sys.getswitchinterval()
         if self.threaded:
-            if len(self.tokens) > 1:  # answer the other ranks' reports promptly (see switch_interval_s)
-                sys.setswitchinterval(switch_interval_s())
             helper = threading.Thread(target=self._run_own, name="vggserve-batch-rank0", daemon=True)
             helper.start()
         try:
@@ -138,8 +119,6 @@ class Coordinator:
         except BaseException:
             self.local.stop()  # the caller aborts every rank, or closes the model (which waits for the chunk)
             raise
-        finally:
-            sys.setswitchinterval(previous_switch)
         if helper is not None:
             helper.join()
         self.remote.close()
