@@ -13,6 +13,7 @@ from collections import deque
 
 import pytest
 
+from vggserve.decoding.stages import StageClock
 from vggserve.distributed.coordinator import Coordinator
 from vggserve.distributed.pipeline import ChunkOutcome, RankStats
 from vggserve.distributed.workqueue import TOKENS, Worker, chunk_size, chunked
@@ -192,3 +193,41 @@ def test_without_a_helper_thread_workers_still_get_chunks_between_rank_0s_steps(
 def test_rank_0s_failure_on_the_helper_thread_is_raised_by_run():
     with pytest.raises(RuntimeError, match="injected failure on rank 0"):
         run_coordinator(3, 20, 2, 0.01, 0.01, threaded=True, fail=True)
+
+
+class SlowLink:
+    """A worker's link to rank 0 whose chunks arrive `delay` seconds after they are asked for."""
+
+    def __init__(self, chunks, delay):
+        self.chunks = deque(chunks)
+        self.delay = delay
+        self.reports = []
+
+    def chunk_waiting(self):
+        return False
+
+    def receive(self):
+        time.sleep(self.delay)
+        return self.chunks.popleft() if self.chunks else None
+
+    def report(self, report):
+        self.reports.append(report)
+
+    def close(self):
+        pass
+
+
+def test_a_worker_reports_how_long_it_waited_with_nothing_to_classify():
+    """The summary's "chunks" wait: wall time with an empty runner, waiting for rank 0's next chunk (the first
+    chunk's wait, before the rank has classified anything, is start-up and not counted)."""
+    chunks = [[f"img{i}.jpg", f"img{i}b.jpg"] for i in range(8)]
+    stats = RankStats(1, "cpu", waits=StageClock(time.perf_counter))
+    worker = Worker(SlowLink(chunks, 0.02), SleepingRunner(0.0), stats, tokens=1)
+    worker.run()
+    assert stats.images == 16
+    # every chunk after the first was waited for with nothing pending: 7 (and the final None) x 20 ms over 16 images
+    assert stats.starved_s >= 7 * 0.02
+    assert stats.as_dict()["wait_ms_per_image"]["chunks"] >= 1000 * 7 * 0.02 / 16
+    fast = RankStats(1, "cpu")
+    Worker(SlowLink(chunks, 0.0), SleepingRunner(0.0), fast, tokens=1).run()
+    assert fast.starved_s < 0.02
