@@ -136,15 +136,16 @@ def table(runs: dict[int, dict]) -> str:
 
 def rank_table(runs: dict[int, dict]) -> str:
     """Every rank of every run: its rate, and the wall ms per image its runner waited for its device, its decodes and
-    rank 0's next chunk (the coordinator behind), with its own process's CPU ms per image."""
+    rank 0's next chunk (the coordinator behind), with its own process's CPU ms per image and its decodes' (in its
+    decode processes)."""
     lines = ["| ranks | rank | device | images | images/s | wait device ms | wait decode ms | wait chunks ms | "
-             "rank CPU ms |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "rank CPU ms | decode CPU ms |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for ranks, run in sorted(runs.items()):
         for r in run["ranks"]:
             waits, cpu = r.get("wait_ms_per_image") or {}, r.get("cpu_ms_per_image") or {}
             lines.append(f"| {ranks} | {r.get('rank', '')} | {r.get('device', '')} | {r.get('images', '')} | "
                          f"{r['images_per_second']:.1f} | {waits.get('device', 0):.3f} | {waits.get('decode', 0):.3f} | "
-                         f"{waits.get('chunks', 0):.3f} | {cpu.get('rank_process', 0):.3f} |")
+                         f"{waits.get('chunks', 0):.3f} | {cpu.get('rank_process', 0):.3f} | {cpu.get('decode', 0):.3f} |")
     return "\n".join(lines)
 
 
