@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from wgmma_layers import open_device  # noqa: E402
 
 VARIANTS = {"full": 0, "nofence": 4, "noload": 1, "noload+nofence": 5, "nowgmma": 2}
 TILES = {"tc_wgmma": ["128x128s6k32f1", "128x128s3k64f0", "128x256s4k32f1"],
@@ -39,25 +42,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    import pyopencl as cl
-
     from vggserve.errors import KernelBuildError
     from vggserve.ops import precision as precisions, registry
-    from vggserve.ops.registry import BuildEnv, LayerSpec
-    from vggserve.runtime import caps as device_caps, devices as devs
-    from vggserve.runtime.params import conv_params_for, params_for
-    from vggserve.runtime.programs import ProgramCache
+    from vggserve.ops.registry import LayerSpec
+    from vggserve.runtime.params import conv_params_for
     from vggserve.tuning import LayerBench, layer_shapes, time_op
 
-    info = devs.resolve(args.device)
-    device = devs.cl_device(info)
-    caps = device_caps.of(device, info.kind, info.label)
+    info, caps, ctx, queue, cache, tables, env = open_device(args.device, args.batch)
     print(f"device: {info.label}; wgmma: {caps.wgmma}; batch {args.batch}; {args.precision}")
-    ctx = cl.Context([device])
-    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    cache = ProgramCache(ctx, device, progress=False)
-    tables = params_for(info.kind, info.label)
-    env = BuildEnv(caps=caps, max_batch=args.batch, tables=tables)
     prec = precisions.get(args.precision)
     default = registry.get(registry.DEFAULT_ALGO["tensorcore"]).default(caps, prec)
     rng = np.random.default_rng(0)

@@ -33,6 +33,25 @@ def tiles(p: dict) -> str:
     return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"
 
 
+def open_device(spec: str, batch: int):
+    """(info, caps, context, profiling queue, program cache, tuning tables, BuildEnv) for device `spec`."""
+    import pyopencl as cl
+
+    from vggserve.ops.registry import BuildEnv
+    from vggserve.runtime import caps as device_caps, devices as devs
+    from vggserve.runtime.params import params_for
+    from vggserve.runtime.programs import ProgramCache
+
+    info = devs.resolve(spec)
+    device = devs.cl_device(info)
+    caps = device_caps.of(device, info.kind, info.label)
+    ctx = cl.Context([device])
+    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    tables = params_for(info.kind, info.label)
+    return (info, caps, ctx, queue, ProgramCache(ctx, device, progress=False), tables,
+            BuildEnv(caps=caps, max_batch=batch, tables=tables))
+
+
 def torch_time(torch, layer, batch, precision, repeats):
     """ms of cuDNN's convolution (channels_last) or matmul for the layer, CUDA events, median of `repeats`."""
     dev = torch.device("cuda")
@@ -74,14 +93,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    import pyopencl as cl
-
     from vggserve.errors import KernelBuildError
     from vggserve.ops import precision as precisions, registry
-    from vggserve.ops.registry import BuildEnv, LayerSpec
-    from vggserve.runtime import caps as device_caps, devices as devs
-    from vggserve.runtime.params import conv_params_for, params_for
-    from vggserve.runtime.programs import ProgramCache
+    from vggserve.ops.registry import LayerSpec
+    from vggserve.runtime.params import conv_params_for
     from vggserve.tuning import LayerBench, layer_shapes, time_op
 
     torch = None
@@ -90,15 +105,8 @@ def main(argv=None) -> int:
             import torch
         except ImportError:
             print("torch not importable: no cuDNN column")
-    info = devs.resolve(args.device)
-    device = devs.cl_device(info)
-    caps = device_caps.of(device, info.kind, info.label)
+    info, caps, ctx, queue, cache, tables, env = open_device(args.device, args.batch)
     print(f"device: {info.label}; wgmma: {caps.wgmma}; batch {args.batch}")
-    ctx = cl.Context([device])
-    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    cache = ProgramCache(ctx, device, progress=False)
-    tables = params_for(info.kind, info.label)
-    env = BuildEnv(caps=caps, max_batch=args.batch, tables=tables)
     engines = [registry.get(name) for name in args.algos.split(",")]
     rng = np.random.default_rng(0)
     only = set(filter(None, args.shapes.split(",")))

@@ -421,3 +421,30 @@ def test_a_table_naming_wgmma_on_a_device_without_it_runs_the_default(tiny_tenso
     with model_on_wgmma(tiny_tensors, monkeypatch, "fp16", tables=table, every_layer=False, batch=1) as model:
         plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
     assert plan["features.0"].startswith("tc_gemm") and "does not run" in plan["features.0"], plan["features.0"]
+
+
+def test_wgmma_diag_times_every_variant_and_the_full_kernel_agrees(monkeypatch, tmp_path):
+    """benchmarks/wgmma_diag.py on the software model: each WG_DIAG variant builds and runs; the whole kernel (WG_DIAG
+    0) matches the engine's current kernel and the variant without the proxy fence gives the same sums (on the model
+    the fence does nothing)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import vggserve.tuning as tuning
+    import wgmma_diag
+
+    monkeypatch.setattr(tuning, "layer_shapes", lambda batch, pooled=False: [("16x64x6", 16, 64, 6, 3)])
+    monkeypatch.setattr(wgmma_diag, "TILES", {"tc_wgmma": ["64x64s6k64f1"], "tc_halo_wgmma": ["8x8x128s4f0"]})
+    out = tmp_path / "diag.json"
+    assert wgmma_diag.main(["--device", "cpu", "--batch", "1", "--shapes", "16x64x6", "--repeats", "1",
+                            "--json", str(out)]) == 0
+    tiles = json.loads(out.read_text())["rows"][0]["tiles"]
+    assert {t["algo"] for t in tiles} == {"tc_wgmma", "tc_halo_wgmma"}
+    for t in tiles:
+        assert set(wgmma_diag.VARIANTS) <= set(t) and t["err"] < 2e-2 and t["nofence_same"], t
+    sys.modules.pop("wgmma_diag", None)
