@@ -28,7 +28,7 @@ from typing import Callable
 
 from .mpi import sleep_until
 from .pipeline import ChunkOutcome, ChunkRunner, RankStats
-from .workqueue import TOKENS, CoordinatorLink, Worker
+from .workqueue import CoordinatorLink, Worker, rank_tokens
 
 
 class Stopped(Exception):
@@ -93,13 +93,14 @@ class Coordinator:
         self.chunks = chunks
         self.record = record
         self.threaded = threaded
-        self.tokens = {rank: TOKENS for rank in range(link.size)}
+        self.rounds = rank_tokens()
+        self.tokens = {rank: self.rounds for rank in range(link.size)}
         self.worker_stats: dict[int, dict] = {}
         self.own_error: BaseException | None = None
 
     def run(self) -> dict[int, dict]:
         """Until every image is recorded; returns the stats (RankStats.as_dict) of every rank that did work."""
-        for _round in range(TOKENS):
+        for _round in range(self.rounds):
             for rank in self.tokens:
                 self._give(rank)
         helper = None

@@ -199,7 +199,9 @@ class ChunkRunner:
         self.model = model
         self.top_k = top_k
         self.on_device = uses_device_resize(model) if on_device is None else on_device
-        in_flight = IN_FLIGHT_CHUNKS * int(getattr(model, "max_batch_size", 16))
+        from .workqueue import rank_tokens
+
+        in_flight = max(IN_FLIGHT_CHUNKS, rank_tokens() + 1) * int(getattr(model, "max_batch_size", 16))
         on_gpu = decode == "gpu" or (decode == "auto" and getattr(getattr(model, "device_info", None), "kind",
                                                                   None) == "gpu")
         job = DecodeJob(model.preprocessing, self.on_device, "exact" if decode in ("gpu", "auto") else decode,

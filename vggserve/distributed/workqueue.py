@@ -28,6 +28,7 @@ every rank (3 images over 2 ranks are 3 chunks of one image).
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -37,6 +38,15 @@ from .pipeline import ChunkRunner, RankStats
 TAG_CHUNK = 41
 TAG_REPORT = 42
 TOKENS = 5  # per rank: see the module docstring
+
+
+def rank_tokens() -> int:
+    """Tokens per rank: TOKENS, or $VGGSERVE_BATCH_TOKENS (2 or more; every rank must see the same value, as mpirun
+    passes the environment on), for measuring deeper pipelines (benchmarks/batch_scaling.py)."""
+    try:
+        return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", TOKENS)))
+    except ValueError:
+        return TOKENS
 CHUNKS_PER_RANK = 4  # a job with fewer full chunks per rank than this is cut into smaller chunks
 
 
@@ -54,10 +64,11 @@ class Worker:
     """One rank's side of the protocol, over a link to the coordinator: `chunk_waiting()`, `receive()` (waits
     for the next chunk or None), `report(dict)` and `close()` (waits until the reports are delivered)."""
 
-    def __init__(self, link, runner: ChunkRunner, stats: RankStats, tokens: int = TOKENS):
+    def __init__(self, link, runner: ChunkRunner, stats: RankStats, tokens: int | None = None):
         self.link = link
         self.runner = runner
         self.stats = stats
+        tokens = rank_tokens() if tokens is None else tokens
         self.requested = tokens  # tokens on their way to us as chunks (rank 0 deals them unasked at the start)
         self.live = tokens  # tokens not yet retired: requested + runner.pending
 
