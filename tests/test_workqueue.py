@@ -7,6 +7,7 @@ tests/test_batch_mpi.py runs the real thing under mpiexec.
 """
 
 import json
+import os
 import threading
 import time
 from collections import deque
@@ -89,6 +90,15 @@ class FakeWorkers:
 
 
 def run_coordinator(size, images, chunk, own_seconds, worker_seconds, threaded, fail=False):
+    """The Coordinator over FakeWorkers, every rank holding TOKENS tokens (as these tests count them)."""
+    os.environ["VGGSERVE_BATCH_TOKENS"] = str(TOKENS)
+    try:
+        return _run_coordinator(size, images, chunk, own_seconds, worker_seconds, threaded, fail)
+    finally:
+        os.environ.pop("VGGSERVE_BATCH_TOKENS", None)
+
+
+def _run_coordinator(size, images, chunk, own_seconds, worker_seconds, threaded, fail=False):
     paths = [f"img{i:03d}.jpg" for i in range(images)]
     recorded = []
     workers = FakeWorkers(size, worker_seconds)
@@ -231,3 +241,33 @@ def test_a_worker_reports_how_long_it_waited_with_nothing_to_classify():
     fast = RankStats(1, "cpu")
     Worker(SlowLink(chunks, 0.0), SleepingRunner(0.0), fast, tokens=1).run()
     assert fast.starved_s < 0.02
+
+
+def test_a_job_of_several_ranks_holds_more_chunks_per_rank(monkeypatch):
+    """One rank keeps TOKENS chunks; with several, each keeps SHARED_TOKENS (a chunk's round trip through rank 0 is
+    longer); $VGGSERVE_BATCH_TOKENS sets both, at least 2."""
+    from vggserve.distributed.workqueue import SHARED_TOKENS, rank_tokens
+
+    monkeypatch.delenv("VGGSERVE_BATCH_TOKENS", raising=False)
+    assert rank_tokens(1) == TOKENS and rank_tokens(2) == rank_tokens(16) == SHARED_TOKENS > TOKENS
+    monkeypatch.setenv("VGGSERVE_BATCH_TOKENS", "8")
+    assert rank_tokens(1) == rank_tokens(4) == 8
+    monkeypatch.setenv("VGGSERVE_BATCH_TOKENS", "1")
+    assert rank_tokens(4) == 2
+    monkeypatch.setenv("VGGSERVE_BATCH_TOKENS", "lots")
+    assert rank_tokens(4) == SHARED_TOKENS
+
+
+def test_the_coordinator_deals_every_rank_its_tokens_before_any_report(monkeypatch):
+    """Rank 0 starts by dealing each rank as many chunks as it holds tokens: SHARED_TOKENS in a job of several."""
+    from vggserve.distributed.workqueue import SHARED_TOKENS
+
+    monkeypatch.delenv("VGGSERVE_BATCH_TOKENS", raising=False)
+    workers = FakeWorkers(3, 10.0)  # reports come back long after the first deal
+    coordinator = Coordinator(workers, SleepingRunner(0.0), RankStats(0, "cpu"),
+                              chunked([f"i{n}" for n in range(200)], 2), lambda outcome: None)
+    for _round in range(coordinator.rounds):
+        for rank in coordinator.tokens:
+            coordinator._give(rank)
+    dealt = {rank: sum(1 for _, worker, _ in workers.in_flight if worker == rank) for rank in (1, 2)}
+    assert coordinator.rounds == SHARED_TOKENS and dealt == {1: SHARED_TOKENS, 2: SHARED_TOKENS}

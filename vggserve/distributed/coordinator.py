@@ -93,7 +93,7 @@ class Coordinator:
         self.chunks = chunks
         self.record = record
         self.threaded = threaded
-        self.rounds = rank_tokens()
+        self.rounds = rank_tokens(link.size)
         self.tokens = {rank: self.rounds for rank in range(link.size)}
         self.worker_stats: dict[int, dict] = {}
         self.own_error: BaseException | None = None

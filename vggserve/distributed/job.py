@@ -43,7 +43,7 @@ from .pipeline import ChunkOutcome, ChunkRunner, RankStats
 from .stopping import STOPS, signal_name, stop_exit_code, stop_signal, stop_signals
 from .store import OutputError, ResultStore, check_creatable
 from .summary import format_summary, summarize
-from .workqueue import CoordinatorLink, chunk_size, chunked, work_for_coordinator
+from .workqueue import CoordinatorLink, chunk_size, chunked, rank_tokens, work_for_coordinator
 from ..wording import count
 
 
@@ -199,7 +199,8 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
     _limit_copy_threads(share["copy_threads"])
     runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=max(1, share["decode_threads"]),
                          decode_procs=share["decode_processes"], decode=options.decode,
-                         decode_timeout_s=options.decode_timeout_s, max_pixels=options.max_pixels)
+                         decode_timeout_s=options.decode_timeout_s, max_pixels=options.max_pixels,
+                         chunks_held=rank_tokens(size) + 1)
     stats = RankStats(rank, bound.device, clock=runner.clock, waits=runner.waits, decoder=runner.decoder,
                       host_share=share)
     progress = None

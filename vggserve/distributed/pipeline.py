@@ -193,15 +193,13 @@ class ChunkRunner:
 
     def __init__(self, model, top_k: int = 5, decode_threads: int = 2, *, decode_procs: int = 0,
                  decode: str = "exact", decode_timeout_s: float | None = None, on_device: bool | None = None,
-                 max_pixels: int | None = None):
+                 max_pixels: int | None = None, chunks_held: int = IN_FLIGHT_CHUNKS):
         from ..modelinput import uses_device_resize
 
         self.model = model
         self.top_k = top_k
         self.on_device = uses_device_resize(model) if on_device is None else on_device
-        from .workqueue import rank_tokens
-
-        in_flight = max(IN_FLIGHT_CHUNKS, rank_tokens() + 1) * int(getattr(model, "max_batch_size", 16))
+        in_flight = max(IN_FLIGHT_CHUNKS, chunks_held) * int(getattr(model, "max_batch_size", 16))
         on_gpu = decode == "gpu" or (decode == "auto" and getattr(getattr(model, "device_info", None), "kind",
                                                                   None) == "gpu")
         job = DecodeJob(model.preprocessing, self.on_device, "exact" if decode in ("gpu", "auto") else decode,

@@ -38,15 +38,21 @@ from .pipeline import ChunkRunner, RankStats
 TAG_CHUNK = 41
 TAG_REPORT = 42
 TOKENS = 5  # per rank: see the module docstring
+# per rank when there are several: on two H100s (FP16, batch 64, 2026-11-26) rank 1 with 5 waited 0.24 ms per image for
+# its decodes (its chunks came back through rank 0 too late to be decoded ahead) and ran at 0.68 of rank 0; with 12
+# both ranks ran alike, 7% more in all; 24 gave nothing more (BENCHMARKS.md)
+SHARED_TOKENS = 12
 
 
-def rank_tokens() -> int:
-    """Tokens per rank: TOKENS, or $VGGSERVE_BATCH_TOKENS (2 or more; every rank must see the same value, as mpirun
-    passes the environment on), for measuring deeper pipelines (benchmarks/batch_scaling.py)."""
+def rank_tokens(ranks: int = 1) -> int:
+    """Tokens per rank in a job of `ranks` ranks: TOKENS for one rank, SHARED_TOKENS for several (a chunk's round
+    trip through rank 0 takes longer than rank 0's own), or $VGGSERVE_BATCH_TOKENS (2 or more; every rank must see the
+    same value, as mpirun passes the environment on)."""
+    default = TOKENS if ranks <= 1 else SHARED_TOKENS
     try:
-        return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", TOKENS)))
+        return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", default)))
     except ValueError:
-        return TOKENS
+        return default
 CHUNKS_PER_RANK = 4  # a job with fewer full chunks per rank than this is cut into smaller chunks
 
 
@@ -68,7 +74,7 @@ class Worker:
         self.link = link
         self.runner = runner
         self.stats = stats
-        tokens = rank_tokens() if tokens is None else tokens
+        tokens = rank_tokens() if tokens is None else tokens  # one rank's, unless the job says
         self.requested = tokens  # tokens on their way to us as chunks (rank 0 deals them unasked at the start)
         self.live = tokens  # tokens not yet retired: requested + runner.pending
 
@@ -162,4 +168,4 @@ class CoordinatorLink:
 
 def work_for_coordinator(comm, runner: ChunkRunner, stats: RankStats) -> None:
     """A worker rank (not rank 0): classify the chunks rank 0 sends until all TOKENS tokens are retired."""
-    Worker(WorkerLink(comm), runner, stats).run()
+    Worker(WorkerLink(comm), runner, stats, rank_tokens(comm.Get_size())).run()
