@@ -79,10 +79,6 @@
 #ifndef WG_INFLIGHT
 #define WG_INFLIGHT 0   /* WGMMA: wgmma groups left running across the next barrier (0 or 1; 1: 3+ stages) */
 #endif
-#ifndef WG_DIAG
-#define WG_DIAG 0       /* WGMMA, benchmarks/wgmma_diag.py only (wrong results): 1 no copies after the prologue,
-                           2 no wgmma, 4 no proxy fence */
-#endif
 
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define CHUNKS (KB / 16)           /* chunks per local row */
@@ -188,18 +184,12 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
     }
     for (int t = 0; t < nt; ++t) {
         WG_CP_WAIT(LEAD - 1);  /* stage t has landed */
-#if !(WG_DIAG & 4)
         WG_PROXY();
-#endif
         WG_WAIT(acc, WG_INFLIGHT);
         barrier(CLK_LOCAL_MEM_FENCE);
         __local uint4 *sa = smem + (t % STAGES) * STAGE_CHUNKS, *sb = sa + BM * CHUNKS;
-#if !(WG_DIAG & 2)
         WG_STAGE(acc, sa + WG_CORE((warp >> 2) * 64, 0), sb);
-#endif
-#if !(WG_DIAG & 1)
-        if (t + LEAD < nt) LOAD_STAGE((t + LEAD) % STAGES)
-#endif
+        if (WG_COPIES && t + LEAD < nt) LOAD_STAGE((t + LEAD) % STAGES)
         CP_COMMIT();
     }
     WG_WAIT(acc, 0);

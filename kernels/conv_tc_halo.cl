@@ -85,21 +85,6 @@
 #ifndef WG_INFLIGHT
 #define WG_INFLIGHT 0   /* WGMMA: wgmma groups left running across the next step's barrier (0 or 1; 1: 3+ stages) */
 #endif
-#ifndef WG_DIAG
-#define WG_DIAG 0       /* WGMMA, benchmarks/wgmma_diag.py only (wrong results): 1 no copies after the prologue,
-                           2 no wgmma, 4 no proxy fence */
-#endif
-#if WG_DIAG & 4
-#define WG_FENCE_()
-#else
-#define WG_FENCE_() WG_PROXY()
-#endif
-#if WG_DIAG & 2
-#define WG_STAGE_RA_(ACC_, AF_, B_) ((void)0)
-#else
-#define WG_STAGE_RA_(ACC_, AF_, B_) WG_STAGE_RA(ACC_, AF_, B_)
-#endif
-#define WG_LOADS_ (!(WG_DIAG & 1))
 
 #include "mma.clh"          /* storage types, TF32 rounding, cp.async / ldmatrix / mma.sync (or their model) */
 #include "tc_halo.clh"      /* TH (default 8), the block, its input patch and their maps */
@@ -187,13 +172,13 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
 #define WG_HALO_STEP(s_, AF_)                                                                             \
     {                                                                                                     \
         WG_CP_WAIT(LEAD - 1);  /* step s_'s copies have landed */                                         \
-        WG_FENCE_();                                                                                      \
+        WG_PROXY();                                                                                       \
         WG_WAIT(acc, WG_INFLIGHT);                                                                        \
         barrier(CLK_LOCAL_MEM_FENCE);                                                                     \
         HALO_STEP(s_)                                                                                     \
         _Pragma("unroll") for (int ks = 0; ks < KSTEPS; ++ks) LDSM_X4(AF_[ks], A_ADDR);                   \
-        WG_STAGE_RA_(acc, AF_, bs + ((s_) % STAGES) * BN * CHUNKS);                                       \
-        if (WG_LOADS_ && (s_) + LEAD < nsteps) LOAD_STEP((s_) + LEAD)                                     \
+        WG_STAGE_RA(acc, AF_, bs + ((s_) % STAGES) * BN * CHUNKS);                                        \
+        if (WG_COPIES && (s_) + LEAD < nsteps) LOAD_STEP((s_) + LEAD)                                     \
         CP_COMMIT();                                                                                      \
     }
     for (int s = 0; s < LEAD; ++s) {

@@ -107,8 +107,8 @@ def _settings(args, **overrides):
         preprocess_procs=default_preprocess_procs() if args.preprocess_procs is None else args.preprocess_procs,
         drain_timeout_s=args.drain_timeout, read_timeout_s=args.read_timeout,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        warmup=not args.no_warmup, engine_processes=args.engine_processes, resize_on=args.resize_on, decode=args.decode, precision=args.precision,
-        cors_origins=tuple(args.cors_origin))
+        warmup=not args.no_warmup, engine_processes=args.engine_processes, resize_on=args.resize_on,
+        decode=args.decode, precision=args.precision, cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
         values["http_workers"] = parse_http_workers(args.http_workers, values["devices"], values["max_queue"],

@@ -33,11 +33,10 @@ import os
 import selectors
 import socket
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
+from ..children import child_command
 from ..errors import VggserveError
 from ..ipc.frames import FrameReader, frame
 from ..ipc.ring import Block, Ring
@@ -55,9 +54,6 @@ START_TIMEOUT_S = 120.0  # longest start of a process (imports on a loaded machi
 START_FAILURES = 3  # processes in a row dying before they are ready: the pool is broken
 CHECK_EVERY_S = 0.25  # how often the supervisor looks for processes that hang (at most a quarter of the timeout)
 TYPICAL_BYTES = 600_000  # a 500x375 image input (562 KB) or a float32 input (602 KB)
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
-              "from vggserve.decoding.worker import main; main()")
 
 
 class DecodePoolError(VggserveError):
@@ -228,7 +224,7 @@ class DecodePool:
         ours, theirs = socket.socketpair()
         shared = (self.ring.fd,) if self.ring is not None else ()  # the ring has no name: it goes by descriptor
         try:
-            popen = subprocess.Popen([sys.executable, "-c", CHILD_CODE, PACKAGE_ROOT, str(theirs.fileno())],
+            popen = subprocess.Popen(child_command("vggserve.decoding.worker", str(theirs.fileno())),
                                      pass_fds=(theirs.fileno(), *shared), stdin=subprocess.DEVNULL)
         except OSError as exc:
             ours.close()

@@ -221,7 +221,7 @@ class RemoteItem:
     future: "asyncio.Future | Future"
     enqueued: float = field(default_factory=time.monotonic)
     shared: Shared | None = None  # its pixels' block in the arena, freed when the engine answers
-    image: ModelInput | None = None  # held until answered, so that another engine can take it (`reroute`)
+    image: ModelInput | None = None  # with several engines, held until answered: another may take it (`reroute`)
     want_logits: bool = False
     engine: int = 0  # which engine has it, among several (routing.RoutedQueue)
 
@@ -300,6 +300,8 @@ class RemoteQueue(Admission):
             item = RemoteItem(next(self._ids), deadline, _new_future(), image=image, want_logits=want_logits)
             self._pending[item.id] = item
         self._send_item(item)
+        if self.reroute is None:  # one engine: nothing can take the image over, so it need not be held
+            item.image = None
         return item
 
     def _send_item(self, item: RemoteItem) -> None:

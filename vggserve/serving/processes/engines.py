@@ -14,11 +14,11 @@ not exit in time is killed.
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from typing import Callable
 
+from ...children import child_command
 from ..metrics import Metrics, forget_process
 from ..settings import Settings
 from .engine_link import EngineClient
@@ -28,8 +28,6 @@ log = logging.getLogger("vggserve.serving")
 
 CONNECT_WITHIN_S = 60.0  # a fresh engine process listens within this time (it imports, then listens)
 STOP_WITHIN_S = 10.0  # beyond --drain-timeout, before an engine process that does not stop is killed
-CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
-              "from vggserve.serving.processes.engine_process import main; sys.exit(main())")
 
 
 class Watch(EngineClient):
@@ -44,14 +42,13 @@ class EngineGroup:
     """Starts engines 1..G-1, watches every engine, and stops the children."""
 
     def __init__(self, settings: Settings, addresses: list[str], authkey: bytes, factory: bytes | None,
-                 log_level: str, metrics: Metrics, package_root: str):
+                 log_level: str, metrics: Metrics):
         self.settings = settings
         self.addresses = addresses
         self.authkey = authkey
         self.factory = factory
         self.log_level = log_level
         self.metrics = metrics
-        self.package_root = package_root
         self.procs: list[subprocess.Popen | None] = [None] * len(addresses)  # engine 0: this process
         self.watches: list[Watch | None] = [None] * len(addresses)
         self.out: dict[int, str] = {}  # engine -> why it is out
@@ -79,7 +76,7 @@ class EngineGroup:
     def _launch(self, index: int) -> subprocess.Popen:
         spec = EngineSpec(self.settings.for_engine(index), self.addresses[index], self.authkey, index, self.factory,
                           self.log_level)
-        proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, self.package_root], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(child_command("vggserve.serving.processes.engine_process"), stdin=subprocess.PIPE,
                                 env=dict(os.environ))
         try:
             proc.stdin.write(framed(spec))

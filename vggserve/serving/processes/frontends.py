@@ -31,9 +31,9 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
+from ...children import child_command
 from .engine_host import EngineHost
 from .engine_link import AUTHKEY_BYTES
 from .engine_process import portable
@@ -51,10 +51,6 @@ RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 SUPERVISE_EVERY_S = 0.1
 STOP_GRACE_S = 5.0  # beyond --drain-timeout and uvicorn's connection closing, before front ends are killed
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
-# the child's command: this checkout or installation of vggserve, whatever the working directory
-CHILD_CODE = ("import sys; root = sys.argv[1]; sys.path.insert(0, root) if root not in sys.path else None; "
-              "from vggserve.serving.processes.frontend import main; sys.exit(main())")
 
 
 class FrontEnds:
@@ -173,7 +169,7 @@ def launcher(spec_for: Callable[[int], FrontendSpec]) -> Callable[[int], subproc
 
     def launch(index: int) -> subprocess.Popen:
         spec = spec_for(index)
-        proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, PACKAGE_ROOT], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(child_command("vggserve.serving.processes.frontend"), stdin=subprocess.PIPE,
                                 pass_fds=(spec.fd,), env=dict(os.environ))
         try:
             proc.stdin.write(pickle.dumps(spec))
@@ -231,7 +227,7 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
         service.on_all_workers_dead = lambda reasons: stop.fail(NO_WORKERS_EXIT,
                                                                 f"no device worker is alive ({reasons})")
     else:
-        group = EngineGroup(settings, addresses, host.authkey, factory, log_level, service.metrics, PACKAGE_ROOT)
+        group = EngineGroup(settings, addresses, host.authkey, factory, log_level, service.metrics)
         group.on_ready.append(announcement(socks[0], settings.host, banner))
         group.on_all_out = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")
     address = addresses[0] if engines == 1 else tuple(addresses)

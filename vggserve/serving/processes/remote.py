@@ -1,6 +1,7 @@
 """The remote backend of an HTTP front-end process: readiness, admission and results come from the engine process
-over the link (`engine_link.EngineClient`), or from one engine process per device (`routing.EngineRouter`); uploads are decoded here, into the crops or images the engine's
-device workers take: small ones on the event loop (`inline`), the others in this process's decoding threads."""
+over the link (`engine_link.EngineClient`), or from one engine process per device (`routing.EngineRouter`);
+uploads are decoded here, into the crops or images the engines' device workers take: small ones on the event loop
+(`inline`), the others in this process's decoding threads."""
 
 from functools import partial
 import asyncio
