@@ -295,7 +295,7 @@ class RemoteQueue(Admission):
         """Send one admitted image to the engine."""
         with self._lock:
             if self._closed is not None:
-                self._room._admitted -= 1
+                self._room.count_held(-1)
                 raise self._closed
             item = RemoteItem(next(self._ids), deadline, _new_future(), image=image, want_logits=want_logits)
             self._pending[item.id] = item
@@ -316,7 +316,7 @@ class RemoteQueue(Admission):
         with self._lock:
             if self._closed is not None:
                 return False
-            self._room._admitted += 1
+            self._room.count_held(1)
             item.id, item.engine = next(self._ids), engine
             self._pending[item.id] = item
         self._send_item(item)
@@ -344,7 +344,7 @@ class RemoteQueue(Admission):
             item = self._pending.pop(image_id, None)
             if item is None:
                 return
-            self._room._admitted -= 1
+            self._room.count_held(-1)
         if error is not None:
             settle([(item, error, True) for item in self._offer([item], error)])
             return
@@ -357,7 +357,7 @@ class RemoteQueue(Admission):
         """The engine's "results" for several images of one batch (the message's fields): each its Outcome."""
         with self._lock:
             items = [self._pending.pop(image_id, None) for image_id in image_ids]
-            self._room._admitted -= sum(item is not None for item in items)
+            self._room.count_held(-sum(item is not None for item in items))
         probabilities = rows_of(probabilities, len(image_ids))
         rows = dict(zip(asked, rows_of(logits, len(asked)))) if asked else {}
         answers = []
@@ -376,7 +376,7 @@ class RemoteQueue(Admission):
             self._closed = error
             left = list(self._pending.values())
             self._pending.clear()
-            self._room._admitted -= len(left)
+            self._room.count_held(-len(left))
         settle([(item, error, True) for item in self._offer(left, error)])
 
 

@@ -126,6 +126,11 @@ class Admission:
         with self._guard:
             self._admitted -= n
 
+    def count_held(self, n: int) -> None:
+        """Add n (negative: give back) to the room taken, with the guard already held (a queue counting in another
+        queue's room under that room's lock: processes.routing)."""
+        self._admitted += n
+
 
 class BatchQueue(Admission):
     """Thread-safe bounded FIFO of Items shared by all device workers."""
