@@ -163,3 +163,42 @@ def test_a_device_failing_under_load_leaves_the_other_serving_every_request_and_
         assert 'vggserve_device_failures_total{device="cpu:0"} 1.0' in metrics
         assert 'vggserve_device_failures_total{device="cpu:1"} 0.0' in metrics
         assert "vggserve_ready 1.0" in metrics and "vggserve_workers_ready 1.0" in metrics
+
+
+def test_two_workers_on_the_same_device_spec_have_their_own_series_and_names():
+    """`--device cpu,cpu`: one worker failing shows as that worker, not as a device both share."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from vggserve.serving.app import create_app
+    from vggserve.serving.settings import Settings
+    from vggserve.testing.models import SlowModel
+
+    from test_http_api import PNG, wait_ready
+
+    made = []
+
+    def factory(device):  # the first worker's model fails on its first batch after the warm-up one
+        made.append(device)
+        return SlowModel(device, 0.02, 4, fail_after=1 if len(made) == 1 else None)
+
+    app = create_app(Settings(devices=("cpu", "cpu"), max_batch_size=4, max_wait_ms=10), model_factory=factory)
+    post = lambda _: c.post("/classify", content=PNG, headers={"content-type": "image/png"})  # noqa: E731
+    with TestClient(app) as c, ThreadPoolExecutor(8) as pool:
+        wait_ready(c)
+        for _ in range(20):
+            assert {r.status_code for r in pool.map(post, range(8))} == {200}
+            if any(d["state"] == "failed" for d in c.get("/metadata").json()["devices"]):
+                break
+        devices = c.get("/metadata").json()["devices"]
+        assert [(d["spec"], d["label"]) for d in devices] == [("cpu", "cpu#1"), ("cpu", "cpu#2")]
+        states = {d["label"]: d["state"] for d in devices}
+        failed = next(label for label, state in states.items() if state == "failed")
+        serving = next(label for label, state in states.items() if state == "ready")
+        assert f"device worker {failed} is failed" in c.get("/health/ready").json()["detail"]
+        metrics = c.get("/metrics").text
+        assert f'vggserve_device_up{{device="{failed}"}} 0.0' in metrics
+        assert f'vggserve_device_up{{device="{serving}"}} 1.0' in metrics
+        assert f'vggserve_device_failures_total{{device="{failed}"}} 1.0' in metrics
+        assert 'vggserve_device_up{device="cpu"}' not in metrics

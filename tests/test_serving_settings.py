@@ -37,6 +37,16 @@ def test_device_lists_give_one_worker_each():
         parse_devices("gpu:0,,gpu:1")
 
 
+def test_a_device_given_twice_gets_a_label_of_its_own_which_an_engine_process_keeps():
+    settings = Settings(devices=("gpu", "cpu:0", "gpu"), http_workers=2, engine_processes="per-device")
+    assert settings.labels == ("gpu#1", "cpu:0", "gpu#2")
+    assert Settings(devices=("gpu:0", "gpu:1")).labels == ("gpu:0", "gpu:1")
+    third = settings.for_engine(2)
+    assert third.devices == ("gpu",) and third.labels == ("gpu#2",)
+    with pytest.raises(SettingsError, match="one per device"):
+        Settings(devices=("gpu", "gpu"), device_labels=("a",))
+
+
 def test_defaults_bind_loopback_and_hide_the_key():
     s = Settings(api_key="secret")
     assert s.host == "127.0.0.1"

@@ -118,6 +118,17 @@ def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto
                             "pass e.g. --http-workers 4") from None
 
 
+def device_names(devices: tuple[str, ...]) -> tuple[str, ...]:
+    """A name per device entry, distinct: the spec itself, or "spec#n" for the n-th of a spec given more than once
+    (`--device gpu,gpu`: gpu#1, gpu#2), so that each worker has its own series in the metrics."""
+    seen: dict[str, int] = {}
+    names = []
+    for spec in devices:
+        seen[spec] = seen.get(spec, 0) + 1
+        names.append(f"{spec}#{seen[spec]}" if devices.count(spec) > 1 else spec)
+    return tuple(names)
+
+
 def parse_devices(text: str | None) -> tuple[str, ...]:
     """A comma list of device specs ("gpu:0,gpu:1") as a tuple, one device worker each; "all" = every GPU, and
     refused (DeviceError) where there is none: serving on the CPU instead is asked for by name, --device cpu."""
@@ -200,6 +211,9 @@ class Settings:
     # GIL; the front ends spread images over them: processes.engines), "1" (one engine process, one queue shared by
     # every device) or "auto" (per-device when there are several devices and several front ends)
     engine_processes: str = "auto"
+    # the name of each device in the metrics and the log, entry for entry (empty: `device_names(devices)`; an
+    # engine process's settings carry the name its device has among all of them)
+    device_labels: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.preprocess_threads is None and isinstance(self.http_workers, int):
@@ -211,6 +225,9 @@ class Settings:
                                                                                 for d in self.devices):
             raise SettingsError(f"devices must be a non-empty tuple of device specs, got {self.devices!r}; "
                                 "pass e.g. --device gpu:0,gpu:1")
+        if self.device_labels and len(self.device_labels) != len(self.devices):
+            raise SettingsError(f"device_labels names {len(self.device_labels)} devices for {len(self.devices)}: "
+                                "give one per device, or none")
         if not isinstance(self.cors_origins, tuple) or not all(
                 isinstance(o, str) and o and (o == "*" or o.startswith(("http://", "https://"))) and o.strip() == o
                 for o in self.cors_origins):
@@ -282,7 +299,13 @@ class Settings:
         """The settings of engine `index` of `engine_count`: its one device (all of them with one engine)."""
         if self.engine_count == 1:
             return self
-        return replace(self, devices=(self.devices[index],))
+        return replace(self, devices=(self.devices[index],), device_labels=(self.labels[index],))
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Each device's name in the metrics (`vggserve_device_up{device}`) and the log: `device_labels`, or
+        `device_names(devices)`."""
+        return self.device_labels or device_names(self.devices)
 
     @property
     def cpu_decode(self) -> str:
@@ -297,6 +320,7 @@ class Settings:
         """The settings as a dict safe to show (the API key only as set/unset)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["devices"] = list(self.devices)
+        out["device_labels"] = list(self.labels)
         out["cors_origins"] = list(self.cors_origins)
         out["api_key"] = "set" if self.api_key else None
         return out

@@ -63,7 +63,7 @@ class EngineGroup:
         return [p.pid for p in self.procs if p is not None]
 
     def device(self, index: int) -> str:
-        return self.settings.devices[index]
+        return self.settings.labels[index]
 
     def start(self) -> None:
         """Start engines 1.. and link to every engine (engine 0 listens already); returns once each listens, or

@@ -52,6 +52,8 @@ class WeightsInfo(BaseModel):
 
 class DeviceInfo(BaseModel):
     spec: str = Field(description="Device spec the worker was started with, e.g. `gpu:0`.")
+    label: str = Field(description="The worker's name in the metrics and the log: its spec, or `gpu#1`, `gpu#2` "
+                                   "for a spec given more than once.")
     state: str = Field(description="starting, loading, warming, ready, stopped or failed.")
     error: str | None
     batches: int = Field(description="Batches computed so far.")

@@ -41,7 +41,7 @@ class InflightRunner:
         # when the previous batch's results were in: the device (one in-order queue) starts a batch no earlier, so a
         # batch's device time runs from then or from its submit, whichever is later, not from its submit alone
         self._last_done = float("-inf")
-        self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.device}",
+        self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.label}",
                                            daemon=True)
 
     def run(self) -> None:

@@ -83,8 +83,9 @@ class LocalBackend:
                                      pixels=self.settings.http_workers > 1,
                                      device_resize=self.settings.resize_on == "device",
                                      decoding=DeviceDecoding(self.metrics, self.settings.decode,
-                                                             self.settings.max_pixels))
-                        for device in self.settings.devices]
+                                                             self.settings.max_pixels),
+                                     label=label)
+                        for device, label in zip(self.settings.devices, self.settings.labels)]
         for worker in self.workers:  # all listed before any starts: "none alive" must see every worker
             worker.start()
 
@@ -102,7 +103,7 @@ class LocalBackend:
 
     def _worker_changed(self) -> None:
         if self.workers and not self.stopping and not self._any_alive():
-            reasons = "; ".join(f"{w.device}: {w.error or w.state}" for w in self.workers)
+            reasons = "; ".join(f"{w.label}: {w.error or w.state}" for w in self.workers)
             log.error("no device worker is alive (%s)", reasons)
             self.queue.close(Unavailable("no_workers", f"no device worker is alive ({reasons})"))
             self.on_all_dead(reasons)
@@ -118,11 +119,11 @@ class LocalBackend:
         if not self.workers:
             return False, "not_ready", "the service has not started"
         dead = [w for w in self.workers if not w.alive and w.state != "starting"]
-        out = "; ".join(f"device worker {w.device} is {w.state}" + (f": {w.error}" if w.error else "") for w in dead)
+        out = "; ".join(f"device worker {w.label} is {w.state}" + (f": {w.error}" if w.error else "") for w in dead)
         live = [w for w in self.workers if w not in dead]
         if not live:
             return False, "worker_failed", out
-        waiting = [f"{w.device} ({w.state})" for w in live if not w.ready]
+        waiting = [f"{w.label} ({w.state})" for w in live if not w.ready]
         if self._procs_started is not None and not self._procs_started.done():
             waiting.append(f"{self.settings.preprocess_procs} preprocessing processes (starting)")
         if waiting:

@@ -43,8 +43,10 @@ class DeviceWorker:
 
     def __init__(self, device: str, model_factory: Callable, queue: BatchQueue, metrics: Metrics, *,
                  max_batch_size: int, max_wait_s: float, warmup: bool, on_change: Callable[[], None],
-                 pixels: bool = False, device_resize: bool = True, decoding: DeviceDecoding | None = None):
+                 pixels: bool = False, device_resize: bool = True, decoding: DeviceDecoding | None = None,
+                 label: str | None = None):
         self.device = device
+        self.label = label or device  # its name in the metrics and the log (settings.device_names)
         self.model_factory = model_factory
         self.queue = queue
         self.metrics = metrics
@@ -61,9 +63,9 @@ class DeviceWorker:
         self._model_takes_pixels = False
         self.batches = 0
         self._enlisted = False  # counted among the queue's workers (from start until it fails or stops)
-        self.metrics.device_up.labels(device=device).set(0)
-        self.metrics.device_failures.labels(device=device)  # exported as 0 from the start, so rate() sees the first
-        self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{device}", daemon=True)
+        self.metrics.device_up.labels(device=self.label).set(0)
+        self.metrics.device_failures.labels(device=self.label)  # exported as 0 from the start, so rate() sees the first
+        self._thread = threading.Thread(target=self._run, name=f"vggserve-device-{self.label}", daemon=True)
 
     @property
     def alive(self) -> bool:
@@ -82,14 +84,14 @@ class DeviceWorker:
         self._thread.join(timeout)
 
     def describe(self) -> dict:
-        return {"spec": self.device, "state": self.state, "error": self.error, "batches": self.batches,
-                "name": self.info.get("device_name"), "memory": self.info.get("device_memory")}
+        return {"spec": self.device, "label": self.label, "state": self.state, "error": self.error,
+                "batches": self.batches, "name": self.info.get("device_name"), "memory": self.info.get("device_memory")}
 
     def _set(self, state: str, error: str | None = None) -> None:
         self.state, self.error = state, error
-        self.metrics.device_up.labels(device=self.device).set(1 if state == "ready" else 0)
+        self.metrics.device_up.labels(device=self.label).set(1 if state == "ready" else 0)
         if state == "failed":
-            self.metrics.device_failures.labels(device=self.device).inc()
+            self.metrics.device_failures.labels(device=self.label).inc()
         if state in ("failed", "stopped") and self._enlisted:  # before anyone hears of it: see requeue_or_fail
             self._enlisted = False
             self.queue.leave()
@@ -121,7 +123,7 @@ class DeviceWorker:
                 self._set("warming")
                 started = time.perf_counter()
                 self._warm_up(model)
-                log.info("device %s warmed up in %.2f s", self.device, time.perf_counter() - started)
+                log.info("device %s warmed up in %.2f s", self.label, time.perf_counter() - started)
             self._set("ready")
             if hasattr(model, "submit"):
                 from .inflight import InflightRunner
@@ -133,28 +135,28 @@ class DeviceWorker:
             self._set("stopped")
         except BaseException as exc:  # noqa: BLE001 - a dead worker must be reported, whatever killed it
             if self.state == "failed":  # already reported by run_batch or the in-flight runner
-                log.error("device worker %s stopped after a failed batch: %s", self.device, self.error, exc_info=exc)
+                log.error("device worker %s stopped after a failed batch: %s", self.label, self.error, exc_info=exc)
                 return
             if isinstance(exc, VggserveError):  # a known cause with its own message: no traceback
-                log.error("device worker %s failed: %s", self.device, exc)
+                log.error("device worker %s failed: %s", self.label, exc)
             else:
-                log.exception("device worker %s failed", self.device)
+                log.exception("device worker %s failed", self.label)
             self._set("failed", f"{type(exc).__name__}: {exc}")
         finally:
             if model is not None and hasattr(model, "close"):
                 try:
                     model.close()
                 except Exception:  # noqa: BLE001
-                    log.exception("closing the model on %s failed", self.device)
+                    log.exception("closing the model on %s failed", self.label)
 
     def _note_device(self, figures: dict | None) -> None:
         """The device's OpenCL figures on /metrics, and in `info` (for /metadata)."""
         if figures is None:
             return
         self.info["device_memory"] = figures
-        self.metrics.device_memory.labels(device=self.device).set(figures["global_memory_bytes"])
-        self.metrics.device_engine_bytes.labels(device=self.device).set(figures["engine_bytes"])
-        self.metrics.device_compute_units.labels(device=self.device).set(figures["compute_units"])
+        self.metrics.device_memory.labels(device=self.label).set(figures["global_memory_bytes"])
+        self.metrics.device_engine_bytes.labels(device=self.label).set(figures["engine_bytes"])
+        self.metrics.device_compute_units.labels(device=self.label).set(figures["compute_units"])
 
     def device_resizes(self, model) -> bool:
         """Whether front ends should send this model decoded images: images come from front ends, --resize-on
@@ -229,9 +231,9 @@ class DeviceWorker:
             return
         if self.queue.hand_back(items):  # back in the queue, or failed with its close reason (shutting down)
             log.warning("device %s is out (%s): %s of its batch went back to the queue for the other device workers",
-                        self.device, self.error or exc, count(len(items), "image"))
+                        self.label, self.error or exc, count(len(items), "image"))
             return
-        error = InferenceFailed(self.device, exc)
+        error = InferenceFailed(self.label, exc)
         for item in items:
             item.future.set_exception(error)
 
