@@ -13,7 +13,8 @@ size and precision.
    classification phase, the job's CPU ms per image by stage and the wall ms per image its rank waited for the
    device's results and for decodes, from its summary (a device wait near 0: the host side is the limit).
 3. serve: `vggserve serve` at saturation (serve_saturation.py: its own client processes on the same host): one
-   500x375 JPEG; then the phone-photo mix (1 in 8 at 12 MP, 1 in 8 at 2 MP) with --decode exact and fast.
+   500x375 JPEG; then the phone-photo mix (1 in 8 at 12 MP, 1 in 8 at 2 MP) with --decode exact and fast; on
+   request (--runs) both with --decode gpu (serve-gpu, photo-gpu: the engine decodes JPEGs on its device).
 Prints one table: images/s, the engine's streamed images/s measured in this call, their ratio (targets: 0.9 for the
 batch job and the service on 500x375 JPEGs; the photo mix: exact twice the 224 images/s of the issue's H100 run,
 fast half the engine's rate), and where the host CPU goes. --json FILE writes everything.
@@ -35,7 +36,8 @@ sys.path.insert(0, str(HERE.parent))
 import batch_scaling  # noqa: E402
 import serve_saturation  # noqa: E402
 
-RUNS = ("batch", "serve", "photo-exact", "photo-fast")
+RUNS = ("batch", "serve", "photo-exact", "photo-fast", "serve-gpu", "photo-gpu")
+DEFAULT_RUNS = RUNS[:4]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=25.0, help="measured seconds per service run (default 25)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--engine-seconds", type=float, default=8.0, help="seconds timing the engine (default 8)")
-    p.add_argument("--runs", default=",".join(RUNS), help=f"which of {', '.join(RUNS)} (default all)")
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"which of {', '.join(RUNS)} (default "
+                   f"{', '.join(DEFAULT_RUNS)}; serve-gpu and photo-gpu: the service with --decode gpu)")
     p.add_argument("--workdir", default=None, help="where the JPEGs and outputs go (default: a temp dir)")
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
@@ -144,7 +147,8 @@ def main(argv=None) -> int:
         if run == "batch":
             results[run] = batch(args, weights, workdir)
         else:
-            mix, decode = ("single", "exact") if run == "serve" else ("photo", run.split("-")[1])
+            mix = "single" if run.startswith("serve") else "photo"
+            decode = run.split("-")[1] if "-" in run else "exact"
             results[run] = serve(args, weights, workdir, mix, decode)
         results[run]["ratio_to_streamed"] = results[run]["images_per_s"] / streamed if streamed else 0.0
         print(f"{run}: {results[run]['images_per_s']:.1f} images/s", flush=True)

@@ -372,6 +372,44 @@ def test_batches_enqueued_one_after_another_before_any_is_read_each_get_their_ow
                 assert_same(host[w.offset:w.offset + f.size[0] * f.size[1] * 3].reshape(f.size[1], f.size[0], 3), data)
 
 
+def test_threads_decoding_on_one_model_at_once_each_get_their_own_pixels(cl_setup):
+    """decode_for_model holds the decoder's lock only while it launches: threads wait for their batches side by
+    side (the batch job's two decode threads), more of them than the decoder has staging slots, and each gets its
+    own files' pixels and its own statuses (a corrupt stream in one batch falls back there alone)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.onmodel import DeviceImage, decode_for_model
+
+    ctx, dev, _ = cl_setup
+
+    class OnDevice:  # what decode_for_model asks of a model
+        decoder = (JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3), cl.CommandQueue(ctx), threading.Lock())
+
+        def jpeg_decoder(self):
+            return self.decoder
+
+    groups = [[corpus.pillow_jpeg(corpus.picture(w + i, h, i), quality=60 + 5 * i, subsampling=i % 3)
+               for w, h in [(90, 70), (41, 130)]] for i in range(7)]
+    corrupt = bytearray(groups[3][0])
+    corrupt[len(corrupt) // 2:len(corrupt) // 2 + 40] = b"\xa5" * 40
+    groups[3][0] = bytes(corrupt)
+    model = OnDevice()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda datas: decode_for_model(model, datas), groups))
+    queue = model.decoder[1]
+    for datas, items in zip(groups, results):
+        for data, item in zip(datas, items):
+            if data is groups[3][0]:  # flagged on the device, decoded on the CPU: its pixels, or its error
+                assert not isinstance(item, DeviceImage)
+                continue
+            assert isinstance(item, DeviceImage)
+            host = np.empty(item.width * item.height * 3, np.uint8)
+            cl.enqueue_copy(queue, host, item.buffer, src_offset=item.offset)
+            assert_same(host.reshape(item.height, item.width, 3), data)
+
+
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder

@@ -1,7 +1,9 @@
 """The batch job's decoder for `--decode gpu`: the decoder interface of `decoding.threads.ThreadDecoder` (start,
 release, close, clock), with each chunk's JPEGs decoded on the rank's model's device and left there
 (`decode_inputs`): the rank reads the files' bytes, parses their headers and launches the kernels; other files and
-the device's fallbacks are decoded in this process, on its thread, as the exact mode does."""
+the device's fallbacks are decoded in this process, on its thread, as the exact mode does. Two threads: one reads,
+parses and launches a chunk while the other waits for its chunk's device decode, which queues behind the network's
+kernels on the same GPU (with one, each chunk's host work waited for the chunk before it to come back)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from ..stages import StageClock
 from ..threads import ThreadDecoding
 
 
+THREADS = 2
+
+
 class DeviceChunkDecoder:
     procs = 0
     restarts = 0
@@ -18,9 +23,9 @@ class DeviceChunkDecoder:
 
     def __init__(self, model, job):
         self.model, self.job = model, job
-        self.threads = 1
+        self.threads = THREADS
         self.clock = StageClock()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-decode")
+        self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="device-decode")
 
     def start(self, sources) -> ThreadDecoding:
         """Decode a chunk: `result()` answers [(input, None) or (None, (reason, type name))] as ThreadDecoder's."""

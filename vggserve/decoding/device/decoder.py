@@ -14,7 +14,8 @@ decodes it on the CPU, which gives Pillow's pixels or Pillow's error.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyopencl as cl
@@ -128,16 +129,19 @@ class Run:
     queue: object  # the queue the statuses are mapped on
     parallel: np.ndarray  # per segment, 1 where jpeg_entropy.cl decoded it, 0 where jpeg_huffman.cl did
     _kept: bool = False
+    _keeping: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def keep(self) -> None:
         """Wait for the statuses, copy them out of the staging slot's mapped buffers and unmap those (before the slot
-        serves another batch)."""
-        if not self._kept:
-            self.read.wait()
-            mapped = (self.status, self.parallel)
-            self.status, self.parallel, self._kept = self.status.copy(), self.parallel.copy(), True
-            for array in mapped:
-                array.base.release(self.queue)
+        serves another batch). Once, whichever thread asks first: the caller waiting for its batch, or a later
+        batch's `enqueue` taking the slot again."""
+        with self._keeping:
+            if not self._kept:
+                self.read.wait()
+                mapped = (self.status, self.parallel)
+                self.status, self.parallel, self._kept = self.status.copy(), self.parallel.copy(), True
+                for array in mapped:
+                    array.base.release(self.queue)
 
     def segments_in_parallel(self) -> int:
         self.keep()

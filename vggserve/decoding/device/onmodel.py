@@ -75,8 +75,9 @@ def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, form
     if chosen:
         decoder, queue, lock = model.jpeg_decoder()
         buffer = cl.Buffer(decoder.context, cl.mem_flags.READ_WRITE, offset)
-        with lock:
-            ok = decoder.enqueue(queue, [p for _, p in chosen], windows, buffer).ok()  # waits: pixels complete
+        with lock:  # the launches; the wait below lets another thread enqueue its batch meanwhile
+            run = decoder.enqueue(queue, [p for _, p in chosen], windows, buffer)
+        ok = run.ok()  # waits: pixels complete
         for (i, _), window, kind, good in zip(chosen, windows, kinds, ok):
             if good:
                 items[i] = DeviceImage(buffer, window.offset, window.width, window.height, kind)
