@@ -37,6 +37,17 @@ def corpus(n: int, width: int, height: int, quality: int) -> list[bytes]:
     return [files[i % len(files)] for i in range(n)]
 
 
+class _Span:
+    """Two events' span, profiled as one: from the first's start to the last's end."""
+
+    def __init__(self, first, last):
+        self.first, self.last = first, last
+
+    @property
+    def profile(self):
+        return type("Profile", (), {"start": self.first.profile.start, "end": self.last.profile.end})
+
+
 def cpu_ms_per_image(fn, items, repeat: int = 1) -> float:
     t0 = time.process_time()
     for _ in range(repeat):
@@ -52,6 +63,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--size", default="500x375")
     ap.add_argument("--quality", type=int, default=90)
+    ap.add_argument("--mix", choices=("single", "photo"), default="single",
+                    help="photo: serve_saturation.py's phone-photo mix (of every 8 files one 12 MP, one 2 MP, six "
+                         "500x375) instead of --size")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--chunk-bytes", type=int, default=None, help="parallel entropy decoding's chunk (default: "
                     "the decoder's)")
@@ -75,7 +89,14 @@ def main() -> None:
     from vggserve.runtime.programs import ProgramCache
 
     width, height = map(int, args.size.split("x"))
-    files = corpus(args.images, width, height, args.quality)
+    if args.mix == "photo":
+        from serve_saturation import photo_mix
+
+        mix = photo_mix()
+        files = [mix[i % len(mix)] for i in range(args.images)]
+        args.size = "photo mix"
+    else:
+        files = corpus(args.images, width, height, args.quality)
     res = {"device": None, "images": len(files), "batch": args.batch, "size": args.size, "quality": args.quality,
            "mean_kb": round(float(np.mean([len(f) for f in files])) / 1024, 1)}
     info = devs.resolve(args.device)
@@ -167,12 +188,29 @@ def main() -> None:
         run.ok()
         return run
 
+    def crop_windows(batch):
+        wins, placed, offset = [], [], 0
+        for i, p in enumerate(batch):
+            pw, ph = p.size
+            box = aspect_box(pw, ph) or (0, 0, pw, ph)
+            bw, bh = box[2] - box[0], box[3] - box[1]
+            wins.append(Window(offset, box[0], box[1], bw, bh))
+            placed.append((offset, bw, bh, i))
+            offset += bw * bh * 3
+        return wins, placed, offset
+
     # per-stage device times of one batch, from the events of each kernel of a profiled run
     kernels: dict = {}
     for batch in batches[:4]:
         stage_times(batch)
         for name, evs in decoder.events.items():
             kernels.setdefault(name, []).extend(evs)
+        wins, placed, offset = crop_windows(batch)  # the resize and crop the engine runs next, timed alone
+        raw = buf("raw", offset)
+        decoder.enqueue(queue, batch, wins, raw).ok()
+        start = cl.enqueue_marker(queue)
+        end = resize.enqueue(queue, raw, placed, buf("crops", len(batch) * 224 * 224 * 3))
+        kernels.setdefault("resize", []).append(_Span(start, end))
     queue.finish()
     per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / 4
            for k, evs in kernels.items()}
@@ -187,17 +225,6 @@ def main() -> None:
     res["device_span_ms_first_batch"] = (kernels["colour"][0].profile.end - first) * 1e-6
     res["stage_ms_per_batch"] = per
     print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
-
-    def crop_windows(batch):
-        wins, placed, offset = [], [], 0
-        for i, p in enumerate(batch):
-            pw, ph = p.size
-            box = aspect_box(pw, ph) or (0, 0, pw, ph)
-            bw, bh = box[2] - box[0], box[3] - box[1]
-            wins.append(Window(offset, box[0], box[1], bw, bh))
-            placed.append((offset, bw, bh, i))
-            offset += bw * bh * 3
-        return wins, placed, offset
 
     def decode_crop(batch, stages):
         wins, placed, offset = crop_windows(batch)

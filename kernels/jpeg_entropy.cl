@@ -18,7 +18,8 @@
  *       chunk before; a chunk whose entry is the one it used last copies its exit instead of decoding again. Once a
  *       round changes no exit, every entry is the true one (the first is exact and each exit is a function of its
  *       entry); the last round's "changed" flag per segment says whether that happened.
- *   jpeg_prefix (per segment): the first block of each chunk and the DC predictors at its entry, by prefix sums.
+ *   jpeg_prefix_groups, _totals, _entry: the first block of each chunk and the DC predictors at its entry, by
+ *       prefix sums over the chunks of its segment (all chunks in parallel).
  *   jpeg_decode (per chunk): decodes its chunk again from its now exact entry, writing coefficients (DC absolute);
  *       the chunk that completes the segment's blocks checks libjpeg's clean end; chunks after it (the padding and
  *       the marker, whose rounds decoded garbage) do nothing. A segment whose rounds did not settle is left to the
@@ -29,7 +30,7 @@
  *   seg:    as jpeg_huffman.cl, plus s[6] the segment's first chunk, s[7] its chunks
  *   state:  int32, JE_STATE ints per chunk: exit p, u, k, blocks completed, DC sums (3), valid
  *   used:   int32, JE_USED ints per chunk: the entry (p, u, k, valid) its last decode started from
- *   entry:  int32, JE_ENTRY ints per chunk (jpeg_prefix): first block, DC predictors (3)
+ *   entry:  int32, JE_ENTRY ints per chunk (jpeg_prefix_entry): first block, DC predictors (3)
  *   settled: int32 per segment, 1 before the rounds: the last round sets 0 where it changed an exit
  */
 
@@ -313,19 +314,63 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
     o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = d0; o[5] = d1; o[6] = d2; o[7] = valid;
 }
 
-__kernel void jpeg_prefix(__global const int *meta, const int seg_at, const int nseg, __global const int *state,
-                          __global int *entry)
+/* jpeg_prefix_*: each chunk's entry (first block, DC predictors) as exclusive prefix sums of the blocks and DC sums
+ * of the chunks before it in its segment, in three launches over all chunks: sums within work-groups of JE_SCAN
+ * chunks, the work-groups' totals summed, then each chunk's sum from its batch's start less its segment's first
+ * chunk's. The sums wrap (unsigned) over the batch; the differences, within a segment, are exact. */
+#define JE_SCAN 256
+
+/* the inclusive sum of v over the work-group's work-items up to this one (l: JE_SCAN uint4 of local memory) */
+inline uint4 je_scan_group(const uint4 v, __local uint4 *l)
 {
-    const int g = get_global_id(0);
-    if (g >= nseg) return;
-    __global const int *s = meta + seg_at + g * JH_SEG;
-    int b = 0, d0 = 0, d1 = 0, d2 = 0;
-    for (int j = s[6]; j < s[6] + s[7]; ++j) {
-        __global int *e = entry + j * JE_ENTRY;
-        e[0] = b; e[1] = d0; e[2] = d1; e[3] = d2;
-        __global const int *x = state + j * JE_STATE;
-        b += x[3]; d0 += x[4]; d1 += x[5]; d2 += x[6];
+    const int i = get_local_id(0);
+    l[i] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int d = 1; d < JE_SCAN; d <<= 1) {
+        const uint4 add = (i >= d) ? l[i - d] : (uint4)(0);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        l[i] += add;
+        barrier(CLK_LOCAL_MEM_FENCE);
     }
+    return l[i];
+}
+
+__kernel __attribute__((reqd_work_group_size(JE_SCAN, 1, 1)))
+void jpeg_prefix_groups(__global const int *state, const int nchunks, __global uint4 *part, __global uint4 *sums)
+{
+    __local uint4 l[JE_SCAN];
+    const int j = get_global_id(0);
+    __global const int *x = state + j * JE_STATE;
+    const uint4 v = (j < nchunks) ? (uint4)((uint)x[3], (uint)x[4], (uint)x[5], (uint)x[6]) : (uint4)(0);
+    const uint4 inclusive = je_scan_group(v, l);
+    if (j < nchunks) part[j] = inclusive - v;
+    if (get_local_id(0) == JE_SCAN - 1) sums[get_group_id(0)] = inclusive;
+}
+
+__kernel __attribute__((reqd_work_group_size(JE_SCAN, 1, 1)))
+void jpeg_prefix_totals(__global uint4 *sums, const int ngroups)
+{
+    __local uint4 l[JE_SCAN];
+    const int i = get_local_id(0);
+    uint4 carry = (uint4)(0);
+    for (int base = 0; base < ngroups; base += JE_SCAN) {
+        const uint4 v = (base + i < ngroups) ? sums[base + i] : (uint4)(0);
+        const uint4 inclusive = je_scan_group(v, l);
+        if (base + i < ngroups) sums[base + i] = carry + inclusive - v;
+        carry += l[JE_SCAN - 1];
+        barrier(CLK_LOCAL_MEM_FENCE);  /* every work-item has read the total before the next tile's scan */
+    }
+}
+
+__kernel void jpeg_prefix_entry(__global const int *meta, const int seg_at, __global const int *chunk,
+                                const int nchunks, __global const uint4 *part, __global const uint4 *sums,
+                                __global int *entry)
+{
+    const int j = get_global_id(0);
+    if (j >= nchunks) return;
+    const int f = meta[seg_at + chunk[j * JE_CHUNK_INTS] * JH_SEG + 6];  /* its segment's first chunk */
+    const uint4 e = (part[j] + sums[j / JE_SCAN]) - (part[f] + sums[f / JE_SCAN]);
+    vstore4(as_int4(e), j, entry);
 }
 
 __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,

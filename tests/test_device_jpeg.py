@@ -372,6 +372,42 @@ def test_batches_enqueued_one_after_another_before_any_is_read_each_get_their_ow
                 assert_same(host[w.offset:w.offset + f.size[0] * f.size[1] * 3].reshape(f.size[1], f.size[0], 3), data)
 
 
+@pytest.mark.parametrize("sizes", [[1], [3, 1, 255], [256], [257, 1000, 2], [700] * 100 + [1999] * 7])
+def test_the_chunks_entries_are_the_sums_of_the_chunks_before_them_in_their_segment(cl_setup, sizes):
+    """jpeg_prefix_*: each chunk's first block and DC predictors against numpy, over segments of awkward lengths,
+    across work-groups and, with the last case (84,000 chunks), more work-groups than one tile of their totals; the
+    values sum past 2^31 over the batch while each segment's stay within int32, as blocks and DC sums do."""
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.decoder import PREFIX_WG
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev)
+    rng = np.random.default_rng(len(sizes))
+    n, nseg = sum(sizes), len(sizes)
+    firsts = np.cumsum([0] + sizes[:-1])
+    seg = np.zeros((nseg, 8), np.int32)
+    seg[:, 6], seg[:, 7] = firsts, sizes
+    meta = np.concatenate([np.zeros(5, np.int32), seg.reshape(-1)])  # the segment records at offset 5
+    chunk = np.zeros((n, 4), np.int32)
+    chunk[:, 0] = np.repeat(np.arange(nseg), sizes)
+    state = rng.integers(-1_000_000, 1_000_000, (n, 8), dtype=np.int32)
+    state[:, 3] = rng.integers(0, 1_000_000, n)
+    mf = cl.mem_flags
+    bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a) for a in (meta, chunk, state)]
+    entry = cl.Buffer(ctx, mf.READ_WRITE, n * 16)
+    decoder._prefix(queue, n, bufs[0], 5, bufs[1], bufs[2], entry)
+    got = np.empty((n, 4), np.int32)
+    cl.enqueue_copy(queue, got, entry)
+    sums = state[:, 3:7].astype(np.int64)
+    want = np.zeros((n, 4), np.int64)
+    for first, size in zip(firsts, sizes):
+        want[first:first + size] = np.cumsum(sums[first:first + size], axis=0) - sums[first:first + size]
+    assert np.abs(want).max() < 2 ** 31
+    if n > PREFIX_WG * PREFIX_WG:
+        assert sums[:, 0].sum() > 2 ** 31
+    assert np.array_equal(got, want)
+
+
 def test_threads_decoding_on_one_model_at_once_each_get_their_own_pixels(cl_setup):
     """decode_for_model holds the decoder's lock only while it launches: threads wait for their batches side by
     side (the batch job's two decode threads), more of them than the decoder has staging slots, and each gets its

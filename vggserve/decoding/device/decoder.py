@@ -32,6 +32,7 @@ PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl
 CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decoding
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
+PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 _DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
 
@@ -189,7 +190,8 @@ class JpegDecoder:
         self.k_idct = cl.Kernel(programs[1], "jpeg_idct")
         self.k_color = cl.Kernel(programs[2], "jpeg_color")
         self.k_sync = cl.Kernel(programs[3], "jpeg_sync")
-        self.k_prefix = cl.Kernel(programs[3], "jpeg_prefix")
+        self.k_prefix = [cl.Kernel(programs[3], name)
+                         for name in ("jpeg_prefix_groups", "jpeg_prefix_totals", "jpeg_prefix_entry")]
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
         mf = cl.mem_flags
         self._data = Grown(context, mf.READ_ONLY)
@@ -201,6 +203,8 @@ class JpegDecoder:
         self._used = Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
         self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
         self._entry = Grown(context, mf.READ_WRITE)
+        self._part = Grown(context, mf.READ_WRITE)  # the prefix sums' scratch: within work-groups, their totals
+        self._sums = Grown(context, mf.READ_WRITE)
         self._staging = StagingRing(context)  # pinned host memory the uploads read, a slot per batch in flight
 
     def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None) -> Run:
@@ -244,7 +248,7 @@ class JpegDecoder:
 
     def _parallel(self, queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot) -> None:
         """jpeg_entropy.cl: zeroed coefficients, the synchronisation rounds, the prefix sums, the decode."""
-        wg, nseg = self.wg, batch.seg.shape[0]
+        wg = self.wg
         chunk = slot.put(queue, "chunk", batch.chunk)
         n = chunk.shape[0]
         chunk_buf = self._chunks.get(chunk.nbytes)
@@ -267,9 +271,22 @@ class JpegDecoder:
                 k.set_arg(12, np.int32(r))
             self.events.setdefault("sync", []).append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
-        self._launch("prefix", queue, self.k_prefix, nseg, meta_buf, np.int32(at[0]), np.int32(nseg), last, entry)
+        self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
         self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last,
                      entry, settled, coef_buf, status_buf)
+
+    def _prefix(self, queue, n: int, meta_buf, seg_at: int, chunk_buf, last, entry) -> None:
+        """jpeg_prefix_*: each chunk's entry from the chunks before it in its segment (three launches)."""
+        groups = -(-n // PREFIX_WG)
+        part, sums = self._part.get(n * 16), self._sums.get(groups * 16)
+        k_groups, k_totals, k_entry = self.k_prefix
+        k_groups.set_args(last, np.int32(n), part, sums)
+        k_totals.set_args(sums, np.int32(groups))
+        k_entry.set_args(meta_buf, np.int32(seg_at), chunk_buf, np.int32(n), part, sums, entry)
+        events = self.events.setdefault("prefix", [])
+        events.append(cl.enqueue_nd_range_kernel(queue, k_groups, (groups * PREFIX_WG,), (PREFIX_WG,)))
+        events.append(cl.enqueue_nd_range_kernel(queue, k_totals, (PREFIX_WG,), (PREFIX_WG,)))
+        events.append(cl.enqueue_nd_range_kernel(queue, k_entry, (round_up(n, self.wg),), (self.wg,)))
 
     def _launch(self, name: str, queue, kernel, items: int, *args):
         """One launch of `items` work-items (rounded up to whole work-groups), noted in `events`."""
