@@ -14,7 +14,8 @@ size and precision.
    device's results and for decodes, from its summary (a device wait near 0: the host side is the limit).
 3. serve: `vggserve serve` at saturation (serve_saturation.py: its own client processes on the same host): one
    500x375 JPEG; then the phone-photo mix (1 in 8 at 12 MP, 1 in 8 at 2 MP) with --decode exact and fast; on
-   request (--runs) both with --decode gpu (serve-gpu, photo-gpu: the engine decodes JPEGs on its device).
+   request (--runs) both with --decode gpu or auto (serve-gpu, photo-gpu, serve-auto, photo-auto: the engine
+   decodes JPEGs on its device; under auto a front end with a decoding thread to spare decodes them itself).
 Prints one table: images/s, the engine's streamed images/s measured in this call, their ratio (targets: 0.9 for the
 batch job and the service on 500x375 JPEGs; the photo mix: exact twice the 224 images/s of the issue's H100 run,
 fast half the engine's rate), and where the host CPU goes. --json FILE writes everything.
@@ -36,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 import batch_scaling  # noqa: E402
 import serve_saturation  # noqa: E402
 
-RUNS = ("batch", "serve", "photo-exact", "photo-fast", "serve-gpu", "photo-gpu")
+RUNS = ("batch", "serve", "photo-exact", "photo-fast", "serve-gpu", "photo-gpu", "serve-auto", "photo-auto")
 DEFAULT_RUNS = RUNS[:4]
 
 
@@ -55,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--engine-seconds", type=float, default=8.0, help="seconds timing the engine (default 8)")
     p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"which of {', '.join(RUNS)} (default "
-                   f"{', '.join(DEFAULT_RUNS)}; serve-gpu and photo-gpu: the service with --decode gpu)")
+                   f"{', '.join(DEFAULT_RUNS)}; serve-gpu, photo-gpu, serve-auto, photo-auto: the service with --decode "
+                   "gpu or auto)")
     p.add_argument("--workdir", default=None, help="where the JPEGs and outputs go (default: a temp dir)")
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)
