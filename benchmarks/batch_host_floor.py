@@ -108,6 +108,7 @@ def main(argv=None) -> int:
         runner.run_next()
         runner.clock.seconds.clear()
         runner.waits.seconds.clear()
+        copies_before = copy_threads_cpu()
         barrier(comm)
         started = time.perf_counter()
         if rank == 0:
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
         else:
             work_for_coordinator(comm, runner, stats)
         wall = time.perf_counter() - started
+        copies = copy_threads_cpu() - copies_before
     finally:
         runner.close()
         if store is not None:
@@ -142,7 +144,8 @@ def main(argv=None) -> int:
     where = f"{procs} decode process{'es' if procs != 1 else ''}" if procs else f"{args.decode_threads} decode threads"
     print(f"batch host floor: {stats.images} 500x375 JPEGs, batch {args.batch_size}, {where}, --decode {args.decode}: "
           f"{rate:.0f} images/s with {device}")
-    print(f"CPU ms per image: {format_stages(cpu)}")
+    print(f"CPU ms per image: {format_stages(cpu)} (of which the staging copies on the copying threads, as the "
+          f"engine's: {1000 * copies / stats.images:.2f})")
     print(f"rank waited, wall ms per image: {format_stages(stats.wait_ms_per_image())} (device: "
           f"{args.device_ms / args.batch_size:.2f} ms per image of work)")
     print(f"host CPU per image: {total:.2f} ms (decode processes {decoding:.2f} + rank process "
@@ -156,6 +159,21 @@ def main(argv=None) -> int:
         print(f"  rank 0's main thread, CPU ms per image it recorded: {meter.describe()}; in all (waits for reports "
               f"included) {1000 * meter.main_seconds / sum(meter.images.values()):.3f}")
     return 0
+
+
+def copy_threads_cpu() -> float:
+    """CPU seconds so far of this process's copying threads (vggserve.runtime.hostcopy's, which `submit` copies on)."""
+    from vggserve.runtime import hostcopy
+
+    pool = hostcopy._pool
+    seconds = 0.0
+    for thread in list(getattr(pool, "_threads", ())):
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # not Linux, or the thread has ended
+            continue
+        seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
 
 
 class RecordingMeter:
