@@ -390,20 +390,21 @@ class DecodePool:
         with self._lock:
             if not self._waiting or self._broken is not None:
                 return
-            room = [(proc, min(self._parcel, self._depth - len(proc.sent)))
-                    for proc in sorted(self._procs, key=lambda p: not p.ready)]
+            room = [(proc, space) for proc in sorted(self._procs, key=lambda p: not p.ready)
+                    if (space := min(self._parcel, self._depth - len(proc.sent))) > 0]
             for level in range(self._parcel):
                 for proc, space in room:
+                    if space <= level:
+                        continue
                     while self._waiting and self._waiting[0][0].done():  # failed: nobody waits for it
                         self._waiting.popleft()
                     if not self._waiting:
                         break
-                    if space > level:
-                        item = self._waiting.popleft()
-                        if proc.ready and not proc.sent:
-                            proc.busy_since = time.monotonic()
-                        proc.sent.append(item)
-                        given.setdefault(proc, []).append(item)
+                    item = self._waiting.popleft()
+                    if proc.ready and not proc.sent:
+                        proc.busy_since = time.monotonic()
+                    proc.sent.append(item)
+                    given.setdefault(proc, []).append(item)
         for proc, items in given.items():
             try:
                 proc.send([source for _, _, source in items])
