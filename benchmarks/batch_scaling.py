@@ -8,7 +8,8 @@ Writes N synthetic JPEGs (once, into --workdir), then for each rank count runs
 `mpirun -n R python -m vggserve batch --device gpu ...` on them into a fresh output and reads the job's own
 summary (`--summary`): throughput counts the classification phase only (weights loading and kernel builds
 are the "setup" column); --precision and --decode go to every run as given. Efficiency is images/s at R ranks /
-(R x images/s at 1 rank). With Open MPI the launcher gets `--bind-to none`, and `--allow-run-as-root --oversubscribe` when run as root.
+(R x images/s at 1 rank). With Open MPI the launcher gets `--bind-to none`, and `--allow-run-as-root
+--oversubscribe` when run as root.
 Prints a Markdown table (for BENCHMARKS.md) and, with --json FILE, the raw summaries.
 """
 
