@@ -2,12 +2,14 @@
 
     python benchmarks/batch_scaling.py --weights vgg16.safetensors                  # 4-GPU machine
     python benchmarks/batch_scaling.py --weights tiny.safetensors --device cpu --ranks 1,2 --images 16  # smoke
+    python benchmarks/batch_scaling.py --ranks 1,2 --precision fp16 --decode gpu   # JPEGs decoded on each GPU
 
 Writes N synthetic JPEGs (once, into --workdir), then for each rank count runs
 `mpirun -n R python -m vggserve batch --device gpu ...` on them into a fresh output and reads the job's own
 summary (`--summary`): throughput counts the classification phase only (weights loading and kernel builds
-are the "setup" column). Efficiency is images/s at R ranks / (R x images/s at 1 rank). With Open MPI the
-launcher gets `--bind-to none`, and `--allow-run-as-root --oversubscribe` when run as root.
+are the "setup" column); --precision and --decode go to every run as given. Efficiency is images/s at R ranks /
+(R x images/s at 1 rank). With Open MPI the launcher gets `--bind-to none`, and `--allow-run-as-root
+--oversubscribe` when run as root.
 Prints a Markdown table (for BENCHMARKS.md) and, with --json FILE, the raw summaries.
 """
 
@@ -45,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--launcher-args", default="", help="extra launcher arguments, e.g. '--hostfile h'")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run (default 3600)")
     parser.add_argument("--precision", default=None, help="--precision for vggserve batch (default: its own)")
+    parser.add_argument("--decode", default=None, choices=("exact", "fast", "gpu", "auto"),
+                        help="--decode for vggserve batch (default: its own, exact)")
     parser.add_argument("--json", default=None, help="also write every run's summary here")
     return parser.parse_args(argv)
 
@@ -149,6 +153,13 @@ def rank_table(runs: dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
+def job_arguments(args) -> tuple[str, ...]:
+    """The `vggserve batch` options passed through as given: --precision and --decode (the job's own defaults
+    where not given)."""
+    return tuple(item for flag, value in (("--precision", args.precision), ("--decode", args.decode))
+                 if value for item in (flag, value))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rank_counts = [int(r) for r in args.ranks.split(",")]
@@ -157,11 +168,11 @@ def main(argv=None) -> int:
     images = workdir / "images"
     print(f"batch_scaling: {args.images} synthetic {width}x{height} JPEGs in {images}", file=sys.stderr)
     make_images(images, args.images, (width, height))
-    extra = ("--precision", args.precision) if args.precision else ()
-    runs = {ranks: run_once(args, ranks, images, workdir, extra) for ranks in rank_counts}
+    runs = {ranks: run_once(args, ranks, images, workdir, job_arguments(args)) for ranks in rank_counts}
     device = runs[min(runs)]["ranks"][0]["device_name"]
-    print(f"\n`vggserve batch` scaling: {args.images} images, batch size {args.batch_size}, --device {args.device} "
-          f"({device})\n")
+    passed = "".join(f" {flag} {value}" for flag, value in zip(*[iter(job_arguments(args))] * 2))
+    print(f"\n`vggserve batch` scaling: {args.images} images, batch size {args.batch_size}, --device {args.device}"
+          f"{passed} ({device})\n")
     print(table(runs))
     print()
     print(rank_table(runs))

@@ -1,6 +1,8 @@
 """What the benchmark scripts print, checked without running them (compare_torch.py needs torch and a GPU to run)."""
 
 import importlib.util
+import json
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,3 +33,34 @@ def test_compare_torch_on_a_gpu_names_the_resident_input_and_the_pinned_copies()
     compare = load_script("compare_torch")
     text = "\n".join(compare.batch_report(ROW, compare.torch_wording("cuda")))
     assert "250.00 ms on-GPU input" in text and "torch (pinned, non-blocking)" in text
+
+
+def test_batch_scaling_passes_decode_and_precision_through_to_every_run_and_prints_the_rank_table(tmp_path,
+                                                                                                  monkeypatch, capsys):
+    """`--decode gpu` reached no run (only --precision was passed on); the per-rank table prints for every run."""
+    scaling = load_script("batch_scaling")
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        summary = Path(command[command.index("--summary") + 1])
+        ranks = int(command[command.index("-n") + 1])
+        summary.write_text(json.dumps({
+            "images": 8, "errors": 0, "wall_seconds": 1.0, "setup_seconds": 0.5, "images_per_second": 8.0 * ranks,
+            "ranks": [{"rank": r, "device": f"gpu:{r}", "device_name": "stand-in", "images": 8 // ranks,
+                       "images_per_second": 8.0, "wait_ms_per_image": {"device": 0.1, "decode": 0.2, "chunks": 0.0},
+                       "cpu_ms_per_image": {"rank_process": 0.15, "decode": 1.7}} for r in range(ranks)]}))
+        return subprocess.CompletedProcess(command, 0, "")
+
+    monkeypatch.setattr(scaling, "make_images", lambda *args: None)
+    monkeypatch.setattr(scaling.subprocess, "run", fake_run)
+    monkeypatch.setattr(scaling, "launcher_command", lambda explicit, ranks, extra: ["mpiexec", "-n", str(ranks)])
+    assert scaling.main(["--ranks", "1,2", "--images", "8", "--decode", "gpu", "--precision", "fp16",
+                         "--workdir", str(tmp_path)]) == 0
+    assert len(commands) == 2
+    for command in commands:
+        assert command[command.index("--decode") + 1] == "gpu"
+        assert command[command.index("--precision") + 1] == "fp16"
+    out = capsys.readouterr().out
+    assert "--precision fp16 --decode gpu" in out
+    assert "| 2 | 1 | gpu:1 | 4 | 8.0 | 0.100 | 0.200 | 0.000 | 0.150 | 1.700 |" in out

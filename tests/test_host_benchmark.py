@@ -45,6 +45,25 @@ def test_the_batch_jobs_host_floor_runs_the_rank_on_an_instant_device(tmp_path):
     assert len(lines) == 128 and all('"predictions"' in line for line in lines)
 
 
+def test_the_batch_jobs_host_floor_under_mpiexec_measures_rank_0s_recording_of_the_other_ranks(tmp_path):
+    """Under mpiexec every rank runs on its instant device and rank 0 records them all, saying what that costs it."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from mpi_scripts.launch import mpiexec, subprocess_env
+
+    done = subprocess.run([*mpiexec(2), sys.executable, str(REPO / "benchmarks" / "batch_host_floor.py"), "--images",
+                           "64", "--repeat", "2", "--batch-size", "16", "--decode-procs", "1", "--replay",
+                           "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("batch host floor: ") == 1  # rank 0 alone reports
+    assert "2 ranks: " in done.stdout and "  rank 1: " in done.stdout
+    assert "rank 0's main thread, CPU ms per image it recorded: its own " in done.stdout
+    assert "other ranks' " in done.stdout
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    images = [json.loads(line)["image"] for line in lines]
+    assert len(images) == 128 and len(set(images)) == 64  # each image twice (--repeat 2), in whole lines
+
+
 def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_path):
     out = tmp_path / "floor.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "serve_host_floor.py"), "--http-workers", "2",

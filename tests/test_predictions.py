@@ -66,3 +66,31 @@ def test_result_lines_are_json_dumps_byte_for_byte():
 def test_result_lines_refuse_a_count_mismatch():
     with pytest.raises(ValueError, match="2 images for 1 row of probabilities"):
         result_lines(["a", "b"], np.ones((1, 1000), np.float32), 5)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8, 9])
+def test_top_k_order_is_the_stable_sorts_where_few_scores_are_above_minus_infinity_or_nan_hides_among_them(k):
+    """Rows with fewer than k scores above -inf (the argmax passes mark their picks with -inf) and NaN anywhere."""
+    rng = np.random.default_rng(5)
+    scores = (rng.integers(0, 4, (30, 40)) / 3).astype(np.float32)
+    scores[:10, 3:] = -np.inf  # three scores above -inf
+    scores[10:20, rng.integers(0, 40, 10)] = np.nan
+    scores[20:, :] = np.where(rng.random((10, 40)) < 0.5, -np.inf, np.inf)
+    for rows in (scores, scores.astype(np.float64), scores.astype(np.float16)):
+        assert np.array_equal(top_k_order(rows, k), stable_order(rows, k)), (rows.dtype, k)
+
+
+def test_result_lines_of_a_whole_chunk_are_json_dumps_byte_for_byte():
+    """64 images of real softmax rows and rows with NaN and infinities, every k up to 10."""
+    rng = np.random.default_rng(1)
+    rows = softmax(rng.normal(0, 3, (64, 1000)))
+    rows[5, 17] = np.nan
+    rows[9, [4, 800]] = np.inf
+    rows[12, :] = -np.inf
+    images = [f"/data/photos/{i:03d}-{'ä' * (i % 3)}\"{i}.jpg" for i in range(64)]
+    labels = imagenet_labels()
+    for k in range(1, 11):
+        want = [json.dumps({"image": image, "predictions": [
+            {"index": int(i), "label": labels[int(i)], "probability": float(row[i])} for i in order]})
+            for image, row, order in zip(images, rows, stable_order(rows, k))]
+        assert result_lines(images, rows, k) == want, k

@@ -65,6 +65,14 @@ class ModelInput:
         self.form, self.array = form, array
 
     @classmethod
+    def checked(cls, form: str, array: np.ndarray) -> "ModelInput":
+        """An input whose form and array were already checked where it was made (a decode process's answer, its
+        pixels seen here through shared memory): no checks or conversions again."""
+        made = object.__new__(cls)
+        made.form, made.array = form, array
+        return made
+
+    @classmethod
     def image(cls, pixels: np.ndarray) -> "ModelInput":
         return cls(IMAGE, pixels)
 

@@ -47,8 +47,10 @@ from .worker import DecodeJob, WorkerStart
 
 log = logging.getLogger("vggserve.decoding")
 
-DEPTH = 6  # sources sent to one process ahead of its answers: two parcels
-PARCEL = 3  # sources sent to a process in one message, answered in one message
+DEPTH = 12  # sources sent to one process ahead of its answers: two parcels
+# sources sent to a process in one message, answered in one message: each message costs the rank's process about
+# 0.1 ms of CPU on this supervisor's thread, so 6 rather than 3 halves that (BENCHMARKS.md, twelfth session)
+PARCEL = 6
 DEFAULT_TIMEOUT_S = 60.0  # longest decode of one image before its process is killed
 START_TIMEOUT_S = 120.0  # longest start of a process (imports on a loaded machine)
 START_FAILURES = 3  # processes in a row dying before they are ready: the pool is broken
@@ -317,7 +319,7 @@ class DecodePool:
                 self.ring.free(block)
                 return
             decoding.blocks.append(block)
-            decoding._answer(index, (ModelInput(form, pixels), None))
+            decoding._answer(index, (ModelInput.checked(form, pixels), None))  # checked in its decode process
         elif kind == "inline":
             self.inline += 1
             decoding._answer(index, (ModelInput(answer[2], answer[1]), None))
@@ -388,20 +390,21 @@ class DecodePool:
         with self._lock:
             if not self._waiting or self._broken is not None:
                 return
-            room = [(proc, min(self._parcel, self._depth - len(proc.sent)))
-                    for proc in sorted(self._procs, key=lambda p: not p.ready)]
+            room = [(proc, space) for proc in sorted(self._procs, key=lambda p: not p.ready)
+                    if (space := min(self._parcel, self._depth - len(proc.sent))) > 0]
             for level in range(self._parcel):
                 for proc, space in room:
+                    if space <= level:
+                        continue
                     while self._waiting and self._waiting[0][0].done():  # failed: nobody waits for it
                         self._waiting.popleft()
                     if not self._waiting:
                         break
-                    if space > level:
-                        item = self._waiting.popleft()
-                        if proc.ready and not proc.sent:
-                            proc.busy_since = time.monotonic()
-                        proc.sent.append(item)
-                        given.setdefault(proc, []).append(item)
+                    item = self._waiting.popleft()
+                    if proc.ready and not proc.sent:
+                        proc.busy_since = time.monotonic()
+                    proc.sent.append(item)
+                    given.setdefault(proc, []).append(item)
         for proc, items in given.items():
             try:
                 proc.send([source for _, _, source in items])

@@ -117,14 +117,19 @@ class Ring:
 
     def free_many(self, blocks) -> None:
         """`free` for several blocks at once (a chunk's)."""
+        by_region: dict[int, set] = {}
+        for block in blocks:
+            by_region.setdefault(block.region, set()).add(block)
         with self._lock:
-            touched = set()
-            for block in blocks:
-                for entry in self._live[block.region]:
-                    if entry[0] == block:
+            touched = []
+            for region, wanted in by_region.items():
+                for entry in self._live[region]:  # one walk from the oldest (a chunk's blocks are mostly there)
+                    if entry[0] in wanted:
                         entry[1] = True
-                        touched.add(block.region)
-                        break
+                        wanted.discard(entry[0])
+                        if not wanted:
+                            break
+                touched.append(region)
             for region in touched:
                 live, released = self._live[region], None
                 while live and live[0][1]:
