@@ -33,6 +33,15 @@ ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is deco
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 _DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
+# the kernels' arguments, None for a buffer and int32 for a `const int`: declared, pyopencl packs the ints itself
+# (1.3 us for all of jpeg_sync's; undeclared, each numpy scalar cost about 9 us of host time on the way in)
+_I = np.int32
+_HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
+_IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
+_COLOR = (None, None, _I, _I, None, _I, _I)
+_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I)
+_PREFIX = (None, _I, _I, None, None)
+_DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,9 @@ class JpegDecoder:
         self.k_sync = cl.Kernel(programs[3], "jpeg_sync")
         self.k_prefix = cl.Kernel(programs[3], "jpeg_prefix")
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
+        for kernel, scalars in ((self.k_huffman, _HUFFMAN), (self.k_idct, _IDCT), (self.k_color, _COLOR),
+                                (self.k_sync, _SYNC), (self.k_prefix, _PREFIX), (self.k_decode, _DECODE)):
+            kernel.set_scalar_arg_dtypes(scalars)
         mf = cl.mem_flags
         self._data = Grown(context, mf.READ_ONLY)
         self._meta = Grown(context, mf.READ_ONLY)
@@ -222,12 +234,12 @@ class JpegDecoder:
         cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg)
         if self.rounds:
             self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot)
-        self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, np.int32(at[0]), np.int32(at[1]),
-                     np.int32(at[2]), np.int32(at[3]), coef_buf, status_buf, np.int32(nseg), settled)
-        self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, np.int32(at[4]), np.int32(at[5]),
-                     samples_buf, status_buf, np.int32(nseg), np.int32(nplanes), np.int32(batch.blocks))
-        done = self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, np.int32(at[4]),
-                            np.int32(at[6]), out, np.int32(len(files)), np.int32(pixels))
+        self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, *at[:4], coef_buf, status_buf, nseg,
+                     settled)
+        self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, at[4], at[5], samples_buf,
+                     status_buf, nseg, nplanes, batch.blocks)
+        done = self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, at[4], at[6], out, len(files),
+                            pixels)
         # the statuses come back through non-blocking maps of the slot's own buffers (a read into host memory made
         # the NVIDIA driver wait for the batch on the host)
         status, _ = cl.enqueue_map_buffer(queue, status_buf, cl.map_flags.READ, 0, (nseg + nimg,), np.int32,
@@ -249,23 +261,19 @@ class JpegDecoder:
         entry = self._entry.get(n * 4 * 4)
         slot.reads.append(cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False))
         cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128)
-        tables = (np.int32(at[0]), np.int32(at[1]), np.int32(at[2]), np.int32(at[3]))
+        tables = at[:4]
         grid = (round_up(n, wg),)
-        # the rounds differ in three arguments: set the rest once and launch directly (pyopencl's call path costs
-        # tens of microseconds of host time per launch with this many arguments)
-        k = self.k_sync
-        k.set_args(data_buf, meta_buf, *tables, chunk_buf, np.int32(n), states[1], states[0], used, settled,
-                   np.int32(0), np.int32(self.rounds - 1), np.int32(self.lookback))
+        # the rounds differ in three arguments; with the scalars declared, setting all of them (1.3 us) costs less
+        # than setting one int through Kernel.set_arg, and pyopencl's call path costs more than a direct launch
+        k, sync = self.k_sync, self.events.setdefault("sync", [])
         for r in range(self.rounds):
-            if r:
-                k.set_arg(8, states[(r + 1) % 2])
-                k.set_arg(9, states[r % 2])
-                k.set_arg(12, np.int32(r))
-            self.events.setdefault("sync", []).append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
+            k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
+                       r, self.rounds - 1, self.lookback)
+            sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
-        self._launch("prefix", queue, self.k_prefix, nseg, meta_buf, np.int32(at[0]), np.int32(nseg), last, entry)
-        self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last,
-                     entry, settled, coef_buf, status_buf)
+        self._launch("prefix", queue, self.k_prefix, nseg, meta_buf, at[0], nseg, last, entry)
+        self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, n, last, entry, settled,
+                     coef_buf, status_buf)
 
     def _launch(self, name: str, queue, kernel, items: int, *args):
         """One launch of `items` work-items (rounded up to whole work-groups), noted in `events`."""
