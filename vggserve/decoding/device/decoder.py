@@ -32,6 +32,7 @@ CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decodin
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+HEAD_BYTES = 4096  # of a buffer given to prepare, the bytes copied to parse its markers (a photo's are ~600 bytes)
 _DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
 # the kernels' arguments, None for a buffer and int32 for a `const int`: declared, pyopencl packs the ints itself
 # (1.3 us for all of jpeg_sync's; undeclared, each numpy scalar cost about 9 us of host time on the way in)
@@ -46,7 +47,8 @@ _DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None)
 
 @dataclass(frozen=True)
 class Prepared:
-    """A file the device decoder takes: its bytes, frame, restart markers and EXIF orientation."""
+    """A file the device decoder takes: its bytes (or the contiguous uint8 buffer `prepare` was given: the service's
+    encoded input), frame, restart markers and EXIF orientation."""
 
     data: bytes
     frame: Frame
@@ -82,9 +84,18 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
     """What the device needs to decode `data`, or why the CPU path must take it (that path then decodes it, or
     raises the error it always raises: format, size, corruption). The pixel limit, the format allowlist and the
     EXIF orientation come out as the CPU path's; a file with EXIF, XMP, MPF or ICC segments has them read as
-    Pillow reads them (exif.py), or by Pillow itself where that reading is not certain of Pillow's answer."""
-    data = data if type(data) is bytes else bytes(data)
-    frame = parse(data)
+    Pillow reads them (exif.py), or by Pillow itself where that reading is not certain of Pillow's answer.
+
+    `data` may be any contiguous uint8 buffer (a numpy array, a memoryview): its markers are then parsed from a
+    copy of its first HEAD_BYTES alone, and the file is kept as it is, not copied, unless it has APP1/APP2 segments
+    or is refused (then `data` is read as bytes, whole, as before: the same Frame, reasons and orientation)."""
+    if type(data) is bytes:
+        frame = parse(data)
+    else:
+        frame = parse(bytes(data[:HEAD_BYTES])) if len(data) > HEAD_BYTES else None
+        if not frame or frame.pillow_header:  # a frame found in the head is the whole file's: parse reads no further
+            data = bytes(data)
+            frame = parse(data)
     if not frame:
         return frame
     if frame.pillow_header:
