@@ -5,6 +5,14 @@ the fastest wall time of one batch. --distinct-sizes gives every file of a batch
 what headers fix apart from the size; this shows that a batch of many sizes costs the same).
 
     python3 benchmarks/decode_host.py --batch 64 --repeat 50 [--distinct-sizes]
+
+--device DEVICE (e.g. auto: PoCL on a machine without a GPU) times instead the whole host path as the engine runs
+it on that OpenCL device, in CPU seconds of the calling thread alone (time.thread_time: the OpenCL runtime's own
+threads, PoCL's kernels, are left out): `decode_for_model` on the files' bytes (prepare, windows, output buffer,
+enqueue, statuses, the DeviceImages made and dropped), and the service engine's `DeviceDecoding.decode` on a batch
+of encoded inputs as they arrive from a front end (unpickled). The median over --runs passes of --images files.
+
+    python3 benchmarks/decode_host.py --device auto --images 512 --runs 5
 """
 
 from __future__ import annotations
@@ -38,7 +46,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--chunk-bytes", type=int, default=128)
     ap.add_argument("--distinct-sizes", action="store_true", help="every file its own size (width - i)")
+    ap.add_argument("--device", help="time decode_for_model and DeviceDecoding.decode on this OpenCL device instead")
+    ap.add_argument("--images", type=int, default=512, help="with --device: files per pass")
+    ap.add_argument("--runs", type=int, default=5, help="with --device: passes (the median is printed)")
     args = ap.parse_args()
+    if args.device:
+        on_device(args)
+        return
     from vggserve.decoding.device import decoder as dec
     from vggserve.decoding.device import prepare
     from vggserve.decoding.device.tables import Batch
@@ -118,6 +132,58 @@ def main() -> None:
             total += cpu
         print(f"  {name:48s} {cpu:7.3f} {wall:7.3f}")
     print(f"  {'host CPU per batch (prepare + layout)':48s} {total:7.3f}   ({total / args.batch:.4f} ms per image)")
+
+
+def on_device(args) -> None:
+    """The calling thread's CPU per image of decode_for_model and of the service engine's DeviceDecoding.decode."""
+    import pickle
+    import statistics
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from vggserve.decoding.device import _decoder_for
+    from vggserve.decoding.device.onmodel import decode_for_model
+    from vggserve.modelinput import ModelInput
+    from vggserve.serving.scheduling.devicedecode import DeviceDecoding
+
+    class Model:  # what decode_for_model asks of the engine: its decoder, queue and lock
+        def jpeg_decoder(self):
+            return _decoder_for(args.device)
+
+    class Counter:
+        def labels(self, **_):
+            return self
+
+        def inc(self, n=1):
+            pass
+
+    width, height = map(int, args.size.split("x"))
+    files = corpus(args.images, width, height, args.quality)
+    groups = [files[i:i + args.batch] for i in range(0, len(files), args.batch)]
+    model, service = Model(), DeviceDecoding(SimpleNamespace(decoded=Counter()), "gpu")
+    arrived = [pickle.loads(pickle.dumps([ModelInput.encoded(f) for f in g], pickle.HIGHEST_PROTOCOL))
+               for g in groups]
+
+    def direct(i):
+        return decode_for_model(model, groups[i])
+
+    def engine(i):
+        batch = [SimpleNamespace(input=x, future=Future()) for x in arrived[i]]
+        return service.decode(model, batch, True, "vgg")[1]
+
+    print(f"{_decoder_for(args.device)[0].context.devices[0].name.strip()}: {len(files)} files {args.size} "
+          f"q{args.quality}, batches of {args.batch}; the calling thread's CPU ms per image, median of {args.runs} "
+          f"passes (each: min, max)")
+    for name, step in (("decode_for_model (bytes)", direct), ("DeviceDecoding.decode (service engine)", engine)):
+        assert all(getattr(x, "form", None) == "device" for x in step(0))  # warm: programs, staging, pools
+        per = []
+        for _ in range(args.runs):
+            t0 = time.thread_time()
+            for i in range(len(groups)):
+                items = step(i)
+                del items  # the images dropped, as the engine drops them after its submit
+            per.append((time.thread_time() - t0) * 1e3 / len(files))
+        print(f"  {name:40s} {statistics.median(per):.4f}   ({min(per):.4f}, {max(per):.4f})")
 
 
 if __name__ == "__main__":

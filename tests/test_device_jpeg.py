@@ -6,6 +6,7 @@ Runs on the OpenCL device `VGGSERVE_TEST_DEVICE` picks (PoCL in CI)."""
 
 from __future__ import annotations
 
+import gc
 import io
 
 import numpy as np
@@ -446,6 +447,23 @@ def test_threads_decoding_on_one_model_at_once_each_get_their_own_pixels(cl_setu
             assert_same(host.reshape(item.height, item.width, 3), data)
 
 
+def test_a_batch_sets_its_kernels_arguments_in_declared_calls_only(cl_setup, monkeypatch):
+    """Host time: Kernel.set_arg with a numpy int costs about 9 us on the way in, the declared set_args of all of a
+    launch's arguments about 1 us; the synchronisation rounds set theirs that way too."""
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=64, rounds=4)
+    datas = [corpus.pillow_jpeg(corpus.picture(120, 90, i), quality=90, subsampling=2) for i in range(3)]
+    one_by_one = []
+    set_arg = cl.Kernel.set_arg
+    monkeypatch.setattr(cl.Kernel, "set_arg", lambda self, i, value: one_by_one.append(i) or set_arg(self, i, value))
+    images, run = decode_with(decoder, queue, datas)
+    assert all(run.ok()) and one_by_one == []
+    for data, got in zip(datas, images):
+        assert_same(got, data)
+
+
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder
@@ -491,3 +509,78 @@ def test_logits_through_the_device_decoder_are_the_cpu_decodes_exactly(tiny_tens
     host = [device_input(decode_pixels(datas[i])) for i in (5, 0, 1, 2)]
     mixed = [host[0], items[0], host[2], items[2]]
     assert np.array_equal(model.submit(mixed, "logits").result(), model.submit(host, "logits").result())
+    # the images' buffer goes back to the decoder's pool once they are dropped, with the engine's reads noted: the
+    # next call decodes into it again, and its images classify as the CPU decodes still
+    lease = items[0].lease
+    assert lease.reads and all(isinstance(x.lease, type(lease)) for x in good if isinstance(x, DeviceImage))
+    buffer = items[0].buffer
+    del items, good, mixed, lease
+    gc.collect()  # the ImageError's traceback holds the call's frame, and so its images, until the collector runs
+    again = decode_for_model(model, datas[:5])
+    assert again[0].buffer is buffer
+    assert np.array_equal(model.submit(again, "logits").result(), want[:5])
+
+
+class _OnDecoder:
+    """A stand-in model for decode_for_model: its decoder, queue and lock."""
+
+    def __init__(self, decoder, queue):
+        import threading
+
+        self._jpeg = (decoder, queue, threading.Lock())
+
+    def jpeg_decoder(self):
+        return self._jpeg
+
+
+def _pixels(queue, image) -> np.ndarray:
+    host = np.empty(image.width * image.height * 3, np.uint8)
+    cl.enqueue_copy(queue, host, image.buffer, src_offset=image.offset)
+    return host.reshape(image.height, image.width, 3)
+
+
+def test_decode_for_model_reuses_a_buffer_only_once_every_image_of_its_call_is_dropped(cl_setup):
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.onmodel import decode_for_model
+
+    ctx, dev, queue = cl_setup
+    model = _OnDecoder(JpegDecoder(ctx, dev), queue)
+    first = [corpus.pillow_jpeg(corpus.picture(300, 200, i), quality=90, subsampling=2) for i in range(3)]
+    second = [corpus.pillow_jpeg(corpus.picture(280, 210, 9 + i), quality=80, subsampling=1) for i in range(3)]
+    a = decode_for_model(model, first)
+    kept = a[1]
+    del a
+    b = decode_for_model(model, second)
+    assert b[0].buffer is not kept.buffer  # one image of the first call still held: its buffer is not reused
+    assert_same(_pixels(queue, kept), first[1])
+    buffer = kept.buffer
+    del kept
+    c = decode_for_model(model, first)
+    assert c[0].buffer is buffer
+    for image, data in zip(c + b, first + second):
+        assert_same(_pixels(queue, image), data)
+
+
+def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_images(cl_setup):
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.onmodel import decode_for_model
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev)
+    model = _OnDecoder(decoder, queue)
+    datas = [corpus.pillow_jpeg(corpus.picture(300, 200, 5), quality=90, subsampling=2)]
+    items = decode_for_model(model, datas)
+    read = cl.UserEvent(ctx)  # a read of the pixels that another queue has not run yet
+    items[0].read_by(read)
+    del items
+    seen, enqueue = [], decoder.enqueue
+
+    def spy(queue, files, windows, out, wait_for=None):
+        seen.append(list(wait_for or []))
+        read.set_status(cl.command_execution_status.COMPLETE)
+        return enqueue(queue, files, windows, out, wait_for=wait_for)
+
+    decoder.enqueue = spy
+    again = decode_for_model(model, datas)
+    assert seen == [[read]]
+    assert_same(_pixels(queue, again[0]), datas[0])

@@ -262,6 +262,34 @@ def test_frames_read_as_before(prepared):
             assert c.blocks_w * c.blocks_h > 0 and len(c.quant) == 128
 
 
+def test_a_buffer_is_prepared_as_its_bytes_and_kept_without_a_copy_of_the_file():
+    """The service's engine gives prepare the encoded input's array: only its head is copied to parse the markers,
+    and every answer (frame, restarts, orientation, refusal reason) is the bytes' answer."""
+    from vggserve.decoding.device.decoder import HEAD_BYTES
+
+    big = corpus.pillow_jpeg(corpus.picture(500, 375, 3), quality=90, subsampling=2)
+    restarts = corpus.pillow_jpeg(corpus.picture(300, 200, 4), subsampling=2, restart_marker_blocks=3)
+    long_header = big[:2] + b"\xff\xed" + (HEAD_BYTES + 2).to_bytes(2, "big") + bytes(HEAD_BYTES) + big[2:]
+    cases = mixed_files() + [big, restarts, long_header, with_orientation(big, 6), big[:HEAD_BYTES + 100],
+                             long_header[:HEAD_BYTES + 100], b"\xff\xd8" + bytes(HEAD_BYTES + 10), b"junk"]
+    for data in cases:
+        array = np.frombuffer(data, np.uint8)
+        want, got = prepare(data), prepare(array)
+        assert type(got) is type(want)
+        if not want:
+            assert got.reason == want.reason
+            continue
+        assert (got.frame.header, got.frame.width, got.frame.height, got.frame.scan_start, got.frame.segments,
+                got.restarts, got.orientation) == (want.frame.header, want.frame.width, want.frame.height,
+                                                   want.frame.scan_start, want.frame.segments, want.restarts,
+                                                   want.orientation)
+        assert bytes(got.data) == data
+        if len(data) > HEAD_BYTES and want.frame.scan_start <= HEAD_BYTES and not want.frame.pillow_header:
+            assert got.data is array  # else the whole file was read as bytes: a long header, EXIF
+    batch = pack([prepare(np.frombuffer(d, np.uint8)) for d in (big, restarts, long_header)])
+    assert_batch_is(batch, vars(pack([prepare(d) for d in (big, restarts, long_header)])))
+
+
 def test_files_of_one_encoder_share_their_parsed_header_whatever_their_size():
     a = parse(corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=2))
     b = parse(corpus.pillow_jpeg(corpus.picture(97, 41, 2), subsampling=2))

@@ -203,12 +203,13 @@ class Engine:
         by_buffer: dict = {}
         for index, d in items:
             if d.kind == "crop":
-                cl.enqueue_copy(self.queue, slot.pixels, d.buffer, byte_count=crop_bytes, src_offset=d.offset,
-                                dst_offset=index * crop_bytes)
+                d.read_by(cl.enqueue_copy(self.queue, slot.pixels, d.buffer, byte_count=crop_bytes,
+                                          src_offset=d.offset, dst_offset=index * crop_bytes))
             else:
-                by_buffer.setdefault(id(d.buffer), (d.buffer, []))[1].append((d.offset, d.width, d.height, index))
-        for buffer, placed in by_buffer.values():
-            ev = self.resize_op.enqueue(self.queue, buffer, placed, slot.pixels)
+                by_buffer.setdefault(id(d.buffer), (d, []))[1].append((d.offset, d.width, d.height, index))
+        for d, placed in by_buffer.values():  # the images of one buffer share its lease: one note of the read
+            ev = self.resize_op.enqueue(self.queue, d.buffer, placed, slot.pixels)
+            d.read_by(ev)
             if events is not None:
                 events.append(("resize", ev, 0.0))
 

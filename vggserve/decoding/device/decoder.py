@@ -34,12 +34,23 @@ ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is deco
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+HEAD_BYTES = 4096  # of a buffer given to prepare, the bytes copied to parse its markers (a photo's are ~600 bytes)
 _DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
+# the kernels' arguments, None for a buffer and int32 for a `const int`: declared, pyopencl packs the ints itself
+# (1.3 us for all of jpeg_sync's; undeclared, each numpy scalar cost about 9 us of host time on the way in)
+_I = np.int32
+_HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
+_IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
+_COLOR = (None, None, _I, _I, None, _I, _I)
+_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I)
+_PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
+_DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A file the device decoder takes: its bytes, frame, restart markers and EXIF orientation."""
+    """A file the device decoder takes: its bytes (or the contiguous uint8 buffer `prepare` was given: the service's
+    encoded input), frame, restart markers and EXIF orientation."""
 
     data: bytes
     frame: Frame
@@ -75,9 +86,18 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
     """What the device needs to decode `data`, or why the CPU path must take it (that path then decodes it, or
     raises the error it always raises: format, size, corruption). The pixel limit, the format allowlist and the
     EXIF orientation come out as the CPU path's; a file with EXIF, XMP, MPF or ICC segments has them read as
-    Pillow reads them (exif.py), or by Pillow itself where that reading is not certain of Pillow's answer."""
-    data = data if type(data) is bytes else bytes(data)
-    frame = parse(data)
+    Pillow reads them (exif.py), or by Pillow itself where that reading is not certain of Pillow's answer.
+
+    `data` may be any contiguous uint8 buffer (a numpy array, a memoryview): its markers are then parsed from a
+    copy of its first HEAD_BYTES alone, and the file is kept as it is, not copied, unless it has APP1/APP2 segments
+    or is refused (then `data` is read as bytes, whole, as before: the same Frame, reasons and orientation)."""
+    if type(data) is bytes:
+        frame = parse(data)
+    else:
+        frame = parse(bytes(data[:HEAD_BYTES])) if len(data) > HEAD_BYTES else None
+        if not frame or frame.pillow_header:  # a frame found in the head is the whole file's: parse reads no further
+            data = bytes(data)
+            frame = parse(data)
     if not frame:
         return frame
     if frame.pillow_header:
@@ -193,6 +213,9 @@ class JpegDecoder:
         self.k_prefix = [cl.Kernel(programs[3], name)
                          for name in ("jpeg_prefix_groups", "jpeg_prefix_totals", "jpeg_prefix_entry")]
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
+        for kernel, scalars in ((self.k_huffman, _HUFFMAN), (self.k_idct, _IDCT), (self.k_color, _COLOR),
+                                (self.k_sync, _SYNC), *zip(self.k_prefix, _PREFIX), (self.k_decode, _DECODE)):
+            kernel.set_scalar_arg_dtypes(scalars)
         mf = cl.mem_flags
         self._data = Grown(context, mf.READ_ONLY)
         self._meta = Grown(context, mf.READ_ONLY)
@@ -230,12 +253,12 @@ class JpegDecoder:
         cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg)
         if self.rounds:
             self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot)
-        self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, np.int32(at[0]), np.int32(at[1]),
-                     np.int32(at[2]), np.int32(at[3]), coef_buf, status_buf, np.int32(nseg), settled)
-        self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, np.int32(at[4]), np.int32(at[5]),
-                     samples_buf, status_buf, np.int32(nseg), np.int32(nplanes), np.int32(batch.blocks))
-        done = self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, np.int32(at[4]),
-                            np.int32(at[6]), out, np.int32(len(files)), np.int32(pixels))
+        self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, *at[:4], coef_buf, status_buf, nseg,
+                     settled)
+        self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, at[4], at[5], samples_buf,
+                     status_buf, nseg, nplanes, batch.blocks)
+        done = self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, at[4], at[6], out, len(files),
+                            pixels)
         # the statuses come back through non-blocking maps of the slot's own buffers (a read into host memory made
         # the NVIDIA driver wait for the batch on the host)
         status, _ = cl.enqueue_map_buffer(queue, status_buf, cl.map_flags.READ, 0, (nseg + nimg,), np.int32,
@@ -257,32 +280,28 @@ class JpegDecoder:
         entry = self._entry.get(n * 4 * 4)
         slot.reads.append(cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False))
         cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128)
-        tables = (np.int32(at[0]), np.int32(at[1]), np.int32(at[2]), np.int32(at[3]))
+        tables = at[:4]
         grid = (round_up(n, wg),)
-        # the rounds differ in three arguments: set the rest once and launch directly (pyopencl's call path costs
-        # tens of microseconds of host time per launch with this many arguments)
-        k = self.k_sync
-        k.set_args(data_buf, meta_buf, *tables, chunk_buf, np.int32(n), states[1], states[0], used, settled,
-                   np.int32(0), np.int32(self.rounds - 1), np.int32(self.lookback))
+        # the rounds differ in three arguments; with the scalars declared, setting all of them (1.3 us) costs less
+        # than setting one int through Kernel.set_arg, and pyopencl's call path costs more than a direct launch
+        k, sync = self.k_sync, self.events.setdefault("sync", [])
         for r in range(self.rounds):
-            if r:
-                k.set_arg(8, states[(r + 1) % 2])
-                k.set_arg(9, states[r % 2])
-                k.set_arg(12, np.int32(r))
-            self.events.setdefault("sync", []).append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
+            k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
+                       r, self.rounds - 1, self.lookback)
+            sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
-        self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, np.int32(n), last,
-                     entry, settled, coef_buf, status_buf)
+        self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, n, last, entry, settled,
+                     coef_buf, status_buf)
 
     def _prefix(self, queue, n: int, meta_buf, seg_at: int, chunk_buf, last, entry) -> None:
         """jpeg_prefix_*: each chunk's entry from the chunks before it in its segment (three launches)."""
         groups = -(-n // PREFIX_WG)
         part, sums = self._part.get(n * 16), self._sums.get(groups * 16)
         k_groups, k_totals, k_entry = self.k_prefix
-        k_groups.set_args(last, np.int32(n), part, sums)
-        k_totals.set_args(sums, np.int32(groups))
-        k_entry.set_args(meta_buf, np.int32(seg_at), chunk_buf, np.int32(n), part, sums, entry)
+        k_groups.set_args(last, n, part, sums)
+        k_totals.set_args(sums, groups)
+        k_entry.set_args(meta_buf, seg_at, chunk_buf, n, part, sums, entry)
         events = self.events.setdefault("prefix", [])
         events.append(cl.enqueue_nd_range_kernel(queue, k_groups, (groups * PREFIX_WG,), (PREFIX_WG,)))
         events.append(cl.enqueue_nd_range_kernel(queue, k_totals, (PREFIX_WG,), (PREFIX_WG,)))

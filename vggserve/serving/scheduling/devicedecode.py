@@ -138,14 +138,14 @@ class DeviceDecoding:
         where = [i for i, x in enumerate(inputs) if x.form == ENCODED]
         if not where:
             return batch, inputs
-        datas = [inputs[i].data for i in where]
+        datas = [inputs[i].array for i in where]  # as they came (prepare copies only their heads)
         tensors = any(x.form == TENSOR for x in inputs)
         decoded = None
         if on_device and not tensors:
             decoded = self._on_device(model, datas)
         if decoded is None:
             reason = "tensor_batch" if on_device and tensors else "device_error" if on_device else "no_device"
-            decoded = [self._on_cpu(data, preprocessing) for data in datas]
+            decoded = [self._on_cpu(data.tobytes(), preprocessing) for data in datas]
             self.note(CPU, reason, len(datas))
         for i, x in zip(where, decoded):
             inputs[i] = x
@@ -161,7 +161,7 @@ class DeviceDecoding:
         from .imaging import open_upload
 
         def cpu(data):
-            return open_upload(data, self.max_pixels, self.formats)
+            return open_upload(bytes(data), self.max_pixels, self.formats)
 
         try:
             decoded = decode_for_model(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
