@@ -12,6 +12,7 @@ passes `client_gone`, a coroutine function that returns when the client has gone
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Awaitable, Callable
 
 from ...modelinput import ModelInput
@@ -53,6 +54,39 @@ async def _await_items(service, items: list[Item], deadline: float, client_gone)
         for fut in futures:  # results are read from the items; mark the wrappers' exceptions as seen
             if fut.done() and not fut.cancelled():
                 fut.exception()
+
+
+def _overdue(queue, item: Item, future) -> None:
+    if not future.done():
+        queue.withdraw(item, DeadlineExceeded(time.monotonic() - item.enqueued))
+
+
+def _wake(waiter, _future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _await_one(service, item: Item, deadline: float, client_gone) -> None:
+    """`_await_items` for one image (a request of one, the common case), without asyncio.wait's machinery: a timer
+    withdraws the image when its deadline passes, and a waiter that a cancellation of this task does not pass on
+    to the image's future."""
+    queue = service.backend.queue
+    future = asyncio.wrap_future(item.future)  # the future itself when it is the loop's
+    loop = future.get_loop()
+    waiter = loop.create_future()
+    wake = partial(_wake, waiter)
+    future.add_done_callback(wake)
+    timer = loop.call_later(max(0.0, deadline - time.monotonic()), _overdue, queue, item, future)
+    watcher = asyncio.ensure_future(_watch(client_gone, queue, [item])) if client_gone else None
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+        if watcher is not None:
+            watcher.cancel()
+        if future.done() and not future.cancelled():  # the result is read from the item; mark it seen
+            future.exception()
 
 
 async def _prepared(service, source) -> tuple[ModelInput, float]:
@@ -109,7 +143,9 @@ async def run_inputs(service, sources: list, started: float, deadline: float,
                 results[i] = Result(None, seconds, exc)
     finally:
         queue.release(reserved)
-    if waiting:
+    if len(waiting) == 1:
+        await _await_one(service, waiting[0][1], deadline, client_gone)
+    elif waiting:
         await _await_items(service, [item for _, item, _ in waiting], deadline, client_gone)
     for i, item, seconds in waiting:
         exc = item.future.exception()
