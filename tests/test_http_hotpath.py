@@ -459,3 +459,35 @@ def test_send_whole_writes_what_two_sends_write_in_one_write(keep_alive):
     apart, whole, joined = asyncio.run(both())
     assert len(apart.writes) == 2 and whole.writes == [b"".join(apart.writes)]
     assert whole.closed == apart.closed == (not keep_alive) and joined.transport is whole and joined.response_complete
+
+
+RAW_VARIANTS = {
+    "image/jpeg": [("content-type", "image/jpeg")],
+    "with parameters, upper case": [("content-type", " IMAGE/PNG ; q=1")],
+    "octet-stream": [("content-type", "application/octet-stream")],
+    "text/plain": [("content-type", "text/plain")],
+    "no content type": [],
+    "two content types, the first counts": [("content-type", "text/plain"), ("content-type", "image/jpeg")],
+    "identity coding": [("content-type", "image/jpeg"), ("content-encoding", "identity")],
+    "gzip coding": [("content-type", "image/jpeg"), ("content-encoding", "gzip")],
+    "an unknown coding": [("content-type", "image/jpeg"), ("content-encoding", "br")],
+}
+
+
+@pytest.mark.parametrize("name", list(RAW_VARIANTS))
+@pytest.mark.parametrize("body", [JPEG, b"", b"not an image"], ids=["jpeg", "empty", "text"])
+def test_a_raw_upload_read_the_short_way_is_answered_as_the_long_way(same_timing, monkeypatch, name, body):
+    from vggserve.serving.protocols import uploads
+
+    if body and "gzip" in name:
+        body = gzip.compress(body)
+    sent = [*RAW_VARIANTS[name], ("authorization", f"Bearer {KEY}"), ("x-request-id", "same-id")]
+    app = lane_app()
+    answers = []
+    with TestClient(app) as client:
+        for short in (True, False):
+            if not short:
+                monkeypatch.setattr(uploads, "_plain_raw", lambda scope: False)
+            r = client.post("/classify", content=body, headers=sent)
+            answers.append((r.status_code, r.headers.multi_items(), r.content))
+    assert answers[0] == answers[1]
