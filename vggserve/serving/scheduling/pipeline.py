@@ -7,7 +7,8 @@ take the model input the request carries) -> queue -> wait for the device, dropp
 
 Each source is an encoded image file (bytes), a ModelInput ready for the model, or an exception that stands in its
 place (a bad file of a batch request); each gets one Result, in order. Nothing here knows HTTP: the protocol
-passes `client_gone`, a coroutine function that returns when the client has gone, and maps the errors."""
+passes `client_gone`, a coroutine function that returns when the client has gone (with, where the server can call
+back, `client_gone.when_gone(callback) -> take_back`), and maps the errors."""
 
 import asyncio
 import time
@@ -56,6 +57,10 @@ async def _await_items(service, items: list[Item], deadline: float, client_gone)
                 fut.exception()
 
 
+def _gone(queue, item: Item) -> None:
+    queue.withdraw(item, ClientGone())
+
+
 def _overdue(queue, item: Item, future) -> None:
     if not future.done():
         queue.withdraw(item, DeadlineExceeded(time.monotonic() - item.enqueued))
@@ -68,8 +73,9 @@ def _wake(waiter, _future) -> None:
 
 async def _await_one(service, item: Item, deadline: float, client_gone) -> None:
     """`_await_items` for one image (a request of one, the common case), without asyncio.wait's machinery: a timer
-    withdraws the image when its deadline passes, and a waiter that a cancellation of this task does not pass on
-    to the image's future."""
+    withdraws the image when its deadline passes, a waiter that a cancellation of this task does not pass on to
+    the image's future, and, where `client_gone` has `when_gone(callback)`, a callback for the client's going
+    instead of a task waiting for it."""
     queue = service.backend.queue
     future = asyncio.wrap_future(item.future)  # the future itself when it is the loop's
     loop = future.get_loop()
@@ -77,12 +83,20 @@ async def _await_one(service, item: Item, deadline: float, client_gone) -> None:
     wake = partial(_wake, waiter)
     future.add_done_callback(wake)
     timer = loop.call_later(max(0.0, deadline - time.monotonic()), _overdue, queue, item, future)
-    watcher = asyncio.ensure_future(_watch(client_gone, queue, [item])) if client_gone else None
+    watcher = take_back = None
+    if client_gone is not None:
+        when_gone = getattr(client_gone, "when_gone", None)  # the connection calls back: no task to wait on it
+        if when_gone is not None:
+            take_back = when_gone(partial(_gone, queue, item))
+        else:
+            watcher = asyncio.ensure_future(_watch(client_gone, queue, [item]))
     try:
         await waiter
     finally:
         timer.cancel()
         future.remove_done_callback(wake)
+        if take_back is not None:
+            take_back()
         if watcher is not None:
             watcher.cancel()
         if future.done() and not future.cancelled():  # the result is read from the item; mark it seen
