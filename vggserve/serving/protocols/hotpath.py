@@ -12,6 +12,9 @@ once, likewise), and answers an exception with the app's own handler for it, as 
 would: the answers are the same, byte for byte and header for header. A request with anything else in its query
 or headers (a bad `top_k`, an unknown parameter) goes to FastAPI, whose validation answers it. FastAPI's own
 OpenTelemetry instrumentation, when a provider is configured, sees the other routes only.
+
+When the app's middlewares are those `create_app` adds (no CORS; the front end's header or not), a plain request
+meets them fused into one (`web.lane.Lane`, the same answers); the others meet the middlewares themselves.
 """
 
 import re
