@@ -149,3 +149,14 @@ def test_the_front_ends_own_cpu_is_measured_on_every_hot_route(tmp_path):
     for route, result in results.items():
         assert result["statuses"] == {"200": 100} and result["cpu_ms_per_request"] > 0, (route, result)
     assert "ms CPU per request" in done.stdout
+
+
+def test_the_apps_own_cpu_is_measured_in_process(tmp_path):
+    """benchmarks/app_overhead.py: the front end's app called in this process, every request answered 200."""
+    out = tmp_path / "app.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "app_overhead.py"), "--requests", "50",
+                           "--rounds", "2", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["statuses"] == {"200": 100} and len(result["rounds"]) == 2 and result["cpu_ms_per_request"] > 0
+    assert "ms CPU per request" in done.stdout

@@ -6,6 +6,7 @@ import base64
 import gzip
 import io
 import json
+import socket
 import struct
 
 import numpy as np
@@ -19,6 +20,7 @@ from vggserve.serving.processes.frontend import FrontendHeaderMiddleware
 from vggserve.serving.protocols import classify as classify_module
 from vggserve.serving.protocols import hotpath
 from vggserve.serving.protocols.answers import predictions, top_k_row
+from vggserve.serving.web import lane as lane_module
 from vggserve.serving.service import Service
 from vggserve.serving.settings import Settings
 from vggserve.testing.backends import InstantBackend
@@ -225,3 +227,267 @@ def test_one_row_top_k_is_the_stable_sort_of_the_scores():
             assert top_k_row(row, k).tolist() == np.argsort(-row, kind="stable")[:k].tolist(), k
     for k in (1, 5, 1000):
         assert predictions(rows[2], k) == top_k(rows[2], k)[0]
+
+
+# the lane (web.lane): the middlewares fused into one for plain requests, on an app without CORS --------------------
+
+def lane_app(**settings):
+    """The front end's app without CORS origins (with them, every request goes through the middlewares), with an
+    API key and X-Vggserve-Frontend."""
+    s = Settings(devices=("cpu",), api_key=KEY, max_body_bytes=MAX_BODY, **settings)
+    metrics = Metrics()
+    app = create_app(s, service=Service(s, backend=DecodingBackend(s, metrics), metrics=metrics))
+    app.add_middleware(FrontendHeaderMiddleware, value="4242")
+    return app
+
+
+@pytest.fixture
+def same_timing(monkeypatch):
+    monkeypatch.setattr(classify_module, "_timing", lambda result, started: {"queue": 0.0, "preprocess": 0.0,
+                                                                             "inference": 0.0, "total": 1.5})
+
+
+@pytest.fixture
+def lane_calls(monkeypatch):
+    """The paths of the requests the lane answered."""
+    calls = []
+    answer_in_lane = lane_module.Lane.answer
+
+    async def counted(self, scope, *args):
+        calls.append(scope["path"])
+        await answer_in_lane(self, scope, *args)
+
+    monkeypatch.setattr(lane_module.Lane, "answer", counted)
+    return calls
+
+
+# refused from the headers by a middleware, or chunked: through the middlewares themselves
+NOT_IN_LANE = {"oversize", "oversize, chunked", "no API key"}
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+def test_the_lane_answers_as_the_middlewares_and_fastapi_do(same_timing, lane_calls, name):
+    app = lane_app()
+    with TestClient(app) as client:
+        app.hot_routes = False
+        by_fastapi = answer(client, REQUESTS[name])
+        app.hot_routes, app.lane = True, False
+        by_middlewares = answer(client, REQUESTS[name])
+        assert lane_calls == []
+        app.lane = True
+        by_lane = answer(client, REQUESTS[name])
+    assert len(lane_calls) == (name not in NOT_IN_LANE), "the lane did not take a plain request"
+    assert by_lane == by_middlewares == by_fastapi
+    assert ("x-vggserve-frontend", "4242") in by_lane[1] and ("x-request-id", "same-id") in by_lane[1]
+
+
+def counted_samples(metrics: Metrics) -> dict:
+    """The metrics' samples that count (not the seconds summed, which differ run to run)."""
+    return {k: v for k, v in metrics.samples().items() if not k[0].endswith("_sum") and not k[0].endswith("_created")
+            and "_seconds_bucket" not in k[0]}
+
+
+def test_the_lane_counts_in_the_metrics_what_the_middlewares_count(same_timing, lane_calls):
+    counted = {}
+    for lane in (False, True):
+        app = lane_app()
+        app.lane = lane
+        with TestClient(app) as client:
+            for request in REQUESTS.values():
+                answer(client, request)
+            counted[lane] = counted_samples(app.state.service.metrics)
+    assert len(lane_calls) == len(REQUESTS) - len(NOT_IN_LANE)
+    assert counted[True] == counted[False]
+    assert counted[True][("vggserve_requests_total", ("endpoint", "/classify"), ("status", "200"))] == 5  # raw (3), multipart, gzip
+
+
+def test_the_lane_makes_a_new_request_id_as_the_middleware_does(lane_calls):
+    app = lane_app()
+    with TestClient(app) as client:
+        for given in ("", "has spaces", "x" * 129):
+            sent = {**REQUESTS["raw jpeg"]["headers"], "x-request-id": given}
+            r = client.post("/classify", content=JPEG, headers=sent)
+            assert r.status_code == 200
+            rid = r.headers["x-request-id"]
+            assert len(rid) == 32 and rid != given and r.json()["request_id"] == rid
+    assert len(lane_calls) == 3
+
+
+def test_while_draining_the_lane_leaves_the_refusal_to_the_middleware(lane_calls):
+    app = lane_app()
+    with TestClient(app) as client:
+        app.state.service.drain.begin(announce=False)
+        r = client.post(**REQUESTS["raw jpeg"])
+    assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "draining"
+    assert lane_calls == []
+
+
+def test_with_cors_origins_there_is_no_lane(client, lane_calls):
+    # CORS adds `Vary: Origin` to every answer, Origin sent or not: the middlewares answer everything
+    r = client.post("/classify", content=JPEG, headers={"authorization": f"Bearer {KEY}",
+                                                        "content-type": "image/jpeg"})
+    assert r.status_code == 200 and r.headers["vary"] == "Origin"
+    assert lane_calls == [] and client.app_under_test._lane is None
+
+
+def test_an_unexpected_error_in_the_lane_is_the_middlewares_500(same_timing, lane_calls, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(classify_module, "predictions", broken)
+    answers = []
+    for lane in (False, True):
+        app = lane_app()
+        app.lane = lane
+        with TestClient(app, raise_server_exceptions=False) as client:
+            answers.append(answer(client, REQUESTS["raw jpeg"]))
+    assert answers[0] == answers[1] and answers[1][0] == 500
+    assert json.loads(answers[1][2])["error"]["code"] == "internal_error"
+    assert len(lane_calls) == 1
+
+
+# under a real uvicorn: the bytes on the wire, head and body written at once ---------------------------------------
+
+def raw_request(name: str, connection: str = "keep-alive") -> bytes:
+    request = REQUESTS[name]
+    body = request["content"]
+    head = [f"POST {request['url']} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}",
+            f"Connection: {connection}", *(f"{k}: {v}" for k, v in request["headers"].items())]
+    return "\r\n".join([*head, "", ""]).encode() + body
+
+
+def read_answer(stream) -> bytes:
+    """One HTTP answer from `stream` (a socket's file), its Date header's value masked."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        line = stream.readline()
+        assert line, "the connection closed before the answer's head"
+        head += b"date: <masked>\r\n" if line.lower().startswith(b"date:") else line
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    return head + stream.read(length)
+
+
+WIRE = ["raw jpeg", "raw octet-stream, top_k=3", "wrong content type", "not an image", "empty body", "v2 binary",
+        "v2 not json"]
+
+
+def test_on_the_wire_the_lane_answers_byte_for_byte_as_the_middlewares_in_one_write(same_timing, lane_calls,
+                                                                                      monkeypatch):
+    from test_http_connections import serving
+
+    from vggserve.serving.web import connection
+
+    whole = []
+    send_whole = connection.send_whole
+
+    async def counted(cycle, start, body):
+        whole.append(start["status"])
+        await send_whole(cycle, start, body)
+
+    monkeypatch.setattr(lane_module, "send_whole", counted)
+    app = lane_app()
+    seen = {}
+    with serving(app) as port:
+        for lane in (False, True):
+            app.lane = lane
+            for name in WIRE:  # a connection each: an answer before the whole body closes it
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                    s.sendall(raw_request(name))
+                    seen[lane, name] = read_answer(s.makefile("rb"))
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:  # the server closes after it
+                s.sendall(raw_request("raw jpeg", "close"))
+                stream = s.makefile("rb")
+                seen[lane, "close"] = read_answer(stream)
+                assert stream.read() == b""
+    for name in [*WIRE, "close"]:
+        assert seen[True, name] == seen[False, name], name
+    assert b"\r\nx-request-id: same-id\r\nx-vggserve-frontend: 4242\r\n" in seen[True, "raw jpeg"]
+    assert b"connection: close" in seen[True, "close"]
+    assert len(lane_calls) == len(whole) == len(WIRE) + 1  # every answer of the lane in one write
+
+
+class Transport:
+    """What a response cycle writes, write by write."""
+
+    def __init__(self):
+        self.writes, self.closed = [], False
+
+    def write(self, data):
+        assert not self.closed
+        self.writes.append(bytes(data))
+
+    def close(self):
+        self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+
+def cycle_on(transport, keep_alive: bool):
+    import asyncio
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    return RequestResponseCycle(scope={"method": "POST"}, transport=transport, flow=FlowControl(transport),
+                                logger=None, access_logger=None, access_log=False,
+                                default_headers=[(b"date", b"today")], message_event=asyncio.Event(),
+                                expect_100_continue=False, keep_alive=keep_alive, on_response=lambda: None)
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_send_whole_writes_what_two_sends_write_in_one_write(keep_alive):
+    import asyncio
+
+    from vggserve.serving.web.connection import joinable, send_whole
+
+    def messages():
+        return ({"type": "http.response.start", "status": 200,
+                 "headers": [(b"content-length", b"2"), (b"content-type", b"application/json")]},
+                {"type": "http.response.body", "body": b"{}"})
+
+    async def both():
+        apart, whole = Transport(), Transport()
+        cycle = cycle_on(apart, keep_alive)
+        for message in messages():
+            await cycle.send(message)
+        joined = cycle_on(whole, keep_alive)
+        assert joinable(joined.send) is joined and joinable(lambda message: None) is None
+        await send_whole(joined, *messages())
+        return apart, whole, joined
+
+    apart, whole, joined = asyncio.run(both())
+    assert len(apart.writes) == 2 and whole.writes == [b"".join(apart.writes)]
+    assert whole.closed == apart.closed == (not keep_alive) and joined.transport is whole and joined.response_complete
+
+
+RAW_VARIANTS = {
+    "image/jpeg": [("content-type", "image/jpeg")],
+    "with parameters, upper case": [("content-type", " IMAGE/PNG ; q=1")],
+    "octet-stream": [("content-type", "application/octet-stream")],
+    "text/plain": [("content-type", "text/plain")],
+    "no content type": [],
+    "two content types, the first counts": [("content-type", "text/plain"), ("content-type", "image/jpeg")],
+    "identity coding": [("content-type", "image/jpeg"), ("content-encoding", "identity")],
+    "gzip coding": [("content-type", "image/jpeg"), ("content-encoding", "gzip")],
+    "an unknown coding": [("content-type", "image/jpeg"), ("content-encoding", "br")],
+}
+
+
+@pytest.mark.parametrize("name", list(RAW_VARIANTS))
+@pytest.mark.parametrize("body", [JPEG, b"", b"not an image"], ids=["jpeg", "empty", "text"])
+def test_a_raw_upload_read_the_short_way_is_answered_as_the_long_way(same_timing, monkeypatch, name, body):
+    from vggserve.serving.protocols import uploads
+
+    if body and "gzip" in name:
+        body = gzip.compress(body)
+    sent = [*RAW_VARIANTS[name], ("authorization", f"Bearer {KEY}"), ("x-request-id", "same-id")]
+    app = lane_app()
+    answers = []
+    with TestClient(app) as client:
+        for short in (True, False):
+            if not short:
+                monkeypatch.setattr(uploads, "_plain_raw", lambda scope: False)
+            r = client.post("/classify", content=body, headers=sent)
+            answers.append((r.status_code, r.headers.multi_items(), r.content))
+    assert answers[0] == answers[1]

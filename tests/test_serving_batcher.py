@@ -205,3 +205,75 @@ def test_observe_all_counts_as_one_observe_per_amount(multiprocess, tmp_path):
     assert [s[:2] for s in got] == [s[:2] for s in want]
     for (_, _, w), (name, labels, g) in zip(want, got):
         assert g == w or (np.isnan(w) and np.isnan(g)), (name, labels)
+
+
+# the pipeline's wait for a request of one image (scheduling.pipeline._await_one), over a BatchQueue ---------------
+
+class OneImageService:
+    """What run_inputs needs of a service: a backend with a BatchQueue and a `prepare` that passes the input."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.metrics = Metrics()
+        self.backend = SimpleNamespace(queue=BatchQueue(4, self.metrics), prepare=None)
+
+
+def run_one(service, deadline, client_gone=None):
+    from vggserve.serving.scheduling.pipeline import run_inputs
+
+    return run_inputs(service, [X], time.monotonic(), deadline, client_gone=client_gone)
+
+
+def test_one_image_whose_deadline_passes_in_the_queue_is_withdrawn_as_504():
+    import asyncio
+
+    service = OneImageService()
+    (result,) = asyncio.run(run_one(service, time.monotonic() + 0.05))
+    assert isinstance(result.error, DeadlineExceeded) and len(service.backend.queue) == 0
+    assert service.metrics.timeouts._value.get() == 1
+
+
+def test_one_image_of_a_client_that_goes_away_is_withdrawn_by_the_servers_callback_without_a_task():
+    import asyncio
+
+    service = OneImageService()
+    wishes, taken_back = [], []
+
+    async def never() -> None:  # a task waiting on this would never end: the callback must be what withdraws
+        await asyncio.Event().wait()
+
+    def when_gone(callback):
+        wishes.append(callback)
+        asyncio.get_running_loop().call_later(0.02, callback)
+        return lambda: taken_back.append(True)
+
+    never.when_gone = when_gone
+
+    async def run():
+        tasks = len(asyncio.all_tasks())
+        running = asyncio.ensure_future(run_one(service, time.monotonic() + 60, never))
+        await asyncio.sleep(0.01)
+        assert len(asyncio.all_tasks()) == tasks + 1  # the request's own task, no watcher
+        return await running
+
+    (result,) = asyncio.run(run())
+    assert isinstance(result.error, ClientGone) and len(wishes) == 1 and taken_back == [True]
+    assert service.metrics.abandoned._value.get() == 1
+
+
+def test_cancelling_a_request_of_one_image_leaves_the_images_future_to_the_queue():
+    import asyncio
+
+    service = OneImageService()
+
+    async def run():
+        running = asyncio.ensure_future(run_one(service, time.monotonic() + 60))
+        await asyncio.sleep(0.01)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(run())
+    (item,) = service.backend.queue.take_batch(4, 0)
+    assert not item.future.cancelled() and not item.future.done()  # a worker may still answer it

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from ..app import create_app
 from ..hosting import configure_logging, uvicorn_config
 from ..web.drain import DrainingServer
+from ..web.frontend_header import HEADER, FrontendHeaderMiddleware  # noqa: F401 - HEADER: where tests look
 from .remote import RemoteBackend
 from ..metrics import Metrics
 from ..service import Service
 from ..settings import Settings
 
 log = logging.getLogger("vggserve.serving")
-
-HEADER = "X-Vggserve-Frontend"  # on every response: the pid of the front-end process that answered
 
 
 @dataclass(frozen=True)
@@ -38,25 +37,6 @@ class FrontendSpec:
     index: int
     log_level: str = "info"
     access_log: bool = False
-
-
-class FrontendHeaderMiddleware:
-    """Pure ASGI middleware: names the answering process on every response (for debugging load spreading)."""
-
-    def __init__(self, app, value: str):
-        self.app = app
-        self.header = (HEADER.lower().encode(), value.encode())
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def send_named(message):
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), self.header]
-            await send(message)
-
-        await self.app(scope, receive, send_named)
 
 
 def frontend_service(settings: Settings, address: str | tuple[str, ...], authkey: bytes, index: int) -> Service:

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 
 from ..scheduling.pipeline import Result, deadline_for, run_inputs
+from ..web.connection import CLIENT_GONE
 from ..web.request_id import request_id
 from .answers import predictions
 from .errors import as_api_error, error_responses
@@ -48,7 +49,8 @@ def _predictions(result: Result, k: int) -> list[dict]:
 
 def client_gone(request: Request):
     """A coroutine function that returns once the request's client has disconnected (the pipeline then withdraws
-    its images still waiting)."""
+    its images still waiting). Under our connection (web.connection.CLIENT_GONE) it has `when_gone(callback)` too,
+    which the pipeline uses instead of a task waiting on it."""
 
     async def gone() -> None:
         while True:
@@ -59,6 +61,7 @@ def client_gone(request: Request):
             if message["type"] == "http.disconnect":
                 return
 
+    gone.when_gone = request.scope.get(CLIENT_GONE)
     return gone
 
 

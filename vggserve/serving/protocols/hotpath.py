@@ -12,6 +12,9 @@ once, likewise), and answers an exception with the app's own handler for it, as 
 would: the answers are the same, byte for byte and header for header. A request with anything else in its query
 or headers (a bad `top_k`, an unknown parameter) goes to FastAPI, whose validation answers it. FastAPI's own
 OpenTelemetry instrumentation, when a provider is configured, sees the other routes only.
+
+When the app's middlewares are those `create_app` adds (no CORS; the front end's header or not), a plain request
+meets them fused into one (`web.lane.Lane`, the same answers); the others meet the middlewares themselves.
 """
 
 import re
@@ -22,8 +25,9 @@ from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 
 from ..settings import MAX_TIMEOUT_MS, MAX_TOP_K
+from ..web.lane import Lane
 from . import classify, v2
-from .errors import V2_PREFIX
+from .errors import V2_PREFIX, _unexpected_error as _LAST_RESORT
 
 _DIGITS = re.compile(rb"[1-9][0-9]{0,5}")  # canonical: FastAPI reads "05" or "+5" as 5 too; those go to it
 _TIMEOUT_HEADER = b"x-request-timeout-ms"
@@ -127,7 +131,9 @@ class HotRoutesApp(FastAPI):
     tests compare both)."""
 
     hot_routes = True
+    lane = True  # False: every hot request goes through the middlewares themselves (the tests compare both)
     _hot_stack = None
+    _lane = None
 
     async def __call__(self, scope, receive, send):
         call = hot_call(scope) if self.hot_routes and not self.root_path else None
@@ -137,17 +143,25 @@ class HotRoutesApp(FastAPI):
         scope[_CALL] = call
         if self._hot_stack is None:
             self._hot_stack = self._build_hot_stack()
-        await self._hot_stack(scope, receive, send)
+        plain = self._lane.takes(scope) if self._lane is not None and self.lane else None
+        if plain is not None:
+            await self._lane.answer(scope, receive, send, *plain)
+        else:
+            await self._hot_stack(scope, receive, send)
 
     def add_middleware(self, *args, **kwargs) -> None:
         super().add_middleware(*args, **kwargs)
         self._hot_stack = None
+        self._lane = None
 
     def _build_hot_stack(self):
         """HotRoute inside the app's user middlewares, inside Starlette's last-resort 500, as FastAPI builds its
         stack around the router."""
         error_handler = self.exception_handlers.get(500) or self.exception_handlers.get(Exception)
-        app = HotRoute(self.exception_handlers)
+        app = route = HotRoute(self.exception_handlers)
+        # the middlewares fused into one for plain requests (web.lane), when they are those it knows
+        self._lane = Lane.for_middlewares(self.user_middleware, route) if (
+            error_handler is _LAST_RESORT and not self.debug) else None
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
         return ServerErrorMiddleware(app, handler=error_handler, debug=self.debug)

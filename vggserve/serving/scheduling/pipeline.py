@@ -7,11 +7,13 @@ take the model input the request carries) -> queue -> wait for the device, dropp
 
 Each source is an encoded image file (bytes), a ModelInput ready for the model, or an exception that stands in its
 place (a bad file of a batch request); each gets one Result, in order. Nothing here knows HTTP: the protocol
-passes `client_gone`, a coroutine function that returns when the client has gone, and maps the errors."""
+passes `client_gone`, a coroutine function that returns when the client has gone (with, where the server can call
+back, `client_gone.when_gone(callback) -> take_back`), and maps the errors."""
 
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Awaitable, Callable
 
 from ...modelinput import ModelInput
@@ -53,6 +55,52 @@ async def _await_items(service, items: list[Item], deadline: float, client_gone)
         for fut in futures:  # results are read from the items; mark the wrappers' exceptions as seen
             if fut.done() and not fut.cancelled():
                 fut.exception()
+
+
+def _gone(queue, item: Item) -> None:
+    queue.withdraw(item, ClientGone())
+
+
+def _overdue(queue, item: Item, future) -> None:
+    if not future.done():
+        queue.withdraw(item, DeadlineExceeded(time.monotonic() - item.enqueued))
+
+
+def _wake(waiter, _future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _await_one(service, item: Item, deadline: float, client_gone) -> None:
+    """`_await_items` for one image (a request of one, the common case), without asyncio.wait's machinery: a timer
+    withdraws the image when its deadline passes, a waiter that a cancellation of this task does not pass on to
+    the image's future, and, where `client_gone` has `when_gone(callback)`, a callback for the client's going
+    instead of a task waiting for it."""
+    queue = service.backend.queue
+    future = asyncio.wrap_future(item.future)  # the future itself when it is the loop's
+    loop = future.get_loop()
+    waiter = loop.create_future()
+    wake = partial(_wake, waiter)
+    future.add_done_callback(wake)
+    timer = loop.call_later(max(0.0, deadline - time.monotonic()), _overdue, queue, item, future)
+    watcher = take_back = None
+    if client_gone is not None:
+        when_gone = getattr(client_gone, "when_gone", None)  # the connection calls back: no task to wait on it
+        if when_gone is not None:
+            take_back = when_gone(partial(_gone, queue, item))
+        else:
+            watcher = asyncio.ensure_future(_watch(client_gone, queue, [item]))
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+        if take_back is not None:
+            take_back()
+        if watcher is not None:
+            watcher.cancel()
+        if future.done() and not future.cancelled():  # the result is read from the item; mark it seen
+            future.exception()
 
 
 async def _prepared(service, source) -> tuple[ModelInput, float]:
@@ -109,7 +157,9 @@ async def run_inputs(service, sources: list, started: float, deadline: float,
                 results[i] = Result(None, seconds, exc)
     finally:
         queue.release(reserved)
-    if waiting:
+    if len(waiting) == 1:
+        await _await_one(service, waiting[0][1], deadline, client_gone)
+    elif waiting:
         await _await_items(service, [item for _, item, _ in waiting], deadline, client_gone)
     for i, item, seconds in waiting:
         exc = item.future.exception()

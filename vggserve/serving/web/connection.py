@@ -10,17 +10,31 @@ the app.
 
 Both answers are the project's JSON error body (v2's shape under /v2) with an X-Request-ID, not uvicorn's text/plain,
 and are counted in vggserve_requests_total like any answer.
+
+The connection also tells a request when its client goes away (`CLIENT_GONE` in the scope: `when_gone(callback)`
+calls `callback()` then, and returns a function that takes the wish back), so that the request need not keep a
+task waiting on `receive()` for it.
+
+`send_whole` writes an answer's head and body with one write to the socket (uvicorn writes each message as it
+comes: two system calls, and two TCP segments, for an answer of one body); the hot routes' lane uses it.
 """
 
 import json
+import logging
 import sys
+from functools import partial
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from ..metrics import Metrics, endpoint_label
 from ..protocols.errors import error_body
 from .limits import BODY_READY
 from .request_id import HEADER as REQUEST_ID_HEADER, new_id, usable_id
+
+log = logging.getLogger("vggserve.serving")
+
+# scope key: `when_gone(callback) -> take_back`, set by the connection (GuardedProtocol); absent under another server
+CLIENT_GONE = "vggserve.client_gone"
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -33,12 +47,20 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_made(self, transport) -> None:
         self._head_timer = None
         self._in_head = False  # between the first byte of a request and the end of its headers
+        self._gone: list = []  # (cycle, callback) of the requests that wait to hear that their client has gone
         super().connection_made(transport)
         self._arm()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
+        waiting, self._gone = self._gone, []
+        for cycle, callback in waiting:
+            if cycle.disconnected:  # as the cycle's receive() would then answer http.disconnect
+                try:
+                    callback()
+                except Exception:  # noqa: BLE001 - one request's failure ends neither the others' nor the connection
+                    log.exception("failed to tell a request that its client has gone")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -53,6 +75,18 @@ class GuardedProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # uvicorn's receive() waits on this event when unset
             self.scope[BODY_READY] = cycle.message_event.is_set
+            self.scope[CLIENT_GONE] = partial(self._when_gone, cycle)
+
+    def _when_gone(self, cycle, callback):
+        """Call `callback()` once the client of `cycle`'s request has gone (at once if it has), as a task waiting
+        on the cycle's receive() for http.disconnect would learn it; returns a function that takes this back."""
+        if cycle.disconnected or cycle.response_complete:  # receive() would answer http.disconnect at once
+            callback()
+            return _nothing
+        self.flow.resume_reading()  # as receive() does before it waits
+        entry = (cycle, callback)
+        self._gone.append(entry)
+        return partial(_discard, self._gone, entry)
 
     def send_400_response(self, msg: str) -> None:
         """Called by uvicorn while it handles the parser's error (in its `except` block)."""
@@ -105,7 +139,62 @@ class GuardedProtocol(HttpToolsProtocol):
             self.metrics.requests.labels(endpoint=endpoint_label(path), status=str(status)).inc()
 
 
+def _nothing() -> None:
+    pass
+
+
+def _discard(entries: list, entry) -> None:
+    try:
+        entries.remove(entry)
+    except ValueError:  # called already, or the connection ended
+        pass
+
+
 def protocol_class(read_timeout_s: float, metrics: Metrics | None = None) -> type[GuardedProtocol]:
     """The protocol class for uvicorn.Config(http=...): headers due within `read_timeout_s`, answers counted in
     `metrics`."""
     return type("VggserveHttpProtocol", (GuardedProtocol,), {"read_timeout_s": read_timeout_s, "metrics": metrics})
+
+
+class _HeldWrites:
+    """The connection's transport, as a response cycle writes to it, holding what is written until `flush`."""
+
+    __slots__ = ("transport", "held")
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.held.append(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def flush(self) -> None:
+        if self.held:
+            data = self.held[0] if len(self.held) == 1 else b"".join(self.held)
+            self.held = []
+            self.transport.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.transport, name)
+
+
+def joinable(send) -> RequestResponseCycle | None:
+    """The response cycle whose `send` this is (uvicorn's httptools protocol), for `send_whole`; else None."""
+    cycle = getattr(send, "__self__", None)
+    return cycle if type(cycle) is RequestResponseCycle else None
+
+
+async def send_whole(cycle: RequestResponseCycle, start: dict, body: dict) -> None:
+    """`cycle.send(start)`, then `cycle.send(body)`, their bytes written to the socket in one write."""
+    transport = cycle.transport
+    held = cycle.transport = _HeldWrites(transport)
+    try:
+        await cycle.send(start)
+        await cycle.send(body)
+    finally:
+        cycle.transport = transport
+        held.flush()
