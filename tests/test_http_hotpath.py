@@ -50,9 +50,9 @@ class DecodingBackend(InstantBackend):
         return crop, 0.0
 
 
-def instant_app(**settings):
-    """The front end's app (API key, CORS, X-Vggserve-Frontend) over a backend that answers at once."""
-    s = Settings(devices=("cpu",), api_key=KEY, cors_origins=(ORIGIN,), max_body_bytes=MAX_BODY, **settings)
+def instant_app(cors_origins=(ORIGIN,), **settings):
+    """The front end's app (API key, CORS unless told, X-Vggserve-Frontend) over a backend that answers at once."""
+    s = Settings(devices=("cpu",), api_key=KEY, cors_origins=cors_origins, max_body_bytes=MAX_BODY, **settings)
     metrics = Metrics()
     app = create_app(s, service=Service(s, backend=DecodingBackend(s, metrics), metrics=metrics))
     app.add_middleware(FrontendHeaderMiddleware, value="4242")
@@ -234,11 +234,7 @@ def test_one_row_top_k_is_the_stable_sort_of_the_scores():
 def lane_app(**settings):
     """The front end's app without CORS origins (with them, every request goes through the middlewares), with an
     API key and X-Vggserve-Frontend."""
-    s = Settings(devices=("cpu",), api_key=KEY, max_body_bytes=MAX_BODY, **settings)
-    metrics = Metrics()
-    app = create_app(s, service=Service(s, backend=DecodingBackend(s, metrics), metrics=metrics))
-    app.add_middleware(FrontendHeaderMiddleware, value="4242")
-    return app
+    return instant_app(cors_origins=(), **settings)
 
 
 @pytest.fixture
