@@ -226,8 +226,8 @@ class Settings:
             raise SettingsError(f"devices must be a non-empty tuple of device specs, got {self.devices!r}; "
                                 "pass e.g. --device gpu:0,gpu:1")
         if self.device_labels and len(self.device_labels) != len(self.devices):
-            raise SettingsError(f"device_labels names {len(self.device_labels)} devices for {len(self.devices)}: "
-                                "give one per device, or none")
+            raise SettingsError(f"device_labels names {count(len(self.device_labels), 'device')} for "
+                                f"{len(self.devices)}: give one per device, or none")
         if not isinstance(self.cors_origins, tuple) or not all(
                 isinstance(o, str) and o and (o == "*" or o.startswith(("http://", "https://"))) and o.strip() == o
                 for o in self.cors_origins):
