@@ -64,3 +64,18 @@ def test_batch_scaling_passes_decode_and_precision_through_to_every_run_and_prin
     out = capsys.readouterr().out
     assert "--precision fp16 --decode gpu" in out
     assert "| 2 | 1 | gpu:1 | 4 | 8.0 | 0.100 | 0.200 | 0.000 | 0.150 | 1.700 |" in out
+
+
+def test_decode_overlap_runs_the_engine_and_the_decoder_alone_and_together(capsys, monkeypatch):
+    """benchmarks/decode_overlap.py on the CPU with a narrow network: every row prints, with each side's rate as a
+    fraction of its rate alone; a device without priority hints says so instead of failing."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # it takes device_decode's corpus, as when run as a script
+    overlap = load_script("decode_overlap")
+    overlap.main(["--device", "cpu", "--batch", "2", "--seconds", "0.3", "--network", "fp32", "--width", "0.0625"])
+    out = capsys.readouterr().out
+    assert "priority hints: False" in out and "no such queue" in out
+    for row in ("engine alone", "decoder alone", "both, default priority"):
+        line = next(line for line in out.splitlines() if line.startswith(row))
+        assert "fractions of alone" in line and "images/s" in line
+    both = next(line for line in out.splitlines() if line.startswith("both, default priority"))
+    assert float(both.split("=")[-1]) > 0
