@@ -87,8 +87,11 @@ def batch_run(args, weights: str, workdir: Path, precision: str, ranks: int) -> 
     out.mkdir(parents=True, exist_ok=True)
     extra = ("--precision", precision) + (("--decode", args.decode) if args.decode else ())
     summary = batch_scaling.run_once(options, ranks, images, out, extra)
+    # what holds each rank, its waits and its CPU, indented under the run (the summary table is the only one flush left)
+    print("\n".join("  " + line for line in batch_scaling.rank_table({ranks: summary}).splitlines()), flush=True)
     return {"images_per_s": summary["images_per_second"], "errors": summary["errors"],
-            "ranks": [{k: r.get(k) for k in ("device", "device_name", "images_per_second", "host_share")}
+            "ranks": [{k: r.get(k) for k in ("rank", "device", "device_name", "images", "images_per_second",
+                                             "host_share", "wait_ms_per_image", "cpu_ms_per_image")}
                       for r in summary["ranks"]]}
 
 

@@ -113,6 +113,11 @@ def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_
     assert [r["all"]["device"] for r in result["rows"] if r["run"] == "service"] == ["cpu,cpu"] * 2
     assert [len(r["all"]["instances"]) for r in result["rows"] if r["run"] == "nginx"] == [2, 2]
     assert all(set(r["all"]["statuses"]) == {"200"} for r in result["rows"] if r["run"] != "batch")
+    for r in result["rows"]:  # each rank of the batch runs: its waits and CPU, in the JSON and under the run
+        if r["run"] == "batch":
+            assert [x["rank"] for x in r["all"]["ranks"]] == [0, 1], r
+            assert all({"device", "decode", "chunks"} <= set(x["wait_ms_per_image"]) for x in r["all"]["ranks"]), r
+    assert done.stdout.count("  | ranks | rank | device | images | images/s | wait device ms |") == 4
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert table[0] == "| run | precision | 1 device, images/s | 2 devices, images/s | 2 / 1 |"
     assert len(table) == 2 + 6 and all(line.count("|") == 6 and line.endswith("x |") for line in table[2:])
