@@ -68,22 +68,22 @@ def _top_k_by_argmax(probs: np.ndarray, k: int) -> np.ndarray:
     return order
 
 
-def _best(probabilities: np.ndarray, k: int) -> tuple[int, list[list[int]], list[list[float]]]:
-    """(rows, each row's top_k_order, their probabilities as Python floats), k checked against the classes."""
+def _best(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's top_k_order, their probabilities), k checked against the classes."""
     probs = np.atleast_2d(probabilities)
     if not 1 <= k <= probs.shape[1]:
         raise ValueError(f"top_k must be between 1 and {probs.shape[1]}, got {k}")
     order = top_k_order(probs, k)
-    return len(probs), order.tolist(), np.take_along_axis(probs, order, axis=1).tolist()
+    return order, np.take_along_axis(probs, order, axis=1)
 
 
 def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[dict]]:
     """For each row, the k most probable classes, highest first: [{"index", "label", "probability"}]."""
-    _, order, chosen = _best(probabilities, k)
+    order, chosen = _best(probabilities, k)
     labels = imagenet_labels()
     return [
         [{"index": i, "label": labels[i], "probability": p} for i, p in zip(idx, values)]
-        for idx, values in zip(order, chosen)
+        for idx, values in zip(order.tolist(), chosen.tolist())
     ]
 
 
@@ -92,15 +92,12 @@ def result_lines(images: list[str], probabilities: np.ndarray, k: int) -> list[s
     that is `json.dumps({"image": image, "predictions": [...]})`, written from templates a chunk at a time: each
     class's `{"index": i, "label": ..., "probability": ` made once, every probability of the chunk written by one
     `repr` of a list (Python's float repr, as json.dumps writes it), each path by json's own string encoder."""
-    probs = np.atleast_2d(probabilities)
-    if not 1 <= k <= probs.shape[1]:
-        raise ValueError(f"top_k must be between 1 and {probs.shape[1]}, got {k}")
-    if len(images) != len(probs):
-        raise ValueError(f"{count(len(images), 'image')} for {count(len(probs), 'row')} of probabilities")
+    order, chosen = _best(probabilities, k)
+    if len(images) != len(order):
+        raise ValueError(f"{count(len(images), 'image')} for {count(len(order), 'row')} of probabilities")
     if not len(images):
         return []
-    order = top_k_order(probs, k)
-    entries = _json_entries(order, np.take_along_axis(probs, order, axis=1))
+    entries = _json_entries(order, chosen)
     quote = _encode_json_string
     return [f'{{"image": {quote(image)}, "predictions": [{"}, ".join(entries[at:at + k])}}}]}}'
             for image, at in zip(images, range(0, len(entries), k))]

@@ -33,74 +33,60 @@ class Result:
 async def _watch(client_gone: Callable[[], Awaitable[None]], queue, items: list[Item]) -> None:
     """Withdraw the request's waiting images as soon as its client has gone."""
     await client_gone()
+    _gone(queue, items)
+
+
+def _gone(queue, items: list[Item]) -> None:
     for item in items:
         queue.withdraw(item, ClientGone())
 
 
-async def _await_items(service, items: list[Item], deadline: float, client_gone) -> None:
-    queue = service.backend.queue
-    futures = [asyncio.wrap_future(item.future) for item in items]
-    watcher = asyncio.ensure_future(_watch(client_gone, queue, items)) if client_gone else None
-    try:
-        _, pending = await asyncio.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
-        if pending:
-            now = time.monotonic()
-            for item, fut in zip(items, futures):
-                if fut in pending:
-                    queue.withdraw(item, DeadlineExceeded(now - item.enqueued))
-            await asyncio.wait(futures)  # the rest are on a device already and will finish
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-        for fut in futures:  # results are read from the items; mark the wrappers' exceptions as seen
-            if fut.done() and not fut.cancelled():
-                fut.exception()
+def _overdue(queue, items: list[Item], futures: list) -> None:
+    now = time.monotonic()
+    for item, future in zip(items, futures):
+        if not future.done():  # still queued: withdrawn; on a device already: it will finish
+            queue.withdraw(item, DeadlineExceeded(now - item.enqueued))
 
 
-def _gone(queue, item: Item) -> None:
-    queue.withdraw(item, ClientGone())
-
-
-def _overdue(queue, item: Item, future) -> None:
-    if not future.done():
-        queue.withdraw(item, DeadlineExceeded(time.monotonic() - item.enqueued))
-
-
-def _wake(waiter, _future) -> None:
-    if not waiter.done():
+def _count_down(waiter, left: list, _future) -> None:
+    left[0] -= 1
+    if not left[0] and not waiter.done():
         waiter.set_result(None)
 
 
-async def _await_one(service, item: Item, deadline: float, client_gone) -> None:
-    """`_await_items` for one image (a request of one, the common case), without asyncio.wait's machinery: a timer
-    withdraws the image when its deadline passes, a waiter that a cancellation of this task does not pass on to
-    the image's future, and, where `client_gone` has `when_gone(callback)`, a callback for the client's going
-    instead of a task waiting for it."""
+async def _await_items(service, items: list[Item], deadline: float, client_gone) -> None:
+    """Until every image of `items` has its outcome: a timer withdraws those still queued when the deadline passes,
+    and, where `client_gone` has `when_gone(callback)`, the connection's callback withdraws them when the client
+    goes (else a task waiting on `client_gone` does). A waiter of this task's own, which a cancellation of the task
+    does not pass on to the images' futures; no asyncio.wait, its sets and its callbacks (a request of one image,
+    the common case, costs the least)."""
     queue = service.backend.queue
-    future = asyncio.wrap_future(item.future)  # the future itself when it is the loop's
-    loop = future.get_loop()
+    loop = asyncio.get_running_loop()
+    futures = [asyncio.wrap_future(item.future) for item in items]  # the future itself when it is the loop's
     waiter = loop.create_future()
-    wake = partial(_wake, waiter)
-    future.add_done_callback(wake)
-    timer = loop.call_later(max(0.0, deadline - time.monotonic()), _overdue, queue, item, future)
+    count_down = partial(_count_down, waiter, [len(futures)])
+    for future in futures:
+        future.add_done_callback(count_down)
+    timer = loop.call_later(max(0.0, deadline - time.monotonic()), _overdue, queue, items, futures)
     watcher = take_back = None
     if client_gone is not None:
         when_gone = getattr(client_gone, "when_gone", None)  # the connection calls back: no task to wait on it
         if when_gone is not None:
-            take_back = when_gone(partial(_gone, queue, item))
+            take_back = when_gone(partial(_gone, queue, items))
         else:
-            watcher = asyncio.ensure_future(_watch(client_gone, queue, [item]))
+            watcher = asyncio.ensure_future(_watch(client_gone, queue, items))
     try:
         await waiter
     finally:
         timer.cancel()
-        future.remove_done_callback(wake)
         if take_back is not None:
             take_back()
         if watcher is not None:
             watcher.cancel()
-        if future.done() and not future.cancelled():  # the result is read from the item; mark it seen
-            future.exception()
+        for future in futures:
+            future.remove_done_callback(count_down)
+            if future.done() and not future.cancelled():  # results are read from the items; mark them seen
+                future.exception()
 
 
 async def _prepared(service, source) -> tuple[ModelInput, float]:
@@ -157,9 +143,7 @@ async def run_inputs(service, sources: list, started: float, deadline: float,
                 results[i] = Result(None, seconds, exc)
     finally:
         queue.release(reserved)
-    if len(waiting) == 1:
-        await _await_one(service, waiting[0][1], deadline, client_gone)
-    elif waiting:
+    if waiting:
         await _await_items(service, [item for _, item, _ in waiting], deadline, client_gone)
     for i, item, seconds in waiting:
         exc = item.future.exception()
