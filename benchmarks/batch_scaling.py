@@ -148,8 +148,9 @@ def rank_table(runs: dict[int, dict]) -> str:
         for r in run["ranks"]:
             waits, cpu = r.get("wait_ms_per_image") or {}, r.get("cpu_ms_per_image") or {}
             lines.append(f"| {ranks} | {r.get('rank', '')} | {r.get('device', '')} | {r.get('images', '')} | "
-                         f"{r['images_per_second']:.1f} | {waits.get('device', 0):.3f} | {waits.get('decode', 0):.3f} | "
-                         f"{waits.get('chunks', 0):.3f} | {cpu.get('rank_process', 0):.3f} | {cpu.get('decode', 0):.3f} |")
+                         f"{r['images_per_second']:.1f} | {waits.get('device', 0):.3f} | "
+                         f"{waits.get('decode', 0):.3f} | {waits.get('chunks', 0):.3f} | "
+                         f"{cpu.get('rank_process', 0):.3f} | {cpu.get('decode', 0):.3f} |")
     return "\n".join(lines)
 
 

@@ -56,8 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--engine-seconds", type=float, default=8.0, help="seconds timing the engine (default 8)")
     p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"which of {', '.join(RUNS)} (default "
-                   f"{', '.join(DEFAULT_RUNS)}; serve-gpu, photo-gpu, serve-auto, photo-auto: the service with --decode "
-                   "gpu or auto)")
+                   f"{', '.join(DEFAULT_RUNS)}; serve-gpu, photo-gpu, serve-auto, photo-auto: the service with "
+                   "--decode gpu or auto)")
     p.add_argument("--workdir", default=None, help="where the JPEGs and outputs go (default: a temp dir)")
     p.add_argument("--json", default=None, help="also write the results here")
     return p.parse_args(argv)

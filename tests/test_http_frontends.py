@@ -39,7 +39,7 @@ from vggserve.serving.scheduling.errors import ClientGone, DeadlineExceeded
 from vggserve.serving.processes.engine_host import EngineHost
 from vggserve.serving.processes.engine_link import EngineClient
 from vggserve.testing.models import SlowModel
-from vggserve.serving.processes.frontend import HEADER
+from vggserve.serving.web.frontend_header import HEADER
 from vggserve.serving.processes.frontends import FrontEnds, bind
 from vggserve.serving.scheduling.imaging import decode_and_crop, prepare_image
 from vggserve.serving.metrics import Metrics

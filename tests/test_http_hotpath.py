@@ -16,7 +16,7 @@ from PIL import Image
 
 from vggserve.serving.app import create_app
 from vggserve.serving.metrics import Metrics
-from vggserve.serving.processes.frontend import FrontendHeaderMiddleware
+from vggserve.serving.web.frontend_header import FrontendHeaderMiddleware
 from vggserve.serving.protocols import classify as classify_module
 from vggserve.serving.protocols import hotpath
 from vggserve.serving.protocols.answers import predictions, top_k_row
@@ -294,7 +294,8 @@ def test_the_lane_counts_in_the_metrics_what_the_middlewares_count(same_timing, 
             counted[lane] = counted_samples(app.state.service.metrics)
     assert len(lane_calls) == len(REQUESTS) - len(NOT_IN_LANE)
     assert counted[True] == counted[False]
-    assert counted[True][("vggserve_requests_total", ("endpoint", "/classify"), ("status", "200"))] == 5  # raw (3), multipart, gzip
+    ok = ("vggserve_requests_total", ("endpoint", "/classify"), ("status", "200"))
+    assert counted[True][ok] == 5  # raw (3), multipart, gzip
 
 
 def test_the_lane_makes_a_new_request_id_as_the_middleware_does(lane_calls):
@@ -359,7 +360,8 @@ def read_answer(stream) -> bytes:
         line = stream.readline()
         assert line, "the connection closed before the answer's head"
         head += b"date: <masked>\r\n" if line.lower().startswith(b"date:") else line
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     return head + stream.read(length)
 
 

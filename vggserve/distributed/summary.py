@@ -11,7 +11,7 @@ Summary dict layout:
      "ranks": [{"rank", "device", "device_name", "images", "errors", "active_seconds",
                 "images_per_second",           # per rank: its images / its active_seconds
                 "cpu_ms_per_image",            # {stage: CPU ms per image} (decoding.stages), "rank_process"
-                "wait_ms_per_image",           # {"device", "decode", "chunks"}: wall ms per image the rank's runner waited
+                "wait_ms_per_image",           # {"device", "decode", "chunks"}: wall ms per image its runner waited
                 "decode_processes", "decode_restarts",
                 "host_share"},                 # {"cores", "host_cores", "local_ranks", "decode_processes",
                                                #  "decode_threads", "copy_threads"}: what the rank sized from its

@@ -53,6 +53,8 @@ def rank_tokens(ranks: int = 1) -> int:
         return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", default)))
     except ValueError:
         return default
+
+
 CHUNKS_PER_RANK = 4  # a job with fewer full chunks per rank than this is cut into smaller chunks
 
 

@@ -122,8 +122,9 @@ def window_for(p: Prepared, offset: int) -> tuple[Window, str]:
 def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
                      cpu=None) -> list:
     """Per file of `datas` (bytes, or contiguous uint8 buffers: `prepare`): a DeviceImage, a CPU-decoded ModelInput,
-    or the ImageError the CPU path raises. `cpu(data)`: that CPU path, upright RGB pixels (a PIL image or a uint8 array) or an ImageError (default:
-    `decode_pixels` with these limits; the service passes its own, which makes any decoder failure an ImageError)."""
+    or the ImageError the CPU path raises. `cpu(data)`: that CPU path, upright RGB pixels (a PIL image or a uint8
+    array) or an ImageError (default: `decode_pixels` with these limits; the service passes its own, which makes any
+    decoder failure an ImageError)."""
     from ...errors import ImageError
     from ...modelinput import device_input
     from ..decode import decode_pixels

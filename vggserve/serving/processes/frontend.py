@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..app import create_app
 from ..hosting import configure_logging, uvicorn_config
 from ..web.drain import DrainingServer
-from ..web.frontend_header import HEADER, FrontendHeaderMiddleware  # noqa: F401 - HEADER: where tests look
+from ..web.frontend_header import FrontendHeaderMiddleware
 from .remote import RemoteBackend
 from ..metrics import Metrics
 from ..service import Service
