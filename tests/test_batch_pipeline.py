@@ -338,3 +338,36 @@ def test_the_off_device_path_gives_the_decoded_pixels_back_when_the_model_fails(
     with pytest.raises(RuntimeError, match="out of memory"):
         runner.run_next()
     assert decoder.released == [0]  # as the device path does (ChunkRunner._start): shared memory is not held
+
+
+def test_while_the_device_computes_the_runner_calls_idle_until_it_has_no_work_left(log):
+    """A worker rank's reports move through MPI only while it calls into MPI: `idle` is called while the runner
+    waits for a batch that is not done, until idle says it has nothing left; the results are those without it."""
+    def lines_of(idle):
+        model = InstantModel(max_batch_size=2, seconds_per_batch=0.02)
+        runner = runner_on(model, Decoder([]))
+        runner.idle = idle
+        for chunk in chunks_of(3):
+            runner.submit(chunk)
+        return [runner.run_next().results for _ in range(3)]
+
+    calls = []
+
+    def idle():
+        calls.append(threading.current_thread().name)
+        return len(calls) < 4  # work for three more calls, then none
+
+    assert lines_of(idle) == lines_of(None)
+    assert len(calls) >= 4  # called again while it had work (each batch takes 20 ms; the polls are 0.5 ms apart)
+    assert set(calls) == {threading.current_thread().name}  # on the runner's own thread (MPI is called from there)
+
+
+def test_an_idle_with_nothing_to_do_is_asked_once_per_wait_and_the_wait_blocks():
+    asked = []
+    runner = runner_on(InstantModel(max_batch_size=2, seconds_per_batch=0.05), Decoder([]))
+    runner.idle = lambda: asked.append(1) or False
+    for chunk in chunks_of(2):
+        runner.submit(chunk)
+    runner.run_next()
+    runner.run_next()
+    assert 1 <= len(asked) <= 4  # one per wait on a batch still computing (two batches, two chunks): no polling

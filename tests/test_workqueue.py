@@ -271,3 +271,81 @@ def test_the_coordinator_deals_every_rank_its_tokens_before_any_report(monkeypat
             coordinator._give(rank)
     dealt = {rank: sum(1 for _, worker, _ in workers.in_flight if worker == rank) for rank in (1, 2)}
     assert coordinator.rounds == SHARED_TOKENS and dealt == {1: SHARED_TOKENS, 2: SHARED_TOKENS}
+
+
+class Arriving:
+    """A report on its way: `test()` answers (False, None) until `delivered` is set (its sender called into MPI)."""
+
+    def __init__(self, report):
+        self.report = report
+        self.delivered = False
+
+    def test(self):
+        return (True, self.report) if self.delivered else (False, None)
+
+
+class MatchedComm:
+    """The matched-probe side of an MPI communicator of 3 ranks: `improbe` hands out the queued reports in order."""
+
+    def __init__(self):
+        self.queued: deque = deque()  # (source, Arriving)
+
+    def Get_size(self):
+        return 3
+
+    def improbe(self, source, tag, status):
+        if not self.queued:
+            return None
+        worker, arriving = self.queued.popleft()
+        status.source = worker
+        return type("Message", (), {"irecv": lambda self: arriving})()
+
+
+def test_rank_0_takes_the_reports_that_have_arrived_without_waiting_for_one_still_on_its_way(monkeypatch):
+    """A large report moves only while its worker calls into MPI; rank 0 must not block on it meanwhile (a
+    blocking receive held every other worker's answer back until that worker called into MPI again)."""
+    from mpi4py import MPI
+
+    class Status:
+        source = None
+
+        def Get_source(self):
+            return self.source
+
+    monkeypatch.setattr(MPI, "Status", Status)
+    from vggserve.distributed.workqueue import CoordinatorLink
+
+    comm = MatchedComm()
+    link = CoordinatorLink(comm)
+    slow, fast = Arriving({"from": 1}), Arriving({"from": 2})
+    fast.delivered = True
+    comm.queued.extend([(1, slow), (2, fast)])
+    assert link.report_waiting()
+    assert link.next_report() == (2, {"from": 2})
+    assert link.next_report() is None and not link.report_waiting()  # rank 1's is matched, not complete
+    slow.delivered = True
+    assert link.report_waiting()
+    assert link.next_report() == (1, {"from": 1})
+    assert link.next_report() is None
+
+
+def test_the_outbox_says_whether_its_messages_are_still_on_their_way():
+    from vggserve.distributed.mpi import Outbox
+
+    class Request:
+        def __init__(self):
+            self.tests = 0
+
+        def Test(self):
+            self.tests += 1
+            return self.tests >= 2  # delivered at its second test
+
+    class Comm:
+        def isend(self, message, dest, tag):
+            return Request()
+
+    outbox = Outbox(Comm())
+    assert not outbox.progress()
+    outbox.send("report", dest=0, tag=42)
+    assert outbox.progress()  # first test: still on its way
+    assert not outbox.progress()  # delivered

@@ -213,8 +213,14 @@ class Outbox:
         self._requests: list = []
 
     def send(self, message, dest: int, tag: int) -> None:
-        self._requests = [request for request in self._requests if not request.Test()]
+        self.progress()
         self._requests.append(self.comm.isend(message, dest=dest, tag=tag))
+
+    def progress(self) -> bool:
+        """Let MPI move the messages sent (a large one moves only while its sender calls into MPI); True while
+        some are not yet delivered."""
+        self._requests = [request for request in self._requests if not request.Test()]
+        return bool(self._requests)
 
     def flush(self) -> None:
         """Wait until every message has been delivered."""

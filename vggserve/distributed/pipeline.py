@@ -24,6 +24,7 @@ from ..decoding.stages import StageClock
 from ..predictions import result_lines, top_k as top_k_predictions
 from .store import error_line
 
+IDLE_POLL_S = 0.0005  # while `idle` has work, how often a wait checks what it waits for (and calls `idle` again)
 IN_FLIGHT_CHUNKS = 6  # chunks a rank holds decoded at most (workqueue.TOKENS, and one more: sizes shared memory)
 
 
@@ -125,8 +126,8 @@ def _submit_in_batches(model, inputs: list) -> list:
     return [model.submit(batch, "probabilities") for batch in _batches(model, inputs)]
 
 
-def _rows(pending: list) -> np.ndarray:
-    return np.concatenate([p.result() for p in pending])
+def _rows(pending: list, wait=lambda p: p.result()) -> np.ndarray:
+    return np.concatenate([wait(p) for p in pending])
 
 
 def split_decoded(paths: list[str], decoded) -> tuple[list[str], list, list]:
@@ -186,6 +187,12 @@ class ChunkRunner:
 
     `waits`: wall time this runner's thread spent waiting, by stage: "device" (for the model's results) and
     "decode" (for a chunk's decoding). Near-zero device waits mean the rank's host side is the limit.
+
+    `idle`: None, or a function this runner's thread calls while it waits (for its device or a decoding), every
+    IDLE_POLL_S for as long as it returns True (it has work left); then the wait blocks as usual. A worker rank
+    sets it to push its reports through MPI: a report larger than the MPI library's eager limit (a chunk's result
+    lines) moves only while its sender calls into MPI, and a worker's thread otherwise spends most of its time in
+    these waits, holding its report, and with it rank 0's answer and the worker's next chunks, back.
     """
 
     DEPTH = 2  # chunks kept on the device: the current one and the next; once its rows are in, the next two
@@ -215,6 +222,7 @@ class ChunkRunner:
         self._queue: deque[_Chunk] = deque()  # submitted and not yet run, oldest first; the first ones started
         self._broken: Exception | None = None  # what a chunk's start raised: nothing is started after it
         self._slots: deque = deque(maxlen=self.SLOTS)  # Pendings of the last SLOTS submits, less those collected
+        self.idle = None  # see the class docstring
 
     @property
     def pending(self) -> int:
@@ -241,7 +249,7 @@ class ChunkRunner:
                 raise chunk.error or self._broken
             good_paths, failed = chunk.good_paths, chunk.failed
             with self.waits("device"):
-                rows = _rows(chunk.pending) if chunk.pending else None
+                rows = _rows(chunk.pending, self._wait) if chunk.pending else None
             for pending in chunk.pending:  # collected: their slots are free (the oldest submits, in order)
                 if self._slots and self._slots[0] is pending:
                     self._slots.popleft()
@@ -284,14 +292,22 @@ class ChunkRunner:
         for batch in _batches(self.model, pixels):
             if len(self._slots) == self.SLOTS:
                 with self.waits("device"):
-                    self._slots[0].result()
+                    self._wait(self._slots[0])
             pending.append(self.model.submit(batch, "probabilities"))
             self._slots.append(pending[-1])
         return pending
 
     def _decoded(self, chunk: _Chunk) -> list:
         with self.waits("decode"):
-            return chunk.decoding.result()
+            return self._wait(chunk.decoding)
+
+    def _wait(self, thing):
+        """`thing.result()` (a Pending or a decoding), calling `idle` while it is not done and `idle` has work."""
+        idle = self.idle
+        if idle is not None:
+            while not thing.done() and idle():
+                time.sleep(IDLE_POLL_S)
+        return thing.result()
 
     def run_timed(self, stats: RankStats) -> ChunkOutcome:
         """run_next, recorded in `stats`."""

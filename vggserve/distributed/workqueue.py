@@ -130,36 +130,57 @@ class WorkerLink:
     def report(self, report: dict) -> None:
         self.outbox.send(report, dest=0, tag=TAG_REPORT)
 
+    def progress(self) -> bool:
+        """Move the reports sent along; True while some are not yet delivered (ChunkRunner.idle)."""
+        return self.outbox.progress()
+
     def close(self) -> None:
         self.outbox.flush()
 
 
 class CoordinatorLink:
-    """Rank 0's side of the MPI messages: the workers' reports in, chunks out."""
+    """Rank 0's side of the MPI messages: the workers' reports in, chunks out.
+
+    A report is received without blocking (a matched probe, then a non-blocking receive): a large report moves
+    only while its worker calls into MPI, and a blocking receive would hold rank 0's main thread, and with it
+    every other worker's answer, until that worker does."""
 
     def __init__(self, comm):
         self.comm = comm
         self.size = comm.Get_size()
         self.outbox = Outbox(comm)
+        self._arriving: list = []  # (worker rank, request) of reports matched and not yet complete
+        self._arrived: deque = deque()  # (worker rank, report) complete and not yet taken
 
     def report_waiting(self) -> bool:
         if self.size == 1:  # no worker ranks (and, in a SingleProcess world, no MPI to ask)
             return False
-        from mpi4py import MPI
-
-        return self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPORT)
+        self._collect()
+        return bool(self._arrived)
 
     def next_report(self) -> tuple[int, dict] | None:
         """(worker rank, report) for a report that has arrived, else None at once."""
         if self.size == 1:
             return None
+        if not self._arrived:
+            self._collect()
+        return self._arrived.popleft() if self._arrived else None
+
+    def _collect(self) -> None:
+        """Start receiving every report that has begun to arrive; keep those that have completed."""
         from mpi4py import MPI
 
         status = MPI.Status()
-        if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPORT, status=status):
-            return None
-        worker = status.Get_source()
-        return worker, self.comm.recv(source=worker, tag=TAG_REPORT)
+        while (message := self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REPORT, status=status)) is not None:
+            self._arriving.append((status.Get_source(), message.irecv()))
+        still = []
+        for worker, request in self._arriving:
+            done, report = request.test()
+            if done:
+                self._arrived.append((worker, report))
+            else:
+                still.append((worker, request))
+        self._arriving = still
 
     def send(self, worker: int, chunk: list[str] | None) -> None:
         self.outbox.send(chunk, dest=worker, tag=TAG_CHUNK)
@@ -169,5 +190,8 @@ class CoordinatorLink:
 
 
 def work_for_coordinator(comm, runner: ChunkRunner, stats: RankStats) -> None:
-    """A worker rank (not rank 0): classify the chunks rank 0 sends until all TOKENS tokens are retired."""
-    Worker(WorkerLink(comm), runner, stats, rank_tokens(comm.Get_size())).run()
+    """A worker rank (not rank 0): classify the chunks rank 0 sends until all TOKENS tokens are retired. While
+    the runner waits for its device or its decodes, its reports keep moving (ChunkRunner.idle)."""
+    link = WorkerLink(comm)
+    runner.idle = link.progress
+    Worker(link, runner, stats, rank_tokens(comm.Get_size())).run()

@@ -189,7 +189,8 @@ class FakePending:
         return self._rows
 
     def done(self) -> bool:
-        return self._collected
+        """Whether `result()` would answer without waiting (as the engine's Pending.done)."""
+        return self._collected or (time.monotonic() >= self._ready_at and (self._gate is None or self._gate.is_set()))
 
 
 CRASH_MARKER = b"vggserve: crash this worker"
