@@ -464,6 +464,59 @@ def test_a_batch_sets_its_kernels_arguments_in_declared_calls_only(cl_setup, mon
         assert_same(got, data)
 
 
+def awkward_windows():
+    """(file, window box (x0, y0, width, height) of the upright image or None for all of it, row stride in pixels or
+    0): widths that are not whole quads of 4 pixels, odd corners, rows longer than the window, every orientation."""
+    pic, jpeg = corpus.picture, corpus.pillow_jpeg
+    cases = [(jpeg(pic(1, 1, 1)), None, 0), (jpeg(pic(2, 3, 2), subsampling=2), None, 0),
+             (jpeg(pic(5, 1, 3), subsampling=1), None, 7), (jpeg(pic(17, 9, 4, gray=True)), (3, 1, 13, 5), 0),
+             (jpeg(pic(41, 27, 5), subsampling=2), (1, 2, 38, 25), 41), (jpeg(pic(33, 31, 6), subsampling=0), None, 0),
+             (jpeg(pic(70, 50, 7), subsampling=1), (5, 3, 65, 1), 0), (jpeg(pic(130, 9, 8), subsampling=2), None, 0)]
+    for orientation in range(1, 9):
+        data = with_exif_orientation(jpeg(pic(23, 11, orientation), subsampling=2), orientation)
+        cases.append((data, (1, 1, 9, 5) if orientation % 2 else None, 11 if orientation > 4 else 0))
+    return cases
+
+
+@pytest.mark.parametrize("kernels", ["quad", "item"])
+def test_colour_variants_write_each_window_exactly_and_nothing_around_it(cl_setup, kernels):
+    """Both variants of jpeg_color.cl on windows at odd byte offsets, of widths that are not whole quads and rows
+    longer than the window: each window holds Pillow's pixels and every byte between them keeps its poison."""
+    from vggserve.decoding.device import JpegDecoder, Window
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, kernels=kernels)
+    cases = awkward_windows()
+    files = [prepare(data) for data, _, _ in cases]
+    windows, offset = [], 3
+    for f, (_, box, stride) in zip(files, cases):
+        x0, y0, w, h = box or (0, 0, *f.size)
+        windows.append(Window(offset, x0, y0, w, h, stride))
+        offset += (stride or w) * h * 3 + 5
+    poison = np.full(offset, 0xA5, np.uint8)
+    out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=poison)
+    run = decoder.enqueue(queue, files, windows, out)
+    assert all(run.ok()), run.reasons()
+    host = np.empty(offset, np.uint8)
+    cl.enqueue_copy(queue, host, out)
+    want = poison.copy()
+    for (data, _, _), win in zip(cases, windows):
+        pixels = np.asarray(decode_pixels(data))[win.y0:win.y0 + win.height, win.x0:win.x0 + win.width]
+        stride = win.stride or win.width
+        for row in range(win.height):
+            at = win.offset + row * stride * 3
+            want[at:at + win.width * 3] = pixels[row].reshape(-1)
+    assert np.array_equal(host, want), f"{int((host != want).sum())} bytes differ"
+
+
+def test_an_unknown_kernel_variant_is_refused_with_the_known_ones(cl_setup):
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, _ = cl_setup
+    with pytest.raises(ValueError, match="not one of quad, item"):
+        JpegDecoder(ctx, dev, kernels="fast")
+
+
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder
