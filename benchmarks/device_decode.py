@@ -72,6 +72,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
     ap.add_argument("--lookback", type=int, default=None, help="bytes before a chunk from which round 0 decodes to "
                     "guess its entry (default: the decoder's)")
+    ap.add_argument("--kernels", choices=("quad", "item"), default="quad",
+                    help="the variant of jpeg_color.cl and resize.cl for the whole run (item: the first versions, one "
+                         "work-item per pixel)")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time each kernel variant's colour and resize on the same batches, and check they "
+                         "write the same bytes")
     ap.add_argument("--no-torch", action="store_true", help="skip torchvision's GPU decode")
     ap.add_argument("--network", metavar="PRECISION", default=None,
                     help="also classify: device decode + VGG16 at this precision (random weights), against the engine "
@@ -114,9 +120,10 @@ def main() -> None:
     cache = ProgramCache(ctx, dev)
     tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds),
                                 ("lookback", args.lookback)) if v is not None}
-    decoder = JpegDecoder(ctx, dev, cache, **tuning)
+    decoder = JpegDecoder(ctx, dev, cache, kernels=args.kernels, **tuning)
     res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
-    resize = DeviceResize(ctx, cache.build("resize.cl", {}))
+    res["kernels"] = args.kernels
+    resize = DeviceResize(ctx, cache.build("resize.cl", {}), variant=args.kernels)
     prepared = [prepare(f) for f in files]
     assert all(prepared), [p.reason for p in prepared if not p]
     b = args.batch
@@ -225,6 +232,8 @@ def main() -> None:
     res["device_span_ms_first_batch"] = (kernels["colour"][0].profile.end - first) * 1e-6
     res["stage_ms_per_batch"] = per
     print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
+    if args.variants:
+        res["variants"] = compare_variants(ctx, dev, cache, queue, batches[:4], crop_windows, tuning)
 
     def decode_crop(batch, stages):
         wins, placed, offset = crop_windows(batch)
@@ -318,6 +327,45 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=1)
+
+
+def compare_variants(ctx, dev, cache, queue, batches, crop_windows, tuning) -> dict:
+    """Device ms per batch of the colour and resize kernels in each variant (quad, item) on the same batches (the
+    mean of 3 runs of each after a warm one), and whether both variants wrote the same crops."""
+    import pyopencl as cl
+
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.ops.resize import DeviceResize
+
+    mf = cl.mem_flags
+    out, crops = {}, {}
+    for variant in ("quad", "item"):
+        decoder = JpegDecoder(ctx, dev, cache, kernels=variant, **tuning)
+        resize = DeviceResize(ctx, cache.build("resize.cl", {}), variant=variant)
+        times = {"colour": [], "resize": []}
+        got = []
+        for batch in batches:
+            wins, placed, offset = crop_windows(batch)
+            raw = cl.Buffer(ctx, mf.READ_WRITE, offset)
+            crop = cl.Buffer(ctx, mf.READ_WRITE, len(batch) * 224 * 224 * 3)
+            for rep in range(4):
+                decoder.enqueue(queue, batch, wins, raw).ok()
+                start = cl.enqueue_marker(queue)
+                end = resize.enqueue(queue, raw, placed, crop)
+                end.wait()
+                if rep:
+                    times["colour"].append(sum((e.profile.end - e.profile.start) * 1e-6
+                                               for e in decoder.events["colour"]))
+                    times["resize"].append((end.profile.end - start.profile.start) * 1e-6)
+            host = np.empty(len(batch) * 224 * 224 * 3, np.uint8)
+            cl.enqueue_copy(queue, host, crop)
+            got.append(host)
+        crops[variant] = got
+        out[variant] = {k: float(np.mean(v)) for k, v in times.items()}
+        print(f"variant {variant}: device ms per batch: " + ", ".join(f"{k} {v:.3f}" for k, v in out[variant].items()))
+    out["identical_crops"] = all(np.array_equal(a, b) for a, b in zip(crops["quad"], crops["item"]))
+    print(f"variants quad and item wrote the same crops: {out['identical_crops']}")
+    return out
 
 
 def network(args, files) -> dict:
