@@ -637,3 +637,91 @@ def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_image
     again = decode_for_model(model, datas)
     assert seen == [[read]]
     assert_same(_pixels(queue, again[0]), datas[0])
+
+
+# ---- the batch job's chunks, decoded on the device in groups ----------------------------------------------------
+
+def _chunk_decoder(cl_setup, **options):
+    import threading
+    from types import SimpleNamespace
+
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.chunks import DeviceChunkDecoder
+
+    ctx, dev, queue = cl_setup
+    job = SimpleNamespace(mode="torchvision", on_device=True, limits={})
+    decoder = DeviceChunkDecoder(_OnDecoder(JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3), queue), job, **options)
+    gate = threading.Event()
+    for _ in range(decoder.threads):  # both threads busy: the chunks started next wait, and group
+        decoder._pool.submit(gate.wait)
+    return decoder, gate
+
+
+def _chunks(sizes) -> list[list[bytes]]:
+    """Chunks of JPEGs of mixed sizes (one a PNG, one not an image), chunk i of sizes[i] files."""
+    chunks, n = [], 0
+    for count in sizes:
+        chunk = []
+        for _ in range(count):
+            w, h = 250 + 37 * (n % 5), 200 + 13 * (n % 7)
+            chunk.append(corpus.pillow_jpeg(corpus.picture(w, h, n), subsampling=n % 3))
+            n += 1
+        chunks.append(chunk)
+    png = io.BytesIO()
+    Image.fromarray(corpus.picture(260, 240, 99)).save(png, "PNG")
+    chunks[1][0], chunks[-1][-1] = png.getvalue(), b"not an image"
+    return chunks
+
+
+def _assert_chunk_answers(queue, chunk, answers):
+    from vggserve.decoding.device.onmodel import DeviceImage
+
+    assert len(answers) == len(chunk)
+    for data, (item, problem) in zip(chunk, answers):
+        if data == b"not an image":
+            assert item is None and problem[1] == "ImageDecodeError"
+        elif data.startswith(b"\x89PNG"):
+            assert problem is None and not isinstance(item, DeviceImage)  # the CPU path's input
+        else:
+            assert problem is None and isinstance(item, DeviceImage), problem
+            assert np.array_equal(_pixels(queue, item), np.asarray(decode_pixels(data)))
+
+
+def test_chunks_waiting_together_are_decoded_as_groups_with_each_chunk_its_own_answers(cl_setup):
+    """Seven chunks of 3, 1, 2, 4, 2, 3, 1 files started while both threads are busy: groups of at most 4 chunks (the
+    last one partial, as 7 is not a multiple of 4), and every chunk answers its own files in order."""
+    decoder, gate = _chunk_decoder(cl_setup, group=4, group_bytes=1 << 30)
+    chunks = _chunks([3, 1, 2, 4, 2, 3, 1])
+    decodings = [decoder.start(chunk) for chunk in chunks]
+    gate.set()
+    answers = [d.result(timeout=120) for d in decodings]
+    assert sorted(decoder.groups) == [3, 4]
+    for chunk, got in zip(chunks, answers):
+        _assert_chunk_answers(cl_setup[2], chunk, got)
+    decoder.close()
+
+
+def test_a_group_stops_at_its_byte_limit_and_takes_a_larger_first_chunk_alone(cl_setup):
+    chunks = _chunks([2, 2, 2, 1])
+    sizes = [sum(map(len, chunk)) for chunk in chunks]
+    decoder, gate = _chunk_decoder(cl_setup, group=4, group_bytes=sizes[0] + sizes[1])  # 0 and 1 fit, not 2
+    decodings = [decoder.start(chunk) for chunk in chunks]
+    gate.set()
+    answers = [d.result(timeout=120) for d in decodings]
+    assert max(decoder.groups) == 2 and sum(decoder.groups) == 4  # without the limit: one group of 4
+    for chunk, got in zip(chunks, answers):
+        _assert_chunk_answers(cl_setup[2], chunk, got)
+    decoder.close()
+
+
+def test_a_lone_chunk_is_decoded_at_once_and_bad_group_settings_are_refused(cl_setup):
+    from vggserve.decoding.device.chunks import DeviceChunkDecoder
+
+    decoder, gate = _chunk_decoder(cl_setup)
+    gate.set()
+    chunk = _chunks([2, 1])[0]
+    _assert_chunk_answers(cl_setup[2], chunk, decoder.start(chunk).result(timeout=120))
+    assert decoder.groups == [1]
+    decoder.close()
+    with pytest.raises(ValueError, match="decode group is 1 chunk or more"):
+        DeviceChunkDecoder(None, None, group=0)
