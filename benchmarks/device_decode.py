@@ -72,6 +72,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
     ap.add_argument("--lookback", type=int, default=None, help="bytes before a chunk from which round 0 decodes to "
                     "guess its entry (default: the decoder's)")
+    ap.add_argument("--kernels", choices=("quad", "item"), default="quad",
+                    help="the variant of jpeg_color.cl and resize.cl for the whole run (item: the first versions, one "
+                         "work-item per pixel)")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time each kernel variant's colour and resize on the same batches, and check they "
+                         "write the same bytes")
+    ap.add_argument("--group", type=int, default=1,
+                    help="batches decoded in one launch sequence (as the batch job's DeviceChunkDecoder groups its "
+                         "chunks): the device ms are still per batch of --batch, and --network's device decode "
+                         "decodes this many batches per call")
     ap.add_argument("--no-torch", action="store_true", help="skip torchvision's GPU decode")
     ap.add_argument("--network", metavar="PRECISION", default=None,
                     help="also classify: device decode + VGG16 at this precision (random weights), against the engine "
@@ -114,9 +124,10 @@ def main() -> None:
     cache = ProgramCache(ctx, dev)
     tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds),
                                 ("lookback", args.lookback)) if v is not None}
-    decoder = JpegDecoder(ctx, dev, cache, **tuning)
+    decoder = JpegDecoder(ctx, dev, cache, kernels=args.kernels, **tuning)
     res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
-    resize = DeviceResize(ctx, cache.build("resize.cl", {}))
+    res["kernels"] = args.kernels
+    resize = DeviceResize(ctx, cache.build("resize.cl", {}), variant=args.kernels)
     prepared = [prepare(f) for f in files]
     assert all(prepared), [p.reason for p in prepared if not p]
     b = args.batch
@@ -201,7 +212,11 @@ def main() -> None:
 
     # per-stage device times of one batch, from the events of each kernel of a profiled run
     kernels: dict = {}
-    for batch in batches[:4]:
+    group = max(1, args.group)
+    grouped = [sum(batches[i:i + group], []) for i in range(0, len(batches), group)][:max(1, 4 // group)]
+    measured = sum(len(g) for g in grouped) / b  # batches of --batch in the timed groups
+    res["group"] = group
+    for batch in grouped:
         stage_times(batch)
         for name, evs in decoder.events.items():
             kernels.setdefault(name, []).extend(evs)
@@ -212,19 +227,23 @@ def main() -> None:
         end = resize.enqueue(queue, raw, placed, buf("crops", len(batch) * 224 * 224 * 3))
         kernels.setdefault("resize", []).append(_Span(start, end))
     queue.finish()
-    per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / 4
+    per = {k: float(np.sum([(e.profile.end - e.profile.start) * 1e-6 for e in evs])) / measured
            for k, evs in kernels.items()}
     res["stage_ms_per_batch"] = per
-    print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
+    print("device ms per batch of %d (%d per launch sequence): " % (b, group)
+          + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
     rounds = kernels.get("sync", [])
     if rounds and decoder.rounds:
         by_round = np.array([(e.profile.end - e.profile.start) * 1e-6 for e in rounds]).reshape(-1, decoder.rounds)
         res["sync_round_ms"] = by_round.mean(axis=0).round(4).tolist()
-        print("sync rounds, ms each: " + " ".join(f"{v:.3f}" for v in res["sync_round_ms"]))
+        print(f"sync rounds, ms each (a launch sequence of {group} batches): "
+              + " ".join(f"{v:.3f}" for v in res["sync_round_ms"]))
     first = min(e.profile.start for evs in kernels.values() for e in evs[:1])
     res["device_span_ms_first_batch"] = (kernels["colour"][0].profile.end - first) * 1e-6
     res["stage_ms_per_batch"] = per
     print("device ms per batch of %d: " % b + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
+    if args.variants:
+        res["variants"] = compare_variants(ctx, dev, cache, queue, batches[:4], crop_windows, tuning)
 
     def decode_crop(batch, stages):
         wins, placed, offset = crop_windows(batch)
@@ -320,6 +339,45 @@ def main() -> None:
             json.dump(res, fh, indent=1)
 
 
+def compare_variants(ctx, dev, cache, queue, batches, crop_windows, tuning) -> dict:
+    """Device ms per batch of the colour and resize kernels in each variant (quad, item) on the same batches (the
+    mean of 3 runs of each after a warm one), and whether both variants wrote the same crops."""
+    import pyopencl as cl
+
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.ops.resize import DeviceResize
+
+    mf = cl.mem_flags
+    out, crops = {}, {}
+    for variant in ("quad", "item"):
+        decoder = JpegDecoder(ctx, dev, cache, kernels=variant, **tuning)
+        resize = DeviceResize(ctx, cache.build("resize.cl", {}), variant=variant)
+        times = {"colour": [], "resize": []}
+        got = []
+        for batch in batches:
+            wins, placed, offset = crop_windows(batch)
+            raw = cl.Buffer(ctx, mf.READ_WRITE, offset)
+            crop = cl.Buffer(ctx, mf.READ_WRITE, len(batch) * 224 * 224 * 3)
+            for rep in range(4):
+                decoder.enqueue(queue, batch, wins, raw).ok()
+                start = cl.enqueue_marker(queue)
+                end = resize.enqueue(queue, raw, placed, crop)
+                end.wait()
+                if rep:
+                    times["colour"].append(sum((e.profile.end - e.profile.start) * 1e-6
+                                               for e in decoder.events["colour"]))
+                    times["resize"].append((end.profile.end - start.profile.start) * 1e-6)
+            host = np.empty(len(batch) * 224 * 224 * 3, np.uint8)
+            cl.enqueue_copy(queue, host, crop)
+            got.append(host)
+        crops[variant] = got
+        out[variant] = {k: float(np.mean(v)) for k, v in times.items()}
+        print(f"variant {variant}: device ms per batch: " + ", ".join(f"{k} {v:.3f}" for k, v in out[variant].items()))
+    out["identical_crops"] = all(np.array_equal(a, b) for a, b in zip(crops["quad"], crops["item"]))
+    print(f"variants quad and item wrote the same crops: {out['identical_crops']}")
+    return out
+
+
 def network(args, files) -> dict:
     """images/s of the whole path, streamed with two batches in flight: the engine alone on ready uint8 crops; device
     decode (decode_for_model) + engine; this process's CPU decode (one thread) + engine."""
@@ -351,14 +409,26 @@ def network(args, files) -> dict:
         wall = time.perf_counter() - t0
         return n / wall, (time.process_time() - c0) * 1e3 / n
 
+    group = max(1, args.group)
+
+    def device_decoded(g, state={}):
+        """batch g's inputs, from one decode_for_model call per `group` batches (the first batch's asks for all)"""
+        i = next(k for k, x in enumerate(groups) if x is g)
+        first = i - i % group
+        if state.get("first") != first:
+            state["first"] = first
+            state["items"] = decode_for_model(model, [f for x in groups[first:first + group] for f in x])
+        at = (i - first) * b
+        return state["items"][at:at + b]
+
     out = {}
     out["engine_images_per_s"], _ = stream(lambda g: crops)
-    out["device_decode_network_images_per_s"], out["device_decode_network_cpu_ms"] = stream(
-        lambda g: decode_for_model(model, g))
+    out["device_decode_network_images_per_s"], out["device_decode_network_cpu_ms"] = stream(device_decoded)
     out["cpu_decode_network_images_per_s"], out["cpu_decode_network_cpu_ms"] = stream(
         lambda g: [device_input(decode_pixels(d)) for d in g])
     print(f"VGG16 {args.network}, batch {b}, streamed: engine alone on ready crops {out['engine_images_per_s']:,.0f} "
-          f"images/s; device decode + network {out['device_decode_network_images_per_s']:,.0f} images/s "
+          f"images/s; device decode ({group} batches per call) + network "
+          f"{out['device_decode_network_images_per_s']:,.0f} images/s "
           f"({out['device_decode_network_cpu_ms']:.3f} ms CPU per image in this process); one CPU thread decoding "
           f"+ network {out['cpu_decode_network_images_per_s']:,.0f} images/s "
           f"({out['cpu_decode_network_cpu_ms']:.3f} ms CPU per image)")

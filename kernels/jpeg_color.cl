@@ -10,7 +10,8 @@
  *            w[1], w[2] output byte offset (low, high 32 bits)   w[3] window width   w[4] window height
  *            w[5] x0   w[6] y0: the window's corner in the upright image   w[7] orientation (1..8, EXIF)
  *            w[8] stored width W   w[9] stored height H   w[10] Y plane   w[11] Cb plane   w[12] Cr plane (-1: gray)
- *            w[13] output row stride in pixels
+ *            w[13] output row stride in pixels   w[14] the window's first tile (variant quad)
+ *            w[15] its tiles along a row (variant quad)
  *   out:     uint8 RGB, pixel (x, y) of a window at offset + (y * stride + x) * 3
  *
  * Upsampling (a chroma sample c(i, j) of a plane with downsampled size cw x ch, indices clamped to it, which is
@@ -22,7 +23,14 @@
  *   JC_BOX     c(x / fh, y / fv) (int_upsample, and the 2:1 cases with cw <= 2, where libjpeg is not fancy)
  * Colour: R = y + ((91881 (cr - 128) + 2^15) >> 16), B = y + ((116130 (cb - 128) + 2^15) >> 16),
  *         G = y + ((-22554 (cb - 128) + 2^15 - 46802 (cr - 128)) >> 16), each clamped to 0..255.
- * Grid: one work-item per output pixel over all windows.
+ * Grids, two variants of the same arithmetic (decoder.py JpegDecoder(kernels=...)), the same bytes:
+ *   jpeg_color_quad ("quad", the default): a work-item writes 4 adjacent pixels of a window's row (12 bytes, as 3
+ *     uchar4 where the row's quad starts on a 4-byte boundary, else byte by byte), a work-group a tile of JC_QX
+ *     quads x JC_RB rows of one window; the windows' tiles back to back, w[14] a window's first: one binary search
+ *     per work-group (the same on each of its work-items), no division by the window's width, each descriptor read
+ *     once per 4 pixels.
+ *   jpeg_color ("item", the first version, kept to compare): one work-item per output pixel over all windows, the
+ *     window found by a binary search of w[0].
  */
 
 #define JC_PLANE 12
@@ -32,6 +40,12 @@
 #define JC_H1V2 2
 #define JC_H2V2 3
 #define JC_BOX 4
+#ifndef JC_QX
+#define JC_QX 16  /* variant quad: quads (4 pixels) per work-group along a row */
+#endif
+#ifndef JC_RB
+#define JC_RB 4   /* variant quad: rows per work-group */
+#endif
 #ifndef JC_H1V2_ODD_BIAS
 #define JC_H1V2_ODD_BIAS 2  /* libjpeg-turbo >= 2.1 rounds the lower row's half with 2, earlier ones with 1 */
 #endif
@@ -109,4 +123,103 @@ __kernel void jpeg_color(__global const uchar *samples, __global const int *meta
     o[0] = (uchar)r;
     o[1] = (uchar)gg;
     o[2] = (uchar)b;
+}
+
+/* ---- variant quad ---- */
+
+/* a plane's fields, read once per work-item */
+typedef struct {
+    __global const uchar *s;
+    int stride, cw, ch, method, fh, fv;
+} jc_plane;
+
+inline jc_plane jc_plane_of(__global const uchar *samples, __global const int *p)
+{
+    jc_plane c;
+    c.s = samples + p[4];
+    c.stride = p[1] * 8;
+    c.cw = p[6];
+    c.ch = p[7];
+    c.method = p[10];
+    c.fh = p[8];
+    c.fv = p[9];
+    return c;
+}
+
+/* jc_chroma on a plane's read fields */
+inline int jc_upsampled(const jc_plane c, const int x, const int y)
+{
+    __global const uchar *s = c.s;
+    const int stride = c.stride;
+    if (c.method == JC_FULL) return jc_at(s, stride, x, y);
+    if (c.method == JC_H2V1) {
+        const int i = x >> 1, odd = x & 1;
+        const int n = odd ? min(i + 1, c.cw - 1) : max(i - 1, 0);
+        return (3 * jc_at(s, stride, i, y) + jc_at(s, stride, n, y) + 1 + odd) >> 2;
+    }
+    if (c.method == JC_H1V2) {
+        const int j = y >> 1, odd = y & 1;
+        const int n = odd ? min(j + 1, c.ch - 1) : max(j - 1, 0);
+        return (3 * jc_at(s, stride, x, j) + jc_at(s, stride, x, n) + (odd ? JC_H1V2_ODD_BIAS : 1)) >> 2;
+    }
+    if (c.method == JC_H2V2) {
+        const int j = y >> 1, jn = (y & 1) ? min(j + 1, c.ch - 1) : max(j - 1, 0);
+        const int i = x >> 1, odd = x & 1;
+        const int in = odd ? min(i + 1, c.cw - 1) : max(i - 1, 0);
+        const int here = 3 * jc_at(s, stride, i, j) + jc_at(s, stride, i, jn);
+        const int there = 3 * jc_at(s, stride, in, j) + jc_at(s, stride, in, jn);
+        return (3 * here + there + 8 - odd) >> 4;
+    }
+    return jc_at(s, stride, x / c.fh, y / c.fv);
+}
+
+__kernel __attribute__((reqd_work_group_size(JC_QX, JC_RB, 1)))
+void jpeg_color_quad(__global const uchar *samples, __global const int *meta, const int plane_at,
+                     const int win_at, __global uchar *out, const int nwin)
+{
+    const int g = get_group_id(0);
+    __global const int *plane = meta + plane_at, *win = meta + win_at;
+    int lo = 0, hi = nwin - 1;  /* the last window whose first tile <= g: the same on every work-item */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (win[mid * JC_WIN + 14] <= g) lo = mid; else hi = mid - 1;
+    }
+    __global const int *w = win + lo * JC_WIN;
+    const int ww = w[3], t = g - w[14], across = w[15], band = t / across;
+    const int oy = band * JC_RB + (int)get_local_id(1);
+    const int ox = ((t - band * across) * JC_QX + (int)get_local_id(0)) * 4;
+    if (oy >= w[4] || ox >= ww) return;
+    const int live = min(4, ww - ox), o = w[7], x0 = w[5] + ox, uy = w[6] + oy, W = w[8], H = w[9];
+    const jc_plane py = jc_plane_of(samples, plane + w[10] * JC_PLANE);
+    const int colour = w[11] >= 0;
+    jc_plane pb = py, pr = py;
+    if (colour) {
+        pb = jc_plane_of(samples, plane + w[11] * JC_PLANE);
+        pr = jc_plane_of(samples, plane + w[12] * JC_PLANE);
+    }
+    uchar v[12];
+    for (int k = 0; k < 4; ++k) {
+        const int2 st = jc_stored(o, x0 + min(k, live - 1), uy, W, H);  /* past the window: its last pixel again */
+        const int y = jc_at(py.s, py.stride, st.x, st.y);
+        int r = y, gg = y, b = y;
+        if (colour) {
+            const int cb = jc_upsampled(pb, st.x, st.y) - 128, cr = jc_upsampled(pr, st.x, st.y) - 128;
+            r = clamp(y + ((91881 * cr + 32768) >> 16), 0, 255);
+            gg = clamp(y + ((-22554 * cb + 32768 - 46802 * cr) >> 16), 0, 255);
+            b = clamp(y + ((116130 * cb + 32768) >> 16), 0, 255);
+        }
+        v[3 * k] = (uchar)r;
+        v[3 * k + 1] = (uchar)gg;
+        v[3 * k + 2] = (uchar)b;
+    }
+    const ulong offset = ((ulong)(uint)w[2] << 32) | (uint)w[1];
+    __global uchar *dst = out + offset + ((long)oy * w[13] + ox) * 3;
+    if (live == 4 && ((size_t)dst & 3) == 0) {
+        __global uchar4 *q = (__global uchar4 *)dst;
+        q[0] = (uchar4)(v[0], v[1], v[2], v[3]);
+        q[1] = (uchar4)(v[4], v[5], v[6], v[7]);
+        q[2] = (uchar4)(v[8], v[9], v[10], v[11]);
+    } else {
+        for (int c = 0; c < 3 * live; ++c) dst[c] = v[c];
+    }
 }

@@ -464,6 +464,59 @@ def test_a_batch_sets_its_kernels_arguments_in_declared_calls_only(cl_setup, mon
         assert_same(got, data)
 
 
+def awkward_windows():
+    """(file, window box (x0, y0, width, height) of the upright image or None for all of it, row stride in pixels or
+    0): widths that are not whole quads of 4 pixels, odd corners, rows longer than the window, every orientation."""
+    pic, jpeg = corpus.picture, corpus.pillow_jpeg
+    cases = [(jpeg(pic(1, 1, 1)), None, 0), (jpeg(pic(2, 3, 2), subsampling=2), None, 0),
+             (jpeg(pic(5, 1, 3), subsampling=1), None, 7), (jpeg(pic(17, 9, 4, gray=True)), (3, 1, 13, 5), 0),
+             (jpeg(pic(41, 27, 5), subsampling=2), (1, 2, 38, 25), 41), (jpeg(pic(33, 31, 6), subsampling=0), None, 0),
+             (jpeg(pic(70, 50, 7), subsampling=1), (5, 3, 65, 1), 0), (jpeg(pic(130, 9, 8), subsampling=2), None, 0)]
+    for orientation in range(1, 9):
+        data = with_exif_orientation(jpeg(pic(23, 11, orientation), subsampling=2), orientation)
+        cases.append((data, (1, 1, 9, 5) if orientation % 2 else None, 11 if orientation > 4 else 0))
+    return cases
+
+
+@pytest.mark.parametrize("kernels", ["quad", "item"])
+def test_colour_variants_write_each_window_exactly_and_nothing_around_it(cl_setup, kernels):
+    """Both variants of jpeg_color.cl on windows at odd byte offsets, of widths that are not whole quads and rows
+    longer than the window: each window holds Pillow's pixels and every byte between them keeps its poison."""
+    from vggserve.decoding.device import JpegDecoder, Window
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, kernels=kernels)
+    cases = awkward_windows()
+    files = [prepare(data) for data, _, _ in cases]
+    windows, offset = [], 3
+    for f, (_, box, stride) in zip(files, cases):
+        x0, y0, w, h = box or (0, 0, *f.size)
+        windows.append(Window(offset, x0, y0, w, h, stride))
+        offset += (stride or w) * h * 3 + 5
+    poison = np.full(offset, 0xA5, np.uint8)
+    out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=poison)
+    run = decoder.enqueue(queue, files, windows, out)
+    assert all(run.ok()), run.reasons()
+    host = np.empty(offset, np.uint8)
+    cl.enqueue_copy(queue, host, out)
+    want = poison.copy()
+    for (data, _, _), win in zip(cases, windows):
+        pixels = np.asarray(decode_pixels(data))[win.y0:win.y0 + win.height, win.x0:win.x0 + win.width]
+        stride = win.stride or win.width
+        for row in range(win.height):
+            at = win.offset + row * stride * 3
+            want[at:at + win.width * 3] = pixels[row].reshape(-1)
+    assert np.array_equal(host, want), f"{int((host != want).sum())} bytes differ"
+
+
+def test_an_unknown_kernel_variant_is_refused_with_the_known_ones(cl_setup):
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, _ = cl_setup
+    with pytest.raises(ValueError, match="not one of quad, item"):
+        JpegDecoder(ctx, dev, kernels="fast")
+
+
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder
@@ -584,3 +637,91 @@ def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_image
     again = decode_for_model(model, datas)
     assert seen == [[read]]
     assert_same(_pixels(queue, again[0]), datas[0])
+
+
+# ---- the batch job's chunks, decoded on the device in groups ----------------------------------------------------
+
+def _chunk_decoder(cl_setup, **options):
+    import threading
+    from types import SimpleNamespace
+
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.chunks import DeviceChunkDecoder
+
+    ctx, dev, queue = cl_setup
+    job = SimpleNamespace(mode="torchvision", on_device=True, limits={})
+    decoder = DeviceChunkDecoder(_OnDecoder(JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3), queue), job, **options)
+    gate = threading.Event()
+    for _ in range(decoder.threads):  # both threads busy: the chunks started next wait, and group
+        decoder._pool.submit(gate.wait)
+    return decoder, gate
+
+
+def _chunks(sizes) -> list[list[bytes]]:
+    """Chunks of JPEGs of mixed sizes (one a PNG, one not an image), chunk i of sizes[i] files."""
+    chunks, n = [], 0
+    for count in sizes:
+        chunk = []
+        for _ in range(count):
+            w, h = 250 + 37 * (n % 5), 200 + 13 * (n % 7)
+            chunk.append(corpus.pillow_jpeg(corpus.picture(w, h, n), subsampling=n % 3))
+            n += 1
+        chunks.append(chunk)
+    png = io.BytesIO()
+    Image.fromarray(corpus.picture(260, 240, 99)).save(png, "PNG")
+    chunks[1][0], chunks[-1][-1] = png.getvalue(), b"not an image"
+    return chunks
+
+
+def _assert_chunk_answers(queue, chunk, answers):
+    from vggserve.decoding.device.onmodel import DeviceImage
+
+    assert len(answers) == len(chunk)
+    for data, (item, problem) in zip(chunk, answers):
+        if data == b"not an image":
+            assert item is None and problem[1] == "ImageDecodeError"
+        elif data.startswith(b"\x89PNG"):
+            assert problem is None and not isinstance(item, DeviceImage)  # the CPU path's input
+        else:
+            assert problem is None and isinstance(item, DeviceImage), problem
+            assert np.array_equal(_pixels(queue, item), np.asarray(decode_pixels(data)))
+
+
+def test_chunks_waiting_together_are_decoded_as_groups_with_each_chunk_its_own_answers(cl_setup):
+    """Seven chunks of 3, 1, 2, 4, 2, 3, 1 files started while both threads are busy: groups of at most 4 chunks (the
+    last one partial, as 7 is not a multiple of 4), and every chunk answers its own files in order."""
+    decoder, gate = _chunk_decoder(cl_setup, group=4, group_bytes=1 << 30)
+    chunks = _chunks([3, 1, 2, 4, 2, 3, 1])
+    decodings = [decoder.start(chunk) for chunk in chunks]
+    gate.set()
+    answers = [d.result(timeout=120) for d in decodings]
+    assert sorted(decoder.groups) == [3, 4]
+    for chunk, got in zip(chunks, answers):
+        _assert_chunk_answers(cl_setup[2], chunk, got)
+    decoder.close()
+
+
+def test_a_group_stops_at_its_byte_limit_and_takes_a_larger_first_chunk_alone(cl_setup):
+    chunks = _chunks([2, 2, 2, 1])
+    sizes = [sum(map(len, chunk)) for chunk in chunks]
+    decoder, gate = _chunk_decoder(cl_setup, group=4, group_bytes=sizes[0] + sizes[1])  # 0 and 1 fit, not 2
+    decodings = [decoder.start(chunk) for chunk in chunks]
+    gate.set()
+    answers = [d.result(timeout=120) for d in decodings]
+    assert max(decoder.groups) == 2 and sum(decoder.groups) == 4  # without the limit: one group of 4
+    for chunk, got in zip(chunks, answers):
+        _assert_chunk_answers(cl_setup[2], chunk, got)
+    decoder.close()
+
+
+def test_a_lone_chunk_is_decoded_at_once_and_bad_group_settings_are_refused(cl_setup):
+    from vggserve.decoding.device.chunks import DeviceChunkDecoder
+
+    decoder, gate = _chunk_decoder(cl_setup)
+    gate.set()
+    chunk = _chunks([2, 1])[0]
+    _assert_chunk_answers(cl_setup[2], chunk, decoder.start(chunk).result(timeout=120))
+    assert decoder.groups == [1]
+    decoder.close()
+    with pytest.raises(ValueError, match="decode group is 1 chunk or more"):
+        DeviceChunkDecoder(None, None, group=0)

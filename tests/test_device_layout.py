@@ -14,7 +14,7 @@ from PIL import Image
 
 import jpeg_corpus as corpus
 from vggserve.decoding.device import Window, parse, prepare
-from vggserve.decoding.device.decoder import _windows, lay_out
+from vggserve.decoding.device.decoder import COLOR_QX, COLOR_RB, _windows, color_tiles, lay_out
 from vggserve.decoding.device.tables import CHUNK, IMG, SEG, TAB, WIN, Batch, huffman_table, upsampling
 
 PARSE = importlib.import_module("vggserve.decoding.device.parse")  # the module (the package exports parse())
@@ -74,7 +74,7 @@ def reference_chunks(seg, size):
 
 
 def reference_windows(files, windows, img):
-    rows, first = [], 0
+    rows, first, tile = [], 0, 0
     for i, (f, w) in enumerate(zip(files, windows)):
         uw, uh = f.size
         if w.width < 1 or w.height < 1 or w.x0 < 0 or w.y0 < 0 or w.x0 + w.width > uw or w.y0 + w.height > uh:
@@ -82,8 +82,9 @@ def reference_windows(files, windows, img):
         planes = [int(img[i, 2]) + k for k in range(len(f.frame.components))]
         rows.append((first, w.offset & 0xFFFFFFFF, w.offset >> 32, w.width, w.height, w.x0, w.y0, f.orientation,
                      f.frame.width, f.frame.height, *planes, *([-1, -1] if len(planes) == 1 else []),
-                     w.stride or w.width, 0, 0))
+                     w.stride or w.width, tile, -(-w.width // (4 * COLOR_QX))))
         first += w.width * w.height
+        tile += -(-w.height // COLOR_RB) * -(-w.width // (4 * COLOR_QX))
     return np.array(rows, np.int64).reshape(-1, WIN).astype(np.int32), first
 
 
@@ -216,6 +217,7 @@ def test_the_window_table_is_the_per_file_loops(prepared):
     want, want_pixels = reference_windows(prepared, windows, batch.img)
     assert table.dtype == np.int32 and np.array_equal(table, want)
     assert pixels == want_pixels and type(pixels) is int
+    assert color_tiles(table) == sum(-(-w.height // COLOR_RB) * -(-w.width // (4 * COLOR_QX)) for w in windows)
 
 
 def test_a_window_outside_its_image_is_refused_naming_the_file(prepared):

@@ -110,13 +110,19 @@ def test_tables_are_cached_and_read_only():
 
 
 @pytest.fixture(scope="module")
-def cl_env(test_device):
+def cl_base(test_device):
     info = devs.resolve(test_device)
     device = devs.cl_device(info)
     ctx = cl.Context([device])
-    queue = cl.CommandQueue(ctx)
-    program = ProgramCache(ctx, device).build("resize.cl", {})
-    return ctx, queue, DeviceResize(ctx, program), program
+    cache = ProgramCache(ctx, device)
+    return ctx, cl.CommandQueue(ctx), cache, cache.build("resize.cl", {})
+
+
+@pytest.fixture(scope="module", params=rs.VARIANTS)
+def cl_env(cl_base, request):
+    """Each device test runs on both of resize.cl's kernel pairs (the same bytes)."""
+    ctx, queue, _, program = cl_base
+    return ctx, queue, DeviceResize(ctx, program, variant=request.param), program
 
 
 def run_device(cl_env, images, indices, slots, op=None, wait_for=None):
@@ -168,7 +174,7 @@ def test_device_single_awkward_sizes(cl_env, size):
 def test_device_reuse_grows_scratch_and_waits(cl_env):
     """A fresh op run twice: a small batch, then one needing a larger scratch and table; then an empty call."""
     ctx, queue, _, program = cl_env
-    op = DeviceResize(ctx, program)
+    op = DeviceResize(ctx, program, variant=cl_env[2].variant)
     rng = np.random.default_rng(9)
     small = [random_pixels(rng, 300, 260)]
     big = [random_pixels(rng, w, h) for w, h in [(1600, 1200), (260, 3000), (700, 500)]]
@@ -200,7 +206,7 @@ def test_device_rejects_what_it_cannot_do(cl_env):
 def test_pack_layout_and_large_offsets(cl_env):
     op = cl_env[2]
     offset = (5 << 32) + 0x89ABCDEF  # past 4 GiB: low half wraps in int32, the kernel rebuilds it unsigned
-    table, pixels = op.pack([(offset, 500, 375, 3), (7, 500, 375, 1), (11, 300, 10000, 0)])
+    table, pixels, tiles = op.pack([(offset, 500, 375, 3), (7, 500, 375, 1), (11, 300, 10000, 0)])
     d = table[:3 * rs.DESC].reshape(3, rs.DESC)
     assert (int(d[0, 0]) & 0xFFFFFFFF) | (int(d[0, 1]) << 32) == offset
     t, tall = crop_tables(500, 375), crop_tables(300, 10000)
@@ -209,8 +215,51 @@ def test_pack_layout_and_large_offsets(cl_env):
     tall_order = 1 if rs.VERTICAL_FIRST_RULE else 0  # Pillow 13+ runs this one's vertical pass first
     assert list(d[:, 3]) == [0, 0, tall_order] and list(d[:, 13]) == [3, 1, 0]
     assert list(d[:, 4]) == [0, t.scratch_rows * C, 2 * t.scratch_rows * C]
-    assert pixels == 2 * t.scratch_rows * C + tall.scratch_rows * tall.scratch_cols
+    tall_cols = tall.scratch_cols
+    if op.variant == "quad":  # scratch rows padded to 4 pixels; each image's first tile of RS_RB x 4 RS_QX pixels
+        tall_cols = -(-tall_cols // 4) * 4
+        assert list(d[:, 15]) == [C, C, tall_cols]
+        per = -(-t.scratch_rows // op.rb) * -(-C // (4 * op.qx))
+        assert list(d[:, 14]) == [0, per, 2 * per]
+        assert tiles == 2 * per + -(-tall.scratch_rows // op.rb) * -(-tall_cols // (4 * op.qx))
+    else:
+        assert tiles == 0 and not d[:, 14:].any()
+    assert pixels == 2 * t.scratch_rows * C + tall.scratch_rows * tall_cols
     assert table.size == 3 * rs.DESC + t.block.size + tall.block.size
+
+
+def test_quad_variant_pads_scratch_rows_that_are_not_whole_quads(cl_env):
+    """Images whose pass 1 (vertical first) writes scratch rows of a width that is not a multiple of 4 pixels, in
+    one batch with others: the quad straddling the row's end reads no pixel past it and the crops stay exact."""
+    sizes = [(300, 10000), (301, 10001), (259, 2000), (500, 375), (262, 3001)]
+    widths = [crop_tables(w, h).scratch_cols for w, h in sizes]
+    assert {w % 4 for w in widths} - {0} and rs.VERTICAL_FIRST_RULE  # the case this test is for
+    rng = np.random.default_rng(31)
+    images = [random_pixels(rng, w, h) for w, h in sizes]
+    out = run_device(cl_env, images, list(range(len(images))), len(images))
+    for pixels, index, size in zip(images, range(len(images)), sizes):
+        assert np.array_equal(out[index], pillow_crop(pixels)), size
+
+
+def test_quad_tiles_larger_than_the_crop_and_its_sources(cl_base):
+    """resize.cl built with a work-group tile of 256 x 16 pixels (wider than the 224 crop, taller than the scratch of
+    small sources): the tiles' parts past an image's end write nothing, whatever the batch's mix."""
+    ctx, queue, cache, _ = cl_base
+    params = {"RS_QX": 64, "RS_RB": 16}
+    op = DeviceResize(ctx, cache.build("resize.cl", params), params)
+    rng = np.random.default_rng(37)
+    sizes = [(1, 1), (20, 30), (3, 192), (500, 375), (300, 10000), (2, 1), (257, 257)]
+    images = [random_pixels(rng, w, h) for w, h in sizes]
+    out = run_device((ctx, queue, op, None), images, [6, 5, 4, 3, 2, 1, 0], 8)
+    for pixels, index, size in zip(images, [6, 5, 4, 3, 2, 1, 0], sizes):
+        assert np.array_equal(out[index], pillow_crop(pixels)), size
+    assert (out[7] == POISON).all()
+
+
+def test_unknown_resize_variant_is_refused_with_the_known_ones(cl_base):
+    ctx, _, _, program = cl_base
+    with pytest.raises(ValueError, match="not one of quad, item"):
+        DeviceResize(ctx, program, variant="fast")
 
 
 def test_place_images_packs_back_to_back_in_the_given_order():

@@ -279,33 +279,45 @@ def place_images(images) -> tuple[list, int]:
     return placed, offset
 
 
+VARIANTS = ("quad", "item")  # resize.cl's kernel pairs: 4 pixels per work-item (default), one (the first version)
+
+
 class DeviceResize:
     """resize.cl: Resize(256) + CenterCrop(224) of a batch of raw RGB images, one launch per pass.
 
     Per call the host packs one int32 table (a descriptor per image, then each distinct size's cached coefficient
     block once) and uploads it; pass 1 writes into a scratch buffer kept between calls (grown when a batch needs
     more). Each call's upload waits for the previous call's last kernel, so reusing the buffers is safe on any queue.
+    `variant`: which of resize.cl's kernel pairs runs (VARIANTS; the same bytes, benchmarks/device_decode.py
+    --variants times them side by side).
     """
 
     MAX_SCRATCH_PIXELS = (1 << 31) - 1  # pass 1 indexes scratch pixels with an int
 
-    def __init__(self, ctx, program, params: dict | None = None):
-        """params: RS_WG / RS_WX / RS_WY if the program was built with other work-group sizes than the defaults."""
+    def __init__(self, ctx, program, params: dict | None = None, variant: str = "quad"):
+        """params: RS_WG / RS_WX / RS_WY (variant item) or RS_QX / RS_RB (variant quad) if the program was built
+        with other work-group sizes than the defaults."""
+        if variant not in VARIANTS:
+            raise ValueError(f"resize variant {variant!r} is not one of {', '.join(VARIANTS)}")
         params = params or {}
-        self.ctx = ctx
+        self.ctx, self.variant = ctx, variant
         self.crop = CROP_SIZE
         self.wg, self.wx, self.wy = params.get("RS_WG", 128), params.get("RS_WX", 32), params.get("RS_WY", 4)
-        self.pass1 = Launch(cl.Kernel(program, "resize_pass1"))
-        self.pass2 = Launch(cl.Kernel(program, "resize_pass2"))
+        self.qx, self.rb = params.get("RS_QX", 8), params.get("RS_RB", 16)
+        names = ("resize_quad1", "resize_quad2") if variant == "quad" else ("resize_pass1", "resize_pass2")
+        self.pass1 = Launch(cl.Kernel(program, names[0]))
+        self.pass2 = Launch(cl.Kernel(program, names[1]))
         self._table = self._scratch = None
         self._table_bytes = self._scratch_bytes = 0
         self._last = None  # the previous call's last event
         self._uploads = deque(maxlen=4)  # recent table uploads: their events keep the host arrays alive
 
-    def pack(self, images, raw_bytes: int | None = None, out_slots: int | None = None) -> tuple[np.ndarray, int]:
-        """The int32 table of one call (layout: kernels/resize.cl) and the scratch pixels pass 1 writes. ValueError
-        for an image the device path does not take, or (sizes given) one outside raw or an index outside out."""
-        pixels, pos = 0, len(images) * DESC
+    def pack(self, images, raw_bytes: int | None = None, out_slots: int | None = None) -> tuple[np.ndarray, int, int]:
+        """The int32 table of one call (layout: kernels/resize.cl), the scratch pixels pass 1 writes and (variant
+        quad) its work-groups. ValueError for an image the device path does not take, or (sizes given) one outside
+        raw or an index outside out."""
+        quad = self.variant == "quad"
+        pixels, tiles, pos = 0, 0, len(images) * DESC
         descs, blocks, where = [], [], {}
         for i, (offset, width, height, index) in enumerate(images):
             t = crop_tables(width, height)
@@ -321,13 +333,16 @@ class DeviceResize:
                 where[t] = at = pos
                 blocks.append(t.block)
                 pos += t.block.size
+            padded = round_up(t.scratch_cols, 4) if quad else t.scratch_cols
             descs.append((offset & 0xFFFFFFFF, offset >> 32, width, 1 - t.horizontal_first, pixels, t.scratch_cols,
-                          t.scratch_rows, t.base_row, t.base_col, at, t.k1, at + t.pass1_size, t.k2, index, 0, 0))
-            pixels += t.scratch_rows * t.scratch_cols
+                          t.scratch_rows, t.base_row, t.base_col, at, t.k1, at + t.pass1_size, t.k2, index,
+                          tiles if quad else 0, padded if quad else 0))
+            pixels += t.scratch_rows * padded
+            tiles += -(-t.scratch_rows // self.rb) * -(-padded // (4 * self.qx))
         if pixels > self.MAX_SCRATCH_PIXELS:
             raise ValueError(f"the batch needs {pixels} scratch pixels, more than one call handles; split it")
         head = np.array(descs, dtype=np.int64).astype(np.int32).ravel()  # the offset's low half wraps to int32
-        return np.concatenate([head, *blocks]), pixels
+        return np.concatenate([head, *blocks]), pixels, tiles if quad else 0
 
     def enqueue(self, queue, raw, images, out, wait_for=None):
         """Resize + crop each image of `images` [(byte offset in raw, width, height, output index)], crop_plan not
@@ -336,7 +351,7 @@ class DeviceResize:
         if not images:
             return cl.enqueue_marker(queue, wait_for=wait_for)
         c = self.crop
-        table, pixels = self.pack(images, raw.size, out.size // (c * c * 3))
+        table, pixels, tiles = self.pack(images, raw.size, out.size // (c * c * 3))
         if table.nbytes > self._table_bytes:
             self._table_bytes = max(table.nbytes, 2 * self._table_bytes, 64 << 10)
             self._table = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY, self._table_bytes)
@@ -347,9 +362,16 @@ class DeviceResize:
         upload = cl.enqueue_copy(queue, self._table, table, is_blocking=False, wait_for=after)
         self._uploads.append(upload)
         n = len(images)
-        ev = self.pass1(queue, (round_up(pixels, self.wg),), (self.wg,), raw, self._table, self._scratch, n, pixels,
-                        wait_for=[upload, *(wait_for or ())])
-        ev = self.pass2(queue, (round_up(c, self.wx), round_up(c, self.wy), n), (self.wx, self.wy, 1), self._scratch,
-                        self._table, out, n, wait_for=[ev])
+        waits = [upload, *(wait_for or ())]
+        if self.variant == "quad":
+            qx, rb = self.qx, self.rb
+            ev = self.pass1(queue, (tiles * qx, rb), (qx, rb), raw, self._table, self._scratch, n, wait_for=waits)
+            ev = self.pass2(queue, (round_up(c // 4, qx), round_up(c, rb), n), (qx, rb, 1), self._scratch,
+                            self._table, out, n, wait_for=[ev])
+        else:
+            ev = self.pass1(queue, (round_up(pixels, self.wg),), (self.wg,), raw, self._table, self._scratch, n,
+                            pixels, wait_for=waits)
+            ev = self.pass2(queue, (round_up(c, self.wx), round_up(c, self.wy), n), (self.wx, self.wy, 1),
+                            self._scratch, self._table, out, n, wait_for=[ev])
         self._last = ev
         return ev

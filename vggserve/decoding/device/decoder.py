@@ -33,6 +33,8 @@ CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decodin
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
+COLOR_QX, COLOR_RB = 16, 4  # jpeg_color_quad's work-group: quads (4 pixels) along a row x rows (JC_QX, JC_RB)
+KERNELS = ("quad", "item")  # the colour kernel's variants: 4 pixels per work-item (default), one (the first version)
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 HEAD_BYTES = 4096  # of a buffer given to prepare, the bytes copied to parse its markers (a photo's are ~600 bytes)
 _DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
@@ -42,6 +44,7 @@ _I = np.int32
 _HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
 _IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
 _COLOR = (None, None, _I, _I, None, _I, _I)
+_COLOR_QUAD = (None, None, _I, _I, None, _I)
 _SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I)
 _PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
 _DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None)
@@ -191,12 +194,15 @@ class JpegDecoder:
     """The three decoding kernels of one OpenCL context and device, with their scratch buffers."""
 
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
-                 rounds: int = ROUNDS, lookback: int | None = None):
+                 rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad"):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). lookback: the bytes before its chunk
-        from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks)."""
+        from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks). kernels: which
+        variant of jpeg_color.cl runs (KERNELS: the same bytes; benchmarks/device_decode.py --variants compares)."""
         from ...runtime.programs import ProgramCache
 
+        if kernels not in KERNELS:
+            raise ValueError(f"decoder kernels {kernels!r} is not one of {', '.join(KERNELS)}")
         if rounds == 1 or rounds < 0 or chunk_bytes < 8:
             raise ValueError(f"rounds must be 0 or at least 2 (a settled segment is one whose last round changed "
                              f"nothing), chunk_bytes at least 8; got {rounds}, {chunk_bytes}")
@@ -205,15 +211,18 @@ class JpegDecoder:
         self.lookback = LOOKBACK_CHUNKS * chunk_bytes if lookback is None else lookback
         if self.lookback < 0:
             raise ValueError(f"lookback must be 0 or more bytes, got {lookback}")
-        programs = [cache.build(name, {}) for name in PROGRAMS]
+        colour = {"JC_QX": COLOR_QX, "JC_RB": COLOR_RB}
+        programs = [cache.build(name, colour if name == "jpeg_color.cl" else {}) for name in PROGRAMS]
+        self.kernels = kernels
         self.k_huffman = cl.Kernel(programs[0], "jpeg_huffman")
         self.k_idct = cl.Kernel(programs[1], "jpeg_idct")
-        self.k_color = cl.Kernel(programs[2], "jpeg_color")
+        self.k_color = cl.Kernel(programs[2], "jpeg_color" if kernels == "item" else "jpeg_color_quad")
         self.k_sync = cl.Kernel(programs[3], "jpeg_sync")
         self.k_prefix = [cl.Kernel(programs[3], name)
                          for name in ("jpeg_prefix_groups", "jpeg_prefix_totals", "jpeg_prefix_entry")]
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
-        for kernel, scalars in ((self.k_huffman, _HUFFMAN), (self.k_idct, _IDCT), (self.k_color, _COLOR),
+        for kernel, scalars in ((self.k_huffman, _HUFFMAN), (self.k_idct, _IDCT),
+                                (self.k_color, _COLOR if kernels == "item" else _COLOR_QUAD),
                                 (self.k_sync, _SYNC), *zip(self.k_prefix, _PREFIX), (self.k_decode, _DECODE)):
             kernel.set_scalar_arg_dtypes(scalars)
         mf = cl.mem_flags
@@ -257,8 +266,7 @@ class JpegDecoder:
                      settled)
         self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, at[4], at[5], samples_buf,
                      status_buf, nseg, nplanes, batch.blocks)
-        done = self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, at[4], at[6], out, len(files),
-                            pixels)
+        done = self._colour(queue, samples_buf, meta_buf, at, meta[at[6]:].reshape(-1, WIN), out, pixels)
         # the statuses come back through non-blocking maps of the slot's own buffers (a read into host memory made
         # the NVIDIA driver wait for the batch on the host)
         status, _ = cl.enqueue_map_buffer(queue, status_buf, cl.map_flags.READ, 0, (nseg + nimg,), np.int32,
@@ -307,6 +315,17 @@ class JpegDecoder:
         events.append(cl.enqueue_nd_range_kernel(queue, k_totals, (PREFIX_WG,), (PREFIX_WG,)))
         events.append(cl.enqueue_nd_range_kernel(queue, k_entry, (round_up(n, self.wg),), (self.wg,)))
 
+    def _colour(self, queue, samples_buf, meta_buf, at, win, out, pixels: int):
+        """jpeg_color.cl, the variant of `kernels`: quad over the windows' tiles, item over their pixels."""
+        if self.kernels == "item":
+            return self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, at[4], at[6], out,
+                                win.shape[0], pixels)
+        self.k_color.set_args(samples_buf, meta_buf, at[4], at[6], out, win.shape[0])
+        event = cl.enqueue_nd_range_kernel(queue, self.k_color, (color_tiles(win) * COLOR_QX, COLOR_RB),
+                                           (COLOR_QX, COLOR_RB))
+        self.events.setdefault("colour", []).append(event)
+        return event
+
     def _launch(self, name: str, queue, kernel, items: int, *args):
         """One launch of `items` work-items (rounded up to whole work-groups), noted in `events`."""
         kernel.set_args(*args)
@@ -333,6 +352,12 @@ def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes: int, arra
     for p, a, size in zip(parts, at, sizes):
         meta[a:a + size] = p.reshape(-1)
     return batch, meta, at, pixels
+
+
+def color_tiles(win: np.ndarray) -> int:
+    """jpeg_color_quad's work-groups for a window table: the last window's first tile and its own."""
+    last = win[-1]
+    return int(last[14]) + -(-int(last[4]) // COLOR_RB) * int(last[15])
 
 
 def _windows(files: list[Prepared], windows: list[Window], batch: Batch) -> tuple[np.ndarray, int]:
@@ -362,4 +387,7 @@ def _windows(files: list[Prepared], windows: list[Window], batch: Batch) -> tupl
     table[:, 10] = plane0
     table[:, 11:13] = np.where(colour[:, None], plane0[:, None] + [1, 2], -1)
     table[:, 13] = np.where(w[:, 5] != 0, w[:, 5], extent[:, 0])
+    across = -(-extent[:, 0] // (4 * COLOR_QX))
+    tiles = -(-extent[:, 1] // COLOR_RB) * across
+    table[:, 14], table[:, 15] = np.cumsum(tiles) - tiles, across
     return table, int(area.sum())
