@@ -72,9 +72,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
     ap.add_argument("--lookback", type=int, default=None, help="bytes before a chunk from which round 0 decodes to "
                     "guess its entry (default: the decoder's)")
-    ap.add_argument("--kernels", choices=("quad", "item"), default="quad",
+    ap.add_argument("--kernels", choices=("quad", "item"), default=None,
                     help="the variant of jpeg_color.cl and resize.cl for the whole run (item: the first versions, one "
-                         "work-item per pixel)")
+                         "work-item per pixel; default: each kernel's shipped default, quad colour and item resize)")
     ap.add_argument("--variants", action="store_true",
                     help="also time each kernel variant's colour and resize on the same batches, and check they "
                          "write the same bytes")
@@ -124,10 +124,10 @@ def main() -> None:
     cache = ProgramCache(ctx, dev)
     tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds),
                                 ("lookback", args.lookback)) if v is not None}
-    decoder = JpegDecoder(ctx, dev, cache, kernels=args.kernels, **tuning)
+    decoder = JpegDecoder(ctx, dev, cache, **({"kernels": args.kernels} if args.kernels else {}), **tuning)
     res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
     res["kernels"] = args.kernels
-    resize = DeviceResize(ctx, cache.build("resize.cl", {}), variant=args.kernels)
+    resize = DeviceResize(ctx, cache.build("resize.cl", {}), **({"variant": args.kernels} if args.kernels else {}))
     prepared = [prepare(f) for f in files]
     assert all(prepared), [p.reason for p in prepared if not p]
     b = args.batch

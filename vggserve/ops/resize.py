@@ -279,7 +279,10 @@ def place_images(images) -> tuple[list, int]:
     return placed, offset
 
 
-VARIANTS = ("quad", "item")  # resize.cl's kernel pairs: 4 pixels per work-item (default), one (the first version)
+# resize.cl's kernel pairs: one work-item per pixel (the default), 4 pixels per work-item. On an H100 (2026-11-26,
+# benchmarks/device_decode.py --variants) quad was no faster on 500x375 JPEGs (0.281 against 0.279 ms per 64) and
+# 1.57x slower on the photo mix (1.041 against 0.665), so item stays the default; quad is kept to be measured.
+VARIANTS = ("item", "quad")
 
 
 class DeviceResize:
@@ -294,7 +297,7 @@ class DeviceResize:
 
     MAX_SCRATCH_PIXELS = (1 << 31) - 1  # pass 1 indexes scratch pixels with an int
 
-    def __init__(self, ctx, program, params: dict | None = None, variant: str = "quad"):
+    def __init__(self, ctx, program, params: dict | None = None, variant: str = VARIANTS[0]):
         """params: RS_WG / RS_WX / RS_WY (variant item) or RS_QX / RS_RB (variant quad) if the program was built
         with other work-group sizes than the defaults."""
         if variant not in VARIANTS:
