@@ -134,7 +134,8 @@ def main(argv=None) -> int:
 
     for route in ROUTES if args.route == "all" else (args.route,):
         rounds, statuses = uvloop.run(measure(route, args.requests, args.rounds))
-        print(f"connection + app, POST {route}: {statistics.median(rounds):.3f} ms CPU per request (rounds "
+        print(f"connection + app, POST {route}: {statistics.median(rounds):.3f} ms CPU per request, least "
+              f"{min(rounds):.3f} (rounds "
               f"{', '.join(f'{r:.3f}' for r in rounds)}), statuses {statuses}")
     return 0
 
