@@ -45,9 +45,10 @@ class GuardedProtocol(HttpToolsProtocol):
 
     read_timeout_s = 60.0
     metrics: Metrics | None = None
+    hot_direct = True  # False: every request goes to the app's own dispatch (the tests compare both)
 
     def connection_made(self, transport) -> None:
-        self._hot = hot_answers(self.app)
+        self._hot = hot_answers(self.app) if self.hot_direct else None
         self._head_timer = None
         self._head_due = None  # loop time by which the headers awaited must have arrived; None: none awaited
         self._in_head = False  # between the first byte of a request and the end of its headers
