@@ -246,18 +246,42 @@ def test_while_draining_a_hot_request_meets_the_ordinary_refusal(monkeypatch, di
     assert directs == []
 
 
-def test_forwarded_headers_from_a_trusted_proxy_go_the_ordinary_way(monkeypatch, directs):
-    """uvicorn's proxy headers middleware rewrites the client and scheme of such a request: it sees it itself."""
-    app = lane_app()
-    with serving(app) as port:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(raw_request("raw jpeg").replace(b"Host: 127.0.0.1\r\n",
-                                                      b"Host: 127.0.0.1\r\nX-Forwarded-For: 10.0.0.1\r\n"))
-            assert read_answer(s.makefile("rb")).split(b" ", 2)[1] == b"200"
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(raw_request("raw jpeg"))
-            assert read_answer(s.makefile("rb")).split(b" ", 2)[1] == b"200"
-    assert directs == ["/classify"]
+@pytest.mark.usefixtures("same_timing")
+def test_forwarded_headers_from_a_trusted_proxy_meet_uvicorns_proxy_middleware_first(monkeypatch, directs):
+    """uvicorn's proxy headers middleware rewrites the client and scheme of such a request (here seen in the access
+    log's client address) before the connection's answer runs: the same access log lines and answers as the ordinary
+    way."""
+    import logging
+
+    forwarded = raw_request("raw jpeg").replace(b"Host: 127.0.0.1\r\n", b"Host: 127.0.0.1\r\n"
+                                                b"X-Forwarded-For: 10.1.2.3\r\nX-Forwarded-Proto: https\r\n")
+    lines = {}
+    for direct in (False, True):
+        monkeypatch.setattr(GuardedProtocol, "hot_direct", direct)
+        records = []
+        handler = logging.Handler()
+        handler.emit = lambda record: records.append(record.getMessage())
+        access = logging.getLogger("uvicorn.access")
+        app = lane_app()
+        try:
+            with serving(app) as port:
+                access.addHandler(handler)  # the access log on (a connection looks when it opens)
+                level, access.level = access.level, logging.INFO
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                    stream = s.makefile("rb")
+                    s.sendall(forwarded)
+                    first = read_answer(stream)
+                    s.sendall(raw_request("v2 binary"))
+                    second = read_answer(stream)
+                access.level = level
+        finally:
+            access.removeHandler(handler)
+        lines[direct] = first, second, [r.split(" - ", 1)[0].rsplit(":", 1)[0] + " - " + r.split(" - ", 1)[1]
+                                        for r in records]  # the client's port differs from run to run
+    assert lines[True] == lines[False]
+    assert lines[True][2] == ['10.1.2.3 - "POST /classify HTTP/1.1" 200',
+                              '127.0.0.1 - "POST /v2/models/vgg16/infer HTTP/1.1" 200']
+    assert len(directs) == 2
 
 
 def test_a_later_requests_headers_have_their_own_deadline_on_one_timer(monkeypatch):

@@ -19,6 +19,7 @@ task waiting on `receive()` for it.
 comes: two system calls, and two TCP segments, for an answer of one body); the hot routes' lane uses it.
 """
 
+import copy
 import json
 import logging
 import sys
@@ -162,12 +163,15 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 _FORWARDED = (b"x-forwarded-for", b"x-forwarded-proto")
+_DIRECT = "vggserve.direct"  # scope key: the answer the proxy headers middleware passes a forwarded request on to
 
 
 def hot_answers(app):
     """For the app uvicorn runs (`config.loaded_app`): `answer(scope)`, the ASGI app that answers a plain request to a
     hot route of ours without the app's dispatch (`HotRoutesApp.direct`), or None for a request the app must see
-    itself; None when the app is not ours (or is wrapped in more than uvicorn's proxy headers)."""
+    itself; None when the app is not ours (or is wrapped in more than uvicorn's proxy headers middleware). A request
+    with X-Forwarded-For or -Proto from a trusted proxy still meets that middleware first (it rewrites the scope's
+    client and scheme), and the answer after it; without them the middleware would leave the scope as it is."""
     proxy = None
     if type(app) is ProxyHeadersMiddleware:
         proxy, app = app, app.app
@@ -177,14 +181,25 @@ def hot_answers(app):
     if proxy is None:
         return direct
     trusted = proxy.trusted_hosts
+    forwarded = copy.copy(proxy)
+    forwarded.app = _run_direct
 
     def answer(scope):
-        client = scope.get("client")
-        if client and client[0] in trusted and any(name in _FORWARDED for name, _ in scope["headers"]):
-            return None  # the proxy's headers change the scope: the middleware itself sees this request
-        return direct(scope)
+        found = direct(scope)
+        if found is not None:
+            client = scope.get("client")
+            if client and client[0] in trusted:
+                for name, _ in scope["headers"]:
+                    if name in _FORWARDED:
+                        scope[_DIRECT] = found
+                        return forwarded
+        return found
 
     return answer
+
+
+def _run_direct(scope, receive, send):
+    return scope[_DIRECT](scope, receive, send)
 
 
 def _nothing() -> None:
