@@ -10,9 +10,8 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import _user_safe_decode, parse_options_header
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
-from .encodings import decoded
+from .encodings import decoded, raw_body
 from .errors import ApiError
 
 SINGLE_FIELD = "file"
@@ -94,24 +93,6 @@ def _plain_raw(scope) -> bool:
     return media.startswith(b"image/") or media == b"application/octet-stream"
 
 
-async def _raw_body(request: Request) -> bytes:
-    """`request.body()` without its stream generator: the chunks until the last; ClientDisconnect if the client
-    goes away first."""
-    chunks = []
-    receive = request.receive
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        elif message["type"] == "http.disconnect":
-            request._is_disconnected = True
-            raise ClientDisconnect()
-    request._body = body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    return body
-
-
 _MULTIPART = b"multipart/form-data; boundary="
 _BOUNDARY = re.compile(rb"[A-Za-z0-9'()+_,\-./:=?]{1,70}")  # RFC 2046's characters, less the space; no quotes
 _PART_HEADER = re.compile(rb"([A-Za-z0-9-]+): [^\r\n]*")
@@ -183,7 +164,7 @@ async def _whole_body(request: Request) -> bytes | None:
 async def read_single(request: Request, max_body_bytes: int) -> Upload:
     """The one image of POST /classify."""
     if _plain_raw(request.scope):  # the common case, read with the least work: what the code below does for it
-        data = await _raw_body(request)
+        data = await raw_body(request)
         if not data:
             raise _empty(None)
         return Upload(None, data)
