@@ -2,7 +2,7 @@
 service's uvicorn runs (`web.connection.GuardedProtocol`, as `hosting.uvicorn_config` makes it) over a transport
 that keeps what is written, no socket, link or decode (an instant backend).
 
-    python benchmarks/connection_overhead.py                          # this checkout, raw, multipart and v2
+    python benchmarks/connection_overhead.py                          # this checkout: raw, multipart, v2, health
     python benchmarks/connection_overhead.py --tree /path/to/other    # another checkout, for a before/after
 
 Between `app_overhead.py` (the app alone) and `frontend_overhead.py` (sockets, a client process): what the
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROUTES = ("raw", "multipart", "v2")
+ROUTES = ("raw", "multipart", "v2", "health")
 
 
 class Transport(asyncio.Transport):
@@ -67,8 +67,9 @@ def requests_for(jpeg: bytes) -> dict[str, bytes]:
               "v2": (b"/v2/models/vgg16/infer", b"application/octet-stream",
                      header + struct.pack("<I", len(jpeg)) + jpeg,
                      b"Inference-Header-Content-Length: %d\r\n" % len(header))}
-    return {name: b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
-        path, kind, len(body), extra, body) for name, (path, kind, body, extra) in bodies.items()}
+    return {"health": b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", **{
+        name: b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
+            path, kind, len(body), extra, body) for name, (path, kind, body, extra) in bodies.items()}}
 
 
 async def measure(route: str, requests: int, rounds: int) -> tuple[list[float], dict]:
