@@ -104,7 +104,7 @@ async def measure(route: str, requests: int, rounds: int) -> tuple[list[float], 
         transport.waiter = loop.create_future()
         protocol.data_received(request)
         await transport.waiter
-        status = transport.written[-1][9:12].decode()
+        status = transport.written[0][9:12].decode()
         statuses[status] = statuses.get(status, 0) + 1
         transport.written.clear()
         await asyncio.sleep(0)  # the request's last steps (its task's end)
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
 
     for route in ROUTES if args.route == "all" else (args.route,):
         rounds, statuses = uvloop.run(measure(route, args.requests, args.rounds))
-        print(f"connection + app, POST {route}: {statistics.median(rounds):.3f} ms CPU per request, least "
+        print(f"connection + app, {route}: {statistics.median(rounds):.3f} ms CPU per request, least "
               f"{min(rounds):.3f} (rounds "
               f"{', '.join(f'{r:.3f}' for r in rounds)}), statuses {statuses}")
     return 0
