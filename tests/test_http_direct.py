@@ -342,3 +342,24 @@ def test_a_request_answered_by_the_connection_runs_in_a_task_of_its_own(monkeypa
     with serving(app) as port:
         one_each(["raw jpeg", "v2 binary"])(port)
     assert len(directs) == 2 and len(tasks) == 2 and None not in tasks and tasks[0] is not tasks[1]
+
+
+def test_a_failure_while_choosing_the_way_leaves_the_request_to_the_app(monkeypatch):
+    """Were the connection's choice itself to fail, the request still goes to the app, whose own dispatch answers
+    it, and the connection serves the next request."""
+    calls = []
+
+    def broken(self, scope):
+        calls.append(scope["path"])
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(hotpath.HotRoutesApp, "direct", broken)
+    app = lane_app()
+    with serving(app) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            stream = s.makefile("rb")
+            s.sendall(raw_request("raw jpeg"))
+            assert read_answer(stream).startswith(b"HTTP/1.1 200 ")  # the app's own dispatch answered it
+            s.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_answer(stream).startswith(b"HTTP/1.1 200 ")
+    assert calls == ["/classify", "/health/live"]

@@ -101,7 +101,10 @@ class GuardedProtocol(HttpToolsProtocol):
         a plain request to a hot route runs the app's own answer to it, not the app's dispatch."""
         hot = self._hot
         if hot is not None and app is self.app:
-            app = hot(cycle.scope) or app
+            try:
+                app = hot(cycle.scope) or app
+            except Exception:  # noqa: BLE001 - the app's own dispatch meets it again, in the task: its 500, as before
+                log.debug("the connection left a request to the app's dispatch", exc_info=True)
         super()._start_asgi_task(cycle, app)
 
     def _when_gone(self, cycle, callback):
