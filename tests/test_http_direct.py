@@ -363,3 +363,24 @@ def test_a_failure_while_choosing_the_way_leaves_the_request_to_the_app(monkeypa
             s.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_answer(stream).startswith(b"HTTP/1.1 200 ")
     assert calls == ["/classify", "/health/live"]
+
+
+@pytest.mark.usefixtures("same_timing")
+def test_expect_100_continue_is_answered_as_the_ordinary_way_answers_it(monkeypatch, directs):
+    """A client that waits for `100 Continue` before its body gets it (uvicorn's response cycle, which the
+    connection's way keeps, sends it when the lane first reads the body), then the same answer."""
+    request = raw_request("raw jpeg")
+    head, _, body = request.partition(b"\r\n\r\n")
+
+    def expecting(port):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            stream = s.makefile("rb")
+            s.sendall(head + b"\r\nExpect: 100-continue\r\n\r\n")
+            interim = stream.readline() + stream.readline()
+            s.sendall(body)
+            return interim, read_answer(stream)
+
+    seen = both_ways(monkeypatch, expecting)
+    assert seen[True] == seen[False]
+    assert seen[True][0][0] == b"HTTP/1.1 100 Continue\r\n\r\n" and seen[True][0][1].startswith(b"HTTP/1.1 200 ")
+    assert directs == ["/classify"]
