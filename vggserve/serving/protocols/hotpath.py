@@ -15,6 +15,8 @@ OpenTelemetry instrumentation, when a provider is configured, sees the other rou
 
 When the app's middlewares are those `create_app` adds (no CORS; the front end's header or not), a plain request
 meets them fused into one (`web.lane.Lane`, the same answers); the others meet the middlewares themselves.
+Under the service's connection (`web.connection`), `direct(scope)` gives the connection that fused answer for
+such a request at once, and the app's own dispatch is skipped.
 """
 
 import re
