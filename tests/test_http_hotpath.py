@@ -489,3 +489,94 @@ def test_a_raw_upload_read_the_short_way_is_answered_as_the_long_way(same_timing
             r = client.post("/classify", content=body, headers=sent)
             answers.append((r.status_code, r.headers.multi_items(), r.content))
     assert answers[0] == answers[1]
+
+
+def multipart_of(*parts: bytes, boundary: str = "b0undary", end: bytes = b"--\r\n", before: bytes = b"") -> bytes:
+    joined = b"".join(b"--%s\r\n%s\r\n" % (boundary.encode(), part) for part in parts)
+    return before + joined + b"--" + boundary.encode() + end
+
+
+def file_part(data: bytes, disposition: bytes = b'form-data; name="file"; filename="a.jpg"',
+              extra: bytes = b"Content-Type: image/jpeg\r\n") -> bytes:
+    return b"Content-Disposition: " + disposition + b"\r\n" + extra + b"\r\n" + data
+
+
+MULTIPART_VARIANTS = {  # (body, Content-Type); the short way takes the first ones, the parser judges the others
+    "one file": (multipart_of(file_part(JPEG)), None),
+    "one file, no part content type": (multipart_of(file_part(JPEG, extra=b"")), None),
+    "lower-case part header": (multipart_of(file_part(JPEG).replace(b"Content-Disposition", b"content-disposition")),
+                               None),
+    "data holding a near-boundary": (multipart_of(file_part(JPEG + b"\r\n--b0undarX\r\n--b0undar")), None),
+    "a file name of utf-8": (multipart_of(file_part(JPEG, b'form-data; name="file"; filename="\xc3\xa9t\xc3\xa9.jpg"')),
+                             None),
+    "a quoted boundary": (multipart_of(file_part(JPEG)), 'multipart/form-data; boundary="b0undary"'),
+    "a charset": (multipart_of(file_part(JPEG)), "multipart/form-data; boundary=b0undary; charset=latin-1"),
+    "an empty file": (multipart_of(file_part(b"")), None),
+    "two files": (multipart_of(file_part(JPEG), file_part(JPEG)), None),
+    "a file and a field": (multipart_of(file_part(JPEG), b'Content-Disposition: form-data; name="x"\r\n\r\n1'), None),
+    "a text field named file": (multipart_of(b'Content-Disposition: form-data; name="file"\r\n\r\nhello'), None),
+    "another field name": (multipart_of(file_part(JPEG, b'form-data; name="image"; filename="a.jpg"')), None),
+    "a file name with a path": (multipart_of(file_part(JPEG, b'form-data; name="file"; filename="C:\\\\x\\\\a.jpg"')),
+                                None),
+    "filename*": (multipart_of(file_part(JPEG, b"form-data; name=\"file\"; filename*=UTF-8''a.jpg")), None),
+    "two dispositions": (multipart_of(file_part(JPEG, extra=b'Content-Disposition: form-data; name="y"\r\n')), None),
+    "a preamble": (multipart_of(file_part(JPEG), before=b"hello\r\n"), None),
+    "an epilogue": (multipart_of(file_part(JPEG), end=b"--\r\nbye"), None),
+    "no last line end": (multipart_of(file_part(JPEG), end=b"--"), None),
+    "no end": (multipart_of(file_part(JPEG))[:-12], None),
+    "a wrong boundary": (multipart_of(file_part(JPEG), boundary="other"), None),
+    "not multipart at all": (b"just text", None),
+    "not an image": (multipart_of(file_part(b"just text")), None),
+}
+SHORT = {"one file", "one file, no part content type", "lower-case part header", "data holding a near-boundary",
+         "a file name of utf-8", "not an image"}
+
+
+@pytest.mark.parametrize("name", list(MULTIPART_VARIANTS))
+def test_a_multipart_upload_read_the_short_way_is_answered_as_the_parser_answers(same_timing, monkeypatch, name):
+    """A multipart upload of one file is read without Starlette's parser when its body is of the plain shape and
+    came in one piece; the answer (and, read directly, the upload and its file name) is the parser's, whatever the
+    body."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from vggserve.serving.protocols import uploads
+    from vggserve.serving.protocols.errors import ApiError
+
+    body, media = MULTIPART_VARIANTS[name]
+    media = media or "multipart/form-data; boundary=b0undary"
+    short = []
+    one_file = uploads._one_file
+    monkeypatch.setattr(uploads, "_one_file", lambda *args: short.append(one_file(*args)) or short[-1])
+
+    async def read(pieces):
+        scope = {"type": "http", "app": None, "method": "POST", "path": "/classify", "query_string": b"", "headers": [
+            (b"content-type", media.encode()), (b"content-length", str(len(body)).encode())]}
+        messages = [{"type": "http.request", "body": p, "more_body": i < len(pieces) - 1}
+                    for i, p in enumerate(pieces)]
+
+        async def receive():
+            return messages.pop(0)
+
+        try:
+            upload = await uploads.read_single(Request(scope, receive), 1 << 20)
+            return upload.filename, upload.data
+        except ApiError as exc:
+            return exc.status, exc.code, exc.message
+
+    whole = asyncio.run(read([body]))
+    in_pieces = asyncio.run(read([body[:100], body[100:]]))  # the parser reads it: the same
+    taken = [u for u in short if u is not None]
+    monkeypatch.setattr(uploads, "_plain_multipart", lambda scope: None)
+    by_parser = asyncio.run(read([body]))
+    assert whole == in_pieces == by_parser
+    assert len(taken) == (name in SHORT)
+    answers = []
+    with TestClient(lane_app()) as client:
+        for way in ("short", "parser"):
+            if way == "short":
+                monkeypatch.setattr(uploads, "_plain_multipart", uploads.__dict__["_plain_multipart"])
+            r = client.post("/classify", content=body, headers={**headers(), "content-type": media})
+            answers.append((r.status_code, r.headers.multi_items(), r.content))
+    assert answers[0] == answers[1]

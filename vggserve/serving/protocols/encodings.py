@@ -6,7 +6,7 @@ coding is 415: RFC 9110's answer for a content coding the server does not suppor
 import asyncio
 import zlib
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import ApiError
 
@@ -45,11 +45,31 @@ def inflate(body: bytes, coding: str, limit: int) -> bytes:
 
 async def inflated_body(request: Request, limit: int) -> bytes:
     """The request's body, inflated if it came compressed (off the event loop: it may be megabytes)."""
+    if not any(name == b"content-encoding" for name, _ in request.scope["headers"]):  # as most come: read directly
+        return await raw_body(request)
     coding = content_coding(request)
     body = await request.body()
     if coding is None or not body:
         return body
     return await asyncio.get_running_loop().run_in_executor(None, inflate, body, coding, limit)
+
+
+async def raw_body(request: Request) -> bytes:
+    """`request.body()` without its stream generator: the chunks until the last; ClientDisconnect if the client
+    goes away first."""
+    chunks = []
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        elif message["type"] == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
+    request._body = body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return body
 
 
 async def decoded(request: Request, limit: int) -> Request:

@@ -15,6 +15,8 @@ OpenTelemetry instrumentation, when a provider is configured, sees the other rou
 
 When the app's middlewares are those `create_app` adds (no CORS; the front end's header or not), a plain request
 meets them fused into one (`web.lane.Lane`, the same answers); the others meet the middlewares themselves.
+Under the service's connection (`web.connection`), `direct(scope)` gives the connection that fused answer for
+such a request at once, and the app's own dispatch is skipped.
 """
 
 import re
@@ -139,15 +141,30 @@ class HotRoutesApp(FastAPI):
         call = hot_call(scope) if self.hot_routes and not self.root_path else None
         if call is None:
             return await super().__call__(scope, receive, send)
-        scope["app"] = self
-        scope[_CALL] = call
-        if self._hot_stack is None:
-            self._hot_stack = self._build_hot_stack()
-        plain = self._lane.takes(scope) if self._lane is not None and self.lane else None
+        plain = self._plain(scope, call)
         if plain is not None:
             await self._lane.answer(scope, receive, send, *plain)
         else:
             await self._hot_stack(scope, receive, send)
+
+    def direct(self, scope):
+        """For the connection (web.connection): the ASGI app that answers this request as a call of the app would,
+        without the app's dispatch, when it is a plain request to a hot route (the lane's); else None."""
+        call = hot_call(scope) if self.hot_routes and not self.root_path else None
+        plain = self._plain(scope, call) if call is not None else None
+        if plain is None:
+            return None
+        answer, (length, given) = self._lane.answer, plain
+        return lambda scope, receive, send: answer(scope, receive, send, length, given)
+
+    def _plain(self, scope, call) -> tuple | None:
+        """The scope made ready for the hot route `call`; what the lane's `takes` says of it (None: the
+        middlewares themselves answer it)."""
+        scope["app"] = self
+        scope[_CALL] = call
+        if self._hot_stack is None:
+            self._hot_stack = self._build_hot_stack()
+        return self._lane.takes(scope) if self._lane is not None and self.lane else None
 
     def add_middleware(self, *args, **kwargs) -> None:
         super().add_middleware(*args, **kwargs)

@@ -3,14 +3,15 @@ application/octet-stream (what many clients send for any file). The bytes decide
 decoder sniffs them, whatever the content type claims. A request without a body is `empty_body` whatever its
 content type; a compressed body is inflated first (protocols.encodings)."""
 
+import re
 from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
+from starlette.formparsers import _user_safe_decode, parse_options_header
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
-from .encodings import decoded
+from .encodings import decoded, raw_body
 from .errors import ApiError
 
 SINGLE_FIELD = "file"
@@ -92,31 +93,87 @@ def _plain_raw(scope) -> bool:
     return media.startswith(b"image/") or media == b"application/octet-stream"
 
 
-async def _raw_body(request: Request) -> bytes:
-    """`request.body()` without its stream generator: the chunks until the last; ClientDisconnect if the client
-    goes away first."""
-    chunks = []
+_MULTIPART = b"multipart/form-data; boundary="
+_BOUNDARY = re.compile(rb"[A-Za-z0-9'()+_,\-./:=?]{1,70}")  # RFC 2046's characters, less the space; no quotes
+_PART_HEADER = re.compile(rb"([A-Za-z0-9-]+): [^\r\n]*")
+_ONE_FILE = re.compile(rb'form-data; name="%s"; filename="[^"\\\r\n]*"' % SINGLE_FIELD.encode())
+
+
+def _plain_multipart(scope) -> bytes | None:
+    """The boundary of a multipart upload as most clients send one (curl -F, requests, httpx): a Content-Type of
+    exactly `multipart/form-data; boundary=B` (B plain), a Content-Length above 0, not compressed; else None."""
+    media = length = None
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            if media is None:
+                media = value
+        elif name == b"content-length":
+            if length is None:
+                length = value
+        elif name == b"content-encoding":
+            return None
+    if media is None or length is None or length.strip() == b"0" or not media.startswith(_MULTIPART):
+        return None
+    boundary = media[len(_MULTIPART):]
+    return boundary if _BOUNDARY.fullmatch(boundary) else None
+
+
+def _one_file(body: bytes, boundary: bytes) -> Upload | None:
+    """The upload of a multipart body that holds one part and nothing else: a file of at least one byte in the field
+    `file` (`Content-Disposition: form-data; name="file"; filename="..."`, other part headers plain), as Starlette's
+    parser reads it (its own functions read the file's name); None for any other body, which the parser judges."""
+    first, last = b"--" + boundary + b"\r\n", b"\r\n--" + boundary + b"--\r\n"
+    if not body.startswith(first) or not body.endswith(last):
+        return None
+    end = len(body) - len(last)
+    head_end = body.find(b"\r\n\r\n", len(first), end)
+    if head_end < 0 or body.find(last[:-4], head_end + 2) != end or head_end + 4 >= end:  # one part, not empty
+        return None
+    disposition = None
+    for line in body[len(first):head_end].split(b"\r\n"):
+        header = _PART_HEADER.fullmatch(line)
+        if header is None:
+            return None
+        if header[1].lower() == b"content-disposition":
+            if disposition is not None:
+                return None
+            disposition = line[len(header[1]) + 2:]
+    if disposition is None or _ONE_FILE.fullmatch(disposition) is None:
+        return None
+    filename = _user_safe_decode(parse_options_header(disposition)[1][b"filename"], "utf-8")
+    return Upload(filename, body[head_end + 4:end])
+
+
+async def _whole_body(request: Request) -> bytes | None:
+    """The body when it comes in one piece (a small upload arrives with its headers), kept as `request.body()`
+    keeps it; else None, the piece read given again to whatever reads the request next."""
     receive = request.receive
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        elif message["type"] == "http.disconnect":
-            request._is_disconnected = True
-            raise ClientDisconnect()
-    request._body = body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    return body
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        request._body = body = message.get("body", b"")
+        return body
+    given = [message]
+
+    async def again():
+        return given.pop() if given else await receive()
+
+    request._receive = again
+    return None
 
 
 async def read_single(request: Request, max_body_bytes: int) -> Upload:
     """The one image of POST /classify."""
     if _plain_raw(request.scope):  # the common case, read with the least work: what the code below does for it
-        data = await _raw_body(request)
+        data = await raw_body(request)
         if not data:
             raise _empty(None)
         return Upload(None, data)
+    boundary = _plain_multipart(request.scope)
+    if boundary is not None:  # likewise, a multipart upload of the one file: else the parser reads what came
+        body = await _whole_body(request)
+        upload = _one_file(body, boundary) if body is not None else None
+        if upload is not None:
+            return upload
     request = await _opened(request, max_body_bytes)
     media = media_type(request)
     if media == "multipart/form-data":
