@@ -73,10 +73,9 @@ async def _read_file(value, field: str) -> Upload:
     return Upload(value.filename, data)
 
 
-def _plain_raw(scope) -> bool:
-    """Whether the request is a raw upload as most are: an image/* or octet-stream body of a Content-Length above
-    0, not compressed. Read from the scope's headers in one pass (the first of each, as `request.headers` gives
-    them), not through a Headers object and four lookups."""
+def _plain_body_type(scope) -> bytes | None:
+    """The Content-Type of a body with a Content-Length above 0 and no Content-Encoding (the first of each header,
+    as `request.headers` gives them), read from the scope's headers in one pass; else None."""
     media = length = None
     for name, value in scope["headers"]:
         if name == b"content-type":
@@ -86,8 +85,18 @@ def _plain_raw(scope) -> bool:
             if length is None:
                 length = value
         elif name == b"content-encoding":
-            return False
+            return None
     if media is None or length is None or length.strip() == b"0":
+        return None
+    return media
+
+
+def _plain_raw(scope) -> bool:
+    """Whether the request is a raw upload as most are: an image/* or octet-stream body of a Content-Length above
+    0, not compressed. Read from the scope's headers in one pass (the first of each, as `request.headers` gives
+    them), not through a Headers object and four lookups."""
+    media = _plain_body_type(scope)
+    if media is None:
         return False
     media = media.split(b";")[0].strip().lower()
     return media.startswith(b"image/") or media == b"application/octet-stream"
@@ -102,17 +111,8 @@ _ONE_FILE = re.compile(rb'form-data; name="%s"; filename="[^"\\\r\n]*"' % SINGLE
 def _plain_multipart(scope) -> bytes | None:
     """The boundary of a multipart upload as most clients send one (curl -F, requests, httpx): a Content-Type of
     exactly `multipart/form-data; boundary=B` (B plain), a Content-Length above 0, not compressed; else None."""
-    media = length = None
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            if media is None:
-                media = value
-        elif name == b"content-length":
-            if length is None:
-                length = value
-        elif name == b"content-encoding":
-            return None
-    if media is None or length is None or length.strip() == b"0" or not media.startswith(_MULTIPART):
+    media = _plain_body_type(scope)
+    if media is None or not media.startswith(_MULTIPART):
         return None
     boundary = media[len(_MULTIPART):]
     return boundary if _BOUNDARY.fullmatch(boundary) else None
