@@ -151,7 +151,7 @@ def shapes_to_tune(info, device, batch: int, precision: str = "fp32", only=None)
     the device cannot run and a shape key that is not one of them (VggserveError)."""
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(prec, caps.tensor_cores, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     return select_shapes(layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
 
 
@@ -168,7 +168,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     """
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(prec, caps.tensor_cores, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     family = registry.family_for(caps, prec)
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
