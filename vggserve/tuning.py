@@ -25,6 +25,7 @@ from .ops import nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.tensorcore import rna_tf32, vec
+from .quant import e4m3
 from .runtime import caps as device_caps
 from .runtime.params import POOL_SUFFIX, params_for, shape_key, table_key, update_tuned
 from .runtime.programs import ProgramCache
@@ -78,7 +79,7 @@ class LayerBench:
             cin, cout = -(-layer.cin // v) * v, -(-layer.cout // v) * v
             x = np.zeros((batch, s, s, cin), np.float32)
             x[..., :layer.cin] = rng.standard_normal((batch, s, s, layer.cin), dtype=np.float32)
-            x = x.astype(np.float16) if prec.half else rna_tf32(x)
+            x = e4m3.encode(x) if prec.fp8 else x.astype(np.float16) if prec.half else rna_tf32(x)
         else:
             cout = layer.cout
             x = rng.standard_normal((batch, layer.cin, s, s), dtype=np.float32).astype(prec.storage)

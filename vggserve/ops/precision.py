@@ -5,7 +5,7 @@
 | fp32 | float32 | FP32 FMA | every device (the default: results never change by surprise) |
 | tf32 | float32 (values rounded to TF32) | tensor cores, TF32 inputs, FP32 accumulate | NVIDIA, compute capability 8.0+ |
 | fp16 | float16 | tensor cores (NVIDIA 8.0+), else FP32 FMA on FP16 storage (`vload_half`) | every device |
-| fp8 | uint8 e4m3 codes, scaled (a float per output channel for weights, per tensor for activations) | tensor cores, e4m3 inputs, FP32 accumulate | NVIDIA, compute capability 8.9+ |
+| fp8 | uint8 e4m3 codes, scaled (ops/fp8.py) | tensor cores, e4m3 inputs, FP32 accumulate | NVIDIA, compute capability 8.9+ |
 
 FP8's kernels and layer objects exist (ops/fp8.py) but the engine does not pass their scales yet, so `fp8` is not
 among the precisions it serves (`PRECISIONS`, `NAMES`: the CLI's choices); `FP8` is used directly until then.
