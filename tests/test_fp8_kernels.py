@@ -53,6 +53,77 @@ def test_fp8_is_stored_as_bytes_and_is_neither_half_nor_tf32():
     assert precisions.TF32.tf32 and not precisions.FP16.fp8 and not precisions.FP16.tf32
 
 
+# ---- quantisation and the layer objects' scales -------------------------------------------------------------------
+def test_weight_scales_are_each_channels_amax_over_448_and_the_codes_round_trip(rng):
+    from vggserve.ops import fp8
+    from vggserve.quant import e4m3
+
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    w[2] = 0.0
+    codes, s = fp8.quantise_weights(w)
+    amax = np.abs(w.reshape(5, -1)).max(axis=1)
+    live = [0, 1, 3, 4]
+    np.testing.assert_array_equal(s[live], (amax / np.float32(448)).astype(np.float32)[live])
+    assert s[2] == 1.0 and np.all(codes[2] == 0), "a channel of zeros: scale 1 (positive), codes 0"
+    sw = s.astype(np.float64)[:, None, None, None]
+    np.testing.assert_array_equal(codes, e4m3.encode(w / sw))
+    assert np.all(np.abs(e4m3.decode(codes[live])).reshape(4, -1).max(axis=1) == 448), "each amax becomes 448"
+    back = e4m3.decode(codes) * sw  # within half an e4m3 step: 2^-4 relative (normals), 2^-10 s_w (subnormals)
+    assert np.all(np.abs(back - w) <= 2.0 ** -4 * np.abs(w) + 2.0 ** -10 * sw)
+
+
+def test_layer_scales_refuse_what_a_layer_cannot_use_in_one_line():
+    from vggserve.ops.fp8 import LayerScales
+
+    w = np.ones((4, 8), np.float32)
+    cases = [((precisions.FP8, w, None, None, False), "needs in_scale"),
+             ((precisions.FP16, w, 0.1, None, False), "takes none"),
+             ((precisions.FP8, w, 0.1, 0.2, True), "float32 logits"),
+             ((precisions.FP8, w, 0.0, None, False), "finite scale above 0"),
+             ((precisions.FP8, w, float("nan"), None, False), "finite scale above 0"),
+             ((precisions.FP16, w, None, -1.0, False), "finite scale above 0")]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            LayerScales(*args)
+        assert "\n" not in str(err.value)
+
+
+def test_layer_scales_name_the_storage_in_and_out():
+    from vggserve.ops.fp8 import LayerScales
+
+    w = np.ones((4, 8), np.float32)
+    fp8, fp16 = precisions.FP8, precisions.FP16
+    assert LayerScales(fp8, w, 0.5, 0.25, False).describe() == ", e4m3 in, e4m3 out"
+    assert LayerScales(fp8, w, 0.5, None, False).describe() == ", e4m3 in, fp16 out"
+    assert LayerScales(fp16, w, None, 0.25, False).describe() == ", fp16 in, e4m3 out"
+    assert LayerScales(fp8, w, 0.5, None, True).describe() == ", e4m3 in, float32 logits"
+    plain = LayerScales(fp16, w, None, None, False)
+    assert plain.describe() == "" and plain.defines == {} and not plain.active
+    s = LayerScales(fp8, w, 0.5, 0.25, False)
+    assert s.defines == {"FP8": 1, "OUT_FP8": 1} and s.cs.dtype == np.float32
+    np.testing.assert_array_equal(s.cs, np.float32(0.5 / 448))
+
+
+def test_fp8_runs_on_tc_gemm_and_tc_halo_where_the_device_has_e4m3_tensor_cores():
+    from dataclasses import replace
+
+    from vggserve.ops import registry
+    from vggserve.ops.registry import LayerSpec
+
+    ada = device_caps.Caps(kind="gpu", label="L40S", compute_units=142, local_mem=48 * 1024, max_work_group=1024,
+                           tensor_cores=True, emulate_mma=False, fp8=True)
+    hopper, ampere = replace(ada, wgmma=True), replace(ada, fp8=False)
+    conv, fc = LayerSpec("conv3x3", 64, 64, 56), LayerSpec("fc", 4096, 1000, last=True)
+    for caps in (ada, hopper):
+        assert {a.name for a in registry.for_layer(caps, precisions.FP8, conv)} == {"tc_gemm", "tc_halo"}
+        assert {a.name for a in registry.for_layer(caps, precisions.FP8, fc)} == {"tc_gemm"}
+    assert registry.for_layer(ampere, precisions.FP8, conv) == []
+    assert registry.family_for(ada, precisions.FP8) == "tensorcore"
+    for name in ("tc_gemm", "tc_halo"):  # tiles in bytes: the same candidates at every precision
+        algo = registry.get(name)
+        assert algo.candidates(ada, precisions.FP8, conv) == algo.candidates(ada, precisions.FP16, conv)
+
+
 # ---- kernels against numpy ---------------------------------------------------------------------------------------
 # Inputs are e4m3 codes already (or FP16 values), the weights quantised per channel by ops/fp8.py, so the numpy model
 # (float64 sums of the decoded operands, then the epilogue: sum * cs[n] + bias[n], ReLU, times 1 / s_out) differs
@@ -217,6 +288,7 @@ def test_fp8_gemm_input_and_output_storage_are_independent(tc_env, rng, fp8_in, 
     got, y, bound, s_out, op = run(tc_env, gemm(GEMM_CONFIGS[0]), shape, rng, fp8_in=fp8_in, out=out, relu=relu)
     unit = {"fp16": 8, "fp8": 16, "f32": 16 if fp8_in else 8}[out]  # 16 bytes of the output (logits: of the input)
     assert op.cstore == -(-shape[2] // unit) * unit
+    assert op.describe().endswith(op.scales.describe()) and op.scales.describe()
     check(got, y, bound, s_out, op, out, relu)
 
 
