@@ -17,8 +17,8 @@
  *   in:   NHWC, Cpad channels per pixel (a multiple of VEC, pad channels zero)           in[p * Cpad + ci]
  *   wt:   Npad x Kpad, k contiguous ("OHWI", zero-padded to the tiles; re-laid out at load) wt[n * Kpad + k]
  *   bias: Npad floats (zero past the layer's channels); FP8 also cs: Npad floats
- *   out:  NHWC, Cstore channels per pixel (Cstore = output channels rounded up to 16 bytes of the output's storage;
- *         the logits: to VEC)                                                             out[p * Cstore + n]
+ *   out:  NHWC, Cstore channels per pixel (Cstore = output channels rounded up to 16 bytes of the output's storage:
+ *         8 FP16, 4 TF32 or float, 16 e4m3)                                               out[p * Cstore + n]
  * A fully connected layer is KS = 1, PAD = 0, H = W = 1 (a pixel is an image, Cpad its input features).
  *
  *        N (channels) ->     work-group (gn, gm) computes a BM x BN tile of out; its K loop walks BK-deep tiles,

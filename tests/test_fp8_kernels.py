@@ -104,6 +104,21 @@ def test_layer_scales_name_the_storage_in_and_out():
     np.testing.assert_array_equal(s.cs, np.float32(0.5 / 448))
 
 
+def test_the_logits_are_1000_a_row_whatever_the_last_layers_input():
+    """The engine's logits buffer holds 1000 floats an image: an e4m3-input last layer (VEC 16) must not pad to 1008."""
+    from vggserve.ops.fp8 import LayerScales
+    from vggserve.ops.registry import LayerSpec
+    from vggserve.ops.tensorcore import out_channels
+
+    last = LayerSpec("fc", 4096, 1000, last=True)
+    w = np.ones((1000, 8), np.float32)
+    for prec, s_in in ((precisions.FP8, 0.5), (precisions.FP16, None), (precisions.TF32, None)):
+        assert out_channels(last, prec, LayerScales(prec, w, s_in, None, True)) == 1000
+    hidden = LayerSpec("fc", 4096, 1000)
+    assert out_channels(hidden, precisions.FP8, LayerScales(precisions.FP8, w, 0.5, 0.5, False)) == 1008  # e4m3 out
+    assert out_channels(hidden, precisions.FP8, LayerScales(precisions.FP8, w, 0.5, None, False)) == 1000  # FP16 out
+
+
 def test_fp8_runs_on_tc_gemm_and_tc_halo_where_the_device_has_e4m3_tensor_cores():
     from dataclasses import replace
 
@@ -286,7 +301,7 @@ def test_fp8_gemm_writes_numpys_e4m3_codes(tc_env, rng, cfg, shape):
 def test_fp8_gemm_input_and_output_storage_are_independent(tc_env, rng, fp8_in, out, shape):
     relu = out != "f32"
     got, y, bound, s_out, op = run(tc_env, gemm(GEMM_CONFIGS[0]), shape, rng, fp8_in=fp8_in, out=out, relu=relu)
-    unit = {"fp16": 8, "fp8": 16, "f32": 16 if fp8_in else 8}[out]  # 16 bytes of the output (logits: of the input)
+    unit = {"fp16": 8, "fp8": 16, "f32": 4}[out]  # 16 bytes of the output
     assert op.cstore == -(-shape[2] // unit) * unit
     assert op.describe().endswith(op.scales.describe()) and op.scales.describe()
     check(got, y, bound, s_out, op, out, relu)
