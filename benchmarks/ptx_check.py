@@ -14,8 +14,10 @@ source change changes the code: "ptx" says whether the two revisions' PTX is the
 aside; a reordering of the same instructions differs), "cubin" whether ptxas made the same binary of it, byte for
 byte (the machine code, so the instructions, unchanged).
 
-Columns: kernel, precision, the variant built (conv / split-K / last FC layer; POOL=1 the fused pooling), the
-tiles, then registers, spill bytes (stores+loads), stack frame and shared memory before -> after.
+Columns: kernel, precision, the variant built (conv / split-K / last FC layer; POOL=1 the fused pooling; at fp8 also
+which side is e4m3), the tiles, then registers, spill bytes (stores+loads), stack frame and shared memory before ->
+after. The FP8 programs (tc_gemm, tc_halo with FP8 / OUT_FP8, built by --candidates: no shipped table has them yet)
+are assembled as PTX 8.4, the first version with mma.sync on e4m3; a base revision without FP8 shows "-" before.
 """
 
 import argparse
@@ -59,9 +61,26 @@ def pools(algo: str, tiles: dict) -> bool:
     return registry.get(algo).fuses_pool({"ALGO": algo, **tiles})
 
 
+def fp8_variants(algo: str, base: dict) -> list[tuple[str, dict]]:
+    """(label, defines) of the FP8 programs (ops/fp8.py): e4m3 in and out; e4m3 in, FP16 out (before an FP16 layer);
+    FP16 in, e4m3 out (a first convolution that stays FP16); e4m3 in, the logits; split-K; the fused pooling."""
+    fp8 = {**base, "FP8": 1, "TF32": 0, "RELU": 1, "OUT_F32": 0}
+    if algo == "tc_gemm":
+        conv = {**fp8, "KS": 3, "PAD": 1, "OUT_FP8": 1}
+        return [("conv e4m3", conv), ("conv e4m3 split-K", {**conv, "SPLITK": 1}),
+                ("conv fp16 in, e4m3 out", {**conv, "FP8": 0}),
+                ("fc e4m3 in, fp16 out", {**fp8, "KS": 1, "PAD": 0}),
+                ("fc last e4m3 in", {**fp8, "KS": 1, "PAD": 0, "RELU": 0, "OUT_F32": 1})]
+    conv = {**fp8, "OUT_FP8": 1, "POOL": 0}
+    return ([("conv e4m3", conv)] + ([("conv e4m3 POOL=1", {**conv, "POOL": 1})] if pools(algo, base) else []) +
+            [("conv fp16 in, e4m3 out", {**conv, "FP8": 0})])
+
+
 def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
     """(label, defines) of the programs the engine builds from one tile configuration."""
     base = {**tiles, "MMA_EMULATE": 0, **({"WGMMA": 1} if algo in WGMMA_ALGOS else {})}
+    if precision == "fp8":
+        return fp8_variants(algo, base)
     if algo in ("tc_gemm", "tc_wgmma"):
         tf32 = int(precision == "tf32")
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
@@ -118,7 +137,8 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
         for tile in tiles:
             p = dict(zip(tunables(algo), tile))
             if valid(p):
-                for precision in (("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
+                for precision in (("fp16", "tf32", "fp8") if algo in ("tc_gemm", "tc_halo") else
+                                  ("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
                     out.append((algo, precision, p))
     return out
 
@@ -136,7 +156,8 @@ def compile_report(source: str, kernel: str, work: Path) -> dict:
     if r.returncode:
         return {"error": "clang: " + " | ".join(x for x in r.stderr.splitlines() if "error" in x)[:300]}
     text = ptx.read_text()
-    text = re.sub(r"^\.version \S+", ".version 8.0", text, flags=re.M)
+    # PTX 8.0 (Hopper's); the FP8 programs' e4m3 mma.sync needs 8.4 (NVIDIA's driver writes 9.0, issue 26's probe)
+    text = re.sub(r"^\.version \S+", ".version 8.4" if ".e4m3" in text else ".version 8.0", text, flags=re.M)
     text = re.sub(r"^\.target sm_86", ".target sm_90", text, flags=re.M)
     arch = "sm_90"
     if "SLOT_WG" in text:
@@ -223,8 +244,11 @@ def main(argv=None) -> int:
                         shutil.copy(work / "k.ptx", args.keep / f"{stem}.ptx")
                 before = None
                 if base is not None and (base / file).exists():
-                    if "POOL" in defines and defines["POOL"] and "POOL" not in (base / file).read_text():
+                    text = (base / file).read_text()
+                    if "POOL" in defines and defines["POOL"] and "POOL" not in text:
                         before = None  # the base revision has no fused pooling here
+                    elif (defines.get("FP8") or defines.get("OUT_FP8")) and "FP8" not in text:
+                        before = None  # nor FP8
                     else:
                         before = compile_report(kernel_source(file, defines, folder=base), kernel, work)
                 b, a = fmt(before), fmt(after)

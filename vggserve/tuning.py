@@ -25,6 +25,7 @@ from .ops import nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.tensorcore import rna_tf32, vec
+from .quant import e4m3
 from .runtime import caps as device_caps
 from .runtime.params import POOL_SUFFIX, params_for, shape_key, table_key, update_tuned
 from .runtime.programs import ProgramCache
@@ -78,7 +79,7 @@ class LayerBench:
             cin, cout = -(-layer.cin // v) * v, -(-layer.cout // v) * v
             x = np.zeros((batch, s, s, cin), np.float32)
             x[..., :layer.cin] = rng.standard_normal((batch, s, s, layer.cin), dtype=np.float32)
-            x = x.astype(np.float16) if prec.half else rna_tf32(x)
+            x = e4m3.encode(x) if prec.fp8 else x.astype(np.float16) if prec.half else rna_tf32(x)
         else:
             cout = layer.cout
             x = rng.standard_normal((batch, layer.cin, s, s), dtype=np.float32).astype(prec.storage)
@@ -151,7 +152,7 @@ def shapes_to_tune(info, device, batch: int, precision: str = "fp32", only=None)
     the device cannot run and a shape key that is not one of them (VggserveError)."""
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(prec, caps.tensor_cores, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     return select_shapes(layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
 
 
@@ -168,7 +169,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     """
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(prec, caps.tensor_cores, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     family = registry.family_for(caps, prec)
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)

@@ -5,6 +5,10 @@
 | fp32 | float32 | FP32 FMA | every device (the default: results never change by surprise) |
 | tf32 | float32 (values rounded to TF32) | tensor cores, TF32 inputs, FP32 accumulate | NVIDIA, compute capability 8.0+ |
 | fp16 | float16 | tensor cores (NVIDIA 8.0+), else FP32 FMA on FP16 storage (`vload_half`) | every device |
+| fp8 | uint8 e4m3 codes, scaled (ops/fp8.py) | tensor cores, e4m3 inputs, FP32 accumulate | NVIDIA, compute capability 8.9+ |
+
+FP8's kernels and layer objects exist (ops/fp8.py) but the engine does not pass their scales yet, so `fp8` is not
+among the precisions it serves (`PRECISIONS`, `NAMES`: the CLI's choices); `FP8` is used directly until then.
 
 Byte sizes come from `Precision.storage` (`itemsize`), never a literal 4. Accumulation is FP32 everywhere; the
 logits the engine returns are always float32.
@@ -31,6 +35,15 @@ class Precision:
     def half(self) -> bool:
         return self.storage == np.float16
 
+    @property
+    def tf32(self) -> bool:
+        return self.name == "tf32"
+
+    @property
+    def fp8(self) -> bool:
+        """Stored as e4m3 codes (quant/e4m3.py), multiplied on e4m3 tensor cores."""
+        return self.storage == np.uint8
+
     def __str__(self) -> str:
         return self.name
 
@@ -38,8 +51,12 @@ class Precision:
 FP32 = Precision("fp32", np.float32, False)
 TF32 = Precision("tf32", np.float32, True)
 FP16 = Precision("fp16", np.float16, False)
-PRECISIONS = {p.name: p for p in (FP32, TF32, FP16)}
+FP8 = Precision("fp8", np.uint8, True)
+PRECISIONS = {p.name: p for p in (FP32, TF32, FP16)}  # what the engine serves
 NAMES = tuple(PRECISIONS)
+# what a precision needs of the device beyond FP32 and FP16 storage: (Caps-like flag, the need in words)
+NEEDS = {"tf32": ("tensor_cores", "NVIDIA tensor cores, compute capability 8.0 or newer"),
+         "fp8": ("fp8", "NVIDIA tensor cores with 8-bit floats (e4m3), compute capability 8.9 or newer")}
 DEFAULT = "fp32"
 
 
@@ -53,17 +70,23 @@ def get(name) -> Precision:
         raise ValueError(f"unknown precision {name!r}: choose one of {', '.join(NAMES)}") from None
 
 
-def supported(tensor_cores: bool) -> tuple[str, ...]:
-    """The precisions a device runs: TF32 needs tensor cores; FP16 runs everywhere (as storage at least)."""
-    return NAMES if tensor_cores else ("fp32", "fp16")
+def _runs(name: str, tensor_cores: bool, fp8: bool) -> bool:
+    flag = NEEDS.get(name, (None,))[0]
+    return flag is None or {"tensor_cores": tensor_cores, "fp8": fp8}[flag]
 
 
-def check(precision: Precision, tensor_cores: bool, device_label: str) -> None:
+def supported(tensor_cores: bool, fp8: bool = False) -> tuple[str, ...]:
+    """The served precisions a device runs: TF32 needs tensor cores, FP8 e4m3 tensor cores (runtime/caps.py's
+    `tensor_cores`, `fp8`); FP16 runs everywhere (as storage at least)."""
+    return tuple(n for n in NAMES if _runs(n, tensor_cores, fp8))
+
+
+def check(precision: Precision, tensor_cores: bool, device_label: str, fp8: bool = False) -> None:
     """DeviceError, in one line naming what the device supports, if it cannot run `precision`."""
-    allowed = supported(tensor_cores)
-    if precision.name not in allowed:
-        raise DeviceError(f"{device_label} cannot run precision {precision.name} (it needs NVIDIA tensor cores, "
-                          f"compute capability 8.0 or newer); this device supports {', '.join(allowed)}")
+    if not _runs(precision.name, tensor_cores, fp8):
+        raise DeviceError(f"{device_label} cannot run precision {precision.name} (it needs "
+                          f"{NEEDS[precision.name][1]}); this device supports "
+                          f"{', '.join(supported(tensor_cores, fp8))}")
 
 
 def storage_defines(precision: Precision, in_float: bool = False, out_float: bool = False) -> dict:
