@@ -41,7 +41,7 @@ def test_a_device_without_e4m3_tensor_cores_refuses_fp8_in_one_line():
         precisions.check(precisions.FP8, True, "NVIDIA A100", fp8=False)
     message = str(err.value)
     assert "\n" not in message and "cannot run precision fp8" in message and "8.9" in message
-    assert message.endswith("this device supports fp32, tf32, fp16")
+    assert message.endswith("this device supports fp32, tf32, fp16, int8")
     precisions.check(precisions.FP8, True, "NVIDIA H100", fp8=True)
     with pytest.raises(DeviceError, match=r"8\.0 or newer\); this device supports fp32, fp16$"):
         precisions.check(precisions.TF32, False, "a CPU")  # tf32's refusal as before
@@ -55,7 +55,7 @@ def test_fp8_is_stored_as_bytes_and_is_neither_half_nor_tf32():
 
 # ---- quantisation and the layer objects' scales -------------------------------------------------------------------
 def test_weight_scales_are_each_channels_amax_over_448_and_the_codes_round_trip(rng):
-    from vggserve.ops import fp8
+    from vggserve.ops import eightbit as fp8
     from vggserve.quant import e4m3
 
     w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
@@ -73,7 +73,7 @@ def test_weight_scales_are_each_channels_amax_over_448_and_the_codes_round_trip(
 
 
 def test_layer_scales_refuse_what_a_layer_cannot_use_in_one_line():
-    from vggserve.ops.fp8 import LayerScales
+    from vggserve.ops.eightbit import LayerScales
 
     w = np.ones((4, 8), np.float32)
     cases = [((precisions.FP8, w, None, None, False), "needs in_scale"),
@@ -89,7 +89,7 @@ def test_layer_scales_refuse_what_a_layer_cannot_use_in_one_line():
 
 
 def test_layer_scales_name_the_storage_in_and_out():
-    from vggserve.ops.fp8 import LayerScales
+    from vggserve.ops.eightbit import LayerScales
 
     w = np.ones((4, 8), np.float32)
     fp8, fp16 = precisions.FP8, precisions.FP16
@@ -106,7 +106,7 @@ def test_layer_scales_name_the_storage_in_and_out():
 
 def test_the_logits_are_1000_a_row_whatever_the_last_layers_input():
     """The engine's logits buffer holds 1000 floats an image: an e4m3-input last layer (VEC 16) must not pad to 1008."""
-    from vggserve.ops.fp8 import LayerScales
+    from vggserve.ops.eightbit import LayerScales
     from vggserve.ops.registry import LayerSpec
     from vggserve.ops.tensorcore import out_channels
 
@@ -140,16 +140,16 @@ def test_fp8_runs_on_tc_gemm_and_tc_halo_where_the_device_has_e4m3_tensor_cores(
 
 
 # ---- kernels against numpy ---------------------------------------------------------------------------------------
-# Inputs are e4m3 codes already (or FP16 values), the weights quantised per channel by ops/fp8.py, so the numpy model
-# (float64 sums of the decoded operands, then the epilogue: sum * cs[n] + bias[n], ReLU, times 1 / s_out) differs
+# Inputs are e4m3 codes already (or FP16 values), the weights quantised per channel by ops/eightbit.py, so the numpy
+# model (float64 sums of the decoded operands, then the epilogue: sum * cs[n] + bias[n], ReLU, times 1 / s_out) differs
 # from the kernels only by FP32 accumulation order and the output's rounding. A stored e4m3 code must equal numpy's
 # e4m3.encode of its pre-rounding value, except where that value lies within 1e-5 relative of a rounding tie (the
-# midpoint of two adjacent e4m3 values) widened by the FP32 accumulation's error bound, (K - 1) 2^-24 sum_k |a w|
-# scaled like the value: there either neighbour is right. FP16 outputs: within one FP16 rounding (2^-11 relative) of
-# the value and that window; float32 logits: within the window.
+# midpoint of two adjacent e4m3 values) widened by the FP32 accumulation's error bound, (K - 1) 2^-24 sum_k |a w| scaled
+# like the value: there either neighbour is right. FP16 outputs: within one FP16 rounding (2^-11 relative) of the value
+# and that window; float32 logits: within the window.
 import pyopencl as cl  # noqa: E402
 
-from vggserve.ops import fp8, nhwc  # noqa: E402
+from vggserve.ops import eightbit as fp8, nhwc  # noqa: E402
 from vggserve.ops.registry import BuildEnv, LayerSpec  # noqa: E402
 from vggserve.ops.tensorcore import HaloLayer, TensorCoreLayer  # noqa: E402
 from vggserve.quant import e4m3  # noqa: E402

@@ -5,10 +5,11 @@
 | fp32 | float32 | FP32 FMA | every device (the default: results never change by surprise) |
 | tf32 | float32 (values rounded to TF32) | tensor cores, TF32 inputs, FP32 accumulate | NVIDIA, compute capability 8.0+ |
 | fp16 | float16 | tensor cores (NVIDIA 8.0+), else FP32 FMA on FP16 storage (`vload_half`) | every device |
-| fp8 | uint8 e4m3 codes, scaled (ops/fp8.py) | tensor cores, e4m3 inputs, FP32 accumulate | NVIDIA, compute capability 8.9+ |
+| fp8 | e4m3 codes, scaled (ops/eightbit.py) | tensor cores, e4m3, FP32 accumulate | NVIDIA, compute capability 8.9+ |
+| int8 | u8 activations, s8 weights, scaled | tensor cores, u8 x s8, int32 accumulate | NVIDIA, compute capability 8.0+ |
 
-FP8's kernels and layer objects exist (ops/fp8.py) but the engine does not pass their scales yet, so `fp8` is not
-among the precisions it serves (`PRECISIONS`, `NAMES`: the CLI's choices); `FP8` is used directly until then.
+The 8-bit precisions quantise the weights at load and read the activation scales from the calibration beside the
+weights (model/eightbit.py: features.0 and classifier.6 stay FP16; docs/fp8.md).
 
 Byte sizes come from `Precision.storage` (`itemsize`), never a literal 4. Accumulation is FP32 everywhere; the
 logits the engine returns are always float32.
@@ -42,6 +43,16 @@ class Precision:
     @property
     def fp8(self) -> bool:
         """Stored as e4m3 codes (quant/e4m3.py), multiplied on e4m3 tensor cores."""
+        return self.name == "fp8"
+
+    @property
+    def int8(self) -> bool:
+        """Activations stored as u8 codes, weights as s8 (quant/int8.py), multiplied on integer tensor cores."""
+        return self.name == "int8"
+
+    @property
+    def eight_bit(self) -> bool:
+        """One byte a value, scaled (ops/eightbit.py): fp8 or int8."""
         return self.storage == np.uint8
 
     def __str__(self) -> str:
@@ -52,11 +63,13 @@ FP32 = Precision("fp32", np.float32, False)
 TF32 = Precision("tf32", np.float32, True)
 FP16 = Precision("fp16", np.float16, False)
 FP8 = Precision("fp8", np.uint8, True)
-PRECISIONS = {p.name: p for p in (FP32, TF32, FP16)}  # what the engine serves
+INT8 = Precision("int8", np.uint8, True)
+PRECISIONS = {p.name: p for p in (FP32, TF32, FP16, FP8, INT8)}  # what the engine serves (the CLI's choices)
 NAMES = tuple(PRECISIONS)
 # what a precision needs of the device beyond FP32 and FP16 storage: (Caps-like flag, the need in words)
 NEEDS = {"tf32": ("tensor_cores", "NVIDIA tensor cores, compute capability 8.0 or newer"),
-         "fp8": ("fp8", "NVIDIA tensor cores with 8-bit floats (e4m3), compute capability 8.9 or newer")}
+         "fp8": ("fp8", "NVIDIA tensor cores with 8-bit floats (e4m3), compute capability 8.9 or newer"),
+         "int8": ("tensor_cores", "NVIDIA tensor cores, compute capability 8.0 or newer")}
 DEFAULT = "fp32"
 
 
@@ -76,7 +89,7 @@ def _runs(name: str, tensor_cores: bool, fp8: bool) -> bool:
 
 
 def supported(tensor_cores: bool, fp8: bool = False) -> tuple[str, ...]:
-    """The served precisions a device runs: TF32 needs tensor cores, FP8 e4m3 tensor cores (runtime/caps.py's
+    """The served precisions a device runs: TF32 and INT8 need tensor cores, FP8 e4m3 tensor cores (runtime/caps.py's
     `tensor_cores`, `fp8`); FP16 runs everywhere (as storage at least)."""
     return tuple(n for n in NAMES if _runs(n, tensor_cores, fp8))
 

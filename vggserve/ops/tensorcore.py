@@ -1,16 +1,18 @@
 """Tensor-core implicit GEMM (kernels/conv_tc.cl): 3x3 convolutions and fully connected layers on NHWC storage,
-FP16, TF32 or FP8 (e4m3, scaled: ops/fp8.py), with split K where the output tiles are too few to fill the device.
+FP16, TF32, FP8 (e4m3) or INT8 (u8 x s8), scaled (ops/eightbit.py), with split K where the output tiles are too few
+to fill the device.
 
 Weights are re-laid out once at load into the kernel's "OHWI" matrix: Wt[n, (ky*KS + kx)*Cpad + ci], rows padded to
 the tile BN and columns to the k-tile BK, in the storage type (TF32: rounded as cvt.rna.tf32.f32 does; FP8: e4m3
-codes of W[n] / s_w[n]). The tiles' K sizes (KB) are bytes, the same at every precision.
+codes of W[n] / s_w[n]; INT8: s8 codes of W[n] / s_w[n] in bytes). The tiles' K sizes (KB) are bytes, the same at
+every precision.
 """
 
 import numpy as np
 import pyopencl as cl
 
 from ..quant import e4m3
-from .fp8 import LayerScales
+from .eightbit import LayerScales
 from .launch import MF, Launch, round_up, upload
 from .precision import Precision
 from .registry import Algorithm, BuildEnv, LayerSpec, register
@@ -39,7 +41,8 @@ def vec(precision: Precision) -> int:
 def tc_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int, precision: Precision) -> np.ndarray:
     """(M, C, KS, KS) or (M, C) weights -> (npad, kpad) in the storage type: row n = channel n, column
     (ky*KS + kx)*cpad + ci, zero in every padding. FP8: weights already quantised per channel (LayerScales.weight:
-    e4m3 values of W[n] / s_w[n]), stored as their codes."""
+    e4m3 values of W[n] / s_w[n]), stored as their codes; INT8: integers of +-127 (LayerScales.weight), stored as s8
+    in bytes."""
     w = np.asarray(weight, dtype=np.float32)
     if w.ndim == 2:
         w = w[:, :, None, None]
@@ -50,6 +53,8 @@ def tc_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int, precision: P
     out[:m, :ks * ks * cpad] = laid.reshape(m, -1)
     if precision.fp8:
         return e4m3.encode(out)
+    if precision.int8:
+        return out.astype(np.int8).view(np.uint8)
     if precision.tf32:
         return rna_tf32(out)
     return out.astype(np.float16)
@@ -88,9 +93,9 @@ class SplitWorkspace:
 class TensorCoreLayer:
     """One 3x3 convolution (ks=3) or fully connected layer (ks=1) on conv_tc.cl. Input: NHWC with `cpad` channels;
     output: NHWC with `cstore` = cout rounded up to 16 bytes of the output's storage (float32 logits when `last`).
-    FP8 (ops/fp8.py): in_scale, the scale of an e4m3 input (required); out_scale, the next
-    layer's input scale where this layer writes e4m3 codes (any input precision), None for FP16 (FP8 input) or the
-    precision's storage."""
+    8-bit (ops/eightbit.py): in_scale, the scale of an FP8 or INT8 input (required); out_scale, the next layer's input
+    scale where this layer writes 8-bit codes (`out_codes`: FP8 or INT8, any input precision), None for FP16 (8-bit
+    input) or the precision's storage."""
 
     name = "tc_gemm"
 
@@ -102,9 +107,9 @@ class TensorCoreLayer:
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv, cpad: int | None = None, in_scale: float | None = None,
-                 out_scale: float | None = None):
+                 out_scale: float | None = None, out_codes: Precision | None = None):
         self.p, self.precision, self.layer = dict(params), precision, layer
-        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last)
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         self.elem = precision.itemsize
         self.vec, self.bk = vec(precision), params["KB"] // self.elem
         self.cout = layer.cout
@@ -119,7 +124,7 @@ class TensorCoreLayer:
         self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.npad, self.kpad, precision),
                          precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
-        self.scale_args = self.scales.args(ctx, self.npad)  # after the bias: cs (FP8), out_scale_inv (OUT_FP8)
+        self.scale_args = self.scales.args(ctx, self.npad)  # after the bias: cs (8-bit in), out_scale_inv (8-bit out)
         defines = dict(defines_for(params, precision, layer), **env.caps.mma_define, **self.extra_defines(params),
                        **self.scales.defines)
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc"))
@@ -204,7 +209,7 @@ class _TensorCoreAlgorithm(Algorithm):
     the local memory is `local_mem_of(params)`, whatever the precision."""
 
     family = "tensorcore"
-    precisions = ("fp16", "tf32", "fp8")
+    precisions = ("fp16", "tf32", "fp8", "int8")
     tiles: list = []
     tile_keys: tuple = ()
     default_params: dict = {}
@@ -247,9 +252,9 @@ class TensorCoreGemm(_TensorCoreAlgorithm):
     valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
-             out_scale=None):
+             out_scale=None, out_codes=None):
         return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad, in_scale=in_scale,
-                               out_scale=out_scale)
+                               out_scale=out_scale, out_codes=out_codes)
 
 
 ALGORITHM = register(TensorCoreGemm())
@@ -294,7 +299,7 @@ class OnWgmma:
 
 class NeedsWgmma:
     """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs; FP8 runs on
-    mma.sync only (tc_gemm, tc_halo)."""
+    mma.sync only (tc_gemm, tc_halo), and so does INT8."""
 
     precisions = ("fp16", "tf32")
 
@@ -369,7 +374,7 @@ def halo_enqueue(layer, queue, src, weights: tuple, dst, n: int, h: int, w: int,
 
 
 class HaloLayer:
-    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16, TF32 or FP8 with in_scale / out_scale as
+    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16, TF32, FP8 or INT8 with in_scale / out_scale as
     TensorCoreLayer); the weights' taps padded to whole chunks. With `layer.pool`, the 2x2/2 max-pool that follows is
     fused into the store: the output is the (h/2) x (w/2) image."""
 
@@ -382,12 +387,13 @@ class HaloLayer:
         return cache.build(HALO_FILE, defines)
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv, in_scale: float | None = None, out_scale: float | None = None):
+                 env: BuildEnv, in_scale: float | None = None, out_scale: float | None = None,
+                 out_codes: Precision | None = None):
         if layer.pool and not halo_pools(params):
             raise ValueError(f"{self.name} {params}: this tile cannot fuse the pooling (TH even; TW 8, or a multiple "
                              "of 16 with each warp's rows a multiple of 2*TW)")
         self.p, self.layer = dict(params), layer
-        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last)
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         v = vec(precision)
         self.ck = HALO_ROW // precision.itemsize
         self.cpad = round_up(layer.cin, v)
@@ -439,9 +445,9 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
         return general[:1] + fitted + general[1:]
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
-             out_scale=None):
+             out_scale=None, out_codes=None):
         return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env, in_scale=in_scale,
-                         out_scale=out_scale)
+                         out_scale=out_scale, out_codes=out_codes)
 
 
 HALO_ALGORITHM = register(TensorCoreHalo())
