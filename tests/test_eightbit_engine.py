@@ -141,3 +141,17 @@ def test_serve_at_int8_without_a_calibration_is_refused_before_it_starts(tiny_we
                  "--host", "127.0.0.1", "--port", "0", timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "has no INT8 calibration" in r.stderr and "--precision int8 --images DIR" in r.stderr
+
+
+def test_bench_calibrates_generated_weights_by_the_precisions_method_and_reads_a_files_sidecar(small_tensors,
+                                                                                               tiny_weights_path):
+    from vggserve.cli.bench import GENERATED_SHA256, eight_bit_calibration
+    from vggserve.weights import load_weights
+
+    assert eight_bit_calibration("fp16", None, small_tensors) is None
+    cal = eight_bit_calibration("int8", None, small_tensors)()  # called by the engine once the device runs int8
+    assert cal.method == "percentile" and cal.images == 2 and cal.weights_sha256 == GENERATED_SHA256
+    assert cal.amax["features.2"] > 0
+    read = eight_bit_calibration("fp8", load_weights(tiny_weights_path), None)
+    with pytest.raises(CalibrationError, match="has no FP8 calibration"):
+        read()

@@ -42,7 +42,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, 
     # start): the timed model is the second one
     loaded = load_weights(weights) if weights is not None else None
     source = loaded.tensors if loaded is not None else init_weights(seed=0)  # read once, used twice
-    cal = _calibration(precision, loaded, source)
+    cal = eight_bit_calibration(precision, loaded, source)
     with tempfile.TemporaryDirectory() as tmp:
         with VGG16.load(source, device=info.spec, max_batch_size=batch, program_dir=tmp, precision=precision,
                         calibration=cal) as first:
@@ -94,7 +94,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, 
 GENERATED_SHA256 = hashlib.sha256(b"vggserve init_weights(seed=0)").hexdigest()  # names the generated weights
 
 
-def _calibration(precision: str, loaded, tensors):
+def eight_bit_calibration(precision: str, loaded, tensors):
     """None, or a function the engine calls (once it knows the device runs `precision`) for the 8-bit scales: a
     weights file's sidecar, or the generated weights' ranges on two random inputs."""
     from ..ops import precision as precisions
