@@ -2,10 +2,14 @@
 
     python benchmarks/compare_torch.py --device gpu --batches 1,16,64 --iterations 10 [--json out.json]
     python benchmarks/compare_torch.py --device gpu --precision fp16 --batches 1,16,64,256
+    python benchmarks/compare_torch.py --device gpu --precision fp16 --vggserve-precision int8 --batches 1,64,256
     python benchmarks/compare_torch.py --device cpu --torch-device cpu --batches 1 --iterations 3
 
 --precision picks both sides' arithmetic: fp32 (PyTorch with TF32 off), tf32 (PyTorch with allow_tf32 for cuDNN
 and matmul, its default for convolutions), fp16 (PyTorch `.half()` with channels_last). Always cudnn.benchmark.
+--vggserve-precision sets vggserve's alone (default: --precision's), e.g. int8 or fp8 against cuDNN FP16 (issue
+26's targets); the 8-bit engine's scales come from the generated weights' calibration on two random inputs, as
+`vggserve bench` makes them (cli/bench.py).
 
 For each batch, also "streamed": batches submitted back to back, host array in, host array out (vggserve's
 `submit`, whose uploads overlap the previous batch's kernels; PyTorch with pinned input and non-blocking copies
@@ -74,7 +78,8 @@ class Timer:
             self.ms = (time.perf_counter() - self.t0) * 1e3
 
 
-CEILING_TFLOPS = {"fp32": 64.0, "tf32": 313.0, "fp16": 625.0}  # FFMA and mma.sync peaks on the H100 (issue 13)
+CEILING_TFLOPS = {"fp32": 64.0, "tf32": 313.0, "fp16": 625.0,  # FFMA and mma.sync peaks on the H100 (issue 13)
+                  "fp8": 625.0, "int8": 1265.0}  # e4m3 mma.sync runs as FP16 HMMA on sm_90; s8 IMMA (issue 26)
 
 
 def to_torch_input(x, torch, precision):
@@ -184,7 +189,10 @@ def main():
     ap.add_argument("--json", default=None, help="write all figures to this file")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
                     help="both sides' precision (default fp32: PyTorch with TF32 off)")
+    ap.add_argument("--vggserve-precision", default=None, choices=("fp32", "tf32", "fp16", "fp8", "int8"),
+                    help="vggserve's precision where it differs from PyTorch's (e.g. int8 against cuDNN fp16)")
     args = ap.parse_args()
+    mine = args.vggserve_precision or args.precision
 
     import torch
 
@@ -218,7 +226,12 @@ def main():
     del tmodel
     if tdev.startswith("cuda"):
         torch.cuda.empty_cache()
-    results = {"device": None, "precision": args.precision, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+    from vggserve.cli.bench import eight_bit_calibration
+
+    calibration = eight_bit_calibration(mine, None, tensors)
+    if callable(calibration):
+        calibration = calibration()  # once, not per batch
+    results = {"device": None, "precision": args.precision, "vggserve_precision": mine, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                "torch_device": torch.cuda.get_device_name() if tdev.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads",
                "method": "PyTorch timed first at every batch, then its CUDA cache emptied; vggserve loaded once per "
                          "batch with max_batch_size = batch (so it uses the kernels tuned nearest that batch)",
@@ -228,7 +241,7 @@ def main():
         t_ms, t_logits, tl, t_e2e, t_stream = torch_runs[batch]
         t0 = time.perf_counter()
         vmodel = VGG16.load(tensors, device=args.device, max_batch_size=batch, profile=True,
-                            precision=args.precision)
+                            precision=mine, calibration=calibration)
         load_s = time.perf_counter() - t0
         results["device"] = vmodel.device_name
         vmodel.logits(x)
@@ -261,7 +274,7 @@ def main():
                            "vggserve_ms": round(by_layer.get(n, (0, 0))[0], 4),
                            "vggserve_tflops": round(fl / by_layer[n][0] / 1e9, 2)
                            if n in by_layer and by_layer[n][0] else None,
-                           "vggserve_ceiling_fraction": round(fl / by_layer[n][0] / 1e9 / CEILING_TFLOPS[args.precision],
+                           "vggserve_ceiling_fraction": round(fl / by_layer[n][0] / 1e9 / CEILING_TFLOPS[mine],
                                                               3) if n in by_layer and by_layer[n][0] else None}
                           for n, ms, fl in tl],
                "vggserve_steps": [{"name": n, "ms": round(ms, 4)} for n, (ms, _) in vl.items()]}
@@ -272,7 +285,7 @@ def main():
         results["batches"].append(row)
         for line in batch_report(row, torch_wording(tdev)):
             print(line, flush=True)
-    print(f"\nper layer at batch {batches[-1]}, {args.precision} (H100 ceiling {CEILING_TFLOPS[args.precision]:.0f} TFLOP/s)")
+    print(f"\nper layer at batch {batches[-1]}, {mine} (H100 ceiling {CEILING_TFLOPS[mine]:.0f} TFLOP/s)")
     print(f"{'layer':16s} {'torch ms':>9s} {'TFLOP/s':>8s} {'vggserve ms':>12s} {'TFLOP/s':>8s} {'of ceiling':>10s}")
     for layer in results["batches"][-1]["layers"]:
         print(f"{layer['name']:16s} {layer['torch_ms']:9.3f} {layer['torch_tflops']:8.2f} {layer['vggserve_ms']:12.3f} "

@@ -3,7 +3,7 @@ the shipped tuning tables (and the sparse entries' tuned tiles), at each precisi
 tree's kernels/ and from another revision's, compared by `ptxas -arch=sm_90 -v` (registers, spills, stack) and
 by the PTX itself.
 
-    python benchmarks/ptx_check.py [--base main] [--candidates] [--only tc_halo] [--keep DIR]
+    python benchmarks/ptx_check.py [--base main] [--candidates] [--only tc_halo] [--precisions int8] [--keep DIR]
 
 The source is what the host hands the driver (runtime/programs.kernel_source: `#define`s, then the file with its
 `#include "x.clh"` expanded), compiled as OpenCL C 1.2 by clang-15 for nvptx64-nvidia-nvcl with libclc's NVPTX
@@ -14,8 +14,11 @@ source change changes the code: "ptx" says whether the two revisions' PTX is the
 aside; a reordering of the same instructions differs), "cubin" whether ptxas made the same binary of it, byte for
 byte (the machine code, so the instructions, unchanged).
 
-Columns: kernel, precision, the variant built (conv / split-K / last FC layer; POOL=1 the fused pooling), the
-tiles, then registers, spill bytes (stores+loads), stack frame and shared memory before -> after.
+Columns: kernel, precision, the variant built (conv / split-K / last FC layer; POOL=1 the fused pooling; at fp8 also
+which side is e4m3), the tiles, then registers, spill bytes (stores+loads), stack frame and shared memory before ->
+after. The 8-bit programs (tc_gemm, tc_halo with FP8 / OUT_FP8 or INT8 / OUT_INT8, built by --candidates: no
+shipped table has them yet) are assembled as PTX 8.4 (the first version with mma.sync on e4m3) or 8.0 (INT8's
+mma.sync u8.s8); a base revision without them shows "-" before.
 """
 
 import argparse
@@ -59,9 +62,28 @@ def pools(algo: str, tiles: dict) -> bool:
     return registry.get(algo).fuses_pool({"ALGO": algo, **tiles})
 
 
+def eight_bit_variants(algo: str, base: dict, precision: str = "fp8") -> list[tuple[str, dict]]:
+    """(label, defines) of the 8-bit programs (ops/eightbit.py), FP8 (e4m3) or INT8 (u8 x s8): codes in and out;
+    codes in, FP16 out (before an FP16 layer); FP16 in, codes out (a first convolution that stays FP16); codes in,
+    the logits; split-K; the fused pooling."""
+    flag, out, c = ("INT8", "OUT_INT8", "u8") if precision == "int8" else ("FP8", "OUT_FP8", "e4m3")
+    eight = {**base, flag: 1, "TF32": 0, "RELU": 1, "OUT_F32": 0}
+    if algo == "tc_gemm":
+        conv = {**eight, "KS": 3, "PAD": 1, out: 1}
+        return [(f"conv {c}", conv), (f"conv {c} split-K", {**conv, "SPLITK": 1}),
+                (f"conv fp16 in, {c} out", {**conv, flag: 0}),
+                (f"fc {c} in, fp16 out", {**eight, "KS": 1, "PAD": 0}),
+                (f"fc last {c} in", {**eight, "KS": 1, "PAD": 0, "RELU": 0, "OUT_F32": 1})]
+    conv = {**eight, out: 1, "POOL": 0}
+    return ([(f"conv {c}", conv)] + ([(f"conv {c} POOL=1", {**conv, "POOL": 1})] if pools(algo, base) else []) +
+            [(f"conv fp16 in, {c} out", {**conv, flag: 0})])
+
+
 def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
     """(label, defines) of the programs the engine builds from one tile configuration."""
     base = {**tiles, "MMA_EMULATE": 0, **({"WGMMA": 1} if algo in WGMMA_ALGOS else {})}
+    if precision in ("fp8", "int8"):
+        return eight_bit_variants(algo, base, precision)
     if algo in ("tc_gemm", "tc_wgmma"):
         tf32 = int(precision == "tf32")
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
@@ -118,7 +140,8 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
         for tile in tiles:
             p = dict(zip(tunables(algo), tile))
             if valid(p):
-                for precision in (("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
+                for precision in (("fp16", "tf32", "fp8", "int8") if algo in ("tc_gemm", "tc_halo") else
+                                  ("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
                     out.append((algo, precision, p))
     return out
 
@@ -136,7 +159,8 @@ def compile_report(source: str, kernel: str, work: Path) -> dict:
     if r.returncode:
         return {"error": "clang: " + " | ".join(x for x in r.stderr.splitlines() if "error" in x)[:300]}
     text = ptx.read_text()
-    text = re.sub(r"^\.version \S+", ".version 8.0", text, flags=re.M)
+    # PTX 8.0 (Hopper's); the FP8 programs' e4m3 mma.sync needs 8.4 (NVIDIA's driver writes 9.0, issue 26's probe)
+    text = re.sub(r"^\.version \S+", ".version 8.4" if ".e4m3" in text else ".version 8.0", text, flags=re.M)
     text = re.sub(r"^\.target sm_86", ".target sm_90", text, flags=re.M)
     arch = "sm_90"
     if "SLOT_WG" in text:
@@ -191,6 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", action="store_true", help="also every registry candidate tile, not only the "
                     "shipped tables' ones")
     ap.add_argument("--only", action="append", choices=sorted(FILES), help="these kernels only (repeatable)")
+    ap.add_argument("--precisions", default="", help="comma-separated: these precisions only (default: all)")
     ap.add_argument("--keep", type=Path, help="keep each program's source and PTX in this folder")
     args = ap.parse_args(argv)
     for tool in ("clang-15", "ptxas"):
@@ -203,6 +228,8 @@ def main(argv=None) -> int:
         configs += [c for c in candidate_configs() if c not in configs]
     if args.only:
         configs = [c for c in configs if c[0] in args.only]
+    if args.precisions:
+        configs = [c for c in configs if c[1] in args.precisions.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         base = None if args.base == "none" else base_tree(args.base, tmp / "base")
@@ -223,8 +250,11 @@ def main(argv=None) -> int:
                         shutil.copy(work / "k.ptx", args.keep / f"{stem}.ptx")
                 before = None
                 if base is not None and (base / file).exists():
-                    if "POOL" in defines and defines["POOL"] and "POOL" not in (base / file).read_text():
+                    text = (base / file).read_text()
+                    if "POOL" in defines and defines["POOL"] and "POOL" not in text:
                         before = None  # the base revision has no fused pooling here
+                    elif any(defines.get(k) and k not in text for k in ("FP8", "OUT_FP8", "INT8", "OUT_INT8")):
+                        before = None  # nor 8-bit
                     else:
                         before = compile_report(kernel_source(file, defines, folder=base), kernel, work)
                 b, a = fmt(before), fmt(after)

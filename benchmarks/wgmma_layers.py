@@ -3,12 +3,17 @@ kernels/conv_tc_halo.cl with WGMMA = 1, tc_halo_wgmma, 3x3 convolutions only): e
 candidate of each, beside what the engine runs there today (the device's tuned entry, or the family's default) and
 cuDNN's own convolution / matmul at the same precision, in one process on one GPU.
 
-    python benchmarks/wgmma_layers.py --device gpu --batch 64 [--precisions fp16,tf32] [--algos tc_halo_wgmma]
+    python benchmarks/wgmma_layers.py --device gpu --batch 64 [--precisions fp16,tf32,fp8,int8] [--algos tc_halo_wgmma]
                                       [--json out.json]
 
 Prints per shape and precision: the engine's current kernel, each entry's best candidate (ms, TFLOP/s, fraction of
 the wgmma ceiling: 946 TFLOP/s FP16, 473 TF32 on the H100, from ../shared/probes), cuDNN's, and each candidate's
 largest difference from the current kernel's output (relative to its largest value): a layout error shows as O(1).
+
+fp8 and int8 (ops/eightbit.py; mma.sync e4m3 or u8 x s8, no wgmma): the 8-bit entries' candidates instead (tc_gemm,
+and tc_halo on 3x3 layers; codes in and out, the tuner's scales, tuning.EIGHT_BIT_SCALES), against the engine's FP16
+kernel and cuDNN FP16 (the targets of issue 26), the ceiling mma.sync e4m3's 1,636 TFLOP/s or s8's 1,265 TOP/s
+(../shared/probes); a candidate's difference is from the first candidate's decoded output.
 """
 
 import argparse
@@ -21,7 +26,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CEILING = {"fp16": 946.0, "tf32": 473.0}
+CEILING = {"fp16": 946.0, "tf32": 473.0, "fp8": 1636.0, "int8": 1265.0}
+
+
+def eight_bit_candidates(registry, caps, prec, layer) -> list:
+    """(entry, params) of every 8-bit candidate for the layer: tc_gemm's tiles, and tc_halo's on 3x3 layers."""
+    out = []
+    for name in ("tc_gemm", "tc_halo"):
+        algo = registry.get(name)
+        if layer.kind in algo.kinds and algo.available(caps, prec):
+            out += [(algo, p) for p in algo.candidates(caps, prec, layer)]
+    return out
 
 
 WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma")
@@ -96,8 +111,9 @@ def main(argv=None) -> int:
     from vggserve.errors import KernelBuildError
     from vggserve.ops import precision as precisions, registry
     from vggserve.ops.registry import LayerSpec
+    from vggserve.quant import e4m3
     from vggserve.runtime.params import conv_params_for
-    from vggserve.tuning import LayerBench, layer_shapes, time_op
+    from vggserve.tuning import EIGHT_BIT_SCALES, LayerBench, layer_shapes, time_op
 
     torch = None
     if not args.no_torch:
@@ -106,46 +122,56 @@ def main(argv=None) -> int:
         except ImportError:
             print("torch not importable: no cuDNN column")
     info, caps, ctx, queue, cache, tables, env = open_device(args.device, args.batch)
-    print(f"device: {info.label}; wgmma: {caps.wgmma}; batch {args.batch}")
+    print(f"device: {info.label}; wgmma: {caps.wgmma}; fp8: {caps.fp8}; batch {args.batch}")
     engines = [registry.get(name) for name in args.algos.split(",")]
     rng = np.random.default_rng(0)
     only = set(filter(None, args.shapes.split(",")))
     rows = []
     for pname in args.precisions.split(","):
         prec = precisions.get(pname)
-        default = registry.get(registry.DEFAULT_ALGO["tensorcore"]).default(caps, prec)
+        base = precisions.FP16 if prec.eight_bit else prec  # "now": the engine's kernel (8-bit: at FP16)
+        default = registry.get(registry.DEFAULT_ALGO["tensorcore"]).default(caps, base)
         for key, cin, cout, size, ks in layer_shapes(args.batch, pooled=False):
             if only and key not in only:
                 continue
             layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
-            bench = LayerBench(ctx, "tensorcore", prec, layer, args.batch, rng)
+            bench = LayerBench(ctx, "tensorcore", base, layer, args.batch, rng)
             flops = 2.0 * args.batch * size * size * cin * cout * ks * ks
-            now = conv_params_for(tables, cin, cout, size, args.batch, pname, default=default)
+            now = conv_params_for(tables, cin, cout, size, args.batch, base.name, default=default)
             now_algo = registry.choose(now, "tensorcore", layer.kind)
-            if not now_algo.available(caps, prec) or now_algo.name in WGMMA_ALGOS:
+            if not now_algo.available(caps, base) or now_algo.name in WGMMA_ALGOS:
                 now_algo, now = registry.get("tc_gemm"), default
-            op = now_algo.make(ctx, cache, now, prec, layer, bench.weight, bench.bias, env)
+            op = now_algo.make(ctx, cache, now, base, layer, bench.weight, bench.bias, env)
             now_ms, ref = time_op(queue, op, bench, args.batch, size, args.repeats)
-            scale = max(float(np.abs(ref).max()), 1e-30)
             row = {"precision": pname, "shape": key, "now": op.describe(), "now_ms": now_ms, "wgmma": []}
-            cands = [(wg, p) for wg in engines if layer.kind in wg.kinds for p in wg.candidates(caps, prec, layer)]
+            if prec.eight_bit:  # the candidates' own input (codes) and output; compared with the first candidate's
+                bench, ref = LayerBench(ctx, "tensorcore", prec, layer, args.batch, rng), None
+                cands = eight_bit_candidates(registry, caps, prec, layer)
+                scales = EIGHT_BIT_SCALES[pname]
+            else:
+                cands = [(wg, p) for wg in engines if layer.kind in wg.kinds for p in wg.candidates(caps, prec, layer)]
+                scales = {}
             for wg, p in cands:
                 t0 = time.perf_counter()
                 try:
-                    cand = wg.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env)
+                    cand = wg.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env, **scales)
                 except KernelBuildError as exc:
                     row["wgmma"].append({"params": p, "error": str(exc)[:400]})
                     print(f"  {key} {pname} {p}: {str(exc)[:400]}")
                     continue
                 built = time.perf_counter() - t0
                 ms, out = time_op(queue, cand, bench, args.batch, size, args.repeats)
+                if prec.eight_bit:
+                    out = e4m3.decode(out.astype(np.uint8)) if prec.fp8 else out  # INT8: u8 codes, uniform
+                    ref = out if ref is None else ref
+                scale = max(float(np.abs(ref).max()), 1e-30)
                 err = float(np.abs(out - ref).max() / scale) if np.all(np.isfinite(out)) else float("inf")
-                row["wgmma"].append({"params": p, "ms": ms, "err": err, "build_s": built})
-            row["torch_ms"] = torch_time(torch, layer, args.batch, pname, args.repeats) if torch else None
+                row["wgmma"].append({"params": p, "ms": ms, "err": err, "build_s": built, "kernel": cand.describe()})
+            row["torch_ms"] = torch_time(torch, layer, args.batch, base.name, args.repeats) if torch else None
             rows.append(row)
             tf = lambda ms: flops / ms / 1e9 if ms else float("nan")  # noqa: E731
             line = f"{pname} {key:>14s}: now {now_ms:7.3f} ms {tf(now_ms):6.1f} TF/s ({row['now']})"
-            for wg in engines:
+            for wg in (list(dict.fromkeys(wg for wg, _ in cands)) if prec.eight_bit else engines):
                 mine = [c for c in row["wgmma"] if c["params"]["ALGO"] == wg.name]
                 ok = [c for c in mine if "ms" in c and c["err"] < 2e-2]
                 best = min(ok, key=lambda c: c["ms"]) if ok else None
@@ -167,7 +193,8 @@ def main(argv=None) -> int:
             sums["now"] += r["now_ms"]
             sums["wgmma_or_now"] += min([r["now_ms"], *ok])
             sums["torch"] += r["torch_ms"] or 0.0
-        print(f"{pname} sum over layers (no pooling): now {sums['now']:.3f} ms, with wgmma where faster "
+        what = pname if prec.eight_bit else "wgmma"
+        print(f"{pname} sum over layers (no pooling): now {sums['now']:.3f} ms, with {what} where faster "
               f"{sums['wgmma_or_now']:.3f} ms, cuDNN {sums['torch']:.3f} ms", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": info.label, "batch": args.batch, "rows": rows}, indent=1))

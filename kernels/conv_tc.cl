@@ -4,13 +4,23 @@
  *   A[p, k]   = in[b, y + ky - PAD, x + kx - PAD, ci]  (NHWC, zero outside the image; never stored anywhere)
  *   k         = (ky*KS + kx)*Cpad + ci                  (ci fastest: one 16-byte chunk = VEC channels of one tap)
  *
- * Storage ("elem"): FP16 (TF32 = 0: half, mma.m16n8k16 f16 x f16 -> f32) or FP32 (TF32 = 1: float, mma.m16n8k8
+ * Storage ("elem"): FP16 (TF32 = 0: half, mma.m16n8k16 f16 x f16 -> f32), FP32 (TF32 = 1: float, mma.m16n8k8
  * tf32 x tf32 -> f32, every operand already rounded by cvt.rna.tf32.f32: the epilogue rounds what it stores, the
- * host rounds the weights, the input conversion the input). Accumulation is always FP32.
+ * host rounds the weights, the input conversion the input), FP8 (FP8 = 1: e4m3 codes, one byte, mma.m16n8k32
+ * e4m3 x e4m3 -> f32) or INT8 (INT8 = 1: u8 activation codes x s8 weight codes, one byte each, mma.m16n8k32 u8 x s8
+ * -> s32). Accumulation is FP32, INT8's int32 (exact). Sizes in the K direction are in bytes (KB: 32 bytes of k per
+ * mma, i.e. k16, k8 or k32), so the tiles, the swizzle and ldmatrix are the same at every precision (mma.clh).
+ * 8-bit is scaled (TensorRT's recipe): Wt holds codes of W[n, k] / s_w[n] (s_w[n] = amax |W[n]| / 448 FP8, / 127
+ * INT8), `in` codes of x / s_in, and the epilogue takes cs[n] = s_in * s_w[n]:
+ *   out = act( sum_k A[p, k] Wt[n, k] * cs[n] + bias[n] )      (INT8: the int sum converted to float first)
+ * The output's storage is the input's (8-bit input: FP16), or float (OUT_F32: logits), or 8-bit codes of out / s_out
+ * (OUT_FP8: e4m3, OUT_INT8: u8, with out_scale_inv = 1 / s_out, whatever the input: FP16 in, 8-bit out is a first
+ * convolution that stays FP16); tc_epilogue.clh.
  *   in:   NHWC, Cpad channels per pixel (a multiple of VEC, pad channels zero)           in[p * Cpad + ci]
  *   wt:   Npad x Kpad, k contiguous ("OHWI", zero-padded to the tiles; re-laid out at load) wt[n * Kpad + k]
- *   bias: Npad floats (zero past the layer's channels)
- *   out:  NHWC, Cstore channels per pixel (Cstore = output channels rounded up to VEC)  out[p * Cstore + n]
+ *   bias: Npad floats (zero past the layer's channels); FP8 and INT8 also cs: Npad floats
+ *   out:  NHWC, Cstore channels per pixel (Cstore = output channels rounded up to 16 bytes of the output's storage:
+ *         8 FP16, 4 TF32 or float, 16 e4m3 or u8)                                         out[p * Cstore + n]
  * A fully connected layer is KS = 1, PAD = 0, H = W = 1 (a pixel is an image, Cpad its input features).
  *
  *        N (channels) ->     work-group (gn, gm) computes a BM x BN tile of out; its K loop walks BK-deep tiles,
@@ -21,9 +31,10 @@
  * the 8 row addresses of one ldmatrix phase fall in 8 distinct bank groups and no padding is needed.
  * Warps: WARPS_M x WARPS_N, each owning a WTM x WTN block = MI x NJ mma tiles of 16 x 8; fragments come from local
  * memory by ldmatrix.x4 (A: 16 rows x 32 bytes; B: 16 channels x 32 bytes, i.e. two n-tiles), one mma per 32 bytes
- * of k (k16 in FP16, k8 in TF32): the fragment layouts of the two instructions coincide register for register.
- * Epilogue: bias + ReLU fused, two adjacent channels per store. SPLITK = 1: group z = get_group_id(1) sums its
- * k-tiles only and stores raw FP32 sums to part[(z * NPIX + p) * Cstore + n]; tc_reduce adds them up.
+ * of k (k16 in FP16, k8 in TF32, k32 in FP8): the fragment layouts of the three instructions coincide byte for byte.
+ * Epilogue: (scale,) bias + ReLU fused, two adjacent channels per store. SPLITK = 1: group z = get_group_id(1) sums
+ * its k-tiles only and stores raw FP32 sums (INT8: the int32 sums' bits) to part[(z * NPIX + p) * Cstore + n];
+ * tc_reduce adds them up (INT8: as ints, exactly) and applies the epilogue.
  *
  * MMA_EMULATE = 1 replaces cp.async, ldmatrix and mma.sync by an exact software model of their data movement
  * (lanes = 32 consecutive work-items, fragments exchanged through local memory), so the tiling and fragment
@@ -32,9 +43,9 @@
  * WGMMA = 1 (Hopper, sm_90a; wgmma.clh): each warpgroup of 4 warps multiplies its 64 rows by the whole BN-wide B tile
  * with wgmma.mma_async straight from local memory (no ldmatrix), the tiles laid out as wgmma's core matrices instead
  * of the XOR swizzle. Shape: WARPS_N = 1, WARPS_M = BM / 16 (a multiple of 4: one m16 tile per warp, so the epilogue
- * is unchanged), BN = 64, 128, 192 or 256. A stage's wgmma run while the next tiles are copied; before a stage is
- * refilled every warpgroup has waited for the wgmma that read it (WG_WAIT, then the barrier). The program is built
- * from the driver's PTX with the placeholders replaced (vggserve/runtime/ptx.py); emulated like the rest.
+ * is unchanged), BN = 64, 128, 192 or 256; FP16 or TF32. A stage's wgmma run while the next tiles are copied; before a
+ * stage is refilled every warpgroup has waited for the wgmma that read it (WG_WAIT, then the barrier). The program is
+ * built from the driver's PTX with the placeholders replaced (vggserve/runtime/ptx.py); emulated like the rest.
  */
 
 #ifndef BM
@@ -57,6 +68,18 @@
 #endif
 #ifndef TF32
 #define TF32 0      /* 0: FP16 storage and f16 mma; 1: FP32 storage and tf32 mma */
+#endif
+#ifndef FP8
+#define FP8 0       /* 1: e4m3 storage and e4m3 mma, scaled by cs[n] in the epilogue */
+#endif
+#ifndef OUT_FP8
+#define OUT_FP8 0   /* 1: out is e4m3 codes of out * out_scale_inv, whatever the storage */
+#endif
+#ifndef INT8
+#define INT8 0      /* 1: u8 activations x s8 weights, int32 sums, scaled by cs[n] in the epilogue */
+#endif
+#ifndef OUT_INT8
+#define OUT_INT8 0  /* 1: out is u8 codes of out * out_scale_inv (FP16 or INT8 input) */
 #endif
 #ifndef KS
 #define KS 3        /* kernel size: 3 (padding PAD) or 1 (fully connected) */
@@ -92,6 +115,9 @@
 #define B_ITERS (BN * CHUNKS / THREADS)
 #define STAGE_CHUNKS ((BM + BN) * CHUNKS)
 
+#if WGMMA && (FP8 || INT8)
+#error "WGMMA: FP16 or TF32 (FP8 and INT8 run on mma.sync)"
+#endif
 #if WGMMA                     /* wgmma's core matrices (wgmma.clh) */
 #define SWZ(r, c) WG_CORE(r, c)
 /* work-item t copies rows (t % 8) + 8 (t / (8 CHUNKS)) + i THREADS / CHUNKS at chunk (t / 8) % CHUNKS: its local
@@ -123,6 +149,12 @@ __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
              __global const elem_t *restrict wt,   /* Npad x Kpad */
              __global const float *restrict bias,  /* Npad */
+#if EIGHT_BIT
+             __global const float *restrict cs,    /* Npad: s_in * s_w[n] */
+#endif
+#if OUT_EIGHT_BIT
+             const float out_scale_inv,            /* 1 / s_out */
+#endif
 #if SPLITK
              __global float *restrict out,         /* splits x NPIX x Cstore raw partial sums */
 #else
@@ -217,7 +249,11 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
     if (p >= NPIX) continue;
 #if SPLITK
     __global float *part = out + (size_t)get_group_id(1) * NPIX * Cstore;
+#if INT8
+#define STORE_PART(p, n, v) vstore2(as_float2(v), 0, part + (size_t)(p) * Cstore + (n))  /* the int sums' bits */
+#else
 #define STORE_PART(p, n, v) vstore2((v), 0, part + (size_t)(p) * Cstore + (n))
+#endif
     TC_STORE_PIXEL_ROWS(MI, NJ, wm * WTM, n0 + wn * WTN, PIXEL, STORE_PART)
 #else
     TC_STORE_PIXEL_ROWS(MI, NJ, wm * WTM, n0 + wn * WTN, PIXEL, TC_STORE_ACT2)
@@ -225,17 +261,35 @@ void conv_tc(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
 }
 
 /* Split K's second step: out[p, n] = act(bias[n] + sum_z part[z, p, n]) for p < NPIX, n < Cstore (one work-item
- * per element; the host rounds the global size up and the kernel skips the rest). */
+ * per element; the host rounds the global size up and the kernel skips the rest). 8-bit in or out: the sum first
+ * (INT8: of the int sums, exactly, then converted to float), then conv_tc's scaled epilogue (tc_epilogue.clh), as
+ * one pass does. */
 __kernel void tc_reduce(__global const float *restrict part, __global const float *restrict bias,
+#if EIGHT_BIT
+                        __global const float *restrict cs,
+#endif
+#if OUT_EIGHT_BIT
+                        const float out_scale_inv,
+#endif
                         __global out_t *restrict out, const int NPIX, const int Cstore, const int splits)
 {
     const int idx = get_global_id(0);
     const int total = NPIX * Cstore;
     if (idx >= total) return;
+#if INT8
+    int si = 0;
+    for (int z = 0; z < splits; ++z) si += as_int(part[(size_t)z * total + idx]);
+    const float s = TC_SCALED1((float)si, idx % Cstore);
+#elif FP8 || OUT_EIGHT_BIT
+    float s = 0.0f;
+    for (int z = 0; z < splits; ++z) s += part[(size_t)z * total + idx];
+    s = TC_SCALED1(s, idx % Cstore);
+#else
     float s = bias[idx % Cstore];
     for (int z = 0; z < splits; ++z) s += part[(size_t)z * total + idx];
 #if RELU
     s = fmax(s, 0.0f);
+#endif
 #endif
     STORE1(out, idx, s);
 }

@@ -3,8 +3,9 @@
  *
  *   out[b, y, x, n] = act( bias[n] + sum_{ky, kx, ci} in[b, y + ky - 1, x + kx - 1, ci] * Wt[n, (ky*3 + kx)*CpadK + ci] )
  *
- * Layouts and storage as conv_tc.cl (NHWC activations, FP16 or TF32; mma.clh), except the weights' k index:
- * taps of CpadK channels each, CpadK = Cpad rounded up to a chunk (CK = 64 bytes of channels), zero-padded.
+ * Layouts, storage and epilogue as conv_tc.cl (NHWC activations, FP16, TF32, FP8 or INT8 with its scales cs and
+ * out_scale_inv; mma.clh, tc_epilogue.clh), except the weights' k index: taps of CpadK channels each, CpadK = Cpad
+ * rounded up to a chunk (CK = 64 bytes of channels: 32 FP16, 16 TF32, 64 FP8 or INT8), zero-padded.
  *   in:   NHWC, Cpad channels per pixel                                 in[p * Cpad + ci]
  *   wt:   Npad x (9 * CpadK)                                            wt[n * 9 * CpadK + tap * CpadK + ci]
  *   out:  NHWC, Cstore channels per pixel                               out[p * Cstore + n]
@@ -73,6 +74,18 @@
 #ifndef OUT_F32
 #define OUT_F32 0
 #endif
+#ifndef FP8
+#define FP8 0       /* 1: e4m3 storage and mma, scaled by cs[n] (conv_tc.cl) */
+#endif
+#ifndef OUT_FP8
+#define OUT_FP8 0   /* 1: out is e4m3 codes of out * out_scale_inv */
+#endif
+#ifndef INT8
+#define INT8 0      /* 1: u8 activations x s8 weights, int32 sums, scaled by cs[n] (conv_tc.cl) */
+#endif
+#ifndef OUT_INT8
+#define OUT_INT8 0  /* 1: out is u8 codes of out * out_scale_inv */
+#endif
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
@@ -92,7 +105,7 @@
 
 #define KB 64                      /* bytes of a chunk of channels (a local row) */
 #define CHUNKS 4                   /* 16-byte pieces per row */
-#define CK (KB / ELEM)             /* channels per chunk: 32 FP16 or 16 TF32 */
+#define CK (KB / ELEM)             /* channels per chunk: 32 FP16, 16 TF32 or 64 FP8 / INT8 */
 #define KSTEPS 2                   /* mma k-steps per row (32 bytes each) */
 #define BM (TH * TW)
 #define THREADS (32 * WARPS_M * WARPS_N)
@@ -108,6 +121,9 @@
 #error "POOL: TH even, and TW 8 or a multiple of 16 with WTM a multiple of 2*TW"
 #endif
 
+#if WGMMA && EIGHT_BIT
+#error "WGMMA: FP16 or TF32 (FP8 and INT8 run on mma.sync)"
+#endif
 #if WGMMA                     /* the weight stage as wgmma's core matrices (wgmma.clh) */
 #if WARPS_N != 1 || WTM != 16 || WARPS_M % 4 || BN % 64 || BN > 256 || STAGES < 2 + WG_INFLIGHT || WG_INFLIGHT > 1
 #error "WGMMA: WARPS_N = 1, WARPS_M = TH*TW/16 (4 a warpgroup), BN 64 to 256 by 64, STAGES >= 2 + WG_INFLIGHT (0, 1)"
@@ -120,6 +136,12 @@ __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
                   __global const elem_t *restrict wt,   /* Npad x 9*CpadK */
                   __global const float *restrict bias,  /* Npad */
+#if EIGHT_BIT
+                  __global const float *restrict cs,    /* Npad: s_in * s_w[n] */
+#endif
+#if OUT_EIGHT_BIT
+                  const float out_scale_inv,            /* 1 / s_out */
+#endif
                   __global out_t *restrict out,         /* NHWC, Cstore channels */
                   const int Cpad, const int CpadK, const int H, const int W, const int Cstore,
                   const int groups_n, const int tiles_x, const int tiles_per_image)

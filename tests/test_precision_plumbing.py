@@ -47,8 +47,15 @@ def test_a_precision_the_device_lacks_is_one_line_on_the_command_line(tiny_weigh
     else:
         assert r.returncode == 3 and "Traceback" not in r.stderr
         assert "cannot run precision tf32" in r.stderr and "supports fp32, fp16" in r.stderr
-    r = vggserve("classify", "--weights", tiny_weights_path, "--precision", "fp8", IMAGES[0])
+    r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--precision", "int4",
+                 IMAGES[0])
     assert r.returncode == 2 and "invalid choice" in r.stderr
+    for eight in ("fp8", "int8"):  # the device is refused before the calibration is looked for
+        r = vggserve("classify", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--precision", eight,
+                     IMAGES[0], env={"VGGSERVE_EMULATE_MMA": ""})
+        if not has_tc:
+            assert r.returncode == 3 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+            assert f"cannot run precision {eight}" in r.stderr and "supports fp32, fp16" in r.stderr
 
 
 def test_batch_job_at_fp16_writes_every_result(tiny_weights_path, tmp_path):
@@ -86,8 +93,9 @@ def test_settings_refuse_an_unknown_precision():
     from vggserve.serving import Settings
     from vggserve.serving.settings import SettingsError
 
-    with pytest.raises(SettingsError, match="--precision must be fp32, tf32 or fp16"):
-        Settings(precision="int8")
+    with pytest.raises(SettingsError, match="--precision must be one of fp32, tf32, fp16, fp8, int8, got 'int4'"):
+        Settings(precision="int4")
+    assert Settings(precision="int8").precision == "int8"
 
 
 def test_tuned_winners_are_stored_and_read_per_precision(tmp_path, monkeypatch, tiny_tensors):

@@ -36,8 +36,8 @@ class WeightsNotFound(WeightsError):
 
 
 class CalibrationError(VggserveError):
-    """FP8 activation scales missing, damaged or made for other weights, or a `calibrate` run with nothing usable to
-    calibrate on (a usage error: exit 2, as a bad setting)."""
+    """8-bit (FP8, INT8) activation scales missing, damaged or made for other weights, or a `calibrate` run with
+    nothing usable to calibrate on (a usage error: exit 2, as a bad setting)."""
 
     exit_code = 2
 

@@ -24,7 +24,9 @@ from .errors import KernelBuildError, VggserveError
 from .ops import nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
 from .ops.registry import BuildEnv, LayerSpec
+from .ops.eightbit import u8_codes
 from .ops.tensorcore import rna_tf32, vec
+from .quant import e4m3
 from .runtime import caps as device_caps
 from .runtime.params import POOL_SUFFIX, params_for, shape_key, table_key, update_tuned
 from .runtime.programs import ProgramCache
@@ -32,7 +34,9 @@ from .weights.spec import INPUT_SIZE, vgg16_spec
 
 # how far a candidate may be from its family's reference, relative to the reference's largest output: FP32
 # kernels differ only in summation order; TF32/FP16 ones also round their output to the storage type
-TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 5e-3}
+TOLERANCE = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 5e-3, "fp8": 1e-2, "int8": 1e-2}  # 8-bit: one code of the largest
+# the 8-bit layers' scales while timing (LayerBench's input codes, and outputs up to 28 (FP8) or 8 (INT8) unsaturated)
+EIGHT_BIT_SCALES = {"fp8": {"in_scale": 1.0, "out_scale": 1 / 16}, "int8": {"in_scale": 1 / 32, "out_scale": 8 / 255}}
 
 
 @dataclass
@@ -78,7 +82,10 @@ class LayerBench:
             cin, cout = -(-layer.cin // v) * v, -(-layer.cout // v) * v
             x = np.zeros((batch, s, s, cin), np.float32)
             x[..., :layer.cin] = rng.standard_normal((batch, s, s, layer.cin), dtype=np.float32)
-            x = x.astype(np.float16) if prec.half else rna_tf32(x)
+            if prec.int8:  # u8 codes of |x| (8-bit layers read post-ReLU activations)
+                x = u8_codes(np.abs(x), EIGHT_BIT_SCALES["int8"]["in_scale"])
+            else:
+                x = e4m3.encode(x) if prec.fp8 else x.astype(np.float16) if prec.half else rna_tf32(x)
         else:
             cout = layer.cout
             x = rng.standard_normal((batch, layer.cin, s, s), dtype=np.float32).astype(prec.storage)
@@ -151,7 +158,7 @@ def shapes_to_tune(info, device, batch: int, precision: str = "fp32", only=None)
     the device cannot run and a shape key that is not one of them (VggserveError)."""
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(prec, caps.tensor_cores, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     return select_shapes(layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
 
 
@@ -168,7 +175,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     """
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(prec, caps.tensor_cores, info.label)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     family = registry.family_for(caps, prec)
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
@@ -187,8 +194,10 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
         layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
         bench = LayerBench(ctx, family, prec, replace(layer, pool=pool), batch, rng)
 
+        scales = EIGHT_BIT_SCALES.get(prec.name, {})
+
         def build(algo, p):
-            extra = {"first": False} if family == "portable" else {}
+            extra = {"first": False} if family == "portable" else scales
             if layer.kind == "fc" and family == "portable":  # time the batch GEMM itself, not the FC composite
                 from .ops.gemm import GemmLayer, KERNEL_FILE
 
@@ -231,7 +240,8 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                 ms, out = time_op(queue, op, bench, batch, size, repeats)
                 judge({**p, "FUSE_POOL": 0} if pool else p, ms + pool_ms, out, ref)
                 if pool and algo.fuses_pool(p):
-                    fused = algo.make(ctx, cache, p, prec, replace(layer, pool=True), bench.weight, bench.bias, env)
+                    fused = algo.make(ctx, cache, p, prec, replace(layer, pool=True), bench.weight, bench.bias, env,
+                                      **scales)
                     ms, out = time_op(queue, fused, bench, batch, size, repeats, dst=bench.pooled,
                                     out_shape=bench.pooled_shape)
                     judge({**p, "FUSE_POOL": 1}, ms, out, pooled_ref)

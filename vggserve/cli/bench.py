@@ -1,8 +1,14 @@
-"""`vggserve bench`: the engine alone: per-layer time and GFLOP/s, images/s, and start-up costs."""
+"""`vggserve bench`: the engine alone: per-layer time and GFLOP/s, images/s, and start-up costs.
 
+At fp8 and int8 a weights file's calibration is read from beside it (refused in one line where there is none); the
+generated weights are calibrated on the fly on two random inputs (numpy, a few seconds), by the precision's default
+method: their speed does not depend on the scales."""
+
+import hashlib
 import json
 import tempfile
 import time
+from functools import partial
 
 import numpy as np
 
@@ -34,12 +40,15 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, 
 
     # every program the model needs, built from an empty cache (a first start), then loaded from it (every later
     # start): the timed model is the second one
-    source = load_weights(weights).tensors if weights is not None else init_weights(seed=0)  # read once, used twice
+    loaded = load_weights(weights) if weights is not None else None
+    source = loaded.tensors if loaded is not None else init_weights(seed=0)  # read once, used twice
+    cal = eight_bit_calibration(precision, loaded, source)
     with tempfile.TemporaryDirectory() as tmp:
-        with VGG16.load(source, device=info.spec, max_batch_size=batch, program_dir=tmp, precision=precision) as first:
+        with VGG16.load(source, device=info.spec, max_batch_size=batch, program_dir=tmp, precision=precision,
+                        calibration=cal) as first:
             first_build = first.startup.build_s
         model = VGG16.load(source, device=info.spec, max_batch_size=batch, profile=True, program_dir=tmp,
-                           precision=precision)
+                           precision=precision, calibration=first.calibration)
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
     for _ in range(warmup):
         model.logits(x)
@@ -80,6 +89,31 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, 
     }
     model.close()
     return result
+
+
+GENERATED_SHA256 = hashlib.sha256(b"vggserve init_weights(seed=0)").hexdigest()  # names the generated weights
+
+
+def eight_bit_calibration(precision: str, loaded, tensors):
+    """None, or a function the engine calls (once it knows the device runs `precision`) for the 8-bit scales: a
+    weights file's sidecar, or the generated weights' ranges on two random inputs."""
+    from ..ops import precision as precisions
+    from ..quant.calibrate import from_histograms, observe
+    from ..quant.calibration import load_for
+    from ..quant.methods import DEFAULT_METHODS
+
+    prec = precisions.get(precision)
+    if not prec.eight_bit:
+        return None
+    if loaded is not None and loaded.path is not None:
+        return partial(load_for, loaded.path, loaded.sha256, prec.name)
+
+    def generated():
+        x = np.random.default_rng(1).standard_normal((2, 3, 224, 224), dtype=np.float32)
+        hists, images = observe(tensors, [x])
+        return from_histograms(hists, images, GENERATED_SHA256, DEFAULT_METHODS[prec.name])
+
+    return generated
 
 
 def run(args) -> int:

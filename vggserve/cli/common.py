@@ -15,8 +15,10 @@ def add_precision_arg(parser) -> None:
     from ..ops.precision import DEFAULT, NAMES
 
     parser.add_argument("--precision", choices=NAMES, default=DEFAULT,
-                        help="fp32 (default: results never change by surprise), tf32 (tensor cores, NVIDIA) or fp16 "
-                             "(tensor cores on NVIDIA, FP16 storage with FP32 math elsewhere); see docs/precision.md")
+                        help="fp32 (default: results never change by surprise), tf32 (tensor cores, NVIDIA), fp16 "
+                             "(tensor cores on NVIDIA, FP16 storage with FP32 math elsewhere), fp8 or int8 (tensor "
+                             "cores, NVIDIA; activation scales from `vggserve calibrate`); see docs/precision.md and "
+                             "docs/fp8.md")
 
 
 AUTO_DECODE = "gpu where the device is a GPU, else exact"

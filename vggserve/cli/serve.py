@@ -124,6 +124,11 @@ def _run(args) -> int:
     from ..weights import find_weights
 
     args.weights = find_weights(args.weights)  # fails now, with how to get weights, not in a worker later
+    if args.precision in ("fp8", "int8"):  # and the 8-bit scales: refused now in one line, not in every worker
+        from ..quant.calibration import load_for
+        from ..weights.loaded import sha256_file
+
+        load_for(args.weights, sha256_file(args.weights), args.precision)
     if several_ranks():
         return _run_mpi(args)
     from ..serving.server import run_server

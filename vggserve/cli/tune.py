@@ -35,9 +35,9 @@ def run(args) -> int:
     only = None if args.shapes is None else [k.strip() for k in args.shapes.split(",") if k.strip()]
     if only == []:
         raise VggserveError("--shapes names no shape: give a comma list of shape keys, e.g. 512x512x14+pool")
-    if args.sparse and (only is not None or args.precision == "tf32"):
+    if args.sparse and (only is not None or args.precision not in ("fp32", "fp16")):
         raise VggserveError("--sparse times FP32 kernels, or the 2:4 ones at --precision fp16, on every VGG16 shape: "
-                            "it takes neither --shapes nor --precision tf32")
+                            f"it takes neither --shapes nor --precision {args.precision}")
     info = devs.resolve(args.device)
     if args.sparse:
         return _sparse(args, info)

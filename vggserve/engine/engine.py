@@ -84,7 +84,7 @@ class Engine:
         self.device_info = devs.resolve(device)
         self.device = devs.cl_device(self.device_info)
         self.caps = device_caps.of(self.device, self.device_info.kind, self.device_info.label)
-        precisions.check(self.precision, self.caps.tensor_cores, self.device_info.label)
+        precisions.check(self.precision, self.caps.tensor_cores, self.device_info.label, fp8=self.caps.fp8)
         self.context = warmstart.take_context(self.device) or cl.Context([self.device])
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
         self.queue = cl.CommandQueue(self.context, properties=props)

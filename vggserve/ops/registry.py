@@ -8,7 +8,9 @@ An entry (an `Algorithm`) declares everything the engine and the tuner need to k
 - `default(caps, precision)`, `candidates(caps, precision, layer)` for the tuner;
 - `local_mem(params, precision)`: its one local-memory formula (`fits` checks it against the device);
 - `make(ctx, cache, params, precision, layer, weight, bias, env)`: re-lays the weights out, builds its program and
-  returns a layer object with `enqueue(queue, src, dst, n, h, w)` and `flops(n, h, w)`;
+  returns a layer object with `enqueue(queue, src, dst, n, h, w)` and `flops(n, h, w)`; the 8-bit entries (tc_gemm,
+  tc_halo at precision fp8 or int8, or writing 8-bit codes at fp16) also take `in_scale`, `out_scale` and
+  `out_codes` (ops/eightbit.py);
 - `fuses_pool(params)`: whether this configuration can take the 2x2/2 max-pool that follows a layer into its store
   (`LayerSpec.pool`; the output is then the pooled image); `pool_fused` says whether a layer runs that way;
 - `sparse`: an entry for pruned weights (ops/sparse_conv.py, sparse_fc.py, tensorcore_sparse.py), which the engine

@@ -1,13 +1,18 @@
 """Tensor-core implicit GEMM (kernels/conv_tc.cl): 3x3 convolutions and fully connected layers on NHWC storage,
-FP16 or TF32, with split K where the output tiles are too few to fill the device.
+FP16, TF32, FP8 (e4m3) or INT8 (u8 x s8), scaled (ops/eightbit.py), with split K where the output tiles are too few
+to fill the device.
 
 Weights are re-laid out once at load into the kernel's "OHWI" matrix: Wt[n, (ky*KS + kx)*Cpad + ci], rows padded to
-the tile BN and columns to the k-tile BK, in the storage type (TF32: rounded as cvt.rna.tf32.f32 does).
+the tile BN and columns to the k-tile BK, in the storage type (TF32: rounded as cvt.rna.tf32.f32 does; FP8: e4m3
+codes of W[n] / s_w[n]; INT8: s8 codes of W[n] / s_w[n] in bytes). The tiles' K sizes (KB) are bytes, the same at
+every precision.
 """
 
 import numpy as np
 import pyopencl as cl
 
+from ..quant import e4m3
+from .eightbit import LayerScales
 from .launch import MF, Launch, round_up, upload
 from .precision import Precision
 from .registry import Algorithm, BuildEnv, LayerSpec, register
@@ -35,7 +40,9 @@ def vec(precision: Precision) -> int:
 
 def tc_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int, precision: Precision) -> np.ndarray:
     """(M, C, KS, KS) or (M, C) weights -> (npad, kpad) in the storage type: row n = channel n, column
-    (ky*KS + kx)*cpad + ci, zero in every padding."""
+    (ky*KS + kx)*cpad + ci, zero in every padding. FP8: weights already quantised per channel (LayerScales.weight:
+    e4m3 values of W[n] / s_w[n]), stored as their codes; INT8: integers of +-127 (LayerScales.weight), stored as s8
+    in bytes."""
     w = np.asarray(weight, dtype=np.float32)
     if w.ndim == 2:
         w = w[:, :, None, None]
@@ -44,7 +51,11 @@ def tc_weights(weight: np.ndarray, cpad: int, npad: int, kpad: int, precision: P
     laid[..., :c] = w.transpose(0, 2, 3, 1)
     out = np.zeros((npad, kpad), np.float32)
     out[:m, :ks * ks * cpad] = laid.reshape(m, -1)
-    if not precision.half:
+    if precision.fp8:
+        return e4m3.encode(out)
+    if precision.int8:
+        return out.astype(np.int8).view(np.uint8)
+    if precision.tf32:
         return rna_tf32(out)
     return out.astype(np.float16)
 
@@ -81,7 +92,10 @@ class SplitWorkspace:
 
 class TensorCoreLayer:
     """One 3x3 convolution (ks=3) or fully connected layer (ks=1) on conv_tc.cl. Input: NHWC with `cpad` channels;
-    output: NHWC with `cstore` = round_up(cout, VEC) channels (float32 logits when `last`)."""
+    output: NHWC with `cstore` = cout rounded up to 16 bytes of the output's storage (float32 logits when `last`).
+    8-bit (ops/eightbit.py): in_scale, the scale of an FP8 or INT8 input (required); out_scale, the next layer's input
+    scale where this layer writes 8-bit codes (`out_codes`: FP8 or INT8, any input precision), None for FP16 (8-bit
+    input) or the precision's storage."""
 
     name = "tc_gemm"
 
@@ -92,22 +106,27 @@ class TensorCoreLayer:
         return cache.build(KERNEL_FILE, defines)
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv, cpad: int | None = None):
+                 env: BuildEnv, cpad: int | None = None, in_scale: float | None = None,
+                 out_scale: float | None = None, out_codes: Precision | None = None):
         self.p, self.precision, self.layer = dict(params), precision, layer
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         self.elem = precision.itemsize
         self.vec, self.bk = vec(precision), params["KB"] // self.elem
         self.cout = layer.cout
         self.cpad = cpad or round_up(layer.cin, self.vec)
-        self.cstore = round_up(layer.cout, self.vec)
+        self.cstore = out_channels(layer, precision, self.scales)
         self.ks = layer.ks
         self.kpad = round_up(self.ks * self.ks * self.cpad, self.bk)
         self.npad = round_up(layer.cout, params["BN"])
         self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
         self.groups_n = self.npad // params["BN"]
         self.ntiles = self.kpad // self.bk
-        self.wt = upload(ctx, tc_weights(weight, self.cpad, self.npad, self.kpad, precision), precision.storage)
+        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.npad, self.kpad, precision),
+                         precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
-        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define, **self.extra_defines(params))
+        self.scale_args = self.scales.args(ctx, self.npad)  # after the bias: cs (8-bit in), out_scale_inv (8-bit out)
+        defines = dict(defines_for(params, precision, layer), **env.caps.mma_define, **self.extra_defines(params),
+                       **self.scales.defines)
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc"))
         self.target = int(params.get("GROUPS_TARGET", 2 * env.caps.compute_units))
         self.split_kernel = self.reduce = None
@@ -136,14 +155,16 @@ class TensorCoreLayer:
         groups = -(-npix // self.p["BM"]) * self.groups_n
         splits, per = self.plans.get(n) or self.plan(n)
         args = (self.cpad, h, w, npix, self.cstore, self.kpad, self.groups_n, per)
+        scales = self.scale_args
         if splits == 1:
-            return self.kernel(queue, (groups * self.threads, 1), (self.threads, 1), src, self.wt, self.bias, dst,
-                               *args)
+            return self.kernel(queue, (groups * self.threads, 1), (self.threads, 1), src, self.wt, self.bias, *scales,
+                               dst, *args)
         part = self.ws.buffer
         first = self.split_kernel(queue, (groups * self.threads, splits), (self.threads, 1), src, self.wt,
-                                  self.bias, part, *args)
+                                  self.bias, *scales, part, *args)
         total = npix * self.cstore
-        last = self.reduce(queue, (round_up(total, 256),), (256,), part, self.bias, dst, npix, self.cstore, splits)
+        last = self.reduce(queue, (round_up(total, 256),), (256,), part, self.bias, *scales, dst, npix, self.cstore,
+                           splits)
         return first, last
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
@@ -152,12 +173,19 @@ class TensorCoreLayer:
     def describe(self) -> str:
         p = self.p
         return (f"{self.name} {p['BM']}x{p['BN']} warps {p['WARPS_M']}x{p['WARPS_N']} {p['STAGES']} stages "
-                f"{p['KB']}-byte rows")
+                f"{p['KB']}-byte rows{self.scales.describe()}")
+
+
+def out_channels(layer: LayerSpec, precision: Precision, scales: LayerScales) -> int:
+    """Channels per stored output pixel: cout rounded up to 16 bytes of the output's storage: 8 FP16, 4 TF32, 16 e4m3
+    (the next layer's cpad), 4 for the float32 logits (VGG16's 1000 logits: 1000 a row, as the engine reads them)."""
+    out = scales.out_precision
+    return round_up(layer.cout, 4 if out is None else vec(out))
 
 
 def defines_for(params: dict, precision: Precision, layer: LayerSpec) -> dict:
     out = {k: params[k] for k in TUNABLES}
-    out.update(TF32=int(not precision.half), KS=layer.ks, PAD=1 if layer.ks == 3 else 0, RELU=int(layer.relu),
+    out.update(TF32=int(precision.tf32), KS=layer.ks, PAD=1 if layer.ks == 3 else 0, RELU=int(layer.relu),
                OUT_F32=int(layer.last))
     return out
 
@@ -181,13 +209,13 @@ class _TensorCoreAlgorithm(Algorithm):
     the local memory is `local_mem_of(params)`, whatever the precision."""
 
     family = "tensorcore"
-    precisions = ("fp16", "tf32")
+    precisions = ("fp16", "tf32", "fp8", "int8")
     tiles: list = []
     tile_keys: tuple = ()
     default_params: dict = {}
 
     def available(self, caps, precision):
-        return caps.tensor_cores and precision.name in self.precisions
+        return caps.tensor_cores and precision.name in self.precisions and (caps.fp8 or not precision.fp8)
 
     def default(self, caps, precision):
         return dict(self.default_params)
@@ -223,8 +251,10 @@ class TensorCoreGemm(_TensorCoreAlgorithm):
     tiles, tile_keys, default_params = TILES, TUNABLES, DEFAULT
     valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
-    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
-        return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
+             out_scale=None, out_codes=None):
+        return TensorCoreLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad, in_scale=in_scale,
+                               out_scale=out_scale, out_codes=out_codes)
 
 
 ALGORITHM = register(TensorCoreGemm())
@@ -268,7 +298,10 @@ class OnWgmma:
 
 
 class NeedsWgmma:
-    """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs."""
+    """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs; FP8 runs on
+    mma.sync only (tc_gemm, tc_halo), and so does INT8."""
+
+    precisions = ("fp16", "tf32")
 
     def available(self, caps, precision):
         return caps.wgmma and super().available(caps, precision)
@@ -330,19 +363,20 @@ def halo_valid(params: dict) -> bool:
             and (bn // wn) % 16 == 0 and (bn * 4) % threads == 0 and params["STAGES"] - 1 < 9)
 
 
-def halo_enqueue(layer, queue, src, weights: tuple, dst, n: int, h: int, w: int):
+def halo_enqueue(layer, queue, src, weights: tuple, dst, n: int, h: int, w: int, scales: tuple = ()):
     """One launch of a halo kernel (conv_tc_halo.cl, conv_tc_halo_sparse.cl), whose arguments differ only in the
-    weight buffers: a work-group per TH x TW pixels of an image and BN channels."""
+    weight buffers (and FP8's scales after the bias): a work-group per TH x TW pixels of an image and BN channels."""
     p = layer.p
     tiles_x, tiles_y = -(-w // p["TW"]), -(-h // p["TH"])
     groups = n * tiles_x * tiles_y * layer.groups_n
-    return layer.kernel(queue, (groups * layer.threads,), (layer.threads,), src, *weights, layer.bias, dst, layer.cpad,
-                        layer.cpadk, h, w, layer.cstore, layer.groups_n, tiles_x, tiles_x * tiles_y)
+    return layer.kernel(queue, (groups * layer.threads,), (layer.threads,), src, *weights, layer.bias, *scales, dst,
+                        layer.cpad, layer.cpadk, h, w, layer.cstore, layer.groups_n, tiles_x, tiles_x * tiles_y)
 
 
 class HaloLayer:
-    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16 or TF32); the weights' taps padded to whole chunks. With
-    `layer.pool`, the 2x2/2 max-pool that follows is fused into the store: the output is the (h/2) x (w/2) image."""
+    """One 3x3 convolution on conv_tc_halo.cl (NHWC, FP16, TF32, FP8 or INT8 with in_scale / out_scale as
+    TensorCoreLayer); the weights' taps padded to whole chunks. With `layer.pool`, the 2x2/2 max-pool that follows is
+    fused into the store: the output is the (h/2) x (w/2) image."""
 
     name = "tc_halo"
 
@@ -353,28 +387,32 @@ class HaloLayer:
         return cache.build(HALO_FILE, defines)
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv):
+                 env: BuildEnv, in_scale: float | None = None, out_scale: float | None = None,
+                 out_codes: Precision | None = None):
         if layer.pool and not halo_pools(params):
             raise ValueError(f"{self.name} {params}: this tile cannot fuse the pooling (TH even; TW 8, or a multiple "
                              "of 16 with each warp's rows a multiple of 2*TW)")
         self.p, self.layer = dict(params), layer
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         v = vec(precision)
         self.ck = HALO_ROW // precision.itemsize
         self.cpad = round_up(layer.cin, v)
         self.cpadk = round_up(self.cpad, self.ck)
-        self.cstore = round_up(layer.cout, v)
+        self.cstore = out_channels(layer, precision, self.scales)
         self.npad = round_up(layer.cout, params["BN"])
         self.threads = 32 * params["WARPS_M"] * params["WARPS_N"]
         self.groups_n = self.npad // params["BN"]
-        self.wt = upload(ctx, tc_weights(weight, self.cpadk, self.npad, 9 * self.cpadk, precision), precision.storage)
+        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpadk, self.npad, 9 * self.cpadk, precision),
+                         precision.storage)
         self.bias = padded_bias(ctx, bias, self.npad)
-        defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(not precision.half), "RELU": int(layer.relu),
+        self.scale_args = self.scales.args(ctx, self.npad)
+        defines = {**{k: params[k] for k in HALO_TUNABLES}, "TF32": int(precision.tf32), "RELU": int(layer.relu),
                    "OUT_F32": int(layer.last), "POOL": int(layer.pool), **env.caps.mma_define,
-                   **self.extra_defines(params)}
+                   **self.extra_defines(params), **self.scales.defines}
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_tc_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
-        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w)
+        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w, self.scale_args)
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
@@ -382,7 +420,8 @@ class HaloLayer:
     def describe(self) -> str:
         p = self.p
         return (f"{self.name} {p['TH']}x{p['TW']} pixels x {p['BN']} channels, warps {p['WARPS_M']}x{p['WARPS_N']}, "
-                f"{p['STAGES']} stages{', 2x2 max-pool in the store' if self.layer.pool else ''}")
+                f"{p['STAGES']} stages{', 2x2 max-pool in the store' if self.layer.pool else ''}"
+                f"{self.scales.describe()}")
 
 
 class TensorCoreHalo(_TensorCoreAlgorithm):
@@ -405,8 +444,10 @@ class TensorCoreHalo(_TensorCoreAlgorithm):
                   if halo_coverage(p, layer.size) > floor and self.valid(p) and self.fits(p, caps, precision)]
         return general[:1] + fitted + general[1:]
 
-    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
-        return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
+             out_scale=None, out_codes=None):
+        return HaloLayer(ctx, cache, params, precision, layer, weight, bias, env, in_scale=in_scale,
+                         out_scale=out_scale, out_codes=out_codes)
 
 
 HALO_ALGORITHM = register(TensorCoreHalo())

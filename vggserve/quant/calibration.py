@@ -1,6 +1,7 @@
 """FP8 scales: the calibrated activation ranges stored beside the weights, and the per-channel weight scales.
 
     cal = load_for("vgg16.safetensors", sha256)     # vgg16.safetensors.fp8.json, checked against the weights' hash
+    cal = load_for("vgg16.safetensors", sha256, "int8")   # vgg16.safetensors.int8.json: INT8's own (its method)
     cal.scale("features.0")                         # per-tensor activation scale: amax / 448
     s_w = weight_scales(w)                          # per output channel (axis 0): amax / 448, float32
     codes = quantize(w, s_w)                        # uint8 e4m3 codes of w / s_w
@@ -11,7 +12,8 @@ float32(x) * float32(1 / scale) (the reciprocal taken in double, then rounded to
 multiplies by it does), rounded to nearest even and saturated to +-448; it stands for decode(code) * scale. With
 scale = amax / 448 the calibrated range [-amax, amax] maps onto e4m3's [-448, 448].
 
-The sidecar (`<weights>.fp8.json`) is JSON: {"format", "version", "weights_sha256", "method", "percentile",
+The sidecar (`<weights>.fp8.json`, or `<weights>.int8.json` for `--precision int8`, whose recommended method
+differs: quant/methods.py's DEFAULT_METHODS) is JSON: {"format", "version", "weights_sha256", "method", "percentile",
 "images", "created", "amax": {layer: float}}. `amax[layer]` is the absolute maximum of that layer's INPUT as the
 method calibrated it (features.0: the normalised image; a layer after a pooling: the pooled activation;
 classifier.0: the flattened 25088 features).
@@ -122,9 +124,15 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def sidecar_path(weights_path: str | os.PathLike) -> Path:
-    """Where the calibration of a weights file lives: beside it, named `<weights file name>.fp8.json`."""
-    return Path(f"{os.fspath(weights_path)}.fp8.json")
+PRECISIONS = ("fp8", "int8")  # the precisions that read a calibration, each its own sidecar
+
+
+def sidecar_path(weights_path: str | os.PathLike, precision: str = "fp8") -> Path:
+    """Where the `precision` calibration of a weights file lives: beside it, named `<weights file name>.fp8.json`
+    (or `.int8.json`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"no calibration for precision {precision!r}; these read one: {', '.join(PRECISIONS)}")
+    return Path(f"{os.fspath(weights_path)}.{precision}.json")
 
 
 def save(cal: Calibration, path: str | os.PathLike) -> None:
@@ -132,29 +140,32 @@ def save(cal: Calibration, path: str | os.PathLike) -> None:
     replace_atomically(path, cal.to_json().encode("utf-8"))
 
 
-def how_to_calibrate(weights_path: str | os.PathLike) -> str:
-    return f"`vggserve calibrate --weights {shlex.quote(os.fspath(weights_path))} --images DIR`"
+def how_to_calibrate(weights_path: str | os.PathLike, precision: str = "fp8") -> str:
+    extra = "" if precision == "fp8" else f" --precision {precision}"
+    return f"`vggserve calibrate --weights {shlex.quote(os.fspath(weights_path))}{extra} --images DIR`"
 
 
-def load_for(weights_path: str | os.PathLike, weights_sha256: str) -> Calibration:
-    """The calibration beside `weights_path`, checked to belong to the weights whose hash is `weights_sha256`.
+def load_for(weights_path: str | os.PathLike, weights_sha256: str, precision: str = "fp8") -> Calibration:
+    """The `precision` calibration beside `weights_path`, checked to belong to the weights whose hash is
+    `weights_sha256`.
 
     Raises CalibrationError in one line: missing (saying how to calibrate), unreadable, damaged, or made for other
     weights (both hashes named)."""
-    side = sidecar_path(weights_path)
-    fix = f"make one with {how_to_calibrate(weights_path)}"
+    side = sidecar_path(weights_path, precision)
+    fix = f"make one with {how_to_calibrate(weights_path, precision)}"
+    what = f"{precision.upper()} calibration"
     try:
         text = side.read_bytes()
     except FileNotFoundError:
-        raise CalibrationError(f"{weights_path} has no FP8 calibration ({side} does not exist); {fix}") from None
+        raise CalibrationError(f"{weights_path} has no {what} ({side} does not exist); {fix}") from None
     except OSError as exc:
-        raise CalibrationError(f"cannot read the FP8 calibration {side}: {exc.strerror or exc}") from None
+        raise CalibrationError(f"cannot read the {what} {side}: {exc.strerror or exc}") from None
     try:
         cal = Calibration.from_json(text)
     except CalibrationError as exc:
-        raise CalibrationError(f"the FP8 calibration {side} is damaged: {exc}; {fix}") from None
+        raise CalibrationError(f"the {what} {side} is damaged: {exc}; {fix}") from None
     if cal.weights_sha256 != weights_sha256:
-        raise CalibrationError(f"the FP8 calibration {side} was made for other weights (sha256 {cal.weights_sha256}, "
+        raise CalibrationError(f"the {what} {side} was made for other weights (sha256 {cal.weights_sha256}, "
                                f"{weights_path} has {weights_sha256}); {fix}")
     return cal
 

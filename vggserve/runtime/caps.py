@@ -5,7 +5,8 @@ software model of mma.sync / ldmatrix / cp.async (kernels/conv_tc.cl): slow, for
 It emulates Hopper's wgmma too (kernels/wgmma.clh), which natively needs compute capability 9.0 exactly (sm_90a
 code runs on no other GPU). Natively the wgmma kernels are opt-in, `VGGSERVE_WGMMA=1`: they pass their tests on an
 H100 but are slower there than the mma.sync kernels on every layer measured (BENCHMARKS.md); `VGGSERVE_WGMMA=0` turns
-them off everywhere, the software model included (they are then never chosen).
+them off everywhere, the software model included (they are then never chosen). The FP8 kernels' mma.sync with e4m3
+operands (m16n8k32) needs compute capability 8.9 (Ada) or newer natively; the software model runs them anywhere.
 """
 
 import os
@@ -22,6 +23,7 @@ class Caps:
     tensor_cores: bool  # mma.sync m16n8k16 f16 and m16n8k8 tf32 (NVIDIA, compute capability 8.0+), or emulated
     emulate_mma: bool  # the tensor-core kernels run on the software model
     wgmma: bool = False  # Hopper's wgmma through PTX programs (compute capability 9.0, sm_90a), or emulated
+    fp8: bool = False  # mma.sync m16n8k32 e4m3 (compute capability 8.9+), or emulated
 
     @property
     def mma_define(self) -> dict:
@@ -56,4 +58,4 @@ def of(device, kind: str, label: str) -> Caps:
     wgmma = setting != "off" and (emulate or (cc == (9, 0) and setting == "on"))
     return Caps(kind=kind, label=label, compute_units=device.max_compute_units, local_mem=device.local_mem_size,
                 max_work_group=device.max_work_group_size, tensor_cores=native or emulate, emulate_mma=emulate,
-                wgmma=wgmma)
+                wgmma=wgmma, fp8=emulate or (native and cc >= (8, 9)))

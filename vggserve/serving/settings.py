@@ -203,7 +203,7 @@ class Settings:
     # exact: serving.scheduling.devicedecode) or "auto" (where a worker's device is a GPU, such a JPEG is decoded on
     # the CPU while a decoding thread is to spare, else on the device: serving.scheduling.decoderouter; else exact)
     decode: str = "exact"
-    # the engine's precision: fp32, tf32 or fp16 (vggserve/ops/precision.py)
+    # the engine's precision: fp32, tf32, fp16, fp8 or int8 (vggserve/ops/precision.py)
     precision: str = "fp32"
     # browser origins allowed to call the API (CORS); none by default: browsers on other origins are refused
     cors_origins: tuple[str, ...] = ()
@@ -243,8 +243,10 @@ class Settings:
         if self.engine_processes == "per-device" and self.http_workers == 1 and len(self.devices) > 1:
             raise SettingsError("--engine-processes per-device needs HTTP front-end processes to spread the images "
                                 "over the engines; pass --http-workers 2 or more, or --engine-processes 1")
-        if self.precision not in ("fp32", "tf32", "fp16"):
-            raise SettingsError(f"--precision must be fp32, tf32 or fp16, got {self.precision!r}")
+        from ..ops.precision import NAMES
+
+        if self.precision not in NAMES:
+            raise SettingsError(f"--precision must be one of {', '.join(NAMES)}, got {self.precision!r}")
         if not isinstance(self.host, str) or not self.host.strip():
             raise SettingsError(f"--host must be an address to bind, got {self.host!r}; pass e.g. --host 127.0.0.1")
         if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
