@@ -18,8 +18,10 @@ import io
 import statistics
 import struct
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from app_overhead import cpu_ms_per_call  # noqa: E402 - the same timing of one call after another
 
 HERE = Path(__file__).resolve().parent
 ROUTES = ("raw", "multipart", "v2", "health")
@@ -110,15 +112,7 @@ async def measure(route: str, requests: int, rounds: int) -> tuple[list[float], 
         await asyncio.sleep(0)  # the request's last steps (its task's end)
 
     async with app.router.lifespan_context(app):
-        for _ in range(max(100, requests // 10)):  # warm-up
-            await one()
-        statuses.clear()
-        measured = []
-        for _ in range(rounds):
-            started = time.process_time()
-            for _ in range(requests):
-                await one()
-            measured.append(1000 * (time.process_time() - started) / requests)
+        measured = await cpu_ms_per_call(one, requests, rounds, statuses.clear)
     protocol.connection_lost(None)
     return measured, statuses
 

@@ -103,18 +103,8 @@ def test_int8_layer_scales_name_their_storage_and_refuse_mixing_formats():
 # lies within 1e-5 of a tie (x.5): there the fma's single rounding may pick either neighbour. FP16 inputs (a first
 # convolution) are summed in FP32 on the device: there codes may differ by one step where the value lies within the
 # FP32 sum's error bound of a tie.
-GEMM_KEYS = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB")
-HALO_KEYS = ("TH", "TW", "BN", "WARPS_M", "WARPS_N", "STAGES")
-GEMM_CONFIGS = [(64, 64, 2, 2, 3, 64), (32, 64, 1, 2, 2, 128), (128, 64, 2, 2, 4, 32)]  # 32/64/128-byte rows
-GEMM_SHAPES = [  # (n, cin, cout, h, w, ks): 1 image, odd channels, pixels and K off the tiles; FC layers (ks = 1)
-    (1, 3, 8, 5, 7, 3),      # cin 3: cpad 16, K = 144 (a partial 64- and 128-byte k-tile)
-    (2, 13, 21, 6, 5, 3),
-    (1, 40, 70, 9, 4, 3),    # cpad 48, K = 432
-    (3, 24, 33, 1, 1, 1),    # FC: K = 32
-    (2, 200, 37, 1, 1, 1),   # FC: K = 208
-]
-HALO_CONFIGS = [(8, 16, 64, 2, 2, 3), (8, 8, 32, 2, 1, 2), (4, 28, 32, 1, 2, 3), (7, 16, 32, 1, 2, 2)]
-HALO_SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 11, 17), (1, 70, 40, 9, 6)]  # cin 70: cpad 80, two 64-channel chunks
+from test_fp8_kernels import (  # noqa: E402 - the same tiles and awkward sizes as the FP8 kernels
+    GEMM_CONFIGS, GEMM_KEYS, GEMM_SHAPES, HALO_CONFIGS, HALO_KEYS, HALO_SHAPES)
 
 
 def gemm(cfg, **extra):
