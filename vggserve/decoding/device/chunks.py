@@ -47,7 +47,7 @@ class DeviceChunkDecoder:
         self.threads, self.group, self.group_bytes = THREADS, group, group_bytes
         self.clock = StageClock()
         self.groups: list[int] = []  # chunks per device decode, in the order they ran (benchmarks, tests)
-        self._waiting: deque = deque()  # (sources, future) of chunks started and not yet taken by a thread
+        self._waiting: deque = deque()  # (sources, future, bytes) of chunks started and not yet taken by a thread
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="device-decode")
 
@@ -55,8 +55,9 @@ class DeviceChunkDecoder:
         """Decode a chunk: `result()` answers [(input, None) or (None, (reason, type name))] as ThreadDecoder's."""
         sources = list(sources)
         whole: Future = Future()
+        size = sum(map(_source_bytes, sources))  # once, outside the lock that both decode threads take
         with self._lock:
-            self._waiting.append((sources, whole))
+            self._waiting.append((sources, whole, size))
         self._pool.submit(self._decode_waiting)
         return ThreadDecoding([_Item(whole, i) for i in range(len(sources))])
 
@@ -65,11 +66,11 @@ class DeviceChunkDecoder:
         with self._lock:
             taken, size = [], 0
             while self._waiting and len(taken) < self.group:
-                sources, whole = self._waiting[0]
-                more = sum(map(_source_bytes, sources))
+                sources, whole, more = self._waiting[0]
                 if taken and size + more > self.group_bytes:
                     break
-                taken.append(self._waiting.popleft())
+                taken.append((sources, whole))
+                self._waiting.popleft()
                 size += more
             return taken
 
