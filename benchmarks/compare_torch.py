@@ -13,7 +13,8 @@ and matmul, its default for convolutions), fp16 (PyTorch `.half()` with channels
 
 For each batch, also "streamed": batches submitted back to back, host array in, host array out (vggserve's
 `submit`, whose uploads overlap the previous batch's kernels; PyTorch with pinned input and non-blocking copies
-on a GPU, its end-to-end loop on the CPU).
+on a GPU, its end-to-end loop on the CPU), and on CUDA PyTorch's streamed loop again with the model replayed as a
+CUDA graph (the anchor at batch 1, where launch overheads dominate).
 For each batch: images/s of vggserve end to end (input upload, all kernels, logits read back) and of
 torchvision's VGG16 (rebuilt layer for layer in torch.nn) in FP32 with TF32 off (input already on the GPU,
 CUDA-event timed; host clock on the CPU), their ratio, per-layer
@@ -129,6 +130,38 @@ def time_torch_streamed(model, x_np, iterations, torch, device):
     return (time.perf_counter() - t) * 1e3 / iterations
 
 
+def time_torch_graph_streamed(model, x_np, iterations, torch, device):
+    """As time_torch_streamed, with the model replayed as a CUDA graph (captured once on a static input; each
+    iteration copies the pinned input in, replays, copies the logits out): PyTorch's fastest serving loop, the
+    anchor at batch 1 where launch overheads dominate (issues 25, 26). None off CUDA."""
+    if not device.startswith("cuda"):
+        return None
+    pinned = torch.from_numpy(x_np).pin_memory()
+    static_in = torch.empty(pinned.shape, dtype=pinned.dtype, device=device)
+    outs = [torch.empty((x_np.shape[0], 1000), pin_memory=True) for _ in range(iterations)]
+    with torch.inference_mode():
+        static_in.copy_(pinned)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs recommends before capture
+            for _ in range(3):
+                model(model.prepare(static_in))
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = model(model.prepare(static_in))
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for out in outs:
+            static_in.copy_(pinned, non_blocking=True)
+            graph.replay()
+            out.copy_(static_out, non_blocking=True)
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3 / iterations
+
+
 def time_vggserve_streamed(model, x, iterations):
     """vggserve host to host with batches submitted back to back (each upload overlaps the previous kernels)."""
     model.logits(x)
@@ -167,9 +200,9 @@ def torch_wording(torch_device: str) -> dict:
 
 
 def batch_report(row: dict, wording: dict) -> list[str]:
-    """The two lines printed per batch, from its row of the results."""
+    """The lines printed per batch, from its row of the results (a third against the CUDA graph, on CUDA)."""
     resident = wording["resident"]
-    return [f"batch {row['batch']:4d}: vggserve {row['vggserve_img_s']:8.1f} img/s ({row['vggserve_ms']:8.2f} ms host "
+    lines = [f"batch {row['batch']:4d}: vggserve {row['vggserve_img_s']:8.1f} img/s ({row['vggserve_ms']:8.2f} ms host "
             f"to host, kernels {row['vggserve_kernels_ms']:.2f} ms) | torch {row['torch_img_s']:8.1f} img/s "
             f"({row['torch_ms']:8.2f} ms {resident}, {row['torch_end_to_end_ms']:8.2f} ms host to host) | ratio "
             f"{row['ratio_vggserve_over_torch']:.3f} vs {resident}, {row['ratio_end_to_end']:.3f} host to host | "
@@ -177,6 +210,10 @@ def batch_report(row: dict, wording: dict) -> list[str]:
             f"            streamed: vggserve {row['vggserve_streamed_img_s']:8.1f} img/s | torch ({wording['streamed']}) "
             f"{row['torch_streamed_img_s']:8.1f} img/s | ratio {row['ratio_streamed']:.3f}; vggserve streamed over "
             f"torch {resident} {row['ratio_vggserve_streamed_over_torch_on_gpu']:.3f}"]
+    if row.get("torch_graph_streamed_img_s") is not None:
+        lines.append(f"            streamed against torch replayed as a CUDA graph (pinned, non-blocking): "
+                     f"{row['torch_graph_streamed_img_s']:8.1f} img/s | ratio {row['ratio_streamed_over_graph']:.3f}")
+    return lines
 
 
 def main():
@@ -221,7 +258,8 @@ def main():
         t_ms, t_logits = time_torch(tmodel, xt, args.iterations, torch, tdev)
         e2e = time_torch_end_to_end(tmodel, inputs[batch], args.iterations, torch, tdev)
         streamed = time_torch_streamed(tmodel, inputs[batch], args.iterations, torch, tdev)
-        torch_runs[batch] = (t_ms, t_logits, torch_layers(tmodel, xt, torch, tdev), e2e, streamed)
+        graphed = time_torch_graph_streamed(tmodel, inputs[batch], args.iterations, torch, tdev)
+        torch_runs[batch] = (t_ms, t_logits, torch_layers(tmodel, xt, torch, tdev), e2e, streamed, graphed)
         del xt
     del tmodel
     if tdev.startswith("cuda"):
@@ -238,7 +276,7 @@ def main():
                "batches": []}
     for batch in batches:
         x = inputs[batch]
-        t_ms, t_logits, tl, t_e2e, t_stream = torch_runs[batch]
+        t_ms, t_logits, tl, t_e2e, t_stream, t_graph = torch_runs[batch]
         t0 = time.perf_counter()
         vmodel = VGG16.load(tensors, device=args.device, max_batch_size=batch, profile=True,
                             precision=mine, calibration=calibration)
@@ -269,6 +307,9 @@ def main():
                "torch_streamed_img_s": round(batch / t_stream * 1e3, 1),
                "ratio_streamed": round(t_stream / v_stream, 3),
                "ratio_vggserve_streamed_over_torch_on_gpu": round(t_ms / v_stream, 3),
+               "torch_graph_streamed_ms": None if t_graph is None else round(t_graph, 3),
+               "torch_graph_streamed_img_s": None if t_graph is None else round(batch / t_graph * 1e3, 1),
+               "ratio_streamed_over_graph": None if t_graph is None else round(t_graph / v_stream, 3),
                "vggserve_load_s": round(load_s, 3), "max_rel_diff_vs_torch": diff,
                "layers": [{"name": n, "torch_ms": round(ms, 4), "torch_tflops": round(fl / ms / 1e9, 2),
                            "vggserve_ms": round(by_layer.get(n, (0, 0))[0], 4),

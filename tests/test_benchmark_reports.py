@@ -33,6 +33,16 @@ def test_compare_torch_on_a_gpu_names_the_resident_input_and_the_pinned_copies()
     compare = load_script("compare_torch")
     text = "\n".join(compare.batch_report(ROW, compare.torch_wording("cuda")))
     assert "250.00 ms on-GPU input" in text and "torch (pinned, non-blocking)" in text
+    assert "CUDA graph" not in text  # a row without the graph's figure (the CPU, or an older JSON) prints no such line
+
+
+def test_compare_torch_prints_the_ratio_against_pytorch_replayed_as_a_cuda_graph():
+    """Issues 25 and 26 measure batch 1 against PyTorch FP16 replayed as a CUDA graph; the report names it."""
+    compare = load_script("compare_torch")
+    row = dict(ROW, torch_graph_streamed_img_s=1816.0, ratio_streamed_over_graph=0.87)
+    lines = compare.batch_report(row, compare.torch_wording("cuda"))
+    assert len(lines) == 3
+    assert "CUDA graph" in lines[2] and "1816.0 img/s" in lines[2] and "ratio 0.870" in lines[2]
 
 
 def test_batch_scaling_passes_decode_and_precision_through_to_every_run_and_prints_the_rank_table(tmp_path,
