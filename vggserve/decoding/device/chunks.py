@@ -6,33 +6,23 @@ parses and launches while the other waits for its device decode, which queues be
 same GPU (with one, each chunk's host work waited for the chunk before it to come back).
 
 Chunks that are waiting for a thread when one comes free are decoded together, as one group: one sequence of
-launches for up to GROUP chunks (GROUP_BYTES of files at most; the first chunk always goes). The device decoder's
-synchronisation rounds are bound by latency, not by work (in most rounds few chunks of the scan are still moving),
-so a group of k chunks costs the device much less than k decodes. Each chunk still gets its own answers, handed
-to the network batch by batch as before; the group's images share one pooled output buffer, which goes back to
-the pool when the last of them is dropped. A group forms only from chunks already started: none is held back
+launches, by `decoding.groups`' rule (up to GROUP chunks, GROUP_BYTES of files at most; the first chunk always
+goes). Each chunk still gets its own answers, handed to the network batch by batch as before; the group's images
+share one pooled output buffer, which goes back to the pool when the last of them is dropped. A group forms only from chunks already started: none is held back
 waiting for another, so a lone chunk (the job's last, or a slow coordinator) is decoded at once.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ..groups import GROUP, GROUP_BYTES, check, source_bytes, take
 from ..stages import StageClock
 from ..threads import ThreadDecoding
 
 THREADS = 2
-# Chunks per device decode at most. A rank holds workqueue.TOKENS (5) chunks: one on the device and at most four
-# waiting, so four is the most a group can gather; a chunk is a network batch (64 at FP16 on an H100), and four
-# 500x375 batches in one launch sequence pay the ~14 latency-bound synchronisation rounds once instead of four times.
-GROUP = 4
-# The group's files at most, in bytes (os.stat of each path): the decoder's scratch (coefficients, samples) and the
-# group's output buffer grow with the group. 24 MB takes four chunks of 64 typical 70 KB photos (4.6 MB each) and
-# leaves a chunk of phone photos (64 x 544 KB of serve_saturation's mix, 35 MB) alone, as before.
-GROUP_BYTES = 24 << 20
 
 
 class DeviceChunkDecoder:
@@ -41,8 +31,7 @@ class DeviceChunkDecoder:
     inline = 0
 
     def __init__(self, model, job, group: int = GROUP, group_bytes: int = GROUP_BYTES):
-        if group < 1 or group_bytes < 0:
-            raise ValueError(f"a decode group is 1 chunk or more and 0 bytes or more; got {group}, {group_bytes}")
+        check(group, group_bytes)
         self.model, self.job = model, job
         self.threads, self.group, self.group_bytes = THREADS, group, group_bytes
         self.clock = StageClock()
@@ -55,7 +44,7 @@ class DeviceChunkDecoder:
         """Decode a chunk: `result()` answers [(input, None) or (None, (reason, type name))] as ThreadDecoder's."""
         sources = list(sources)
         whole: Future = Future()
-        size = sum(map(_source_bytes, sources))  # once, outside the lock that both decode threads take
+        size = sum(map(source_bytes, sources))  # once, outside the lock that both decode threads take
         with self._lock:
             self._waiting.append((sources, whole, size))
         self._pool.submit(self._decode_waiting)
@@ -64,15 +53,7 @@ class DeviceChunkDecoder:
     def _take(self) -> list:
         """The chunks of the next group, oldest first (none where another thread took them all)."""
         with self._lock:
-            taken, size = [], 0
-            while self._waiting and len(taken) < self.group:
-                sources, whole, more = self._waiting[0]
-                if taken and size + more > self.group_bytes:
-                    break
-                taken.append((sources, whole))
-                self._waiting.popleft()
-                size += more
-            return taken
+            return [(sources, whole) for sources, whole, _ in take(self._waiting, self.group, self.group_bytes)]
 
     def _decode_waiting(self) -> None:
         taken = self._take()
@@ -104,17 +85,6 @@ class DeviceChunkDecoder:
         with self._lock:
             while self._waiting:
                 self._waiting.popleft()[1].cancel()
-
-
-def _source_bytes(source) -> int:
-    """A source's encoded size: its length (bytes), or its file's size (a path; 0 where it cannot be read: its
-    decode answers the error)."""
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return len(source)
-    try:
-        return os.stat(source).st_size
-    except (OSError, TypeError, ValueError):
-        return 0
 
 
 class _Item:
