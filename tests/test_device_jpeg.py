@@ -723,5 +723,5 @@ def test_a_lone_chunk_is_decoded_at_once_and_bad_group_settings_are_refused(cl_s
     _assert_chunk_answers(cl_setup[2], chunk, decoder.start(chunk).result(timeout=120))
     assert decoder.groups == [1]
     decoder.close()
-    with pytest.raises(ValueError, match="decode group is 1 chunk or more"):
+    with pytest.raises(ValueError, match="decode group is 1 batch or more"):
         DeviceChunkDecoder(None, None, group=0)
