@@ -49,6 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per service run (default 20)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--http-workers", default=None, help="the services' --http-workers (default: theirs)")
+    p.add_argument("--client-procs", type=int, default=None,
+                   help="serve_saturation.py's load-generating processes (default: its own, half the cores, 1..8); "
+                        "through nginx each request costs the load generator about 4x its CPU direct, so 8 of them "
+                        "cap four FP16 instances")
     p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
                    help="the job's, the services' and the instances' --decode (default: theirs, exact)")
     p.add_argument("--smoke", action="store_true",
@@ -103,13 +107,17 @@ def saturate(args, precision: str, devices: int, workdir: Path, name: str, url: 
             str(args.warmup), "--skip-engine", "--precision", precision,
             "--concurrency", str(4 * args.batch_size * devices), "--json", str(out)]
     argv += ["--url", url] if url else ["--weights", weights, "--device", device]
+    if args.client_procs:
+        argv += ["--client-procs", str(args.client_procs)]
     if args.http_workers and not url:
         argv += ["--http-workers", str(args.http_workers)]
     if args.decode and not url:
         argv += ["--decode", args.decode]
     serve_saturation.main(argv)
-    service = json.loads(out.read_text())["service"]
-    return {k: service[k] for k in ("images_per_s", "statuses", "mean_batch", "latency_ms")}
+    result = json.loads(out.read_text())
+    service = result["service"]
+    return {"client_procs": result["client_procs"],
+            **{k: service[k] for k in ("images_per_s", "statuses", "mean_batch", "latency_ms", "cpu_ms_per_image")}}
 
 
 def service_run(args, weights: str, workdir: Path, precision: str, devices: int) -> dict:

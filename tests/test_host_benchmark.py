@@ -100,7 +100,8 @@ def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_
         "nginx is not installed: apt-get install nginx-light (deploy/install.sh does, with the dev extras)"
     out = tmp_path / "scaling.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--smoke", "--weights",
-                           str(tiny_weights_path), "--workdir", str(tmp_path / "work"), "--json", str(out)],
+                           str(tiny_weights_path), "--workdir", str(tmp_path / "work"), "--json", str(out),
+                           "--client-procs", "1"],
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -113,6 +114,10 @@ def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_
     assert [r["all"]["device"] for r in result["rows"] if r["run"] == "service"] == ["cpu,cpu"] * 2
     assert [len(r["all"]["instances"]) for r in result["rows"] if r["run"] == "nginx"] == [2, 2]
     assert all(set(r["all"]["statuses"]) == {"200"} for r in result["rows"] if r["run"] != "batch")
+    for r in result["rows"]:  # the load generator's processes as asked, and what each image cost them
+        if r["run"] != "batch":
+            assert r["one"]["client_procs"] == r["all"]["client_procs"] == 1, r
+            assert r["all"]["cpu_ms_per_image"]["load_generator"] > 0, r
     for r in result["rows"]:  # each rank of the batch runs: its waits and CPU, in the JSON and under the run
         if r["run"] == "batch":
             assert [x["rank"] for x in r["all"]["ranks"]] == [0, 1], r
