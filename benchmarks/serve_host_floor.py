@@ -24,6 +24,7 @@ line "decoded:" says where the images were decoded (vggserve_decoded_images_tota
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -75,6 +76,9 @@ def main(argv=None) -> int:
     p.add_argument("--image", default=None, help="JPEG to send (default: serve_saturation's synthetic one)")
     p.add_argument("--size", default="500x375", metavar="WxH",
                    help="the synthetic JPEG's size (default 500x375; 64x48 leaves the decode out of the picture)")
+    p.add_argument("--nginx", action="store_true",
+                   help="drive the service through nginx (deploy/nginx-upstream.conf, as benchmarks/nginx_front.py runs "
+                        "it) instead of directly: what nginx adds to the load generator's CPU per image")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.decode in ("gpu", "auto") and not args.weights:
@@ -90,16 +94,26 @@ def main(argv=None) -> int:
         code = code.replace(name, str(value))
     width, height = (int(n) for n in args.size.lower().split("x"))
     body = Path(args.image).read_bytes() if args.image else serve_saturation.synthetic_jpeg(width, height)
-    with ServerProcess.python_code(code) as server:
+    with ServerProcess.python_code(code) as server, contextlib.ExitStack() as stack:
         server.wait_ready(600 if args.weights else 120)
-        result = serve_saturation.drive(server.url, [body], args.concurrency, args.client_procs, args.warmup,
+        url = server.url
+        if args.nginx:
+            import tempfile
+
+            import nginx_front
+
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve-host-floor-nginx-")))
+            url = stack.enter_context(nginx_front.nginx_in_front([server.port], workdir))
+        result = serve_saturation.drive(url, [body], args.concurrency, args.client_procs, args.warmup,
                                         args.duration, server_pid=server.proc.pid)
         result["decoded"] = decoded_counts(server.url)
+        result["through"] = "nginx" if args.nginx else "direct"
     cpu = result["cpu_ms_per_image"]
     fronts = cpu.get("other_server_processes", 0.0)
     total = fronts + cpu.get("engine_process", 0.0) + cpu.get("load_generator", 0.0)
     engine = f"the engine on {args.device}" if args.weights else "an instant device"
-    print(f"serve host floor: {result['images_per_s']:.0f} images/s with {engine}, --decode {args.decode}, "
+    print(f"serve host floor: {result['images_per_s']:.0f} images/s with {engine}"
+          f"{' through nginx' if args.nginx else ''}, --decode {args.decode}, "
           f"{args.http_workers} "
           f"front ends, batch {args.max_batch_size} (mean {result['mean_batch']:.1f}), {args.concurrency} in "
           f"flight, statuses {result['statuses']}")

@@ -64,14 +64,18 @@ def test_the_batch_jobs_host_floor_under_mpiexec_measures_rank_0s_recording_of_t
     assert len(images) == 128 and len(set(images)) == 64  # each image twice (--repeat 2), in whole lines
 
 
-def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_path):
+@pytest.mark.parametrize("through", ["direct", "nginx"])
+def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_path, through):
+    """Directly, and through nginx in front (--nginx: what nginx adds to the load generator's CPU per image)."""
     out = tmp_path / "floor.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "serve_host_floor.py"), "--http-workers", "2",
-                           "--concurrency", "8", "--duration", "2", "--warmup", "1", "--json", str(out)],
+                           "--concurrency", "8", "--duration", "2", "--warmup", "1", "--json", str(out)]
+                          + (["--nginx"] if through == "nginx" else []),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["ok"] > 0 and set(result["statuses"]) == {"200"}
+    assert result["through"] == through and ("through nginx" in done.stdout) == (through == "nginx")
     assert {"load_generator", "engine_process", "other_server_processes"} <= set(result["cpu_ms_per_image"])
     assert any(name.startswith("device-") for name, _ in result["engine_threads_cpu_ms_per_image"])
     assert "CPU ms per image: front ends" in done.stdout
