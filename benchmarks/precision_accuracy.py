@@ -601,7 +601,8 @@ def main(argv=None):
     ap.add_argument("--sensitivity-method", default="max", help="--sensitivity: the calibration method")
     ap.add_argument("--target", type=float, default=0.99, help="--sensitivity: the top-1 agreement to reach")
     ap.add_argument("--cache", default=None, help="pickle keeping the FP32 logits and histograms between runs")
-    ap.add_argument("--calibration-images", type=_positive, default=64, help="8-bit rows and models: crops to calibrate on")
+    ap.add_argument("--calibration-images", type=_positive, default=64,
+                    help="8-bit rows and models: crops to calibrate on")
     ap.add_argument("--calibration-seed", type=int, default=1, help="their seed (not --seed's)")
     ap.add_argument("--seed", type=int, default=0, help="the measured crops' seed")
     ap.add_argument("--methods", default=None,
