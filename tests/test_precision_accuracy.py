@@ -1,9 +1,9 @@
 """benchmarks/precision_accuracy.py's device mode (issue 26): our engine at INT8 and FP8 once per calibration
 method, calibrated on other crops than those measured, against our FP32 engine. On PoCL the 8-bit kernels run on
 their exact software model (VGGSERVE_EMULATE_MMA=1), 5-10 s of CPU per crop per precision at any width (a tile is
-128 channels wide however few there are), so the run here is width 1/16, two measured crops, two calibration crops
-and each precision's default method; the crops are cut from examples/images (scikit-image and scikit-learn are not
-installed in CI)."""
+128 channels wide however few there are), so the run here is width 1/16, one measured crop, two calibration crops,
+and max besides each precision's default method; the crops are cut from examples/images (scikit-image and
+scikit-learn are not installed in CI)."""
 
 import hashlib
 import importlib.util
@@ -26,7 +26,7 @@ WIDTH = 0.0625
 AGREEMENTS = ("top1", "top1_in_top5", "top5_sets_equal", "margin_below_error", "top1_vs_float64")
 # the largest relative error of an 8-bit row's logits against FP32 (per image, L2), loose: the engine's own bounds
 # are test_eightbit_engine's
-BOUND = {"int8": 0.2, "fp8": 0.4}  # measured here: 0.10 and 0.29
+BOUND = {"int8": 0.2, "fp8": 0.3}  # measured here: INT8 0.087 (max) and 0.099 (percentile), FP8 0.126
 
 
 def load_script():
@@ -46,8 +46,8 @@ def device_run(bench, tmp_path_factory):
     out = tmp_path_factory.mktemp("accuracy") / "accuracy_8bit.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VGGSERVE_EMULATE_MMA", "1")
-        assert bench.main(["--device", TEST_DEVICE, "--width", str(WIDTH), "--images", "2", "--calibration-images",
-                           "2", "--precisions", "fp32,int8,fp8", "--methods", "default", "--no-torch",
+        assert bench.main(["--device", TEST_DEVICE, "--width", str(WIDTH), "--images", "1", "--calibration-images",
+                           "2", "--precisions", "fp32,int8,fp8", "--methods", "max,default", "--no-torch",
                            "--reference-images", "1", "--photos", str(PHOTOS), "--json", str(out)]) == 0
     return json.loads(out.read_text())
 
@@ -69,11 +69,13 @@ def calibrate_parser_choices():
 
 def test_the_device_run_has_a_row_per_precision_and_method_with_agreements_in_0_1(device_run):
     r = device_run
-    assert r["mode"] == "device" and r["images"] == 2 and r["width"] == WIDTH and r["reference_images"] == 1
+    assert r["mode"] == "device" and r["images"] == 1 and r["width"] == WIDTH and r["reference_images"] == 1
     assert r["precisions"] == ["fp32", "int8", "fp8"] and r["target"] == {"top1": 0.99, "top1_in_top5": 0.995}
-    assert r["methods"] == {p: [r["recommended"][p]] for p in ("int8", "fp8")}  # --methods default
-    assert [(row["precision"], row["method"]) for row in r["rows"]] == [
-        ("fp32", None), ("int8", r["recommended"]["int8"]), ("fp8", r["recommended"]["fp8"])]
+    # --methods max,default: default is each precision's own, named once where it is max
+    assert r["methods"] == {p: list(dict.fromkeys(["max", r["recommended"][p]])) for p in ("int8", "fp8")}
+    assert [(row["precision"], row["method"], row["recommended"]) for row in r["rows"]] == [
+        ("fp32", None, False), *((p, m, m == r["recommended"][p]) for p in ("int8", "fp8") for m in r["methods"][p])]
+    assert len(r["rows"]) == 4  # int8 by max and by its own percentile, fp8 by max
     for row in r["rows"]:
         for key in AGREEMENTS:
             assert 0.0 <= row[key] <= 1.0, (row["precision"], key, row[key])
@@ -88,16 +90,18 @@ def test_fp32_against_itself_agrees_exactly_and_the_8_bit_rows_ran_at_8_bits(dev
     assert fp32["rel_err_max"] == 0.0 and fp32["recommended"] is False
     assert fp32["max_rel_err_vs_float64"] < 1e-4
     for row in eight:
-        assert row["family"] == "tensorcore" and row["recommended"] is True
+        assert row["family"] == "tensorcore"
         assert 0 < row["rel_err_mean"] <= row["rel_err_max"] < BOUND[row["precision"]], row
         assert set(row["amax"]) >= {"features.0", "classifier.6"} and row["amax"]["features.2"] > 0
+    by_max, by_percentile = (row["amax"] for row in eight if row["precision"] == "int8")
+    assert all(by_percentile[k] <= by_max[k] for k in by_max) and by_percentile != by_max  # percentile clips
 
 
 def test_calibration_and_measured_crops_come_from_different_seeds(bench, device_run):
     r = device_run
     assert (r["seed"], r["calibration_seed"]) == (0, 1) and r["calibration_images"] == 2
     photos = bench.sample_photos(PHOTOS)
-    assert r["measured_crops"] == [list(b) for b in bench.crop_boxes(2, 0, photos)]
+    assert r["measured_crops"] == [list(b) for b in bench.crop_boxes(1, 0, photos)]
     assert r["calibration_crops"] == [list(b) for b in bench.crop_boxes(2, 1, photos)]
     assert not {tuple(b) for b in r["measured_crops"]} & {tuple(b) for b in r["calibration_crops"]}
     assert not np.array_equal(bench.crops(2, 0, photos), bench.crops(2, 1, photos))
