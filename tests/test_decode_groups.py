@@ -24,6 +24,7 @@ from vggserve.distributed.workqueue import SHARED_TOKENS, TOKENS, Worker, agreed
 from vggserve.testing.models import InstantModel
 
 PIXELS = np.zeros((8, 8, 3), np.uint8)
+REPO = Path(__file__).resolve().parents[1]
 WAIT = 30  # seconds a result may take at most: a rule that failed to fire fails the test instead of hanging it
 
 
@@ -335,7 +336,7 @@ def test_a_batch_job_decoding_on_the_device_writes_every_result_and_forms_groups
                            str(folder), "--output", str(output), "--device", TEST_DEVICE, "--no-progress",
                            "--decode", "gpu", "--batch-size", "2", "--decode-procs", "0", "--summary",
                            str(summary_path)], capture_output=True, text=True, timeout=600, env=env,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     images = sorted(json.loads(line)["image"] for line in output.read_text().splitlines())
     assert images == sorted(str(p) for p in folder.iterdir())
@@ -343,3 +344,20 @@ def test_a_batch_job_decoding_on_the_device_writes_every_result_and_forms_groups
     assert groups["chunks_per_decode"] > 1 and sum(groups["due"].values()) == groups["decodes"], groups
     assert 12 / GROUP <= groups["decodes"] < 12
     assert "rank 0 decode_groups: " in done.stdout
+
+
+@pytest.mark.mpi
+def test_host_vs_engine_prints_the_batch_jobs_decode_groups(tiny_weights_path, tmp_path):
+    """benchmarks/host_vs_engine.py with --batch-decode gpu: the batch run's groups in its JSON and under its table."""
+    from conftest import TEST_DEVICE
+
+    out = tmp_path / "host.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "host_vs_engine.py"), "--weights",
+                           str(tiny_weights_path), "--device", TEST_DEVICE, "--batch-size", "2", "--images", "16",
+                           "--runs", "batch", "--engine-seconds", "1", "--batch-decode", "gpu", "--precision", "fp32",
+                           "--workdir", str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    groups = json.loads(out.read_text())["batch"]["decode_groups"]
+    assert groups["decodes"] >= 1 and sum(groups["due"].values()) == groups["decodes"], groups
+    assert f"batch decode groups: {groups['decodes']} decode" in done.stdout

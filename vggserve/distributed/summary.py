@@ -105,8 +105,8 @@ def format_stages(stages: dict[str, float]) -> str:
 def format_groups(groups: dict) -> str:
     """"40 decodes, 3.20 chunks per decode; due: full 30, end 1, starve 9, timeout 0" from a rank's decode_groups."""
     due = ", ".join(f"{reason} {n}" for reason, n in groups.get("due", {}).items())
-    return (f"{count(groups['decodes'], 'decode')}, {groups['chunks_per_decode']:.2f} chunks per decode; "
-            f"due: {due}")
+    return (f"{count(groups['decodes'], 'decode')}, {count(groups['chunks_per_decode'], 'chunk', spec='.2f')} per "
+            f"decode; due: {due}")
 
 
 def _decoding(entry: dict) -> str:
