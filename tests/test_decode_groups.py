@@ -246,8 +246,10 @@ def test_only_the_device_decoder_forms_groups():
     model = InstantModel(max_batch_size=2)
     assert decode_group(model, "exact") == decode_group(model, "gpu") == 1  # no device JPEG decoder on it
     runner = ChunkRunner(model, decode_threads=1, on_device=True)
-    assert runner.group == 1
+    assert not hasattr(runner.decoder, "finish")
     runner.last_chunks()  # a no-op for decoders that hold nothing back
+    runner.submit(["a.png"])
+    assert len(runner.run_next().errors) == 1  # still decodes (the file is missing: an error line)
     runner.close()
 
 

@@ -123,8 +123,9 @@ def decodes_on_device(model, decode: str) -> bool:
 
 
 def decode_group(model, decode: str) -> int:
-    """Chunks per decode at most of a ChunkRunner with `decode` on `model` (ChunkRunner.group, known before it is
-    made: the batch job sizes its tokens by it): decoding.groups.GROUP on the device, else 1."""
+    """Chunks per decode at most of a ChunkRunner with `decode` on `model`, known before the runner is made (the
+    batch job sizes its tokens, and with them the runner's shared memory, by it): decoding.groups.GROUP on the
+    device, else 1."""
     from ..decoding.groups import GROUP
 
     return GROUP if decodes_on_device(model, decode) else 1
@@ -249,11 +250,6 @@ class ChunkRunner:
     def pending(self) -> int:
         """Chunks submitted and not yet run."""
         return len(self._queue)
-
-    @property
-    def group(self) -> int:
-        """Chunks per decode at most: the device decoder's group, 1 for decoders that take each chunk as it comes."""
-        return getattr(self.decoder, "group", 1)
 
     def last_chunks(self) -> None:
         """No more chunks will be submitted (rank 0 has none left for this rank): a device decoder decodes the ones
