@@ -11,7 +11,9 @@ size and precision.
 2. batch: `vggserve batch` with one rank over --images synthetic 500x375 JPEGs (batch_scaling.py: written once
    into --workdir), decode processes as the job chooses them (--decode-procs to override); images/s of the
    classification phase, the job's CPU ms per image by stage and the wall ms per image its rank waited for the
-   device's results and for decodes, from its summary (a device wait near 0: the host side is the limit).
+   device's results and for decodes, from its summary (a device wait near 0: the host side is the limit); with
+   --batch-decode gpu, its device-decode groups too: decodes, mean chunks per decode, and how many groups were due
+   by each rule (full, end, starve, timeout; decoding.device.chunks), printed under the table.
 3. serve: `vggserve serve` at saturation (serve_saturation.py: its own client processes on the same host): one
    500x375 JPEG; then the phone-photo mix (1 in 8 at 12 MP, 1 in 8 at 2 MP) with --decode exact and fast; on
    request (--runs) both with --decode gpu or auto (serve-gpu, photo-gpu, serve-auto, photo-auto: the engine
@@ -105,7 +107,8 @@ def batch(args, weights: str, workdir: Path) -> dict:
     rank = summary["ranks"][0]
     return {"images_per_s": summary["images_per_second"], "cpu_ms_per_image": rank.get("cpu_ms_per_image", {}),
             "wait_ms_per_image": rank.get("wait_ms_per_image", {}),
-            "decode_processes": rank.get("decode_processes"), "errors": summary["errors"]}
+            "decode_processes": rank.get("decode_processes"), "errors": summary["errors"],
+            "decode_groups": rank.get("decode_groups", {})}
 
 
 def serve(args, weights: str, workdir: Path, mix: str, decode: str) -> dict:
@@ -163,6 +166,11 @@ def main(argv=None) -> int:
         r = results[run]
         print(f"| {run} | {r['images_per_s']:.1f} | {streamed:.1f} | {r['ratio_to_streamed']:.3f} | "
               f"{ms_text(r['cpu_ms_per_image'])} | {ms_text(r.get('wait_ms_per_image', {}))} |")
+    groups = results.get("batch", {}).get("decode_groups")
+    if groups and groups.get("decodes"):
+        from vggserve.distributed.summary import format_groups  # the job's own summary line
+
+        print(f"\nbatch decode groups: {format_groups(groups)}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

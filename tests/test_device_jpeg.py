@@ -642,19 +642,19 @@ def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_image
 # ---- the batch job's chunks, decoded on the device in groups ----------------------------------------------------
 
 def _chunk_decoder(cl_setup, **options):
-    import threading
+    """A device chunk decoder that holds the chunks started on it (the device has enough decoded ahead, and its
+    clock stands still: no chunk times out) until `gate.set()` says no more are coming (the end rule)."""
     from types import SimpleNamespace
 
     from vggserve.decoding.device import JpegDecoder
-    from vggserve.decoding.device.chunks import DeviceChunkDecoder
+    from vggserve.decoding.device.chunks import STARVE_BELOW, DeviceChunkDecoder
 
     ctx, dev, queue = cl_setup
     job = SimpleNamespace(mode="torchvision", on_device=True, limits={})
-    decoder = DeviceChunkDecoder(_OnDecoder(JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3), queue), job, **options)
-    gate = threading.Event()
-    for _ in range(decoder.threads):  # both threads busy: the chunks started next wait, and group
-        decoder._pool.submit(gate.wait)
-    return decoder, gate
+    decoder = DeviceChunkDecoder(_OnDecoder(JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3), queue), job,
+                                 clock=lambda: 0.0, **options)
+    decoder.ahead(STARVE_BELOW)
+    return decoder, SimpleNamespace(set=decoder.finish)
 
 
 def _chunks(sizes) -> list[list[bytes]]:
@@ -688,7 +688,7 @@ def _assert_chunk_answers(queue, chunk, answers):
 
 
 def test_chunks_waiting_together_are_decoded_as_groups_with_each_chunk_its_own_answers(cl_setup):
-    """Seven chunks of 3, 1, 2, 4, 2, 3, 1 files started while both threads are busy: groups of at most 4 chunks (the
+    """Seven chunks of 3, 1, 2, 4, 2, 3, 1 files started while groups are held back: groups of at most 4 chunks (the
     last one partial, as 7 is not a multiple of 4), and every chunk answers its own files in order."""
     decoder, gate = _chunk_decoder(cl_setup, group=4, group_bytes=1 << 30)
     chunks = _chunks([3, 1, 2, 4, 2, 3, 1])
@@ -717,11 +717,11 @@ def test_a_group_stops_at_its_byte_limit_and_takes_a_larger_first_chunk_alone(cl
 def test_a_lone_chunk_is_decoded_at_once_and_bad_group_settings_are_refused(cl_setup):
     from vggserve.decoding.device.chunks import DeviceChunkDecoder
 
-    decoder, gate = _chunk_decoder(cl_setup)
-    gate.set()
+    decoder, _ = _chunk_decoder(cl_setup)
+    decoder.ahead(0)  # nothing decoded ahead of the device: a chunk is not held back (the starve rule)
     chunk = _chunks([2, 1])[0]
     _assert_chunk_answers(cl_setup[2], chunk, decoder.start(chunk).result(timeout=120))
-    assert decoder.groups == [1]
+    assert decoder.groups == [1] and decoder.due_counts == {"starve": 1}
     decoder.close()
     with pytest.raises(ValueError, match="decode group is 1 batch or more"):
         DeviceChunkDecoder(None, None, group=0)

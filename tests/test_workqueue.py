@@ -2,7 +2,7 @@
 
 `FakeWorkers` stands in for the MPI side (CoordinatorLink): every chunk sent to a worker comes back as a report
 `seconds` after the worker is free, one chunk at a time per worker. Rank 0's own Worker runs on a `SleepingRunner`
-(ChunkRunner's interface: submit / pending / run_timed) that sleeps per chunk and needs no images.
+(ChunkRunner's interface: submit / pending / run_timed / last_chunks) that sleeps per chunk and needs no images.
 tests/test_batch_mpi.py runs the real thing under mpiexec.
 """
 
@@ -26,6 +26,11 @@ class SleepingRunner:
         self.fail = fail
         self.queue = deque()
         self.thread_names = set()
+        self.submitted = 0
+        self.last_told = []  # chunks submitted when each last_chunks() came
+
+    def last_chunks(self):
+        self.last_told.append(self.submitted)
 
     @property
     def pending(self):
@@ -33,6 +38,7 @@ class SleepingRunner:
 
     def submit(self, paths):
         self.queue.append(list(paths))
+        self.submitted += 1
 
     def run_timed(self, stats):
         self.thread_names.add(threading.current_thread().name)
@@ -162,6 +168,7 @@ def test_worker_classifies_every_chunk_once_and_ends_when_its_tokens_are_retired
     worker = Worker(link, runner, RankStats(1, "cpu"))
     worker.run()
     assert link.closed and worker.finished and link.receives == len(chunks) + TOKENS
+    assert runner.last_told == [len(chunks)] * TOKENS  # told at each None, every chunk in by then
     images = [json.loads(line)["image"] for report in link.reports for line in report["results"]]
     assert images == sum(chunks, [])
     assert link.reports[-1]["stats"]["images"] == 14

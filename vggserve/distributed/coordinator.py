@@ -76,7 +76,8 @@ class LocalLink:
 
 
 class Coordinator:
-    """Deals `chunks` to every rank, runs rank 0's own Worker, and passes every outcome to `record`."""
+    """Deals `chunks` to every rank, runs rank 0's own Worker, and passes every outcome to `record`. `group`: the
+    decode group the ranks agreed on (workqueue.agreed_group), which sets how many chunks each rank holds."""
 
     def __init__(
         self,
@@ -86,14 +87,17 @@ class Coordinator:
         chunks: deque[list[str]],
         record: Callable[[ChunkOutcome], None],
         threaded: bool = True,
+        group: int = 1,
     ):
         self.remote = link
         self.local = LocalLink()
-        self.own = Worker(self.local, runner, stats)
+        # rank 0's own Worker holds one rank's tokens: the rest of its deal waits in the LocalLink, a round trip of
+        # no time at all
+        self.own = Worker(self.local, runner, stats, rank_tokens(1, group))
         self.chunks = chunks
         self.record = record
         self.threaded = threaded
-        self.rounds = rank_tokens(link.size)
+        self.rounds = rank_tokens(link.size, group)
         self.tokens = {rank: self.rounds for rank in range(link.size)}
         self.worker_stats: dict[int, dict] = {}
         self.own_error: BaseException | None = None

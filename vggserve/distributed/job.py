@@ -39,11 +39,11 @@ from .binding import RankSetupError, load_rank_model
 from .inputs import list_inputs
 from .coordinator import Coordinator
 from .mpi import abort_all, barrier, end_all, helper_threads_allowed, local_rank_from_environment, world
-from .pipeline import ChunkOutcome, ChunkRunner, RankStats
+from .pipeline import ChunkOutcome, ChunkRunner, RankStats, decode_group
 from .stopping import STOPS, signal_name, stop_exit_code, stop_signal, stop_signals
 from .store import OutputError, ResultStore, check_creatable
 from .summary import format_summary, summarize
-from .workqueue import CoordinatorLink, chunk_size, chunked, rank_tokens, work_for_coordinator
+from .workqueue import CoordinatorLink, agreed_group, chunk_size, chunked, rank_tokens, work_for_coordinator
 from ..wording import count
 
 
@@ -197,10 +197,12 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
     rank, size = comm.Get_rank(), comm.Get_size()
     share = bound.host_share.choose(options.decode_procs, options.decode_threads)
     _limit_copy_threads(share["copy_threads"])
+    group = agreed_group(comm, decode_group(bound.model, options.decode))  # collective: every rank, same count
+    tokens = rank_tokens(size, group)
     runner = ChunkRunner(bound.model, top_k=options.top_k, decode_threads=max(1, share["decode_threads"]),
                          decode_procs=share["decode_processes"], decode=options.decode,
                          decode_timeout_s=options.decode_timeout_s, max_pixels=options.max_pixels,
-                         chunks_held=rank_tokens(size) + 1)
+                         chunks_held=tokens + 1)
     stats = RankStats(rank, bound.device, clock=runner.clock, waits=runner.waits, decoder=runner.decoder,
                       host_share=share)
     progress = None
@@ -212,11 +214,12 @@ def _run(options: BatchOptions, comm, plan: Plan | None, bound, setup_seconds: f
                 started = time.perf_counter()
                 chunks = chunked(plan.todo, chunk_size(len(plan.todo), size, options.batch_size))
                 coordinator = Coordinator(CoordinatorLink(comm), runner, stats, chunks,
-                                          _recorder(plan.store, progress), threaded=helper_threads_allowed())
+                                          _recorder(plan.store, progress), threaded=helper_threads_allowed(),
+                                          group=group)
                 stats_by_rank = coordinator.run()
                 wall = time.perf_counter() - started
             else:
-                work_for_coordinator(comm, runner, stats)
+                work_for_coordinator(comm, runner, stats, tokens)
         except BaseException as exc:
             if size > 1:
                 if progress is not None:

@@ -45,7 +45,7 @@ class RankStats:
     """Work done by one rank in this run; `active_seconds` spans its first chunk's start to its last's end.
     `clock`: the rank's CPU time by stage (its decoder's and its runner's), reported per image; `waits`: the
     runner's wall time waiting for its device and for decodes (ChunkRunner.waits), per image; `decoder`: the
-    runner's, for its counts."""
+    runner's, for its counts (and its decode groups, on the device)."""
 
     rank: int
     device: str
@@ -85,8 +85,15 @@ class RankStats:
             "wait_ms_per_image": self.wait_ms_per_image(),
             "decode_processes": getattr(self.decoder, "procs", 0),
             "decode_restarts": getattr(self.decoder, "restarts", 0),
+            "decode_groups": self.decode_groups(),
             "host_share": self.host_share,
         }
+
+    def decode_groups(self) -> dict:
+        """The device decoder's groups (DeviceChunkDecoder.group_stats: decodes, chunks per decode, decodes by the
+        rule that made them due); {} for decoders that take each chunk as it comes."""
+        stats = getattr(self.decoder, "group_stats", None)
+        return stats() if stats is not None else {}
 
     def cpu_ms_per_image(self) -> dict[str, float]:
         """CPU milliseconds per image: each stage (decoding.stages), and `rank_process`: every thread of the rank's
@@ -105,6 +112,23 @@ class RankStats:
             return {}
         waits = {stage: self.waits.per_image_ms(self.images).get(stage, 0.0) for stage in ("device", "decode")}
         return {**waits, "chunks": round(1000.0 * self.starved_s / self.images, 3)}
+
+
+def decodes_on_device(model, decode: str) -> bool:
+    """Whether a ChunkRunner with `decode` on `model` decodes JPEGs on the model's device (DeviceChunkDecoder, in
+    groups): "gpu", or "auto" on a GPU, where the model has a device JPEG decoder."""
+    on_gpu = decode == "gpu" or (decode == "auto" and getattr(getattr(model, "device_info", None), "kind",
+                                                              None) == "gpu")
+    return on_gpu and hasattr(model, "jpeg_decoder")
+
+
+def decode_group(model, decode: str) -> int:
+    """Chunks per decode at most of a ChunkRunner with `decode` on `model`, known before the runner is made (the
+    batch job sizes its tokens, and with them the runner's shared memory, by it): decoding.groups.GROUP on the
+    device, else 1."""
+    from ..decoding.groups import GROUP
+
+    return GROUP if decodes_on_device(model, decode) else 1
 
 
 def probabilities_of(model, inputs: list) -> np.ndarray:
@@ -207,11 +231,9 @@ class ChunkRunner:
         self.top_k = top_k
         self.on_device = uses_device_resize(model) if on_device is None else on_device
         in_flight = max(IN_FLIGHT_CHUNKS, chunks_held) * int(getattr(model, "max_batch_size", 16))
-        on_gpu = decode == "gpu" or (decode == "auto" and getattr(getattr(model, "device_info", None), "kind",
-                                                                  None) == "gpu")
         job = DecodeJob(model.preprocessing, self.on_device, "exact" if decode in ("gpu", "auto") else decode,
                         max_pixels=max_pixels)
-        if on_gpu and hasattr(model, "jpeg_decoder"):
+        if decodes_on_device(model, decode):
             from ..decoding.device.chunks import DeviceChunkDecoder
 
             self.decoder = DeviceChunkDecoder(model, job)  # JPEGs on the model's device; the rest on its thread
@@ -229,6 +251,20 @@ class ChunkRunner:
         """Chunks submitted and not yet run."""
         return len(self._queue)
 
+    def last_chunks(self) -> None:
+        """No more chunks will be submitted (rank 0 has none left for this rank): a device decoder decodes the ones
+        it holds back to form a group now (DeviceChunkDecoder.finish); other decoders hold none back."""
+        finish = getattr(self.decoder, "finish", None)
+        if finish is not None:
+            finish()
+
+    def _tell_ahead(self) -> None:
+        """Tell a device decoder how many decoded chunks are queued ahead of the device (DeviceChunkDecoder.ahead:
+        below three, it decodes what it holds back at once, so the device never waits for a group being formed)."""
+        ahead = getattr(self.decoder, "ahead", None)
+        if ahead is not None:
+            ahead(sum(1 for chunk in self._queue if chunk.decoding.done()))
+
     def submit(self, paths: list[str]) -> None:
         self._queue.append(_Chunk(list(paths), self.decoder.start(paths)))
 
@@ -237,7 +273,9 @@ class ChunkRunner:
         if not self.on_device:
             chunk = self._queue.popleft()
             try:
-                good_paths, pixels, failed = split_decoded(chunk.paths, self._decoded(chunk))
+                decoded = self._decoded(chunk)
+                self._tell_ahead()
+                good_paths, pixels, failed = split_decoded(chunk.paths, decoded)
                 with self.clock("stage"), self.waits("device"):
                     rows = probabilities_of(self.model, pixels) if pixels else None
             finally:
@@ -245,6 +283,7 @@ class ChunkRunner:
         else:
             self._start_ahead(self.DEPTH, wait=True)  # this chunk and the next one are on the device
             chunk = self._queue.popleft()
+            self._tell_ahead()
             if chunk.error is not None or not chunk.started:  # its start failed, or one before it did
                 raise chunk.error or self._broken
             good_paths, failed = chunk.good_paths, chunk.failed

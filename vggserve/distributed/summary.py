@@ -13,6 +13,9 @@ Summary dict layout:
                 "cpu_ms_per_image",            # {stage: CPU ms per image} (decoding.stages), "rank_process"
                 "wait_ms_per_image",           # {"device", "decode", "chunks"}: wall ms per image its runner waited
                 "decode_processes", "decode_restarts",
+                "decode_groups",               # with --decode gpu: {"decodes", "chunks_per_decode" (mean),
+                                               #  "due": {"full", "end", "starve", "timeout": decodes}} (the
+                                               #  rule that made each group due; decoding.device.chunks), else {}
                 "host_share"},                 # {"cores", "host_cores", "local_ranks", "decode_processes",
                                                #  "decode_threads", "copy_threads"}: what the rank sized from its
                                                #  share of its host (distributed.cores.HostShare)
@@ -44,6 +47,7 @@ def summarize(stats_by_rank: dict[int, dict], ranks: list[dict], wall: float, se
             "wait_ms_per_image": stats.get("wait_ms_per_image", {}),
             "decode_processes": stats.get("decode_processes", 0),
             "decode_restarts": stats.get("decode_restarts", 0),
+            "decode_groups": stats.get("decode_groups", {}),
             "host_share": stats.get("host_share", {}),
         })
     images = sum(entry["images"] for entry in per_rank)
@@ -87,6 +91,8 @@ def format_summary(summary: dict) -> str:
         if entry.get("wait_ms_per_image"):
             lines.append(f"  rank {entry['rank']} waited ms per image: {format_stages(entry['wait_ms_per_image'])} "
                          f"(wall time for its device's results and for decodes)")
+        if entry.get("decode_groups", {}).get("decodes"):
+            lines.append(f"  rank {entry['rank']} decode_groups: {format_groups(entry['decode_groups'])}")
     lines.append(f"results: {summary['output']}  errors: {summary['errors_file']}")
     return "\n".join(lines)
 
@@ -94,6 +100,13 @@ def format_summary(summary: dict) -> str:
 def format_stages(stages: dict[str, float]) -> str:
     """"read 0.05, decode 2.31, ..." from {stage: CPU ms per image}."""
     return ", ".join(f"{stage.replace('_', ' ')} {ms:.2f}" for stage, ms in stages.items())
+
+
+def format_groups(groups: dict) -> str:
+    """"40 decodes, 3.20 chunks per decode; due: full 30, end 1, starve 9, timeout 0" from a rank's decode_groups."""
+    due = ", ".join(f"{reason} {n}" for reason, n in groups.get("due", {}).items())
+    return (f"{count(groups['decodes'], 'decode')}, {count(groups['chunks_per_decode'], 'chunk', spec='.2f')} per "
+            f"decode; due: {due}")
 
 
 def _decoding(entry: dict) -> str:

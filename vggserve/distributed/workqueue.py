@@ -22,6 +22,12 @@ a chunk to work on while the device computes one. With three, 15 decode processe
 kept the device busy about 0.73 of the time, with five 0.93 (`benchmarks/batch_host_floor.py --replay-ms
 --device-ms`, which stands in for both with sleeps; BENCHMARKS.md).
 
+With `--decode gpu` a rank's device decoder decodes several chunks at once (decoding.device.chunks), holding
+chunks back while a group gathers, so its ranks hold a group more (`rank_tokens(ranks, group)`, the group agreed
+by every rank: 9 for one rank, 16 for several). More chunks in flight change nothing in what is recorded: rank 0
+writes a chunk's lines when its report comes, a rank ends only once each of its chunks is reported, and a job that
+is stopped redoes on its rerun the chunks that were in flight (a few more of them).
+
 Chunks hold `chunk_size(...)` paths: the batch size, or fewer for a small job, so that it is still spread over
 every rank (3 images over 2 ranks are 3 chunks of one image).
 """
@@ -44,15 +50,24 @@ TOKENS = 5  # per rank: see the module docstring
 SHARED_TOKENS = 12
 
 
-def rank_tokens(ranks: int = 1) -> int:
-    """Tokens per rank in a job of `ranks` ranks: TOKENS for one rank, SHARED_TOKENS for several (a chunk's round
-    trip through rank 0 takes longer than rank 0's own), or $VGGSERVE_BATCH_TOKENS (2 or more; every rank must see the
-    same value, as mpirun passes the environment on)."""
-    default = TOKENS if ranks <= 1 else SHARED_TOKENS
+def rank_tokens(ranks: int = 1, group: int = 1) -> int:
+    """Tokens per rank in a job of `ranks` ranks whose ranks decode up to `group` chunks at once (agreed_group):
+    TOKENS for one rank, SHARED_TOKENS for several (a chunk's round trip through rank 0 takes longer than rank 0's
+    own), and `group` more where groups form (group > 1, `--decode gpu`): the rank's device decoder holds up to a
+    group's chunks back while they gather, on top of those it has decoded ahead (one rank: one chunk on the device,
+    four decoded ahead, four gathering, 9; several: 16). $VGGSERVE_BATCH_TOKENS sets it (2 or more; every rank must
+    see the same value, as mpirun passes the environment on)."""
+    default = (TOKENS if ranks <= 1 else SHARED_TOKENS) + (group if group > 1 else 0)
     try:
         return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", default)))
     except ValueError:
         return default
+
+
+def agreed_group(comm, group: int) -> int:
+    """The decode group every rank counts its tokens by: the largest of the ranks' own `group`s (an allgather: a
+    rank knows only its own decoder, and rank 0 deals every rank the same number of chunks at the start)."""
+    return max(comm.allgather(group)) if comm.Get_size() > 1 else group
 
 
 CHUNKS_PER_RANK = 4  # a job with fewer full chunks per rank than this is cut into smaller chunks
@@ -98,6 +113,7 @@ class Worker:
                 self.stats.starved_s += time.perf_counter() - starved
             self.requested -= 1
             if chunk is None:
+                self.runner.last_chunks()  # rank 0 deals a None only once its chunks are gone: none come after
                 self.live -= 1
             else:
                 self.runner.submit(chunk)
@@ -189,9 +205,10 @@ class CoordinatorLink:
         self.outbox.flush()
 
 
-def work_for_coordinator(comm, runner: ChunkRunner, stats: RankStats) -> None:
-    """A worker rank (not rank 0): classify the chunks rank 0 sends until all TOKENS tokens are retired. While
-    the runner waits for its device or its decodes, its reports keep moving (ChunkRunner.idle)."""
+def work_for_coordinator(comm, runner: ChunkRunner, stats: RankStats, tokens: int | None = None) -> None:
+    """A worker rank (not rank 0): classify the chunks rank 0 sends until all its `tokens` (default: rank_tokens
+    for the job's ranks) are retired. While the runner waits for its device or its decodes, its reports keep moving
+    (ChunkRunner.idle)."""
     link = WorkerLink(comm)
     runner.idle = link.progress
-    Worker(link, runner, stats, rank_tokens(comm.Get_size())).run()
+    Worker(link, runner, stats, rank_tokens(comm.Get_size()) if tokens is None else tokens).run()
