@@ -426,7 +426,16 @@ def test_waiting_batches_are_decoded_as_a_group_and_each_answered_as_its_own_bat
     worker = start_decoding_worker("fake-groups", model, queue, metrics, group)
     wait_until(lambda: len(model.submitted) == 2, "two batches submitted")
     assert len(queue) == (2 if group == 4 else 6)  # batches 0-3 decoded as one group: 2 and 3 claimed, waiting
-    model.release(*range(5))
+    model.release(0, 1)
+    wait_until(lambda: len(model.submitted) == 4, "batches 2 and 3 submitted")
+    if group == 4:  # after a group of several, batch 4 is taken and decoded with two batches still in flight
+        wait_until(lambda: crops_for_device_decodes == [8, 2], "batch 4 decoded early")
+        assert len(queue) == 0
+    else:  # as before groups: the next batch waits for a slot
+        time.sleep(0.2)
+        assert crops_for_device_decodes == [2] * 4 and len(queue) == 2
+    assert model.in_flight == 2 and len(model.submitted) == 4
+    model.release(*range(2, 5))
     outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
     queue.close(shutting_down())
     worker.join(TIMEOUT)
@@ -478,4 +487,24 @@ def test_a_failure_while_a_group_waits_hands_its_claimed_batches_back_or_fails_t
     worker.join(TIMEOUT)
     assert not any(item.future.done() for item in items[8:]) and len(queue) == 2  # never taken
     assert not queue._claimed and model.batch_sizes == [2]
+    queue.close(shutting_down())
+
+
+def test_a_batch_taken_early_after_a_group_is_failed_with_the_worker_while_it_waits_for_a_slot(
+        crops_for_device_decodes):
+    metrics, queue = queue_of(64)
+    model = DecodingModel("fake-early-fail", seconds_per_batch=0.0, max_batch_size=2, gated=True,
+                          fail_at=(2, "result"))
+    items = submit_encoded(queue, jpegs(10))
+    worker = start_decoding_worker("fake-early-fail", model, queue, metrics, 4)
+    wait_until(lambda: len(model.submitted) == 2, "batches 0 and 1 submitted")
+    model.release(0, 1)
+    wait_until(lambda: crops_for_device_decodes == [8, 2], "batch 4 taken and decoded early, waiting for a slot")
+    model.release(2)  # batch 2 fails: batch 3 in flight and batch 4, decoded and waiting, fail with it
+    for item in items[4:]:
+        assert_inference_failed(item, "simulated device failure in batch 2")
+    worker.join(TIMEOUT)
+    assert worker.state == "failed" and len(model.submitted) == 4
+    assert [item.future.result(timeout=0).batch_size for item in items[:4]] == [2] * 4
+    assert queue.admitted == 0 and len(queue) == 0 and not queue._claimed
     queue.close(shutting_down())

@@ -16,7 +16,11 @@ already waiting (`DeviceWorker.claim_group`, one device decode: `devicedecode`):
 other batches, decoded and claimed, and starts them one by one, each as a batch of its own with its own slot,
 before it takes the next batch; so while the network runs the group's last batch, the next group is decoded. A
 claimed batch's images stay withdrawable until it starts (`BatchQueue.start_claimed`), and its queue time and size
-are recorded then.
+are recorded then. After a group of several batches the feeder takes the next batch as soon as the group's last
+one is submitted, before a slot is free (two batches in flight; as a busy taker, so a full batch), and takes the
+slot once the new group is decoded: a group's decode takes longer than one batch's, and so overlaps the network's
+last two batches instead of one. After a batch decoded alone (and always with --decode-group 1, or without device
+decoding) the order is as it was: a slot, then the next batch.
 
 A failure (from `submit` or from `result()`) marks the worker failed and stops the feeder; its batch, every batch
 still in flight and one the feeder took meanwhile go back to the queue for the other device workers, or, when none
@@ -68,17 +72,20 @@ class InflightRunner:
     def _feed(self) -> None:
         worker = self.worker
         group: deque = deque()  # the claimed batches of the decode group not started yet: [batch, its inputs]
+        early = False  # the last group had several batches: the next batch is taken before a slot is free
         try:
             while True:
-                self._slots.acquire()  # given back by the completer
-                if self.failure is not None:
-                    return
                 batch: list = []  # the batch this round computes, once it is this worker's alone
                 try:
                     if group:
+                        if not self._slot():
+                            return  # failed: `finally` hands the group back
                         batch, inputs = worker.start_claimed(*group.popleft())
                         taken = worker.note_taken(batch) if batch else 0.0
                     else:
+                        late_slot = early
+                        if not late_slot and not self._slot():
+                            return
                         taken_batch = worker.queue.take_batch(self.max_size, worker.max_wait_s, busy=self._busy,
                                                               quit=self._failed)
                         if taken_batch is None:  # closed (the completer finishes what is in flight), or failed
@@ -91,6 +98,10 @@ class InflightRunner:
                         (batch, inputs), rest = decoded[0], decoded[1:]
                         for entry, (more, more_inputs) in zip(group, rest):
                             entry[:] = more, more_inputs
+                        early = bool(claimed)
+                        if late_slot and not self._slot():  # failed while this group was decoded
+                            worker.requeue_or_fail(batch + self._given_up(group), self.failure)
+                            return
                     if not batch:  # every image of it answered with its decoding error (or withdrawn, expired)
                         self._slots.release()
                         continue
@@ -108,6 +119,11 @@ class InflightRunner:
         finally:
             if group:  # failed meanwhile (or an error the loop did not catch)
                 worker.requeue_or_fail(self._given_up(group), self.failure or RuntimeError("the feeder stopped"))
+
+    def _slot(self) -> bool:
+        """Wait for one of the DEPTH slots (given back by the completer); False once the worker has failed."""
+        self._slots.acquire()
+        return self.failure is None
 
     def _given_up(self, group: deque) -> list:
         """The still-claimed images of the group's batches not started, in order, this worker's now (emptied)."""
