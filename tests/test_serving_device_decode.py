@@ -540,6 +540,12 @@ def answered(model, batch: list[Item], kept: list[Item], inputs: list) -> list:
     return out
 
 
+def device_decodes(metrics: Metrics) -> tuple[float, float]:
+    """(batches, device decodes) of vggserve_device_decode_batches."""
+    value = metrics.registry.get_sample_value
+    return value("vggserve_device_decode_batches_sum"), value("vggserve_device_decode_batches_count")
+
+
 def same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(len(x) == len(y) and all(
         np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v for u, v in zip(x, y)) for x, y in zip(a, b))
@@ -567,9 +573,8 @@ def test_decode_group_answers_each_batch_as_decoding_it_alone(group_bytes):
     assert kinds == [["device", "device", "image"], ["ImageDecodeError", "device", "image", "device"],
                      ["device", "device", "device"]]  # the corpus is what it says: each path taken
     assert not any(item.future.done() for batch in items for item in batch if item is not items[1][0])
-    decodes = grouped.device_decode_batches
-    assert (decodes._sum.get(), sum(b.get() for b in decodes._buckets)) == ((3, 1) if group_bytes is None else (3, 3))
-    assert (alone.device_decode_batches._sum.get(), sum(b.get() for b in alone.device_decode_batches._buckets)) == (3, 3)
+    assert device_decodes(grouped) == ((3, 1) if group_bytes is None else (3, 3))  # (batches, decodes)
+    assert device_decodes(alone) == (3, 3)
     assert decoded_counts(grouped.render()[0].decode()) == decoded_counts(alone.render()[0].decode())
 
 
@@ -648,3 +653,16 @@ def test_one_process_with_decode_gpu_forms_decode_groups_from_waiting_batches_an
     decodes, batches = samples["vggserve_device_decode_batches_count"], samples["vggserve_device_decode_batches_sum"]
     assert batches > decodes >= 1, samples  # a decode of several batches
     assert meta["decode_group"] == 4
+
+
+def test_the_hold_is_none_unless_the_environment_asks_for_one_to_measure_it(monkeypatch, caplog):
+    from vggserve.serving.scheduling.devicedecode import HOLD_ENV
+
+    monkeypatch.delenv(HOLD_ENV, raising=False)
+    assert DeviceDecoding(Metrics(), "gpu").hold_s == 0.0
+    monkeypatch.setenv(HOLD_ENV, "2.5")
+    assert DeviceDecoding(Metrics(), "gpu").hold_s == 0.0025
+    monkeypatch.setenv(HOLD_ENV, "soon")
+    assert DeviceDecoding(Metrics(), "gpu").hold_s == 0.0 and "is not a number of milliseconds" in caplog.text
+    with pytest.raises(ValueError, match="a decode group is 1 batch or more"):
+        DeviceDecoding(Metrics(), "gpu", group=0)
