@@ -14,19 +14,18 @@ queue into small batches; the completer nudges the queue when the device has no 
 With --decode gpu a batch's JPEGs are decoded together with those of up to --decode-group - 1 more full batches
 already waiting (`DeviceWorker.claim_group`, one device decode: `devicedecode`): the feeder keeps the group's
 other batches, decoded and claimed, and starts them one by one, each as a batch of its own with its own slot,
-before it takes the next batch; so while the network runs the group's last batch, the next group is decoded. A
-claimed batch's images stay withdrawable until it starts (`BatchQueue.start_claimed`), and its queue time and size
-are recorded then. After a group of several batches the feeder takes the next batch as soon as the group's last
-one is submitted, before a slot is free (two batches in flight; as a busy taker, so a full batch), and takes the
-slot once the new group is decoded: a group's decode takes longer than one batch's, and so overlaps the network's
-last two batches instead of one. After a batch decoded alone (and always with --decode-group 1, or without device
-decoding) the order is as it was: a slot, then the next batch.
+before it takes the next batch. A claimed batch's images stay withdrawable until it starts
+(`BatchQueue.start_claimed`), and its queue time and size are recorded then. After a group of several batches the
+feeder takes the next batch as soon as the group's last one is submitted, before a slot is free (two batches in
+flight; as a busy taker, so a full batch), and takes the slot once the new group is decoded: a group's decode takes
+longer than one batch's, and so overlaps the network's last two batches instead of one. After a batch decoded alone
+(and always with --decode-group 1, or without device decoding) the order is as it was: a slot, then the next batch.
 
 A failure (from `submit` or from `result()`) marks the worker failed and stops the feeder; its batch, every batch
 still in flight and one the feeder took meanwhile go back to the queue for the other device workers, or, when none
 is left, are failed with InferenceFailed (`DeviceWorker.requeue_or_fail`), and so do the claimed batches of its
-decode group. `run` then raises the failure. When the
-queue closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
+decode group. `run` then raises the failure. When the queue closes, `run` returns once the batches in flight (and
+the group's claimed ones) are answered, so the model is closed only after them.
 """
 
 import queue
