@@ -10,7 +10,8 @@ what headers fix apart from the size; this shows that a batch of many sizes cost
 it on that OpenCL device, in CPU seconds of the calling thread alone (time.thread_time: the OpenCL runtime's own
 threads, PoCL's kernels, are left out): `decode_for_model` on the files' bytes (prepare, windows, output buffer,
 enqueue, statuses, the DeviceImages made and dropped), and the service engine's `DeviceDecoding.decode` on a batch
-of encoded inputs as they arrive from a front end (unpickled). The median over --runs passes of --images files.
+of encoded inputs as they arrive from a front end (unpickled), and its `decode_group` on groups.GROUP such batches
+at once (--decode-group's default). The median over --runs passes of --images files.
 
     python3 benchmarks/decode_host.py --device auto --images 512 --runs 5
 """
@@ -142,6 +143,7 @@ def on_device(args) -> None:
     from types import SimpleNamespace
 
     from vggserve.decoding.device import _decoder_for
+    from vggserve.decoding.groups import GROUP
     from vggserve.decoding.device.onmodel import decode_for_model
     from vggserve.modelinput import ModelInput
     from vggserve.serving.scheduling.devicedecode import DeviceDecoding
@@ -157,10 +159,14 @@ def on_device(args) -> None:
         def inc(self, n=1):
             pass
 
+        def observe(self, amount):
+            pass
+
     width, height = map(int, args.size.split("x"))
     files = corpus(args.images, width, height, args.quality)
     groups = [files[i:i + args.batch] for i in range(0, len(files), args.batch)]
-    model, service = Model(), DeviceDecoding(SimpleNamespace(decoded=Counter()), "gpu")
+    model = Model()
+    service = DeviceDecoding(SimpleNamespace(decoded=Counter(), device_decode_batches=Counter()), "gpu")
     arrived = [pickle.loads(pickle.dumps([ModelInput.encoded(f) for f in g], pickle.HIGHEST_PROTOCOL))
                for g in groups]
 
@@ -171,10 +177,19 @@ def on_device(args) -> None:
         batch = [SimpleNamespace(input=x, future=Future()) for x in arrived[i]]
         return service.decode(model, batch, True, "vgg")[1]
 
+    def grouped(i):  # batch i starts a decode group of GROUP batches (the others are decoded with it)
+        if i % GROUP:
+            return []
+        batches = [[SimpleNamespace(input=x, future=Future()) for x in arrived[j]]
+                   for j in range(i, min(i + GROUP, len(groups)))]
+        return [x for _, inputs in service.decode_group(model, batches, True, "vgg") for x in inputs]
+
     print(f"{_decoder_for(args.device)[0].context.devices[0].name.strip()}: {len(files)} files {args.size} "
           f"q{args.quality}, batches of {args.batch}; the calling thread's CPU ms per image, median of {args.runs} "
           f"passes (each: min, max)")
-    for name, step in (("decode_for_model (bytes)", direct), ("DeviceDecoding.decode (service engine)", engine)):
+    steps = (("decode_for_model (bytes)", direct), ("DeviceDecoding.decode (service engine)", engine),
+             (f"DeviceDecoding.decode_group, {GROUP} batches", grouped))
+    for name, step in steps:
         assert all(getattr(x, "form", None) == "device" for x in step(0))  # warm: programs, staging, pools
         per = []
         for _ in range(args.runs):

@@ -17,7 +17,8 @@ size and precision.
 3. serve: `vggserve serve` at saturation (serve_saturation.py: its own client processes on the same host): one
    500x375 JPEG; then the phone-photo mix (1 in 8 at 12 MP, 1 in 8 at 2 MP) with --decode exact and fast; on
    request (--runs) both with --decode gpu or auto (serve-gpu, photo-gpu, serve-auto, photo-auto: the engine
-   decodes JPEGs on its device; under auto a front end with a decoding thread to spare decodes them itself).
+   decodes JPEGs on its device; under auto a front end with a decoding thread to spare decodes them itself; with
+   --decode-group N, up to N waiting batches per device decode; --concurrency C requests in flight).
 Prints one table: images/s, the engine's streamed images/s measured in this call, their ratio (targets: 0.9 for the
 batch job and the service on 500x375 JPEGs; the photo mix: exact twice the 224 images/s of the issue's H100 run,
 fast half the engine's rate), and where the host CPU goes. --json FILE writes everything.
@@ -54,6 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-decode", default=None, help="the batch job's --decode (exact, fast, gpu, auto; default: "
                    "the job's)")
     p.add_argument("--http-workers", default=None, help="the server's --http-workers (default: the server's)")
+    p.add_argument("--decode-group", type=int, default=None, metavar="N",
+                   help="the server's --decode-group, for the serve-gpu, photo-gpu, serve-auto and photo-auto runs "
+                        "(batches per device decode at most; default: the server's, 4)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="requests the service runs keep in flight (default: serve_saturation's, 4 x batch size)")
     p.add_argument("--duration", type=float, default=25.0, help="measured seconds per service run (default 25)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring (default 5)")
     p.add_argument("--engine-seconds", type=float, default=8.0, help="seconds timing the engine (default 8)")
@@ -118,13 +124,19 @@ def serve(args, weights: str, workdir: Path, mix: str, decode: str) -> dict:
             "--decode", decode, "--json", str(out)]
     if args.http_workers:
         argv += ["--http-workers", str(args.http_workers)]
+    if args.decode_group is not None and decode in ("gpu", "auto"):
+        argv += ["--decode-group", str(args.decode_group)]
+    if args.concurrency is not None:
+        argv += ["--concurrency", str(args.concurrency)]
     if args.precision:
         argv += ["--precision", args.precision]
     serve_saturation.main(argv)
     result = json.loads(out.read_text())
     service = result["service"]
     return {"images_per_s": service["images_per_s"], "cpu_ms_per_image": service["cpu_ms_per_image"],
-            "mean_batch": service["mean_batch"], "statuses": service["statuses"]}
+            "mean_batch": service["mean_batch"], "mean_decode_group": service.get("mean_decode_group"),
+            "decode_group": result.get("decode_group"), "concurrency": result["concurrency"],
+            "latency_ms": service["latency_ms"], "statuses": service["statuses"]}
 
 
 def ms_text(cpu: dict) -> str:
@@ -143,7 +155,7 @@ def main(argv=None) -> int:
         return 2
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vggserve-host-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = {"engine": engine(args, weights)}
+    results = {"engine": engine(args, weights), "decode_group": args.decode_group, "concurrency": args.concurrency}
     streamed = results["engine"]["streamed_images_per_s"]
     print(f"engine: {streamed:.1f} images/s streamed at batch {args.batch_size} on "
           f"{results['engine']['device_name']} ({results['engine']['streamed_raw_images_per_s']:.1f} streaming "
@@ -157,15 +169,20 @@ def main(argv=None) -> int:
             results[run] = serve(args, weights, workdir, mix, decode)
         results[run]["ratio_to_streamed"] = results[run]["images_per_s"] / streamed if streamed else 0.0
         print(f"{run}: {results[run]['images_per_s']:.1f} images/s", flush=True)
-    print(f"\nHost against engine: batch {args.batch_size}, precision {args.precision or 'default'}, "
+    serving = (f"; service: --decode-group {args.decode_group or 'default'}, "
+               f"{args.concurrency or 'default'} requests in flight")
+    print(f"\nHost against engine: batch {args.batch_size}, precision {args.precision or 'default'}{serving}, "
           f"{results['engine']['device_name']}; engine streamed {streamed:.1f} images/s in this call "
           f"({results['engine']['streamed_raw_images_per_s']:.1f} on 500x375 images resized on the device)\n")
-    print("| run | images/s | engine streamed | ratio | CPU ms per image | rank waited, wall ms per image |")
-    print("|---|---:|---:|---:|---|---|")
+    print("| run | images/s | engine streamed | ratio | mean decode group | CPU ms per image | "
+          "rank waited, wall ms per image |")
+    print("|---|---:|---:|---:|---:|---|---|")
     for run in runs:
         r = results[run]
+        group = r.get("mean_decode_group")
         print(f"| {run} | {r['images_per_s']:.1f} | {streamed:.1f} | {r['ratio_to_streamed']:.3f} | "
-              f"{ms_text(r['cpu_ms_per_image'])} | {ms_text(r.get('wait_ms_per_image', {}))} |")
+              f"{'-' if group is None else f'{group:.2f}'} | {ms_text(r['cpu_ms_per_image'])} | "
+              f"{ms_text(r.get('wait_ms_per_image', {}))} |")
     groups = results.get("batch", {}).get("decode_groups")
     if groups and groups.get("decodes"):
         from vggserve.distributed.summary import format_groups  # the job's own summary line

@@ -20,10 +20,11 @@
    images/s counts the images classified in requests completed within the --duration window.
    --image-mix photo sends the phone-photo mix instead of one image: of every 8 requests one is a 12 MP JPEG, one
    a 2 MP JPEG and six are 500x375 (vggserve.decoding.corpus's photo-like pictures); --decode is passed to the
-   server (exact or fast). CPU per image is measured over the window from /proc: the server's engine process, its
-   other processes (HTTP front ends) and the load generator's processes; and the front ends' decode time (wall
-   seconds in their threads, from /metrics); and the engine process's busiest threads (one near a full core is
-   that process's ceiling: its GIL, or a driver thread spinning while it waits for the device).
+   server (exact or fast; gpu or auto, with --decode-group N passed too: the mean batches per device decode in the
+   window is printed, from /metrics). CPU per image is measured over the window from /proc: the server's engine
+   process, its other processes (HTTP front ends) and the load generator's processes; and the front ends' decode
+   time (wall seconds in their threads, from /metrics); and the engine process's busiest threads (one near a full
+   core is that process's ceiling: its GIL, or a driver thread spinning while it waits for the device).
    --precision is passed to the engine timing and to the server where this build's model accepts it.
 3. Prints both, their ratios (the target is >= 0.90 of the one-batch-at-a-time figure), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles, with the client; --json FILE writes the same as JSON. Exit status
@@ -76,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
                    help="server's --decode (default: exact; gpu: the front ends send JPEGs compressed, the engine decodes "
                         "them on its device)")
+    p.add_argument("--decode-group", type=int, default=None, metavar="N",
+                   help="server's --decode-group (with --decode gpu or auto: batches per device decode at most; "
+                        "default: the server's, 4)")
     p.add_argument("--precision", default=None,
                    help="engine precision (fp32, fp16, ...), where this build's model takes a precision option")
     p.add_argument("--client", choices=("raw", "httpx"), default="raw",
@@ -334,8 +338,9 @@ async def _drive(url, bodies, files, connections, start_at, warmup, duration, cl
             "cpu_s": cpu.get("end", 0.0) - cpu.get("start", 0.0)}
 
 
-def batch_stats(url: str) -> tuple[float, float, float, float]:
-    """(images, batches, decode seconds, images decoded) the server has counted so far, from /metrics."""
+def batch_stats(url: str) -> tuple[float, ...]:
+    """(images, batches, decode seconds, images decoded, batches decoded on the device, device decodes) the server
+    has counted so far, from /metrics."""
     import httpx
 
     from vggserve.loadtest.metrics import Snapshot
@@ -343,7 +348,9 @@ def batch_stats(url: str) -> tuple[float, float, float, float]:
     snapshot = Snapshot.parse(httpx.get(url + "/metrics", timeout=10).text)
     return tuple(snapshot.total(name) or 0.0 for name in ("vggserve_batch_size_sum", "vggserve_batch_size_count",
                                                           "vggserve_preprocess_seconds_sum",
-                                                          "vggserve_preprocess_seconds_count"))
+                                                          "vggserve_preprocess_seconds_count",
+                                                          "vggserve_device_decode_batches_sum",
+                                                          "vggserve_device_decode_batches_count"))
 
 
 def server_preprocessing(url: str) -> dict:
@@ -373,7 +380,8 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads1 = thread_cpu(server_pid) if server_pid else {}
-    (images0, batches0, decode0, decoded0), (images1, batches1, decode1, decoded1) = before, after
+    (images0, batches0, decode0, decoded0, grouped0, groups0) = before
+    (images1, batches1, decode1, decoded1, grouped1, groups1) = after
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
@@ -396,6 +404,8 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses, "cpu_ms_per_image": cpu_ms,
             "engine_threads_cpu_ms_per_image": busiest_threads(threads0, threads1, images),
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
+            # batches per device decode (--decode gpu|auto), None where the engine decoded none on its device
+            "mean_decode_group": (grouped1 - grouped0) / (groups1 - groups0) if groups1 > groups0 else None,
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
                            for q in ("p50", "p90", "p99")}}
@@ -427,6 +437,7 @@ def main(argv=None) -> int:
         bodies = [Path(args.image).read_bytes() if args.image else synthetic_jpeg()]
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
            "resize_on": args.resize_on or "device", "image_mix": args.image_mix, "decode": args.decode or "exact",
+           "decode_group": args.decode_group,
            "precision": args.precision,
            "client": args.client,
            "duration_s": args.duration, "preprocess_threads": args.preprocess_threads,
@@ -464,6 +475,8 @@ def main(argv=None) -> int:
             serve_args += ["--resize-on", args.resize_on]
         if args.decode is not None:
             serve_args += ["--decode", args.decode]
+        if args.decode_group is not None:
+            serve_args += ["--decode-group", str(args.decode_group)]
         if args.precision is not None and cli_takes("serve", "--precision"):
             serve_args += ["--precision", args.precision]
         with ServerProcess.serve_cli(serve_args) as server:
@@ -474,7 +487,9 @@ def main(argv=None) -> int:
 
     service = out["service"]
     lat = service["latency_ms"]
+    group = service.get("mean_decode_group")
     print(f"service : {service['images_per_s']:9.1f} images/s, mean batch {service['mean_batch']:.1f}, "
+          + (f"mean decode group {group:.2f} batches, " if group is not None else "") +
           f"{concurrency} in flight from {procs} {args.client} client processes; "
           f"preprocess threads {out['preprocess_threads']}, "
           f"processes {out['preprocess_procs']}; HTTP front ends {out['http_workers']} (images each "

@@ -174,3 +174,25 @@ def test_the_apps_own_cpu_is_measured_in_process(tmp_path):
     result = json.loads(out.read_text())
     assert result["statuses"] == {"200": 100} and len(result["rounds"]) == 2 and result["cpu_ms_per_request"] > 0
     assert "ms CPU per request" in done.stdout
+
+
+def test_host_vs_engine_passes_decode_group_and_concurrency_to_the_service_with_decode_gpu(tiny_weights_path,
+                                                                                            tmp_path):
+    """serve-gpu with --decode-group and --concurrency: the service started with them (the engine decoding the JPEGs
+    on the test device), the load at that concurrency, and the mean decode group it formed, in the table and JSON."""
+    from conftest import TEST_DEVICE
+
+    out = tmp_path / "host.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "host_vs_engine.py"), "--weights",
+                           str(tiny_weights_path), "--device", TEST_DEVICE, "--batch-size", "2", "--runs", "serve-gpu",
+                           "--decode-group", "3", "--concurrency", "12", "--duration", "8", "--warmup", "2",
+                           "--engine-seconds", "1", "--workdir", str(tmp_path / "work"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    run = results["serve-gpu"]
+    assert (results["decode_group"], results["concurrency"]) == (3, 12)
+    assert (run["decode_group"], run["concurrency"]) == (3, 12) and set(run["statuses"]) == {"200"}
+    assert run["images_per_s"] > 0 and 1.0 <= run["mean_decode_group"] <= 3.0
+    assert "--decode-group 3, 12 requests in flight" in done.stdout
+    assert f"| serve-gpu | {run['images_per_s']:.1f} |" in done.stdout

@@ -277,3 +277,113 @@ def test_cancelling_a_request_of_one_image_leaves_the_images_future_to_the_queue
     asyncio.run(run())
     (item,) = service.backend.queue.take_batch(4, 0)
     assert not item.future.cancelled() and not item.future.done()  # a worker may still answer it
+
+
+# decode groups: more full batches claimed at once (take_more), still withdrawable until they start ----------------
+
+def test_take_more_claims_only_full_batches_already_waiting_and_leaves_the_rest_queued():
+    queue = BatchQueue(100, Metrics())
+    items = submit(queue, 4 * 3 + 2)
+    first = queue.take_batch(max_size=4, max_wait_s=0)
+    started = time.monotonic()
+    more = queue.take_more(max_size=4, batches=3, busy=lambda: True)
+    assert time.monotonic() - started < 0.5  # no hold: nothing waited for
+    assert first == items[:4] and more == [items[4:8], items[8:12]]  # oldest first, full batches only
+    assert len(queue) == 2 and queue.admitted == 2  # the claimed images left the queue and its room
+    assert queue.take_more(max_size=4, batches=3) == []  # 2 waiting: no full batch
+    assert queue.take_batch(max_size=4, max_wait_s=0) == items[12:]
+
+
+def test_take_more_never_delays_a_lone_request_beyond_the_hold():
+    queue = BatchQueue(100, Metrics())
+    (lone,) = submit(queue, 1)
+    assert queue.take_batch(max_size=4, max_wait_s=0) == [lone]
+    for busy, hold, most in ((True, 0.0, 0.05), (False, 5.0, 0.05), (True, 0.2, 1.0)):
+        started = time.monotonic()
+        assert queue.take_more(max_size=4, batches=3, busy=lambda: busy, hold_s=hold) == []
+        waited = time.monotonic() - started
+        assert waited < most, (busy, hold, waited)  # an idle device never waits; a busy one the hold at most
+    assert waited >= 0.15
+
+
+def test_take_more_holding_while_busy_claims_a_batch_that_fills_meanwhile_and_stops_when_the_device_is_idle():
+    queue = BatchQueue(100, Metrics())
+    submit(queue, 4)
+    queue.take_batch(max_size=4, max_wait_s=0)
+    late = threading.Timer(0.05, lambda: submit(queue, 4))
+    late.start()
+    started = time.monotonic()
+    more = queue.take_more(max_size=4, batches=1, busy=lambda: True, hold_s=5.0)
+    late.join()
+    assert len(more) == 1 and len(more[0]) == 4 and time.monotonic() - started < 2.0  # not the whole hold
+    idle = threading.Event()
+    threading.Timer(0.05, lambda: (idle.set(), queue.nudge())).start()  # the device finished its batch
+    started = time.monotonic()
+    assert queue.take_more(max_size=4, batches=1, busy=lambda: not idle.is_set(), hold_s=5.0) == []
+    assert time.monotonic() - started < 2.0
+
+
+def test_take_more_leaves_a_full_batch_for_each_other_worker_waiting_and_keeps_to_its_room():
+    queue = BatchQueue(100, Metrics())
+    got = []
+    other = threading.Thread(target=lambda: got.append(queue.take_batch(4, max_wait_s=30, busy=lambda: True)))
+    other.start()
+    deadline = time.monotonic() + 10
+    while not queue._takers and time.monotonic() < deadline:
+        time.sleep(0.001)
+    items = [Item(X, far()) for _ in range(12)]
+    with queue._cond:  # (re-entrant) the other worker cannot take a batch before take_more has looked
+        queue.submit_many(items)
+        more = queue.take_more(max_size=4, batches=3)
+    assert more == [items[:4], items[4:8]]  # items[8:] are the other worker's
+    queue.nudge()
+    other.join(10)
+    assert got == [items[8:]]
+    rest = submit(queue, 8)
+    weights = {id(item): 10 for item in rest}
+    more = queue.take_more(max_size=4, batches=3, weigh=lambda batch: sum(weights[id(i)] for i in batch), room=50)
+    assert more == [rest[:4]] and len(queue) == 4  # the second would weigh 80 > 50
+
+
+def test_a_claimed_image_is_withdrawn_as_a_waiting_one_until_its_batch_starts():
+    metrics = Metrics()
+    queue = BatchQueue(100, metrics)
+    submit(queue, 8)
+    queue.take_batch(max_size=4, max_wait_s=0)
+    (batch,) = queue.take_more(max_size=4, batches=1)
+    assert queue.withdraw(batch[1], ClientGone())  # its client went away: answered, never computed
+    assert isinstance(batch[1].future.exception(timeout=0), ClientGone) and metrics.abandoned._value.get() == 1
+    assert queue.unclaim([batch[1], batch[2]]) == [batch[2]]  # the worker answers batch[2] itself now
+    assert not queue.withdraw(batch[2], ClientGone())
+    assert queue.start_claimed(batch) == [batch[0], batch[3]]
+    assert not queue.withdraw(batch[0], ClientGone()) and not batch[0].future.done()  # on the device now
+    assert queue.admitted == 0 and len(queue) == 0
+
+
+def test_a_claimed_image_whose_deadline_passes_before_its_batch_starts_is_answered_504_not_computed():
+    metrics = Metrics()
+    queue = BatchQueue(100, metrics)
+    soon = time.monotonic() + 0.1
+    submit(queue, 4)
+    queue.admit(4)
+    late = [queue.submit(X, far() if i % 2 else soon) for i in range(4)]
+    queue.take_batch(max_size=4, max_wait_s=0)
+    assert queue.take_more(max_size=4, batches=1) == [late]
+    time.sleep(0.15)
+    assert queue.start_claimed(late) == [late[1], late[3]]
+    for item in (late[0], late[2]):
+        with pytest.raises(DeadlineExceeded):
+            item.future.result(timeout=0)
+    assert metrics.timeouts._value.get() == 2
+
+
+def test_take_more_drops_expired_images_as_take_batch_does():
+    metrics = Metrics()
+    queue = BatchQueue(100, metrics)
+    submit(queue, 4)
+    stale = submit(queue, 2, deadline=time.monotonic() - 0.001)
+    fresh = submit(queue, 4)
+    queue.take_batch(max_size=4, max_wait_s=0)
+    assert queue.take_more(max_size=4, batches=2) == [fresh]
+    assert all(isinstance(item.future.exception(timeout=0), DeadlineExceeded) for item in stale)
+    assert metrics.timeouts._value.get() == 2 and len(queue) == 0 and queue.admitted == 0

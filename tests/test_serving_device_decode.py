@@ -482,3 +482,187 @@ def test_one_process_with_decode_auto_on_a_gpu_uses_both_paths_under_load_and_an
         check_same_answers({**got, "v2": dict(zip(load, round_))}, exact_answers)
     assert (meta["decode"], meta["decodes_on_device"]) == ("auto", True)
     assert counts[("device", ON_DEVICE)] > 0 and counts[("cpu", "spare_cpu")] > 0
+
+
+# ---- decode groups: several batches' JPEGs in one device decode (--decode-group) ------------------------------------
+
+class OnTestDevice:
+    """What DeviceDecoding asks of a model: the device JPEG decoder, its queue and lock, on the test device."""
+
+    def __init__(self):
+        import pyopencl as cl
+
+        from vggserve.decoding.device import JpegDecoder
+        from vggserve.runtime import devices
+
+        device = devices.cl_device(devices.resolve(TEST_DEVICE))
+        context = cl.Context([device])
+        self.queue = cl.CommandQueue(context)
+        self._jpeg = (JpegDecoder(context, device), self.queue, threading.Lock())
+
+    def jpeg_decoder(self):
+        return self._jpeg
+
+
+def group_batches() -> list[list[bytes]]:
+    """Three batches of files of several sizes: JPEGs the device decodes, a PNG (the CPU path, as its fallback), a
+    stream it flags but Pillow decodes, and a corrupt one (an ImageError)."""
+    files, bad = service_corpus(), error_files()
+    return [[files["s420.jpg"], files["s444_crop.jpg"], files["palette.png"]],
+            [bad["truncated.jpg"], files["s422_odd.jpg"], files["zeros_for_data.jpg"], jpeg(97, 61, 11)],
+            [files["grey.jpg"], files["exif6.jpg"], jpeg(310, 300, 12, subsampling=2)]]
+
+
+def as_items(datas: list[bytes]) -> list[Item]:
+    return [Item(ModelInput.encoded(data), float("inf")) for data in datas]
+
+
+def answered(model, batch: list[Item], kept: list[Item], inputs: list) -> list:
+    """Per item of `batch`, what the decode gave it, comparable: ("device", kind, pixels), (form, array) or the
+    error's (type, text)."""
+    import pyopencl as cl
+
+    from vggserve.decoding.device.onmodel import DeviceImage
+
+    given = dict(zip(map(id, kept), inputs))
+    out = []
+    for item in batch:
+        x = given.get(id(item))
+        if x is None:
+            error = item.future.exception(timeout=0)
+            out.append((type(error).__name__, str(error)))
+        elif isinstance(x, DeviceImage):
+            host = np.empty(x.width * x.height * 3, np.uint8)
+            cl.enqueue_copy(model.queue, host, x.buffer, src_offset=x.offset)
+            out.append(("device", x.kind, host.reshape(x.height, x.width, 3)))
+        else:
+            out.append((x.form, x.array))
+    return out
+
+
+def device_decodes(metrics: Metrics) -> tuple[float, float]:
+    """(batches, device decodes) of vggserve_device_decode_batches."""
+    value = metrics.registry.get_sample_value
+    return value("vggserve_device_decode_batches_sum"), value("vggserve_device_decode_batches_count")
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(len(x) == len(y) and all(
+        np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v for u, v in zip(x, y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("group_bytes", [None, 0], ids=["one decode", "one decode per batch by GROUP_BYTES"])
+def test_decode_group_answers_each_batch_as_decoding_it_alone(group_bytes):
+    from vggserve.decoding.groups import GROUP_BYTES
+
+    model = OnTestDevice()
+    batches = group_batches()
+    alone, grouped = Metrics(), Metrics()
+    single = DeviceDecoding(alone, "gpu", MAX_PIXELS)
+    want = []
+    for datas in batches:
+        batch = as_items(datas)
+        want.append(answered(model, batch, *single.decode(model, batch, True, "torchvision")))
+    decoding = DeviceDecoding(grouped, "gpu", MAX_PIXELS, group_bytes=GROUP_BYTES if group_bytes is None else 0)
+    items = [as_items(datas) for datas in batches]
+    got = [answered(model, batch, *answer) for batch, answer in
+           zip(items, decoding.decode_group(model, items, True, "torchvision"))]
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert same(g, w), k
+    kinds = [[x[0] for x in batch] for batch in got]
+    assert kinds == [["device", "device", "image"], ["ImageDecodeError", "device", "image", "device"],
+                     ["device", "device", "device"]]  # the corpus is what it says: each path taken
+    assert not any(item.future.done() for batch in items for item in batch if item is not items[1][0])
+    assert device_decodes(grouped) == ((3, 1) if group_bytes is None else (3, 3))  # (batches, decodes)
+    assert device_decodes(alone) == (3, 3)
+    assert decoded_counts(grouped.render()[0].decode()) == decoded_counts(alone.render()[0].decode())
+
+
+def test_decode_group_answers_a_claimed_images_error_only_where_settle_says_and_maps_errors_to_their_items():
+    model = OnTestDevice()
+    bad = error_files()["truncated.jpg"]
+    good = service_corpus()["s420.jpg"]
+    batches = [as_items([good, bad]), as_items([bad, good, bad])]
+    asked = []
+
+    def settle(k, items):
+        asked.append((k, items))
+        return items if k == 0 else items[:1]  # batch 1's last image was answered meanwhile (withdrawn, say)
+
+    answers = DeviceDecoding(Metrics(), "gpu", MAX_PIXELS).decode_group(model, batches, True, "torchvision", settle)
+    assert [k for k, _ in asked] == [0, 1] and asked[1][1] == [batches[1][0], batches[1][2]]
+    assert answers[0][0] == [batches[0][0]] and answers[1][0] == [batches[1][1]]
+    assert isinstance(batches[0][1].future.exception(timeout=0), ImageError)
+    assert isinstance(batches[1][0].future.exception(timeout=0), ImageError)
+    assert not batches[1][2].future.done() and not batches[0][0].future.done() and not batches[1][1].future.done()
+
+
+def test_a_failing_device_decoder_decodes_the_whole_group_on_the_cpu(caplog):
+    class Broken:
+        def jpeg_decoder(self):
+            raise RuntimeError("out of device memory")
+
+    metrics = Metrics()
+    good = service_corpus()["s420.jpg"]
+    batches = [as_items([good]), as_items([good, good])]
+    answers = DeviceDecoding(metrics, "gpu", MAX_PIXELS).decode_group(Broken(), batches, True, "torchvision")
+    assert [len(kept) for kept, _ in answers] == [1, 2] and all(x.form == "crop" for _, xs in answers for x in xs)
+    assert metrics.decoded.labels(path="cpu", reason="device_error")._value.get() == 3
+    assert "the device JPEG decoder failed on a group of 2 batches of 3 images;" in caplog.text
+
+
+def test_one_process_with_decode_gpu_forms_decode_groups_from_waiting_batches_and_answers_each_request_right(
+        tiny_tensors, exact_answers):
+    """The engine's first batch held on its device until three more batches wait: the worker then decodes the next
+    ones as a group (vggserve_device_decode_batches shows a decode of more than one batch), and every concurrent
+    request gets the answer --decode exact gives it."""
+    from vggserve.model.vgg16 import VGG16
+
+    apps = []
+
+    def held(device):
+        model = VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=4)
+        submit, first = model.submit, threading.Event()
+
+        def held_submit(x, *args, **kwargs):
+            if isinstance(x, list) and not first.is_set():  # the first batch decoded on the device (no warm-up)
+                first.set()
+                wait_until(lambda: len(apps[0].state.service.backend.queue) >= 12, 120, "three batches waiting")
+            return submit(x, *args, **kwargs)
+
+        model.submit = held_submit
+        return model
+
+    settings = Settings(decode="gpu", decode_group=4, max_batch_size=4, max_wait_ms=200, max_pixels=MAX_PIXELS,
+                        max_files=4, preprocess_procs=0, preprocess_threads=2, warmup=False)
+    apps.append(create_app(settings, model_factory=held))
+    files = service_corpus()
+    names = list(files) * 2
+    with TestClient(apps[0]) as client:
+        wait_until(lambda: client.get("/health/ready").status_code == 200, 240, "the service to be ready")
+        with ThreadPoolExecutor(len(names)) as pool:
+            got = list(pool.map(lambda name: infer(client, files[name]), names))
+        meta = client.get("/metadata").json()
+        text = client.get("/metrics").text
+    for name, (status, body) in zip(names, got):
+        want_status, want = exact_answers["v2"][name]
+        assert status == want_status == 200, (name, body)
+        assert {o["name"]: o["data"] for o in body["outputs"]} == {o["name"]: o["data"] for o in want["outputs"]}, name
+    samples = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name.startswith("vggserve_device_decode_batches")}
+    decodes, batches = samples["vggserve_device_decode_batches_count"], samples["vggserve_device_decode_batches_sum"]
+    assert batches > decodes >= 1, samples  # a decode of several batches
+    assert meta["decode_group"] == 4
+
+
+def test_the_hold_is_none_unless_the_environment_asks_for_one_to_measure_it(monkeypatch, caplog):
+    from vggserve.serving.scheduling.devicedecode import HOLD_ENV
+
+    monkeypatch.delenv(HOLD_ENV, raising=False)
+    assert DeviceDecoding(Metrics(), "gpu").hold_s == 0.0
+    monkeypatch.setenv(HOLD_ENV, "2.5")
+    assert DeviceDecoding(Metrics(), "gpu").hold_s == 0.0025
+    monkeypatch.setenv(HOLD_ENV, "soon")
+    assert DeviceDecoding(Metrics(), "gpu").hold_s == 0.0 and "is not a number of milliseconds" in caplog.text
+    with pytest.raises(ValueError, match="a decode group is 1 batch or more"):
+        DeviceDecoding(Metrics(), "gpu", group=0)

@@ -347,3 +347,164 @@ def test_a_batch_in_flight_behind_another_is_timed_from_when_the_device_finished
     assert metrics.inference_seconds._sum.get() == 12.0
     queue.close(shutting_down())
     worker.join(TIMEOUT)
+
+
+# ---- decode groups (--decode gpu): the feeder decodes several waiting batches at once, then starts them one by one --
+
+class DecodingModel(PipelinedModel):
+    """The pipelined stand-in said to decode JPEGs on its device (what `decodes_on_device` asks of the engine)."""
+
+    resizes_on_device = True
+
+    def resize_matches_pillow(self) -> bool:
+        return True
+
+    def jpeg_decoder(self):
+        return None
+
+
+@pytest.fixture
+def crops_for_device_decodes(monkeypatch):
+    """`decode_for_model` answering each file with its CPU crop (no device here); records the files of each call."""
+    from vggserve.decoding.device import onmodel
+    from vggserve.serving.scheduling.imaging import decode_and_crop
+
+    calls: list[int] = []
+
+    def decode(model, datas, **limits):
+        calls.append(len(datas))
+        return [decode_and_crop(bytes(d), "torchvision", 1 << 30)[0] for d in datas]
+
+    monkeypatch.setattr(onmodel, "decode_for_model", decode)
+    return calls
+
+
+def jpegs(n: int) -> list[bytes]:
+    """n small JPEGs of different colours (their SlowModel classes differ)."""
+    import io
+
+    from PIL import Image
+
+    out = []
+    for i in range(n):
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 48), (20 * i % 256, 255 - 9 * i % 256, 90)).save(buffer, "JPEG", quality=95)
+        out.append(buffer.getvalue())
+    return out
+
+
+def start_decoding_worker(label: str, model, queue, metrics, group: int):
+    from vggserve.serving.scheduling.devicedecode import DeviceDecoding
+
+    worker = DeviceWorker(label, lambda d: model, queue, metrics, max_batch_size=model.max_batch_size,
+                          max_wait_s=0.01, warmup=False, on_change=lambda: None,
+                          decoding=DeviceDecoding(metrics, "gpu", group=group))
+    worker.start()
+    return worker
+
+
+def submit_encoded(queue: BatchQueue, datas: list[bytes]) -> list:
+    queue.admit(len(datas))
+    return [queue.submit(ModelInput.encoded(d), time.monotonic() + 60) for d in datas]
+
+
+def decodes(metrics: Metrics) -> tuple[float, float]:
+    """(device decodes, batches they decoded) of vggserve_device_decode_batches."""
+    return (metrics.registry.get_sample_value("vggserve_device_decode_batches_count"),
+            metrics.registry.get_sample_value("vggserve_device_decode_batches_sum"))
+
+
+@pytest.mark.parametrize("group, calls", [(4, [8, 2]), (1, [2] * 5)], ids=["decode-group 4", "decode-group 1"])
+def test_waiting_batches_are_decoded_as_a_group_and_each_answered_as_its_own_batch(crops_for_device_decodes, group,
+                                                                                    calls):
+    from vggserve.serving.scheduling.imaging import decode_and_crop
+
+    metrics, queue = queue_of(64)
+    model = DecodingModel("fake-groups", seconds_per_batch=0.0, max_batch_size=2, gated=True)
+    datas = jpegs(10)
+    items = submit_encoded(queue, datas)  # five full batches wait before the worker starts
+    worker = start_decoding_worker("fake-groups", model, queue, metrics, group)
+    wait_until(lambda: len(model.submitted) == 2, "two batches submitted")
+    assert len(queue) == (2 if group == 4 else 6)  # batches 0-3 decoded as one group: 2 and 3 claimed, waiting
+    model.release(0, 1)
+    wait_until(lambda: len(model.submitted) == 4, "batches 2 and 3 submitted")
+    if group == 4:  # after a group of several, batch 4 is taken and decoded with two batches still in flight
+        wait_until(lambda: crops_for_device_decodes == [8, 2], "batch 4 decoded early")
+        assert len(queue) == 0
+    else:  # as before groups: the next batch waits for a slot
+        time.sleep(0.2)
+        assert crops_for_device_decodes == [2] * 4 and len(queue) == 2
+    assert model.in_flight == 2 and len(model.submitted) == 4
+    model.release(*range(2, 5))
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+    assert worker.state == "stopped" and worker.batches == 5 and model.batch_sizes == [2] * 5
+    assert crops_for_device_decodes == calls  # --decode-group 1: a decode per batch, as before groups
+    assert decodes(metrics) == (len(calls), 5.0)
+    assert metrics.registry.get_sample_value("vggserve_batch_size_count") == 5
+    crops = [decode_and_crop(d, "torchvision", 1 << 30)[0].array for d in datas]
+    for k, batch in enumerate(model.submitted):  # batch k is images 2k, 2k+1, as they were queued
+        np.testing.assert_array_equal(batch, np.stack(crops[2 * k:2 * k + 2]))
+    for crop, outcome in zip(crops, outcomes):
+        np.testing.assert_array_equal(outcome.probabilities, expected_row(crop))
+        assert outcome.batch_size == 2
+    assert len({int(o.probabilities.argmax()) for o in outcomes}) == 10
+    assert not queue._claimed and queue.admitted == 0
+
+
+def test_an_image_of_a_claimed_batch_whose_client_goes_away_is_not_computed(crops_for_device_decodes):
+    from vggserve.serving.scheduling.errors import ClientGone
+
+    metrics, queue = queue_of(64)
+    model = DecodingModel("fake-gone", seconds_per_batch=0.0, max_batch_size=2, gated=True)
+    items = submit_encoded(queue, jpegs(6))
+    worker = start_decoding_worker("fake-gone", model, queue, metrics, 4)
+    wait_until(lambda: len(model.submitted) == 2, "two batches submitted, the third claimed")
+    assert crops_for_device_decodes == [6] and len(queue) == 0
+    assert queue.withdraw(items[4], ClientGone())  # still waiting as far as its request goes
+    assert not queue.withdraw(items[2], ClientGone())  # batch 1 is on the device
+    model.release(0, 1, 2)
+    for i in (0, 1, 2, 3, 5):
+        assert items[i].future.result(timeout=TIMEOUT).batch_size == (1 if i == 5 else 2)
+    assert isinstance(items[4].future.exception(timeout=0), ClientGone)
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+    assert model.batch_sizes == [2, 2, 1] and metrics.abandoned._value.get() == 1
+
+
+def test_a_failure_while_a_group_waits_hands_its_claimed_batches_back_or_fails_them(crops_for_device_decodes):
+    metrics, queue = queue_of(64)
+    model = DecodingModel("fake-group-fail", seconds_per_batch=0.0, max_batch_size=2, gated=True,
+                          fail_at=(1, "submit"))
+    items = submit_encoded(queue, jpegs(10))
+    worker = start_decoding_worker("fake-group-fail", model, queue, metrics, 4)
+    wait_until(lambda: worker.state == "failed", "the worker failed at batch 1's submit")
+    assert crops_for_device_decodes == [8]  # batches 0-3 decoded together; 2 and 3 were claimed, never started
+    model.release(0)
+    for item in items[:8]:  # no other worker: the batch in flight, the failed one and the claimed ones fail
+        assert_inference_failed(item, "simulated device failure at submit of batch 1")
+    worker.join(TIMEOUT)
+    assert not any(item.future.done() for item in items[8:]) and len(queue) == 2  # never taken
+    assert not queue._claimed and model.batch_sizes == [2]
+    queue.close(shutting_down())
+
+
+def test_a_batch_taken_early_after_a_group_is_failed_with_the_worker_while_it_waits_for_a_slot(
+        crops_for_device_decodes):
+    metrics, queue = queue_of(64)
+    model = DecodingModel("fake-early-fail", seconds_per_batch=0.0, max_batch_size=2, gated=True,
+                          fail_at=(2, "result"))
+    items = submit_encoded(queue, jpegs(10))
+    worker = start_decoding_worker("fake-early-fail", model, queue, metrics, 4)
+    wait_until(lambda: len(model.submitted) == 2, "batches 0 and 1 submitted")
+    model.release(0, 1)
+    wait_until(lambda: crops_for_device_decodes == [8, 2], "batch 4 taken and decoded early, waiting for a slot")
+    model.release(2)  # batch 2 fails: batch 3 in flight and batch 4, decoded and waiting, fail with it
+    for item in items[4:]:
+        assert_inference_failed(item, "simulated device failure in batch 2")
+    worker.join(TIMEOUT)
+    assert worker.state == "failed" and len(model.submitted) == 4
+    assert [item.future.result(timeout=0).batch_size for item in items[:4]] == [2] * 4
+    assert queue.admitted == 0 and len(queue) == 0 and not queue._claimed
+    queue.close(shutting_down())

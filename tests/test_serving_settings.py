@@ -102,3 +102,40 @@ def test_settings_resolve_the_thread_default_from_the_front_ends_and_keep_a_give
     assert Settings(http_workers=8, preprocess_threads=12).preprocess_threads == 12
     with pytest.raises(SettingsError, match="--preprocess-threads must be an integer from 1 to 256"):
         Settings(preprocess_threads=0)
+
+
+@pytest.mark.parametrize("value", [0, 17, 2.5, "4", True])
+def test_decode_group_is_an_integer_from_1_to_16(value):
+    with pytest.raises(SettingsError) as info:
+        Settings(decode_group=value)
+    assert str(info.value) == (f"--decode-group must be an integer from 1 to 16, got {value!r}; pass e.g. "
+                               "--decode-group 4")
+
+
+def test_decode_group_defaults_to_the_batch_jobs_group_and_serve_takes_it():
+    from vggserve.cli import build_parser, serve
+    from vggserve.decoding.groups import GROUP
+
+    parser = build_parser()
+    assert Settings().decode_group == GROUP == 4
+    assert serve._settings(parser.parse_args(["serve"])).decode_group == GROUP
+    assert serve._settings(parser.parse_args(["serve", "--decode-group", "1"])).decode_group == 1
+    assert serve._settings(parser.parse_args(["serve", "--decode-group", "16"])).public()["decode_group"] == 16
+    for text in ("1.5", "four", "0", "17"):
+        with pytest.raises(SettingsError, match=r"^--decode-group must be an integer from 1 to 16, got "):
+            serve._settings(parser.parse_args(["serve", "--decode-group", text]))
+
+
+def test_serve_refuses_a_bad_decode_group_with_one_line_and_exit_status_2(tiny_weights_path):
+    import subprocess
+    import sys
+
+    from vggserve.testing.servers import python_env
+
+    done = subprocess.run([sys.executable, "-m", "vggserve", "serve", "--weights", str(tiny_weights_path),
+                           "--decode-group", "1.5", "--port", "0"], env=python_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == ["vggserve: error: --decode-group must be an integer from 1 to 16, got '1.5'; pass e.g. "
+                     "--decode-group 4"], done.stderr

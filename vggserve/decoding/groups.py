@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from collections import deque
 
-# Batches per device decode at most. A batch-job rank holds workqueue.TOKENS (5) chunks: one on the device and at
-# most four waiting, so four is the most a group can gather there; four 500x375 batches of 64 in one launch
-# sequence pay the ~14 latency-bound synchronisation rounds once instead of four times.
+# Batches per device decode at most: four 500x375 batches of 64 in one launch sequence pay the ~14 latency-bound
+# synchronisation rounds once instead of four times. A batch-job rank holds a group's chunks more than it would
+# without groups (workqueue.rank_tokens), so that a group can form while the device works on the chunks before it;
+# the service's engine groups full batches already waiting (`serve --decode-group`).
 GROUP = 4
 # The group's encoded bytes at most: the decoder's scratch (coefficients, samples) and the group's output buffer
 # grow with the group. 24 MB takes four batches of 64 typical 70 KB photos (4.6 MB each) and leaves a batch of

@@ -22,6 +22,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)  # batches per device decode: --decode-group is 1..16
 # endpoints counted under their own name; any other path is counted as "other" to bound label cardinality
 _V2_MODEL = [f"/v2/models/{VGG16_CARD.name}{v}" for v in ("", f"/versions/{VGG16_CARD.version}")]
 V2_INFER = tuple(m + "/infer" for m in _V2_MODEL)
@@ -86,6 +87,9 @@ class Metrics:
         self.decoded = Counter("vggserve_decoded_images_total", "With --decode gpu or auto: uploads decoded on the "
                                "engine's device (path=device) or on the CPU (path=cpu), and why (reason; "
                                "serving/scheduling/devicedecode.py lists them).", ["path", "reason"], registry=r)
+        self.device_decode_batches = Histogram("vggserve_device_decode_batches", "With --decode gpu or auto: "
+                                               "batches whose JPEGs one device decode decoded together (its decode "
+                                               "group, at most --decode-group).", buckets=GROUP_BUCKETS, registry=r)
         self.abandoned = Counter("vggserve_abandoned_total", "Images not computed because their client went away.",
                                  registry=r)
         self.ready = Gauge("vggserve_ready", "1 when the service is ready to classify, else 0.", registry=r,

@@ -140,5 +140,6 @@ class Service:
             "resize_on_device": self.settings.http_workers > 1 and bool(info.get("resizes_on_device")),
             # --decode gpu|auto: JPEGs sent to the engine compressed and decoded on its device
             "decode": self.settings.decode,
+            "decode_group": self.settings.decode_group,
             "decodes_on_device": bool(info.get("decodes_on_device")),
         }

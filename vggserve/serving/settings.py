@@ -4,6 +4,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from ..decoding.groups import GROUP
 from ..errors import VggserveError
 from ..weights.spec import NUM_CLASSES
 from ..wording import count
@@ -118,6 +119,18 @@ def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto
                             "pass e.g. --http-workers 4") from None
 
 
+def parse_decode_group(text: str | int | None) -> int:
+    """`--decode-group N` as a number (None: the default, `groups.GROUP`); its range is checked by Settings."""
+    if text is None:
+        return GROUP
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        low, high, flag, example = _BOUNDS["decode_group"]
+        raise SettingsError(f"{flag} must be an integer from {low} to {high}, got {text!r}; pass e.g. {flag} "
+                            f"{example}") from None
+
+
 def device_names(devices: tuple[str, ...]) -> tuple[str, ...]:
     """A name per device entry, distinct: the spec itself, or "spec#n" for the n-th of a spec given more than once
     (`--device gpu,gpu`: gpu#1, gpu#2), so that each worker has its own series in the metrics."""
@@ -163,6 +176,7 @@ _BOUNDS = {
     "drain_timeout_s": (0, 3600, "--drain-timeout", "30"),
     "read_timeout_s": (0.01, 3600, "--read-timeout", "60"),
     "http_workers": (1, 64, "--http-workers", "4"),
+    "decode_group": (1, 16, "--decode-group", "4"),
 }
 
 _REAL = ("max_wait_ms", "drain_timeout_s", "read_timeout_s")  # the others are integers
@@ -203,6 +217,9 @@ class Settings:
     # exact: serving.scheduling.devicedecode) or "auto" (where a worker's device is a GPU, such a JPEG is decoded on
     # the CPU while a decoding thread is to spare, else on the device: serving.scheduling.decoderouter; else exact)
     decode: str = "exact"
+    # with --decode gpu|auto: batches whose JPEGs the engine decodes on its device at once, when that many full
+    # batches are waiting (one launch sequence; 1: one batch per decode; serving.scheduling.devicedecode)
+    decode_group: int = GROUP
     # the engine's precision: fp32, tf32, fp16, fp8 or int8 (vggserve/ops/precision.py)
     precision: str = "fp32"
     # browser origins allowed to call the API (CORS); none by default: browsers on other origins are refused

@@ -94,6 +94,8 @@ class Metadata(BaseModel):
                                    "centre-cropped on the device (bit for bit as on the CPU), with --http-workers "
                                    "above 1 and the OpenCL engine.")
     decode: str = Field("exact", description="--decode: exact, fast, gpu or auto.")
+    decode_group: int = Field(4, description="--decode-group: batches whose JPEGs one device decode takes at most "
+                              "(with --decode gpu or auto, when that many full batches are waiting).")
     decodes_on_device: bool = Field(False, description="Whether JPEGs the device decoder takes are sent to the engine "
                                     "compressed and decoded on its device (--decode gpu, or auto on a GPU).")
     frontend: FrontendInfo | None = Field(None, description="The front-end process that answered (with "

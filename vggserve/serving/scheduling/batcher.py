@@ -16,6 +16,15 @@ queue into small batches between them.
 
 Workers `enlist` when they start and `leave` when they fail or stop: a batch that a worker took but cannot compute
 (its device failed) goes back to the front of the queue (`hand_back`) while another worker is enlisted.
+
+A worker that decodes its batches' JPEGs on its device (--decode gpu) decodes several batches at once (its decode
+group, --decode-group): right after `take_batch` it `take_more`s up to group - 1 more full batches, only from images
+already waiting (never waiting for more, but for `hold_s` while its device is busy: none by default), leaving a full
+batch for each other worker waiting in take_batch. Those batches are claimed, not taken: out of the queue (its
+length and room), their images still waiting as far as their requests go, so until the worker starts a batch
+(`start_claimed`) a client that goes away or a deadline that passes withdraws its image as from the queue, and
+`start_claimed` drops the images whose deadline passed meanwhile (504, never computed). `unclaim` hands claimed
+images to the worker for good (to answer a decoding error, or to hand back a batch it will not compute).
 """
 
 import threading
@@ -142,6 +151,7 @@ class BatchQueue(Admission):
         self._filling: list[int] = []  # the batch sizes that workers waiting for a batch to fill want
         self._takers: list[_Taker] = []  # workers waiting in take_batch, in arrival order
         self._workers = 0  # workers enlisted and neither failed nor stopped
+        self._claimed: set[Item] = set()  # images of claimed batches (take_more) not started yet
 
     def __len__(self) -> int:
         return len(self._items)
@@ -185,14 +195,18 @@ class BatchQueue(Admission):
         return refused
 
     def withdraw(self, item: Item, error: SchedulingError) -> bool:
-        """Take a still-waiting image out of the queue and fail it with `error`; False if a worker has it."""
+        """Take a still-waiting image (in the queue, or of a batch claimed and not started) out and fail it with
+        `error`; False if a worker has it."""
         with self._cond:
             try:
                 self._items.remove(item)
             except ValueError:
-                return False
-            self._admitted -= 1
-            self._note_length()
+                if item not in self._claimed:
+                    return False
+                self._claimed.discard(item)  # its room was given back when it was claimed
+            else:
+                self._admitted -= 1
+                self._note_length()
         item.future.set_exception(error)
         if isinstance(error, DeadlineExceeded):
             self.metrics.timeouts.inc()
@@ -265,6 +279,95 @@ class BatchQueue(Admission):
                 self._filling.remove(max_size)
                 if self._takers:
                     self._cond.notify_all()  # the next taker's turn
+
+    def take_more(self, max_size: int, batches: int, busy: Callable[[], bool] | None = None, hold_s: float = 0.0,
+                  weigh: Callable[[list[Item]], int] | None = None, room: int | None = None) -> list[list[Item]]:
+        """Up to `batches` more full batches of `max_size` waiting images, oldest first, claimed (see the module's
+        docstring), for the decode group of the batch the caller just took. Only images already waiting: with too
+        few for a full batch it returns at once, or, with `hold_s` > 0, waits up to that long while `busy()` (its
+        device still computes, so the batch just taken could not start anyway) for more to arrive. A full batch
+        is left for each other worker waiting in take_batch. `weigh(batch)` (its encoded bytes, say): the batches
+        taken weigh `room` at most together. Images whose deadline passed are dropped as take_batch drops them."""
+        claimed: list[list[Item]] = []
+        expired: list[Item] = []
+        end = time.monotonic() + hold_s
+        busy = busy or _never
+        with self._cond:
+            holding = False
+            try:
+                while len(claimed) < batches and self._closed is None:
+                    others = sum(1 for t in self._takers if not t.quit())
+                    if len(self._items) >= (others + 1) * max_size:
+                        batch = self._pop_full(max_size, expired)
+                        if batch is None:  # expired images left too few: look again
+                            continue
+                        if len(self._items) < others * max_size:  # expired images ate the others' batches
+                            self._put_back(batch)
+                            continue
+                        weight = weigh(batch) if weigh is not None else 0
+                        if room is not None and weight > room:
+                            self._put_back(batch)
+                            break
+                        if room is not None:
+                            room -= weight
+                        self._claimed.update(batch)
+                        claimed.append(batch)
+                        continue
+                    remaining = end - time.monotonic()
+                    if remaining <= 0 or not busy():
+                        break
+                    if not holding:  # submit wakes this thread once a batch is there, not per image
+                        holding = True
+                        self._filling.append(max_size)
+                    self._cond.wait(remaining)
+            finally:
+                if holding:
+                    self._filling.remove(max_size)
+                self._note_length()
+        now = time.monotonic()
+        for item in expired:
+            item.expire(now)
+            self.metrics.timeouts.inc()
+        return claimed
+
+    def _pop_full(self, max_size: int, expired: list[Item]) -> list[Item] | None:
+        """(Holding the lock) the next `max_size` waiting images whose deadline has not passed, those that have
+        into `expired`; None (the others back in front) when too few are left."""
+        batch: list[Item] = []
+        now = time.monotonic()
+        while self._items and len(batch) < max_size:
+            item = self._items.popleft()
+            self._admitted -= 1
+            (expired if item.deadline <= now else batch).append(item)
+        if len(batch) < max_size:
+            self._put_back(batch)
+            return None
+        return batch
+
+    def _put_back(self, batch: list[Item]) -> None:
+        """(Holding the lock) images just popped back to the front of the queue, in order."""
+        self._items.extendleft(reversed(batch))
+        self._admitted += len(batch)
+
+    def unclaim(self, items: list[Item]) -> list[Item]:
+        """The images of `items` still claimed (neither withdrawn nor started), the caller's from now on: it answers
+        or computes them, or hands them back."""
+        with self._cond:
+            kept = [item for item in items if item in self._claimed]
+            self._claimed.difference_update(kept)
+        return kept
+
+    def start_claimed(self, batch: list[Item]) -> list[Item]:
+        """A claimed batch starts on its worker's device: its images still claimed, but those whose deadline has
+        passed meanwhile, which are answered DeadlineExceeded (never computed) as take_batch answers them."""
+        now = time.monotonic()
+        kept, expired = [], []
+        for item in self.unclaim(batch):
+            (expired if item.deadline <= now else kept).append(item)
+        for item in expired:
+            item.expire(now)
+            self.metrics.timeouts.inc()
+        return kept
 
     def _wait_for_turn(self, me: "_Taker", max_wait_s: float) -> bool:
         """Wait (holding the lock) until `me` may take a batch: True then, False once it should stop."""

@@ -4,11 +4,19 @@
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
                                         as they came (under auto, only while the front end has no decoding thread
                                         to spare: decoderouter); any other file -> decoded here as under exact
-    device worker, per batch, before the batch is prepared (while the device computes the previous one):
-        DeviceDecoding.decode(model, batch, on_device, preprocessing)
-                                        one `decode_for_model` call for the batch's encoded images; one whose
-                                        stream the device flags is decoded on the CPU, with the CPU path's pixels
-                                        or its ImageError, which answers that image alone
+    device worker, per decode group, before its first batch is prepared (while the device computes the previous one):
+        DeviceDecoding.decode_group(model, batches, on_device, preprocessing)
+                                        one `decode_for_model` call for the encoded images of up to --decode-group
+                                        batches (GROUP_BYTES of files at most: `decoding.groups`), answers split
+                                        back per batch; one whose stream the device flags is decoded on the CPU,
+                                        with the CPU path's pixels or its ImageError, which answers that image
+                                        alone; `decode(model, batch, ...)` is a group of one batch
+
+A group forms only from batches already waiting when the worker takes its next batch (`BatchQueue.take_more`: full
+batches, claimed; `inflight` runs them through the network one by one), so a lone request is never held back for
+one. The decoder's synchronisation rounds are bound by latency, not work: four batches of 64 in one launch sequence
+cost the device far less than four decodes (`decoding.groups`). vggserve_device_decode_batches (a histogram)
+counts the batches of each device decode.
 
 Which files the device takes is `decoding.device.prepare` with the service's pixel limit and the format allowlist,
 the same checks as the CPU path, so a file over the limit (or of a refused format) still gets the CPU path's 413 or
@@ -37,6 +45,9 @@ import logging
 import time
 from contextlib import nullcontext
 
+from collections import deque
+
+from ...decoding.groups import GROUP, GROUP_BYTES, check, take
 from ...errors import ImageError
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from ...modelinput import ENCODED, TENSOR, ModelInput, uses_device_resize
@@ -120,11 +131,17 @@ def decodes_on_device(model, mode: str) -> bool:
 
 
 class DeviceDecoding:
-    """A device worker's side: its batches' encoded images decoded, on its device or on the CPU."""
+    """A device worker's side: its batches' encoded images decoded, on its device or on the CPU. `group`: batches
+    per device decode at most (--decode-group; 1: one batch each), `group_bytes`: their encoded bytes at most,
+    `hold_s`: how long a worker whose device is busy may wait for a full batch to join a group (`take_more`)."""
 
     def __init__(self, metrics, mode: str = "exact", max_pixels: int = DEFAULT_MAX_PIXELS,
-                 formats=ALLOWED_FORMATS):
+                 formats=ALLOWED_FORMATS, group: int = GROUP, group_bytes: int = GROUP_BYTES,
+                 hold_s: float | None = None):
+        check(group, group_bytes)
         self.metrics, self.mode, self.max_pixels, self.formats = metrics, mode, max_pixels, formats
+        self.group, self.group_bytes = group, group_bytes
+        self.hold_s = hold_from_environment() if hold_s is None else hold_s
 
     def note(self, path: str, reason: str, n: int = 1) -> None:
         if n and self.mode in DEVICE_MODES:
@@ -134,29 +151,61 @@ class DeviceDecoding:
         """(the items of `batch` still to compute, their inputs): each encoded input decoded, on `model`'s device
         when `on_device` (a DeviceImage, or the CPU path's image or crop), else on the CPU (a crop); an item whose
         file the CPU path refuses is answered with that ImageError and leaves the batch."""
-        inputs = [item.input for item in batch]
-        where = [i for i, x in enumerate(inputs) if x.form == ENCODED]
-        if not where:
+        return self.decode_group(model, [batch], on_device, preprocessing)[0]
+
+    def decode_group(self, model, batches: list[list], on_device: bool, preprocessing: str,
+                     settle=None) -> list[tuple[list, list]]:
+        """`decode` for each of `batches` (its answer, in order), the encoded images of all of them decoded on the
+        device by one `decode_for_model` call (or one per `group_bytes` of files: `groups.take`). A batch that also
+        holds tensors decodes its JPEGs on the CPU, as alone. `settle(k, items)`: of batches[k]'s items about to be
+        answered with their ImageError, those this call answers (the others' requests were answered meanwhile:
+        claimed images withdrawn); default all."""
+        inputs = [[item.input for item in batch] for batch in batches]
+        waiting: deque = deque()  # (batch index, positions of its encoded inputs, their bytes) for the device
+        for k, xs in enumerate(inputs):
+            where = [i for i, x in enumerate(xs) if x.form == ENCODED]
+            if not where:
+                continue
+            tensors = any(x.form == TENSOR for x in xs)
+            if on_device and not tensors:
+                waiting.append((k, where, sum(xs[i].array.nbytes for i in where)))
+                continue
+            self._decode_on_cpu(xs, where, preprocessing, "tensor_batch" if on_device else "no_device")
+        while waiting:
+            part = take(waiting, self.group, self.group_bytes)
+            datas = [inputs[k][i].array for k, where, _ in part for i in where]  # as they came (prepare copies heads)
+            decoded = self._on_device(model, datas, len(part))
+            at = 0
+            for k, where, _ in part:
+                if decoded is None:
+                    self._decode_on_cpu(inputs[k], where, preprocessing, "device_error")
+                    continue
+                for i, x in zip(where, decoded[at:at + len(where)]):
+                    inputs[k][i] = x
+                at += len(where)
+        return [self._split(k, batch, xs, settle) for k, (batch, xs) in enumerate(zip(batches, inputs))]
+
+    @staticmethod
+    def _split(k: int, batch: list, inputs: list, settle) -> tuple[list, list]:
+        """(the items to compute, their inputs); the others answered with their ImageError."""
+        failed = [item for item, x in zip(batch, inputs) if isinstance(x, ImageError)]
+        if not failed:
             return batch, inputs
-        datas = [inputs[i].array for i in where]  # as they came (prepare copies only their heads)
-        tensors = any(x.form == TENSOR for x in inputs)
-        decoded = None
-        if on_device and not tensors:
-            decoded = self._on_device(model, datas)
-        if decoded is None:
-            reason = "tensor_batch" if on_device and tensors else "device_error" if on_device else "no_device"
-            decoded = [self._on_cpu(data.tobytes(), preprocessing) for data in datas]
-            self.note(CPU, reason, len(datas))
-        for i, x in zip(where, decoded):
-            inputs[i] = x
+        errors = {id(item): x for item, x in zip(batch, inputs) if isinstance(x, ImageError)}
+        for item in (failed if settle is None else settle(k, failed)):
+            item.future.set_exception(errors[id(item)])
         kept = [(item, x) for item, x in zip(batch, inputs) if not isinstance(x, ImageError)]
-        for item, x in zip(batch, inputs):
-            if isinstance(x, ImageError):
-                item.future.set_exception(x)
         return [item for item, _ in kept], [x for _, x in kept]
 
-    def _on_device(self, model, datas: list) -> list | None:
-        """decode_for_model's answer (None when the decoder failed on the batch: logged)."""
+    def _decode_on_cpu(self, inputs: list, where: list[int], preprocessing: str, reason: str) -> None:
+        """inputs[i] for i in `where` decoded on the CPU (a crop, or its ImageError), counted with `reason`."""
+        for i in where:
+            inputs[i] = self._on_cpu(inputs[i].array.tobytes(), preprocessing)
+        self.note(CPU, reason, len(where))
+
+    def _on_device(self, model, datas: list, batches: int = 1) -> list | None:
+        """decode_for_model's answer (None when the decoder failed on the group: logged), for `batches` batches'
+        files."""
         from ...decoding.device.onmodel import decode_for_model
         from .imaging import open_upload
 
@@ -166,13 +215,27 @@ class DeviceDecoding:
         try:
             decoded = decode_for_model(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
         except Exception:  # noqa: BLE001 - the CPU decodes them instead; the device's own failure shows in its batch
-            log.exception("the device JPEG decoder failed on a batch of %s; decoded on the CPU instead",
-                          count(len(datas), "image"))
+            log.exception("the device JPEG decoder failed on %s of %s; decoded on the CPU instead",
+                          "a batch" if batches == 1 else f"a group of {batches} batches", count(len(datas), "image"))
             return None
+        self.metrics.device_decode_batches.observe(batches)
         on_device = sum(getattr(x, "form", None) == DEVICE for x in decoded)
         self.note(DEVICE, ON_DEVICE, on_device)
         self.note(CPU, "stream", len(decoded) - on_device)
         return decoded
+
+    @staticmethod
+    def encoded_bytes(batch: list) -> int:
+        """The encoded files' bytes of a batch's items (what `groups.GROUP_BYTES` bounds)."""
+        return sum(item.input.array.nbytes for item in batch if item.input.form == ENCODED)
+
+    def groups_batch(self, batch: list, on_device: bool) -> bool:
+        """Whether a worker may decode `batch` with more batches at once: it decodes on its device, its group is
+        above 1, and the batch has JPEGs for the device (and no tensors, which keep its JPEGs on the CPU)."""
+        if self.group < 2 or not on_device:
+            return False
+        forms = {item.input.form for item in batch}
+        return ENCODED in forms and TENSOR not in forms
 
     def _on_cpu(self, data: bytes, preprocessing: str):
         """The CPU path's crop of `data` (modelinput prepares it as the batch needs), or its ImageError."""
@@ -182,3 +245,21 @@ class DeviceDecoding:
             return decode_and_crop(data, preprocessing, self.max_pixels, self.formats)[0]
         except ImageError as exc:
             return exc
+
+
+HOLD_ENV = "VGGSERVE_DECODE_HOLD_MS"
+
+
+def hold_from_environment() -> float:
+    """`hold_s` from $VGGSERVE_DECODE_HOLD_MS (milliseconds, for measurements), else 0: a worker whose device is busy
+    does not wait for a full batch to join its group. Under load the queue holds full batches whenever the worker
+    takes one (groups form without waiting); when it does not, the device has time to spare and a group saves
+    little, while the wait would delay the batch taken whenever the device finishes first."""
+    import os
+
+    text = os.environ.get(HOLD_ENV, "").strip()
+    try:
+        return max(0.0, float(text) / 1000.0) if text else 0.0
+    except ValueError:
+        log.warning("$%s=%r is not a number of milliseconds; no hold", HOLD_ENV, text)
+        return 0.0

@@ -11,15 +11,27 @@ The feeder takes its batch as a busy taker (`BatchQueue.take_batch`'s `busy`) wh
 the device: a full batch then, a partial one only once the device is idle, so that an early take never splits the
 queue into small batches; the completer nudges the queue when the device has no batch left.
 
+With --decode gpu a batch's JPEGs are decoded together with those of up to --decode-group - 1 more full batches
+already waiting (`DeviceWorker.claim_group`, one device decode: `devicedecode`): the feeder keeps the group's
+other batches, decoded and claimed, and starts them one by one, each as a batch of its own with its own slot,
+before it takes the next batch. A claimed batch's images stay withdrawable until it starts
+(`BatchQueue.start_claimed`), and its queue time and size are recorded then. After a group of several batches the
+feeder takes the next batch as soon as the group's last one is submitted, before a slot is free (two batches in
+flight; as a busy taker, so a full batch), and takes the slot once the new group is decoded: a group's decode takes
+longer than one batch's, and so overlaps the network's last two batches instead of one. After a batch decoded alone
+(and always with --decode-group 1, or without device decoding) the order is as it was: a slot, then the next batch.
+
 A failure (from `submit` or from `result()`) marks the worker failed and stops the feeder; its batch, every batch
 still in flight and one the feeder took meanwhile go back to the queue for the other device workers, or, when none
-is left, are failed with InferenceFailed (`DeviceWorker.requeue_or_fail`). `run` then raises the failure. When the
-queue closes, `run` returns once the batches in flight are answered, so the model is closed only after them.
+is left, are failed with InferenceFailed (`DeviceWorker.requeue_or_fail`), and so do the claimed batches of its
+decode group. `run` then raises the failure. When the queue closes, `run` returns once the batches in flight (and
+the group's claimed ones) are answered, so the model is closed only after them.
 """
 
 import queue
 import threading
 import time
+from collections import deque
 
 import numpy as np
 from ..threadnames import name_this_thread
@@ -58,30 +70,65 @@ class InflightRunner:
 
     def _feed(self) -> None:
         worker = self.worker
-        while True:
-            self._slots.acquire()  # given back by the completer
-            if self.failure is not None:
+        group: deque = deque()  # the claimed batches of the decode group not started yet: [batch, its inputs]
+        early = False  # the last group had several batches: the next batch is taken before a slot is free
+        try:
+            while True:
+                batch: list = []  # the batch this round computes, once it is this worker's alone
+                try:
+                    if group:
+                        if not self._slot():
+                            return  # failed: `finally` hands the group back
+                        batch, inputs = worker.start_claimed(*group.popleft())
+                        taken = worker.note_taken(batch) if batch else 0.0
+                    else:
+                        late_slot = early
+                        if not late_slot and not self._slot():
+                            return
+                        taken_batch = worker.queue.take_batch(self.max_size, worker.max_wait_s, busy=self._busy,
+                                                              quit=self._failed)
+                        if taken_batch is None:  # closed (the completer finishes what is in flight), or failed
+                            return
+                        batch = taken_batch
+                        taken = worker.note_taken(batch)
+                        claimed = worker.claim_group(batch, self.max_size, self._busy)
+                        group.extend([more, None] for more in claimed)  # given back, undecoded, if the decode fails
+                        decoded = worker.decoded_group(self.model, batch, claimed)  # on the device, encoded uploads
+                        (batch, inputs), rest = decoded[0], decoded[1:]
+                        for entry, (more, more_inputs) in zip(group, rest):
+                            entry[:] = more, more_inputs
+                        early = bool(claimed)
+                        if late_slot and not self._slot():  # failed while this group was decoded
+                            worker.requeue_or_fail(batch + self._given_up(group), self.failure)
+                            return
+                    if not batch:  # every image of it answered with its decoding error (or withdrawn, expired)
+                        self._slots.release()
+                        continue
+                    if self.failure is None:
+                        submitted, want = time.perf_counter(), worker.wants(batch)
+                        pending = self.model.submit(worker.prepare(batch, inputs), want)
+                        with self._lock:
+                            self._on_device += 1
+                        self._handoff.put((batch, pending, want, taken, submitted))
+                        continue
+                except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
+                    self._fail(exc)
+                worker.requeue_or_fail(batch + self._given_up(group), self.failure)  # never computed
                 return
-            batch = worker.queue.take_batch(self.max_size, worker.max_wait_s, busy=self._busy, quit=self._failed)
-            if batch is None:  # closed (the completer finishes what is in flight), or failed
-                return
-            try:
-                taken = worker.note_taken(batch)
-                batch, inputs = worker.decoded(self.model, batch)  # encoded uploads decoded, on the device
-                if not batch:  # every image of it answered with its decoding error
-                    self._slots.release()
-                    continue
-                if self.failure is None:
-                    submitted, want = time.perf_counter(), worker.wants(batch)
-                    pending = self.model.submit(worker.prepare(batch, inputs), want)
-                    with self._lock:
-                        self._on_device += 1
-                    self._handoff.put((batch, pending, want, taken, submitted))
-                    continue
-            except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
-                self._fail(exc)
-            worker.requeue_or_fail(batch, self.failure)  # taken after (or failed at) the failure: never computed
-            return
+        finally:
+            if group:  # failed meanwhile (or an error the loop did not catch)
+                worker.requeue_or_fail(self._given_up(group), self.failure or RuntimeError("the feeder stopped"))
+
+    def _slot(self) -> bool:
+        """Wait for one of the DEPTH slots (given back by the completer); False once the worker has failed."""
+        self._slots.acquire()
+        return self.failure is None
+
+    def _given_up(self, group: deque) -> list:
+        """The still-claimed images of the group's batches not started, in order, this worker's now (emptied)."""
+        items = [item for batch, _ in group for item in self.worker.queue.unclaim(batch)]
+        group.clear()
+        return items
 
     def _complete(self) -> None:
         name_this_thread()

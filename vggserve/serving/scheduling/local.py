@@ -83,7 +83,8 @@ class LocalBackend:
                                      pixels=self.settings.http_workers > 1,
                                      device_resize=self.settings.resize_on == "device",
                                      decoding=DeviceDecoding(self.metrics, self.settings.decode,
-                                                             self.settings.max_pixels),
+                                                             self.settings.max_pixels,
+                                                             group=self.settings.decode_group),
                                      label=label)
                         for device, label in zip(self.settings.devices, self.settings.labels)]
         for worker in self.workers:  # all listed before any starts: "none alive" must see every worker

@@ -200,6 +200,34 @@ class DeviceWorker:
         return self.decoding.decode(model, batch, bool(self.info.get("decodes_on_device")),
                                     self.info.get("preprocessing", "torchvision"))
 
+    def claim_group(self, batch: list[Item], max_size: int, busy: Callable[[], bool]) -> list[list[Item]]:
+        """The batches to decode on the device together with `batch`, just taken: full batches already waiting,
+        claimed (`BatchQueue.take_more`), up to --decode-group batches and GROUP_BYTES of files in all; none unless
+        `batch` is one this worker decodes on its device (`DeviceDecoding.groups_batch`)."""
+        decoding = self.decoding
+        if not decoding.groups_batch(batch, bool(self.info.get("decodes_on_device"))):
+            return []
+        return self.queue.take_more(max_size, decoding.group - 1, busy, decoding.hold_s, decoding.encoded_bytes,
+                                    decoding.group_bytes - decoding.encoded_bytes(batch))
+
+    def decoded_group(self, model, batch: list[Item], claimed: list[list[Item]]) -> list[tuple[list[Item], list]]:
+        """`decoded` for `batch` (taken) and the `claimed` batches, in one device decode: each batch's (items still
+        to compute, their inputs), in order. A claimed image whose file the CPU path refuses is answered with its
+        ImageError only while it is still claimed (its request may have been answered meanwhile)."""
+
+        def settle(k: int, items: list[Item]) -> list[Item]:
+            return items if k == 0 else self.queue.unclaim(items)
+
+        return self.decoding.decode_group(model, [batch, *claimed], bool(self.info.get("decodes_on_device")),
+                                          self.info.get("preprocessing", "torchvision"), settle)
+
+    def start_claimed(self, batch: list[Item], inputs: list) -> tuple[list[Item], list]:
+        """A claimed batch of a decode group starts: (its items still to compute, their inputs), without those
+        withdrawn meanwhile or whose deadline passed (answered 504: `BatchQueue.start_claimed`)."""
+        kept = set(map(id, self.queue.start_claimed(batch)))
+        pairs = [(item, x) for item, x in zip(batch, inputs) if id(item) in kept]
+        return [item for item, _ in pairs], [x for _, x in pairs]
+
     def prepare(self, batch: list[Item], inputs: list | None = None):
         """The model's argument for the batch (`modelinput.prepare_batch`; `inputs`: the items' inputs as `decoded`
         gave them), counting the images the device resizes."""
