@@ -162,3 +162,20 @@ def test_quantise_weights_matches_the_whole_matrix_reference(monkeypatch, shape,
     np.testing.assert_array_equal(s, want_s)
     np.testing.assert_array_equal(codes, want)
     assert s[1] == 1 and not codes[1].any() and s[2] == np.float32(0.125)
+
+
+def test_an_encoder_reuses_its_scratch_without_carrying_values_over():
+    rng = np.random.default_rng(9)
+    encoder = e4m3.Encoder(np.float64, chunk=1000)
+    for n in (2500, 7, 1000, 0, 1001):  # longer than its chunk, shorter, exact, empty, one past
+        x = rng.standard_normal(n) * 2.0 ** rng.integers(-12, 10, n)
+        x[::97] = np.nan
+        out = np.full(n, 0x55, np.uint8)
+        encoder.into(x, out)
+        np.testing.assert_array_equal(out, e4m3.encode_reference(x))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int32, np.complex64])
+def test_an_encoder_takes_only_float32_or_float64(dtype):
+    with pytest.raises(ValueError, match="float32 or float64"):
+        e4m3.Encoder(dtype)
