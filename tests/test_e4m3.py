@@ -54,7 +54,8 @@ def _same_codes(x):
     got, want = e4m3.encode(x), e4m3.encode_reference(x)
     assert got.dtype == np.uint8 and got.shape == want.shape == np.shape(x)
     bad = np.flatnonzero(got != want)
-    assert bad.size == 0, f"{bad.size} differ, first {np.ravel(x)[bad[:5]]}: {got.ravel()[bad[:5]]} != {want.ravel()[bad[:5]]}"
+    first = bad[:5]
+    assert bad.size == 0, f"{bad.size} differ, first {np.ravel(x)[first]}: {got.ravel()[first]} != {want.ravel()[first]}"
     return got
 
 
