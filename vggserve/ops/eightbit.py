@@ -46,8 +46,21 @@ def quantise_weights(weight) -> tuple[np.ndarray, np.ndarray]:
     """FP8: (codes, s_w): codes[n, ...] = e4m3(W[n, ...] / s_w[n]) (uint8, W's shape), s_w = weight_scales(W)."""
     w = np.asarray(weight, dtype=np.float32)
     s = weight_scales(w)
-    q = w.astype(np.float64) / s.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1))
-    return e4m3.encode(q), s
+    # the quotient in float64 (exact float32 -> float64, one rounding: a product with 1 / s_w could miss an e4m3 tie
+    # that W / s_w hits exactly), a few rows at a time into one buffer: VGG16's classifier.0 whole would take 800 MB
+    # per temporary, and fresh blocks their page faults
+    rows, s64 = w.reshape(len(w), -1), s.astype(np.float64)[:, None]
+    cols = rows.shape[1]
+    codes = np.empty(rows.shape, np.uint8)
+    step = max(1, e4m3.CHUNK // max(1, cols))
+    quotient = np.empty(min(step, len(rows)) * cols, np.float64)
+    encoder = e4m3.Encoder(np.float64)
+    for i in range(0, len(rows), step):
+        block = rows[i:i + step]
+        q = quotient[:block.size]
+        np.divide(block, s64[i:i + step], out=q.reshape(block.shape))
+        encoder.into(q, codes[i:i + step].reshape(-1))
+    return codes.reshape(w.shape), s
 
 
 def int8_weights(weight) -> tuple[np.ndarray, np.ndarray]:
