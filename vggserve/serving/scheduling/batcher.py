@@ -261,13 +261,9 @@ class BatchQueue(Admission):
                 with self._cond:
                     if not self._wait_for_turn(me, max_wait_s):
                         return None
-                    batch: list[Item] = []
-                    now = time.monotonic()
-                    while self._items and len(batch) < max_size:
-                        item = self._items.popleft()
-                        self._admitted -= 1
-                        (expired if item.deadline <= now else batch).append(item)
+                    batch = self._pop_up_to(max_size, expired)
                     self._note_length()
+                now = time.monotonic()
                 for item in expired:
                     item.expire(now)
                     self.metrics.timeouts.inc()
@@ -333,15 +329,21 @@ class BatchQueue(Admission):
     def _pop_full(self, max_size: int, expired: list[Item]) -> list[Item] | None:
         """(Holding the lock) the next `max_size` waiting images whose deadline has not passed, those that have
         into `expired`; None (the others back in front) when too few are left."""
+        batch = self._pop_up_to(max_size, expired)
+        if len(batch) < max_size:
+            self._put_back(batch)
+            return None
+        return batch
+
+    def _pop_up_to(self, max_size: int, expired: list[Item]) -> list[Item]:
+        """(Holding the lock) up to `max_size` waiting images whose deadline has not passed, oldest first; those
+        whose deadline has passed, met on the way, go into `expired`."""
         batch: list[Item] = []
         now = time.monotonic()
         while self._items and len(batch) < max_size:
             item = self._items.popleft()
             self._admitted -= 1
             (expired if item.deadline <= now else batch).append(item)
-        if len(batch) < max_size:
-            self._put_back(batch)
-            return None
         return batch
 
     def _put_back(self, batch: list[Item]) -> None:
