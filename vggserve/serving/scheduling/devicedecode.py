@@ -43,9 +43,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
-
 from collections import deque
+from contextlib import nullcontext
 
 from ...decoding.groups import GROUP, GROUP_BYTES, check, take
 from ...errors import ImageError
