@@ -19,8 +19,19 @@ Modules:
 from .decode import DECODE_MODES, check_decode, decode_input, decode_pixels, model_input
 from .worker import DecodeJob
 
-__all__ = ["DECODE_MODES", "DecodeJob", "check_decode", "decode_input", "decode_on_device", "decode_pixels",
-           "make_decoder", "model_input"]
+__all__ = ["DECODE_MODES", "DEVICE_MODES", "DecodeJob", "check_decode", "decode_input", "decode_on_device",
+           "decode_pixels", "decodes_on_device", "make_decoder", "model_input"]
+
+DEVICE_MODES = ("gpu", "auto")  # the --decode modes that may decode JPEGs on the model's device
+
+
+def decodes_on_device(model, mode: str) -> bool:
+    """Whether --decode `mode` decodes JPEGs on `model`'s device: `gpu`, or `auto` where the model runs on a GPU,
+    and the model has a device JPEG decoder. The batch job's rule (distributed.pipeline); the service adds its own
+    conditions (serving.scheduling.devicedecode.decodes_on_device)."""
+    if mode not in DEVICE_MODES or not hasattr(model, "jpeg_decoder"):
+        return False
+    return mode == "gpu" or getattr(getattr(model, "device_info", None), "kind", None) == "gpu"
 
 
 def decode_on_device(datas, device: str = "auto", **limits):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..decoding import DecodeJob, make_decoder
+from ..decoding import DecodeJob, decodes_on_device, make_decoder
 from ..decoding.stages import StageClock
 from ..predictions import result_lines, top_k as top_k_predictions
 from .store import error_line
@@ -112,14 +112,6 @@ class RankStats:
             return {}
         waits = {stage: self.waits.per_image_ms(self.images).get(stage, 0.0) for stage in ("device", "decode")}
         return {**waits, "chunks": round(1000.0 * self.starved_s / self.images, 3)}
-
-
-def decodes_on_device(model, decode: str) -> bool:
-    """Whether a ChunkRunner with `decode` on `model` decodes JPEGs on the model's device (DeviceChunkDecoder, in
-    groups): "gpu", or "auto" on a GPU, where the model has a device JPEG decoder."""
-    on_gpu = decode == "gpu" or (decode == "auto" and getattr(getattr(model, "device_info", None), "kind",
-                                                              None) == "gpu")
-    return on_gpu and hasattr(model, "jpeg_decoder")
 
 
 def decode_group(model, decode: str) -> int:

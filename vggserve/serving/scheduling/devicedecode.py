@@ -46,6 +46,7 @@ import time
 from collections import deque
 from contextlib import nullcontext
 
+from ...decoding import DEVICE_MODES, decodes_on_device as takes_jpegs
 from ...decoding.groups import GROUP, GROUP_BYTES, check, take
 from ...errors import ImageError
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
@@ -55,7 +56,6 @@ from .decoderouter import SPARE_CPU
 
 log = logging.getLogger("vggserve.serving")
 
-DEVICE_MODES = ("gpu", "auto")
 DEVICE, CPU = "device", "cpu"
 ON_DEVICE = "baseline_jpeg"
 CPU_REASONS = (SPARE_CPU, "other_format", "jpeg_kind", "header", "stream", "device_error", "no_device", "tensor_batch")
@@ -114,9 +114,7 @@ def note_cpu(metrics):
 def decodes_on_device(model, mode: str) -> bool:
     """Whether a worker with `model` decodes encoded uploads on its device under --decode `mode` (and its decoder's
     kernels are built, now, before it reports ready)."""
-    if mode not in DEVICE_MODES or not hasattr(model, "jpeg_decoder") or not hasattr(model, "submit"):
-        return False
-    if mode == "auto" and getattr(getattr(model, "device_info", None), "kind", None) != "gpu":
+    if not takes_jpegs(model, mode) or not hasattr(model, "submit"):
         return False
     if not uses_device_resize(model):  # a device-decoded image is resized there: only where that is Pillow's
         return False
