@@ -134,8 +134,8 @@ def main():
                 share = np.median(np.array(parts, dtype=np.float64), axis=0)
                 row[f"{v}_parts_pct"] = (100 * share / share.sum()).round(0).astype(int).tolist()
                 row[f"{v}_params"] = wparams[v]
-                for buf in (layer.ws.v, layer.ws.m):
-                    buf.release()
+                for per_queue in (layer.ws.v, layer.ws.m):
+                    per_queue.release()
             if ref is not None:
                 row[f"{v}_err_f64"] = float(np.abs(out1 - ref).max() / rscale)  # NaN if an output was not written
             del layer

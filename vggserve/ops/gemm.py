@@ -4,7 +4,7 @@ batches, with split K where the output tiles are too few), FP32 or FP16 storage,
 import numpy as np
 import pyopencl as cl
 
-from .launch import MF, Launch, round_up, upload
+from .launch import MF, Launch, PerQueue, round_up, upload
 from .precision import Precision, storage_defines
 from .registry import Algorithm, LayerSpec, register
 from .relayout import DeviceRelayout, relayout
@@ -101,7 +101,7 @@ class SplitKGemm:
         self.g = gemm
         self.splits = self.plan(gemm, max_n, target_groups)
         floats = max(s * n for n, (s, _) in self.splits.items()) * gemm.mpad
-        self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * floats)
+        self.part = PerQueue(ctx, 4 * floats)  # one per lane
         self.kernel = Launch(cl.Kernel(program, "conv_gemm"))
         self.reduce = Launch(cl.Kernel(reduce_program, "fc_reduce"))
 
@@ -122,9 +122,9 @@ class SplitKGemm:
         g, p = self.g, self.g.p
         splits, kchunk = self.splits[n]
         grid = (round_up(n, p["TN"]) // p["TN"] * g.local[0], g.mpad // p["TM"] * g.local[1], splits)
-        first = self.kernel(queue, grid, (*g.local, 1), src, g.wt, g.bias, self.part, g.cin, 1, 1, g.m, g.mpad, n,
-                            kchunk)
-        return first, enqueue_reduce(self.reduce, queue, self.part, g, dst, n, splits)
+        part = self.part.get(queue)
+        first = self.kernel(queue, grid, (*g.local, 1), src, g.wt, g.bias, part, g.cin, 1, 1, g.m, g.mpad, n, kchunk)
+        return first, enqueue_reduce(self.reduce, queue, part, g, dst, n, splits)
 
 
 def local_mem(params: dict) -> int:

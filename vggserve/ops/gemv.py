@@ -4,7 +4,7 @@ re-laid weights."""
 import pyopencl as cl
 
 from .gemm import GemmLayer, enqueue_reduce, split_for
-from .launch import MF, Launch
+from .launch import MF, Launch, PerQueue
 
 KERNEL_FILE = "fc_gemv.cl"
 
@@ -24,7 +24,7 @@ class GemvLayer:
         assert gemm.mpad % span == 0, "Mpad must be a multiple of GEMV_LM * GEMV_WM"
         groups_m = gemm.mpad // span
         self.ksplit, self.kchunk = split_for(self.k, 1, groups_m, params["ksplit_target"], -(-self.k // (lk * 16)))
-        self.part = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.ksplit * params["GEMV_NB"] * gemm.mpad)
+        self.part = PerQueue(ctx, 4 * self.ksplit * params["GEMV_NB"] * gemm.mpad)  # one per lane
         self.gemv = Launch(cl.Kernel(program, "fc_gemv"))
         self.reduce = Launch(cl.Kernel(program, "fc_reduce"))
         self.local = (lm, lk)
@@ -33,5 +33,6 @@ class GemvLayer:
     def enqueue(self, queue, src, dst, n: int):
         """Two launches (partial sums, then reduce + bias + activation); returns both events."""
         g = self.g
-        first = self.gemv(queue, self.grid, self.local, src, g.wt, self.part, self.k, g.mpad, n, self.kchunk)
-        return first, enqueue_reduce(self.reduce, queue, self.part, g, dst, n, self.ksplit)
+        part = self.part.get(queue)
+        first = self.gemv(queue, self.grid, self.local, src, g.wt, part, self.k, g.mpad, n, self.kchunk)
+        return first, enqueue_reduce(self.reduce, queue, part, g, dst, n, self.ksplit)

@@ -11,23 +11,77 @@ def round_up(x: int, m: int) -> int:
 
 
 class Launch:
-    """A kernel whose arguments are set only when they change.
+    """A kernel whose arguments are set only when they change, with one copy of the kernel per set of arguments in
+    use.
 
-    pyopencl's set_args costs about 25 us a call, as much as a small layer's kernel on a GPU; with this, a forward
-    pass at an unchanged batch size sets no argument at all. Python ints become int32 kernel arguments.
+    pyopencl's set_args costs about 25 us a call, as much as a small layer's kernel on a GPU. Batches alternate
+    between staging slots, and lanes (engine.py) each have their own activation buffers, so one kernel object would
+    see its arguments change on every call; instead each distinct set of arguments gets a kernel object of its own
+    (up to COPIES, the least recently used reused past that), and a forward pass at an unchanged batch size sets no
+    argument at all. The arguments are compared as a tuple: the same buffer object (or an equal int) is the same
+    argument. Python ints become int32 kernel arguments.
     """
 
-    __slots__ = ("kernel", "key", "args")
+    COPIES = 8
+
+    __slots__ = ("kernel", "copies")
 
     def __init__(self, kernel):
-        self.kernel, self.key, self.args = kernel, None, None
+        self.kernel = kernel
+        self.copies: list = []  # [(args, cl.Kernel)], the most recently used first
 
     def __call__(self, queue, grid, local, *args, wait_for=None):
-        key = tuple(a if isinstance(a, int) else id(a) for a in args)
-        if key != self.key:
-            self.kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
-            self.key, self.args = key, args  # holding args keeps every id in the key alive
-        return cl.enqueue_nd_range_kernel(queue, self.kernel, grid, local, wait_for=wait_for)
+        copies = self.copies
+        if copies and copies[0][0] == args:
+            kernel = copies[0][1]
+        else:
+            kernel = self._kernel_for(args)
+        return cl.enqueue_nd_range_kernel(queue, kernel, grid, local, wait_for=wait_for)
+
+    def _kernel_for(self, args: tuple):
+        copies = self.copies
+        for i, (held, kernel) in enumerate(copies):
+            if held == args:
+                copies.insert(0, copies.pop(i))
+                return kernel
+        if not copies:
+            kernel = self.kernel
+        elif len(copies) < self.COPIES:
+            kernel = cl.Kernel(self.kernel.program, self.kernel.function_name)
+        else:
+            kernel = copies.pop()[1]
+        kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
+        copies.insert(0, (args, kernel))  # holding args keeps the buffers alive while a kernel refers to them
+        return kernel
+
+
+class PerQueue:
+    """A scratch buffer that a layer writes and reads again within one forward pass (split-K partial sums, a padded
+    input), one per command queue: lanes (engine.py) run forward passes at once on queues of their own, and each
+    needs its own scratch. `reserve` grows it while layers are built; a queue's buffer is made on its first use
+    and kept, so nothing is allocated per call after a lane's first batch."""
+
+    __slots__ = ("ctx", "nbytes", "buffers")
+
+    def __init__(self, ctx, nbytes: int = 0):
+        self.ctx, self.nbytes, self.buffers = ctx, 0, {}
+        self.reserve(nbytes)
+
+    def reserve(self, nbytes: int) -> None:
+        if nbytes > self.nbytes:
+            self.release()
+            self.nbytes = nbytes
+
+    def release(self) -> None:
+        for buf in self.buffers.values():
+            buf.release()
+        self.buffers = {}
+
+    def get(self, queue):
+        buf = self.buffers.get(queue)
+        if buf is None:
+            buf = self.buffers[queue] = cl.Buffer(self.ctx, MF.READ_WRITE, max(1, self.nbytes))
+        return buf
 
 
 def upload(ctx, array: np.ndarray, dtype=np.float32):

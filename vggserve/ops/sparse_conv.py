@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pyopencl as cl
 
-from .launch import Launch, round_up, upload
+from .launch import Launch, PerQueue, round_up, upload
 from .registry import Algorithm, register
 from ..runtime.programs import Generated
 from ..wording import count
@@ -77,25 +77,26 @@ def density(weight: np.ndarray) -> float:
 class PadWorkspace:
     """pad.cl's output: the zero-padded input of the sparse convolutions that run one after another on one queue.
 
-    `reserve` (called by each layer's constructor) grows the buffer to the largest request; layers read `.buf` at
-    enqueue time, so it is only (re)allocated while layers are being built, never per call."""
+    `reserve` (called by each layer's constructor) grows the buffer to the largest request; layers take their
+    queue's (`PerQueue`: one per lane) at enqueue time, made on a lane's first batch, never per call."""
 
     def __init__(self, ctx, cache, wg: int):
         self.ctx, self.wg = ctx, wg
         self.kernel = Launch(cl.Kernel(cache.build("pad.cl", {"PAD_WG": wg}), "pad_nchw"))
-        self.floats, self.buf = 0, None
+        self.floats, self.bufs = 0, PerQueue(ctx)  # one per lane
 
     def reserve(self, floats: int) -> None:
         if floats > self.floats:
             self.floats = floats
-            self.buf = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * floats)
+            self.bufs.reserve(4 * floats)
 
     def enqueue(self, queue, src, n: int, c: int, h: int, w: int, pw: int):
         rows = n * c * (h + 2)
         if rows * pw > self.floats:
             raise ValueError(f"{count(n, 'image')} of {c} x {h} x {w} need {rows * pw} padded floats; the workspace "
                              f"holds {self.floats} (raise max_batch/max_h/max_w)")
-        return self.kernel(queue, (round_up(pw, self.wg), rows), (self.wg, 1), src, self.buf, h, w, h + 2, pw)
+        return self.kernel(queue, (round_up(pw, self.wg), rows), (self.wg, 1), src, self.bufs.get(queue), h, w, h + 2,
+                           pw)
 
 
 class SparseConv:
@@ -162,7 +163,7 @@ class SparseConvCodegen(SparseConv):
         self.kernel = Launch(cl.Kernel(self._program(cache, "conv_sparse_codegen.cl", piece), "conv_sparse_codegen"))
 
     def _launch(self, queue, grid, local, dst, h, w, pw, nstrips):
-        return self.kernel(queue, grid, local, self.ws.buf, self.bias, dst, self.cin, h, w, self.m, pw, nstrips,
+        return self.kernel(queue, grid, local, self.ws.bufs.get(queue), self.bias, dst, self.cin, h, w, self.m, pw, nstrips,
                            GATE)
 
 
@@ -184,7 +185,7 @@ class SparseConvCompressed(SparseConv):
         self.kernel = Launch(cl.Kernel(self._program(cache, "conv_sparse_compressed.cl"), "conv_sparse_compressed"))
 
     def _launch(self, queue, grid, local, dst, h, w, pw, nstrips):
-        return self.kernel(queue, grid, local, self.ws.buf, self.heads, self.vals, self.cptr, self.vptr, self.gchunk,
+        return self.kernel(queue, grid, local, self.ws.bufs.get(queue), self.heads, self.vals, self.cptr, self.vptr, self.gchunk,
                            self.bias, dst, self.cin, h, w, self.m, pw, nstrips)
 
 

@@ -9,7 +9,7 @@
 import numpy as np
 import pyopencl as cl
 
-from .launch import Launch, round_up, upload
+from .launch import Launch, PerQueue, round_up, upload
 from .registry import Algorithm, register
 from .sparse_conv import upload_raw
 from .sparse_formats import csr
@@ -53,7 +53,7 @@ class SparseFc:
         self.max_batch = max_batch
         self.xt = None  # K x NP transposed input of fc_spmm, only where batches beyond SPMV_NB can come
         if max_batch > params["SPMV_NB"]:
-            self.xt = cl.Buffer(ctx, MF.READ_WRITE, 4 * self.k * round_up(max_batch, params["SPMM_NV"]))
+            self.xt = PerQueue(ctx, 4 * self.k * round_up(max_batch, params["SPMM_NV"]))  # one per lane
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
         """fc_spmv (one launch, its event) for n <= SPMV_NB, else fc_transpose + fc_spmm (first, last)."""
@@ -66,10 +66,10 @@ class SparseFc:
             return self.spmv(queue, grid, local, src, self.rowptr, self.cols, self.vals, self.bias, dst, self.k,
                              self.m, n)
         nv, np_ = p["SPMM_NV"], round_up(n, p["SPMM_NV"])
-        first = self.transpose(queue, (round_up(self.k, p["TR_WG"]), n), (p["TR_WG"], 1), src, self.xt, self.k, n,
-                               np_)
+        xt = self.xt.get(queue)
+        first = self.transpose(queue, (round_up(self.k, p["TR_WG"]), n), (p["TR_WG"], 1), src, xt, self.k, n, np_)
         grid = (round_up(np_ // nv, p["SPMM_WG"]), self.m)
-        last = self.spmm(queue, grid, (p["SPMM_WG"], 1), self.xt, self.rowptr, self.cols, self.vals, self.bias, dst,
+        last = self.spmm(queue, grid, (p["SPMM_WG"], 1), xt, self.rowptr, self.cols, self.vals, self.bias, dst,
                          self.m, n, np_)
         return first, last
 

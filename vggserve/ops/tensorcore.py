@@ -13,7 +13,7 @@ import pyopencl as cl
 
 from ..quant import e4m3
 from .eightbit import LayerScales
-from .launch import MF, Launch, round_up, upload
+from .launch import MF, Launch, PerQueue, round_up, upload
 from .precision import Precision
 from .registry import Algorithm, BuildEnv, LayerSpec, register
 
@@ -77,17 +77,12 @@ def padded_bias(ctx, bias: np.ndarray, npad: int):
     return upload(ctx, b)
 
 
-class SplitWorkspace:
-    """One FP32 partial-sum buffer for the split-K layers of a model (they run one after another on one queue),
-    grown while layers are built, never per call."""
+class SplitWorkspace(PerQueue):
+    """One FP32 partial-sum buffer for the split-K layers of a model (they run one after another on a lane's queue),
+    grown while layers are built, one per queue (`PerQueue`)."""
 
-    def __init__(self, ctx):
-        self.ctx, self.floats, self.buffer = ctx, 0, None
-
-    def reserve(self, floats: int) -> None:
-        if floats > self.floats:
-            self.floats = floats
-            self.buffer = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * floats)
+    def reserve_floats(self, floats: int) -> None:
+        self.reserve(4 * floats)
 
 
 class TensorCoreLayer:
@@ -137,7 +132,7 @@ class TensorCoreLayer:
             self.reduce = Launch(cl.Kernel(split, "tc_reduce"))
             self.ws = env.workspace("tc_split", lambda: SplitWorkspace(ctx))
             hw = layer.size * layer.size
-            self.ws.reserve(max(s * n * hw * self.cstore for n, (s, _) in self.plans.items()))
+            self.ws.reserve_floats(max(s * n * hw * self.cstore for n, (s, _) in self.plans.items()))
 
     def plan(self, n: int) -> tuple[int, int]:
         """(splits, k-tiles per split) for n images: K is split until the work-groups reach about `target`
@@ -159,7 +154,7 @@ class TensorCoreLayer:
         if splits == 1:
             return self.kernel(queue, (groups * self.threads, 1), (self.threads, 1), src, self.wt, self.bias, *scales,
                                dst, *args)
-        part = self.ws.buffer
+        part = self.ws.get(queue)
         first = self.split_kernel(queue, (groups * self.threads, splits), (self.threads, 1), src, self.wt,
                                   self.bias, *scales, part, *args)
         total = npix * self.cstore

@@ -16,7 +16,7 @@ import numpy as np
 import pyopencl as cl
 
 from .gemm import check_tile_params, local_mem as gemm_local_mem, work_group_size
-from .launch import Launch, round_up, upload
+from .launch import Launch, PerQueue, round_up, upload
 from .registry import Algorithm, register
 
 MF = cl.mem_flags
@@ -180,24 +180,21 @@ def winograd_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, relu: bo
 
 
 class WinogradWorkspace:
-    """Device buffers for V and M, shared by layers that run one after another on one in-order queue.
+    """Device buffers for V and M, shared by layers that run one after another on a lane's in-order queue.
 
-    `reserve` (called by each layer's constructor) grows them to the largest request; layers read `.v`/`.m` at
-    enqueue time. Buffers are only (re)allocated while layers are being constructed, never per call.
+    `reserve` (called by each layer's constructor) grows them to the largest request; layers take `.v`/`.m` of
+    their queue (`PerQueue`) at enqueue time: made on a lane's first batch, never per call.
     """
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.v_floats = self.m_floats = 0
-        self.v = self.m = None
+        self.v, self.m = PerQueue(ctx), PerQueue(ctx)  # one of each per lane
 
     def reserve(self, v_floats: int, m_floats: int) -> None:
-        if v_floats > self.v_floats:
-            self.v_floats = v_floats
-            self.v = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * v_floats)
-        if m_floats > self.m_floats:
-            self.m_floats = m_floats
-            self.m = cl.Buffer(self.ctx, MF.READ_WRITE, 4 * m_floats)
+        self.v_floats, self.m_floats = max(self.v_floats, v_floats), max(self.m_floats, m_floats)
+        self.v.reserve(4 * self.v_floats)
+        self.m.reserve(4 * self.m_floats)
 
     @property
     def nbytes(self) -> int:
@@ -255,16 +252,17 @@ class WinogradLayer:
             raise ValueError(f"a {h}x{w} image needs {t} tiles; this layer's workspace holds {self.max_tiles}")
         p = self.p
         self.events = []
+        v, m = self.ws.v.get(queue), self.ws.m.get(queue)
         for b0 in range(0, n, per_chunk):
             nb = min(per_chunk, n - b0)
             ptiles = nb * t
             xgrid = round_up(ptiles, self.xwg)
-            self.events.append(self.k_in(queue, (xgrid, self.cin), (self.xwg, 1), src, self.ws.v, self.cin, h, w,
+            self.events.append(self.k_in(queue, (xgrid, self.cin), (self.xwg, 1), src, v, self.cin, h, w,
                                          tw, t, ptiles, b0))
             grid = (round_up(ptiles, p["TN"]) // p["TN"] * self.local[0], self.mpad // p["TM"] * self.local[1], self.nxi)
-            self.events.append(self.k_gemm(queue, grid, self.local, self.u, self.ws.v, self.ws.m, self.cin, self.cpad,
+            self.events.append(self.k_gemm(queue, grid, self.local, self.u, v, m, self.cin, self.cpad,
                                            self.m, self.mpad, ptiles))
-            self.events.append(self.k_out(queue, (xgrid, self.m), (self.xwg, 1), self.ws.m, self.bias, dst, self.m,
+            self.events.append(self.k_out(queue, (xgrid, self.m), (self.xwg, 1), m, self.bias, dst, self.m,
                                           h, w, tw, t, ptiles, b0))
         if not self.events:
             return None
