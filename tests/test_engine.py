@@ -59,11 +59,11 @@ def test_probabilities_are_the_softmax_of_the_logits(tiny_model):
 def test_repeated_calls_reuse_buffers_and_give_identical_results(tiny_model):
     x = np.random.default_rng(4).standard_normal((3, 3, 224, 224)).astype(np.float32)
     first = tiny_model.logits(x)
-    buffers = (tiny_model.ping, tiny_model.pong, *(s.input for s in tiny_model.slots),
+    buffers = (*((n.ping, n.pong) for n in tiny_model.lanes), *(s.input for s in tiny_model.slots),
                *(s.host_out.ctypes.data for s in tiny_model.slots))
     tiny_model.logits(x[:1])
     np.testing.assert_array_equal(tiny_model.logits(x), first)
-    assert (tiny_model.ping, tiny_model.pong, *(s.input for s in tiny_model.slots),
+    assert (*((n.ping, n.pong) for n in tiny_model.lanes), *(s.input for s in tiny_model.slots),
             *(s.host_out.ctypes.data for s in tiny_model.slots)) == buffers
 
 
@@ -166,7 +166,8 @@ def test_ping_pong_buffers_hold_exactly_the_largest_activation(tiny_model):
 
     sizes = activation_sizes(tiny_model.spec)
     assert max(sizes) == 8 * 224 * 224  # conv1 output of the width-1/8 network
-    assert tiny_model.ping.size == tiny_model.pong.size == 4 * max(sizes) * tiny_model.max_batch_size
+    lane = tiny_model.lanes[0]
+    assert lane.ping.size == lane.pong.size == 4 * max(sizes) * tiny_model.max_batch_size
 
 
 def crops(n, seed=0):

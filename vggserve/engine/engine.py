@@ -1,14 +1,19 @@
 """The engine: a network's forward pass on one OpenCL device, with one read at the end.
 
 It knows no network. A network (model/vgg16.py) builds its `Step`s once; the engine owns the device side that every
-network needs: the context and its two queues, the program cache, two ping-pong activation buffers sized from the
-steps, two staging slots (pinned host memory, `staging.py`) so that two batches can be in flight, the input side
-(float32 NCHW, uint8 crops normalised on the device, raw images resized on the device), softmax, and the public
-calls (`submit`, `logits`, `probabilities`, `classify`, `layer_times`).
+network needs: the context and its queues, the program cache, the lanes (below), two staging slots per lane (pinned
+host memory, `staging.py`) so that two batches per lane can be in flight, the input side (float32 NCHW, uint8 crops
+normalised on the device, raw images resized on the device), softmax, and the public calls (`submit`, `logits`,
+`probabilities`, `classify`, `layer_times`).
 
-Enqueuing is serialised by a lock; the kernels run on one in-order queue, uploads on a second one. Larger inputs
-run in chunks of `max_batch_size`, each chunk's upload overlapping the previous chunk's kernels; nothing is
-allocated per call.
+A lane is an in-order queue with its own two ping-pong activation buffers, logits and scratch (`ops.launch.PerQueue`):
+batches submitted one after another go to the lanes in turn, so with `lanes=2` two forward passes run on the device
+at once. A small batch fills few of a GPU's compute units and each of its layers is short, so a second lane fills
+the gaps (Triton's instance groups do the same with model copies; here the weights are shared). One lane (the
+default) is one forward pass at a time.
+
+Enqueuing is serialised by a lock; uploads run on a queue of their own. Larger inputs run in chunks of
+`max_batch_size`, each chunk's upload overlapping the previous chunk's kernels; nothing is allocated per call.
 """
 
 import threading
@@ -45,6 +50,24 @@ class StartupTimes:
     programs_cached: int = 0
 
 
+MAX_LANES = 4
+
+
+@dataclass
+class Lane:
+    """One in-order queue of forward passes and the device buffers only it writes."""
+
+    queue: object
+    ping: object
+    pong: object
+    logits: object
+    probs: object
+
+    def release(self) -> None:
+        for buf in (self.ping, self.pong, self.logits, self.probs):
+            buf.release()
+
+
 INDEX_LIMIT = 2**31 - 1  # values in one activation buffer: the kernels' global ids and offsets are 32-bit ints
 
 
@@ -74,10 +97,15 @@ class Engine:
     resizes_on_device = True  # submit takes image ModelInputs and resizes them itself (ops/resize.py)
 
     def __init__(self, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
-                 preprocessing: str = "torchvision", program_dir=None, precision: str = precisions.DEFAULT):
-        """program_dir: where compiled programs are cached (default: `programs.cache_dir()`)."""
+                 preprocessing: str = "torchvision", program_dir=None, precision: str = precisions.DEFAULT,
+                 lanes: int = 1):
+        """program_dir: where compiled programs are cached (default: `programs.cache_dir()`); lanes: forward passes
+        that may run on the device at once (1 to MAX_LANES; module docstring)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= MAX_LANES:
+            raise SettingError(f"lanes must be an integer from 1 to {MAX_LANES}, got {lanes!r}")
+        self.lane_count = lanes
         self.precision = precisions.get(precision)
         self.startup = StartupTimes()
         t0 = time.perf_counter()
@@ -87,7 +115,8 @@ class Engine:
         precisions.check(self.precision, self.caps.tensor_cores, self.device_info.label, fp8=self.caps.fp8)
         self.context = warmstart.take_context(self.device) or cl.Context([self.device])
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
-        self.queue = cl.CommandQueue(self.context, properties=props)
+        self.queue = cl.CommandQueue(self.context, properties=props)  # lane 0's; the load's copies run on it
+        self._queue_props = props
         self.copy_queue = cl.CommandQueue(self.context, properties=props)  # uploads, overlapping the kernels
         self.startup.discovery_s = time.perf_counter() - t0
         self.max_batch_size = int(max_batch_size)
@@ -112,12 +141,19 @@ class Engine:
                              f"activation is {per_image:,} values per image and the kernels count a batch's "
                              f"values in 32-bit integers, so at most {count(INDEX_LIMIT // per_image, 'image')} "
                              "per batch")
-        self.ping = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
-        self.pong = cl.Buffer(self.context, MF.READ_WRITE, b * largest)
-        self.slots = [Slot(self.context, self.queue, b) for _ in range(2)]
+        queues = [self.queue] + [cl.CommandQueue(self.context, properties=self._queue_props)
+                                 for _ in range(self.lane_count - 1)]
+
+        def buffer(nbytes):
+            return cl.Buffer(self.context, MF.READ_WRITE, nbytes)
+
+        self.lanes = [Lane(q, buffer(b * largest), buffer(b * largest), buffer(LOGIT * b * NUM_CLASSES),
+                           buffer(LOGIT * b * NUM_CLASSES)) for q in queues]
+        # slot i is lane i % lanes's: batches go to the lanes in turn, two of them per lane in flight
+        self.slots = [Slot(self.context, self.queue, b) for _ in range(2 * self.lane_count)]
+        for i, slot in enumerate(self.slots):
+            slot.lane = self.lanes[i % self.lane_count]
         self._turn = 0
-        self.logits_buf = cl.Buffer(self.context, MF.READ_WRITE, LOGIT * b * NUM_CLASSES)
-        self.probs_buf = cl.Buffer(self.context, MF.READ_WRITE, LOGIT * b * NUM_CLASSES)
 
     def _finish_startup(self, t_upload: float, built_before: float) -> None:
         self.queue.finish()
@@ -128,13 +164,13 @@ class Engine:
         self.startup.programs_compiled, self.startup.programs_cached = cache.compiles, cache.hits
 
     # ---- the forward pass ---------------------------------------------------------------------------------
-    def _enqueue_forward(self, src, n: int, events: list | None):
-        """Every step for n <= max_batch_size images already in `src`; logits end in logits_buf."""
-        other = (self.ping, self.pong)
+    def _enqueue_forward(self, lane: Lane, src, n: int, events: list | None):
+        """Every step for n <= max_batch_size images already in `src`, on `lane`; logits end in lane.logits."""
+        other, queue = (lane.ping, lane.pong), lane.queue
         flip, last = 0, len(self.steps) - 1
         for i, step in enumerate(self.steps):
-            dst = self.logits_buf if i == last else other[flip]
-            ev = step.run(self.queue, src, dst, n)
+            dst = lane.logits if i == last else other[flip]
+            ev = step.run(queue, src, dst, n)
             if events is not None:
                 events.append((step.name, ev, step.flops(n)))
             src, flip = dst, flip ^ 1
@@ -166,49 +202,50 @@ class Engine:
         with self._lock:
             self._check_open()
             slot = self.slots[self._turn]
-            self._turn ^= 1
+            self._turn = (self._turn + 1) % len(self.slots)
+            lane, queue = slot.lane, slot.lane.queue
             _collect(slot)  # its batch is done with the slot's staging and input buffers
             if as_images:
                 uploads, placed = slot.stage_images(self.copy_queue, crops, raws) if (crops or raws) else ([], [])
             else:
                 uploads, placed = [slot.stage(self.copy_queue, x, pinned)], []
             self.copy_queue.flush()
-            cl.enqueue_barrier(self.queue, wait_for=uploads)
+            cl.enqueue_barrier(queue, wait_for=uploads)
             if placed:
-                ev = self.resize_op.enqueue(self.queue, slot.raw.device, placed, slot.pixels)
+                ev = self.resize_op.enqueue(queue, slot.raw.device, placed, slot.pixels)
                 if events is not None:
                     events.append(("resize", ev, 0.0))
             if on_device:
-                self._place_device_images(slot, on_device, events)
+                self._place_device_images(queue, slot, on_device, events)
             if as_images or x.dtype == np.uint8:
-                ev = self.pixel_op.enqueue(self.queue, slot.pixels, slot.input, n, INPUT_SIZE * INPUT_SIZE)
+                ev = self.pixel_op.enqueue(queue, slot.pixels, slot.input, n, INPUT_SIZE * INPUT_SIZE)
                 if events is not None:
                     events.append(("pixels", ev, 0.0))
-            self._enqueue_forward(slot.input, n, events)
-            result = self.logits_buf
+            self._enqueue_forward(lane, slot.input, n, events)
+            result = lane.logits
             if want == "probabilities":
-                ev = self.softmax_op.enqueue(self.queue, self.logits_buf, self.probs_buf, n, NUM_CLASSES)
+                ev = self.softmax_op.enqueue(queue, lane.logits, lane.probs, n, NUM_CLASSES)
                 if events is not None:
                     events.append(("softmax", ev, 0.0))
-                result = self.probs_buf
-            read = cl.enqueue_copy(self.queue, slot.host_out[:n], result, is_blocking=False)
-            self.queue.flush()
+                result = lane.probs
+            read = cl.enqueue_copy(queue, slot.host_out[:n], result, is_blocking=False)
+            queue.flush()
             slot.pending = Pending(slot, n, read)
             return slot.pending
 
-    def _place_device_images(self, slot, items: list, events) -> None:
+    def _place_device_images(self, queue, slot, items: list, events) -> None:
         """Device-decoded inputs (decoding.device.onmodel.DeviceImage) into the slot's crops: images resized from
         their buffers, crops copied, each at its index of the batch."""
         crop_bytes = INPUT_SIZE * INPUT_SIZE * 3
         by_buffer: dict = {}
         for index, d in items:
             if d.kind == "crop":
-                d.read_by(cl.enqueue_copy(self.queue, slot.pixels, d.buffer, byte_count=crop_bytes,
+                d.read_by(cl.enqueue_copy(queue, slot.pixels, d.buffer, byte_count=crop_bytes,
                                           src_offset=d.offset, dst_offset=index * crop_bytes))
             else:
                 by_buffer.setdefault(id(d.buffer), (d, []))[1].append((d.offset, d.width, d.height, index))
         for d, placed in by_buffer.values():  # the images of one buffer share its lease: one note of the read
-            ev = self.resize_op.enqueue(self.queue, d.buffer, placed, slot.pixels)
+            ev = self.resize_op.enqueue(queue, d.buffer, placed, slot.pixels)
             d.read_by(ev)
             if events is not None:
                 events.append(("resize", ev, 0.0))
@@ -321,11 +358,9 @@ class Engine:
                 _collect(slot)
                 slot.release(self.queue)
             self.slots = []
-            for attr in ("ping", "pong", "logits_buf", "probs_buf"):
-                buf = getattr(self, attr, None)
-                if buf is not None:
-                    buf.release()
-                    setattr(self, attr, None)
+            for lane in getattr(self, "lanes", []):
+                lane.release()
+            self.lanes = []
 
     def __enter__(self):
         return self

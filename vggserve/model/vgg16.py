@@ -54,11 +54,14 @@ def activation_sizes(spec) -> list[int]:
 
 class VGG16(Engine):
     def __init__(self, tensors: dict, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
-                 preprocessing: str = "torchvision", program_dir=None, precision: str = "fp32", calibration=None):
+                 preprocessing: str = "torchvision", program_dir=None, precision: str = "fp32", calibration=None,
+                 lanes: int = 1):
         """program_dir: where compiled programs are cached (default: `programs.cache_dir()`); calibration: the
         activation ranges (quant/calibration.Calibration, or a function that reads them, called once the device is
-        known to run the precision) an 8-bit precision needs."""
-        super().__init__(device, max_batch_size, profile, preprocessing, program_dir, precision)  # checks the device
+        known to run the precision) an 8-bit precision needs; lanes: forward passes that may run on the device at
+        once (engine.py)."""
+        super().__init__(device, max_batch_size, profile, preprocessing, program_dir, precision,
+                         lanes)  # checks the device
         self.spec = vgg16_spec(infer_width(tensors))
         self.calibration = calibration() if callable(calibration) else calibration
         if self.precision.eight_bit and self.calibration is None:
@@ -76,12 +79,13 @@ class VGG16(Engine):
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
     def load(cls, weights, device: str = "auto", max_batch_size: int = 16, profile: bool = False,
-             program_dir=None, precision: str = "fp32", calibration=None) -> "VGG16":
+             program_dir=None, precision: str = "fp32", calibration=None, lanes: int = 1) -> "VGG16":
         """From a weights file (any supported format) or a dict of arrays (any supported key scheme).
         precision: "fp32" (default), "tf32", "fp16", "fp8" or "int8" (ops/precision.py). fp8 and int8 read the
         calibration beside a weights file (`<file>.fp8.json`, `<file>.int8.json`; a CalibrationError in one line,
         saying how to make it, where there is none) unless `calibration` (a quant.calibration.Calibration) is given;
-        weights given as arrays need `calibration`."""
+        weights given as arrays need `calibration`. lanes: forward passes that may run on the device at once (1, the
+        default, to 4): two help small batches on a GPU (engine.py)."""
         from ..ops import precision as precisions
         from ..quant.calibration import load_for
         from ..weights import load_weights, weights_from_tensors
@@ -91,7 +95,7 @@ class VGG16(Engine):
         if prec.eight_bit and calibration is None and loaded.path is not None:
             calibration = partial(load_for, loaded.path, loaded.sha256, prec.name)  # after the device's check
         model = cls(loaded.tensors, device, max_batch_size, profile, preprocessing=loaded.preprocessing,
-                    program_dir=program_dir, precision=precision, calibration=calibration)
+                    program_dir=program_dir, precision=precision, calibration=calibration, lanes=lanes)
         model._weights_loaded = loaded  # only for its lazily computed, cached sha256; tensors dropped below
         loaded.tensors = {}
         return model
