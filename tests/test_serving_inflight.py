@@ -508,3 +508,45 @@ def test_a_batch_taken_early_after_a_group_is_failed_with_the_worker_while_it_wa
     assert [item.future.result(timeout=0).batch_size for item in items[:4]] == [2] * 4
     assert queue.admitted == 0 and len(queue) == 0 and not queue._claimed
     queue.close(shutting_down())
+
+
+def test_with_two_lanes_four_batches_are_in_flight_and_a_partial_batch_starts_while_one_lane_is_free():
+    metrics, queue = queue_of(64)
+    model = PipelinedModel("fake-lanes", seconds_per_batch=0.01, max_batch_size=4, gated=True, lanes=2)
+    items = fill(queue, inputs(16))  # four full batches waiting
+    worker = start_worker("fake-lanes", model, queue, metrics, 4)
+    wait_until(lambda: len(model.submitted) == 4, "four batches submitted (two per lane)")
+    time.sleep(0.1)
+    assert model.in_flight == 4 and model.batch_sizes == [4, 4, 4, 4]
+    model.release(0, 1, 2, 3)
+    for item, x in zip(items, inputs(16)):
+        np.testing.assert_allclose(item.future.result(timeout=TIMEOUT).probabilities, expected_row(x), rtol=1e-6)
+    one = fill(queue, inputs(1))  # a lone image: both lanes idle, it goes at once
+    wait_until(lambda: len(model.submitted) == 5, "the lone image submitted")
+    two = fill(queue, inputs(2))  # one lane busy (batch 4 gated): a partial batch still starts, on the other lane
+    wait_until(lambda: len(model.submitted) == 6, "a partial batch submitted while one lane is busy")
+    assert model.batch_sizes[4:] == [1, 2] and model.in_flight == 2
+    three = fill(queue, inputs(3))  # both lanes busy: the partial batch waits for a lane (or to fill)
+    time.sleep(0.2)
+    assert len(model.submitted) == 6
+    model.release(4, 5, 6)
+    for item in one + two + three:
+        item.future.result(timeout=TIMEOUT)
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+
+
+def test_one_lane_keeps_two_batches_in_flight_and_holds_a_partial_batch_while_one_is_on_the_device():
+    metrics, queue = queue_of(64)
+    model = PipelinedModel("fake-one-lane", seconds_per_batch=0.01, max_batch_size=4, gated=True)
+    worker = start_worker("fake-one-lane", model, queue, metrics, 4)
+    first = fill(queue, inputs(1))
+    wait_until(lambda: len(model.submitted) == 1, "the lone image submitted")
+    second = fill(queue, inputs(2))
+    time.sleep(0.2)
+    assert len(model.submitted) == 1  # busy: a partial batch waits while the device has one
+    model.release(0, 1)
+    for item in first + second:
+        item.future.result(timeout=TIMEOUT)
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)

@@ -13,6 +13,7 @@ from functools import partial
 import numpy as np
 
 from .common import add_device_args, non_negative_int, note, positive_int
+from ..wording import count
 
 
 def register(subparsers) -> None:
@@ -22,11 +23,15 @@ def register(subparsers) -> None:
     p.add_argument("--iterations", type=positive_int, default=5, help="timed forward passes (default 5)")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed forward passes first (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    p.add_argument("--lanes", type=int, default=1, metavar="N",
+                   help="forward passes the engine may run at once, each on a queue of its own (1..4, default 1): "
+                        "the streamed figure then has N lanes' batches in flight")
     add_device_args(p, batch_default=1)
     p.set_defaults(func=run)
 
 
-def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, precision: str = "fp32") -> dict:
+def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, precision: str = "fp32",
+            lanes: int = 1) -> dict:
     """Everything `vggserve bench` reports, as a dict."""
     from ..model.vgg16 import VGG16
     from ..runtime import devices as devs
@@ -48,7 +53,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, 
                         calibration=cal) as first:
             first_build = first.startup.build_s
         model = VGG16.load(source, device=info.spec, max_batch_size=batch, profile=True, program_dir=tmp,
-                           precision=precision, calibration=first.calibration)
+                           precision=precision, calibration=first.calibration, lanes=lanes)
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
     for _ in range(warmup):
         model.logits(x)
@@ -71,6 +76,7 @@ def measure(weights, device: str, batch: int, iterations: int, warmup: int = 1, 
         "precision": model.precision.name,
         "family": model.family,
         "batch_size": batch,
+        "lanes": lanes,
         "iterations": iterations,
         "images_per_second": round(batch / median, 3),
         "ms_per_batch_median": round(median * 1e3, 3),
@@ -119,7 +125,7 @@ def eight_bit_calibration(precision: str, loaded, tensors):
 def run(args) -> int:
     if args.weights is None:
         note("vggserve: bench uses deterministic random weights (--weights to use a file)")
-    r = measure(args.weights, args.device, args.batch_size, args.iterations, args.warmup, args.precision)
+    r = measure(args.weights, args.device, args.batch_size, args.iterations, args.warmup, args.precision, args.lanes)
     if args.json:
         print(json.dumps(r))
         return 0
@@ -131,7 +137,7 @@ def run(args) -> int:
     print(f"{'sum of kernels':26s} {r['layers_total_ms']:9.3f}")
     print(f"end to end: {r['ms_per_batch_median']:.2f} ms per batch (median of {r['iterations']}), "
           f"{r['images_per_second']:.2f} images/s")
-    print(f"streamed (batches submitted back to back, uploads overlapping kernels): "
+    print(f"streamed (batches submitted back to back, uploads overlapping kernels, {count(r['lanes'], 'lane')}): "
           f"{r['streamed_images_per_second']:.2f} images/s")
     s = r["startup"]
     print(f"start-up: platform discovery {s['platform_discovery_s']:.3f} s, program build "

@@ -79,6 +79,10 @@ def register(subparsers) -> None:
                    help="with --decode gpu or auto: when the engine takes a batch to decode on its device and more "
                         "full batches are already waiting, it decodes up to N batches' JPEGs in one launch sequence, "
                         "far cheaper for the device than N decodes; 1..16, 1 = one batch per decode (default 4)")
+    p.add_argument("--lanes", type=int, default=1, metavar="N",
+                   help="forward passes each device's engine may run at once, each on a queue of its own with its own "
+                        "activation buffers (the weights are shared): 2 raise a GPU's images/s at small batches, "
+                        "where one batch leaves most of its compute units idle; 1..4 (default 1)")
     add_precision_arg(p)
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take after SIGTERM before exit (default 30)")
@@ -113,6 +117,7 @@ def _settings(args, **overrides):
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         warmup=not args.no_warmup, engine_processes=args.engine_processes, resize_on=args.resize_on,
         decode=args.decode, decode_group=parse_decode_group(args.decode_group), precision=args.precision,
+        lanes=args.lanes,
         cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:

@@ -141,5 +141,6 @@ class Service:
             # --decode gpu|auto: JPEGs sent to the engine compressed and decoded on its device
             "decode": self.settings.decode,
             "decode_group": self.settings.decode_group,
+            "lanes": self.settings.lanes,
             "decodes_on_device": bool(info.get("decodes_on_device")),
         }

@@ -177,6 +177,7 @@ _BOUNDS = {
     "read_timeout_s": (0.01, 3600, "--read-timeout", "60"),
     "http_workers": (1, 64, "--http-workers", "4"),
     "decode_group": (1, 16, "--decode-group", "4"),
+    "lanes": (1, 4, "--lanes", "2"),
 }
 
 _REAL = ("max_wait_ms", "drain_timeout_s", "read_timeout_s")  # the others are integers
@@ -220,6 +221,9 @@ class Settings:
     # with --decode gpu|auto: batches whose JPEGs the engine decodes on its device at once, when that many full
     # batches are waiting (one launch sequence; 1: one batch per decode; serving.scheduling.devicedecode)
     decode_group: int = GROUP
+    # forward passes each device worker's engine may run on its device at once, each on a queue of its own (engine.py's
+    # lanes): 2 help small batches on a GPU, where one batch leaves most compute units idle
+    lanes: int = 1
     # the engine's precision: fp32, tf32, fp16, fp8 or int8 (vggserve/ops/precision.py)
     precision: str = "fp32"
     # browser origins allowed to call the API (CORS); none by default: browsers on other origins are refused

@@ -120,11 +120,12 @@ class PipelinedModel(SlowModel):
     `release(k)` was called. Records each batch's input in submission order (`submitted`), the most batches in
     flight at once (`max_in_flight`: submitted, result not yet collected), and `log`: ("submit", k), ("result", k)
     and ("close",) in the order they happened. `fail_at=(k, "submit")` or `(k, "result")` makes batch k (0-based)
-    raise RuntimeError there."""
+    raise RuntimeError there. `lanes`: the engine's `lane_count` it reports (its batches run at once anyway)."""
 
     def __init__(self, device: str = "cpu", seconds_per_batch: float = 0.02, max_batch_size: int = 16, *,
-                 gated: bool = False, fail_at: tuple[int, str] | None = None):
+                 gated: bool = False, fail_at: tuple[int, str] | None = None, lanes: int = 1):
         super().__init__(device, seconds_per_batch, max_batch_size)
+        self.lane_count = lanes
         self.device_name = f"pipelined stand-in ({device})"
         self.gated, self.fail_at = gated, fail_at
         self.submitted: list[np.ndarray] = []

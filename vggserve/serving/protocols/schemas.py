@@ -96,6 +96,8 @@ class Metadata(BaseModel):
     decode: str = Field("exact", description="--decode: exact, fast, gpu or auto.")
     decode_group: int = Field(4, description="--decode-group: batches whose JPEGs one device decode takes at most "
                               "(with --decode gpu or auto, when that many full batches are waiting).")
+    lanes: int = Field(1, description="--lanes: forward passes each device's engine may run at once, each on a queue "
+                       "of its own.")
     decodes_on_device: bool = Field(False, description="Whether JPEGs the device decoder takes are sent to the engine "
                                     "compressed and decoded on its device (--decode gpu, or auto on a GPU).")
     frontend: FrontendInfo | None = Field(None, description="The front-end process that answered (with "

@@ -36,7 +36,7 @@ from collections import deque
 import numpy as np
 from ..threadnames import name_this_thread
 
-DEPTH = 2  # batches in flight at once; VGG16 has two staging slots
+DEPTH = 2  # batches in flight at once per lane; VGG16 has two staging slots per lane (engine.py)
 
 
 class InflightRunner:
@@ -45,7 +45,10 @@ class InflightRunner:
         self.model = model
         # submit takes at most the model's max_batch_size images (the serial path's calls would split a batch)
         self.max_size = min(worker.max_batch_size, int(worker.info.get("max_batch_size", worker.max_batch_size)))
-        self._slots = threading.Semaphore(DEPTH)
+        # with lanes (engine.py: forward passes at once on queues of their own), DEPTH batches in flight per lane, and
+        # the device counts as busy only once every lane has a batch
+        self.lanes = max(1, int(getattr(model, "lane_count", 1)))
+        self._slots = threading.Semaphore(DEPTH * self.lanes)
         self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
@@ -155,8 +158,8 @@ class InflightRunner:
                 worker.requeue_or_fail(batch, self.failure)  # those not answered yet
 
     def _busy(self) -> bool:
-        """A batch of this worker's is still on the device (read under the queue's lock: no lock of its own)."""
-        return self._on_device > 0
+        """Every lane has a batch of this worker's on the device (read under the queue's lock: no lock of its own)."""
+        return self._on_device >= self.lanes
 
     def _failed(self) -> bool:
         return self.failure is not None

@@ -34,7 +34,7 @@ def default_model_factory(settings: Settings) -> ModelFactory:
         from ...model.vgg16 import VGG16
 
         return VGG16.load(settings.weights, device=device, max_batch_size=settings.max_batch_size,
-                          precision=settings.precision)
+                          precision=settings.precision, lanes=settings.lanes)
 
     return load
 
