@@ -56,6 +56,10 @@ def test_a_refused_request_takes_nothing_and_all_or_none_of_its_images():
     assert second.admitted == 0 and block.held() == 5
     second.admit(3)
     assert block.held() == 8
+    block.count(0, 8).set(6)  # the first front end has published a reservation it will take back (9 > 8)
+    second.admit(0)  # a request whose every file was refused before admission: nothing to count, never a 429
+    block.count(0, 8).set(5)
+    assert block.held() == 8 and second.admitted == 3
 
 
 def test_answers_engine_loss_and_a_cleared_slot_give_the_room_back():

@@ -82,7 +82,10 @@ class SharedCount:
         return cls(memory, index, front_ends, capacity)
 
     def admit(self, held: int, n: int) -> bool:
-        """Publish `held` (n of them new); False, with `held - n` published again, when that passes the limit."""
+        """Publish `held` (n of them new); False, with `held - n` published again, when that passes the limit. No
+        images (a request whose every file failed before admission) always fit, as in a front end of its own."""
+        if not n:
+            return True
         slots, index = self._slots, self.index
         for _ in range(ATTEMPTS):
             slots[index] = held
