@@ -2,8 +2,9 @@
 process per device, and every front end sending each image to the ready engine with the fewest of its images
 outstanding.
 
-In-process: two engines behind one EngineRouter (both get images, --max-queue covers them together, a device that fails mid-load has its images computed by the other), the settings and the flag, the
-model factory that cannot travel. Real processes, with SlowModels stand-in devices: both engine processes serve
+In-process: two engines behind one EngineRouter (both get images, --max-queue covers them together, a device
+that fails mid-load has its images computed by the other), the settings and the flag, the model factory that
+cannot travel. Real processes, with SlowModels stand-in devices: both engine processes serve
 under load; one device failing mid-load or one engine process killed loses no request, readiness stays 200 and the
 log names the device; every engine out exits 3; SIGTERM leaves no process behind; `--engine-processes 1` keeps one
 engine process for every device.
