@@ -260,7 +260,9 @@ def test_front_ends_are_restarted_until_they_die_too_often():
         launched.append(index)
         return subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
 
-    frontends = FrontEnds(2, launch)
+    events = []  # each exit is reported (its admission slot cleared) before that front end is started again
+    frontends = FrontEnds(2, lambda index: events.append(("launch", index)) or launch(index),
+                          on_exit=lambda index: events.append(("exit", index)))
     frontends.start()
     reason = None
     end = time.monotonic() + 30
@@ -269,6 +271,10 @@ def test_front_ends_are_restarted_until_they_die_too_often():
         time.sleep(0.02)
     assert reason and "keep dying" in reason and "status 7" in reason, reason
     assert 5 <= len(launched) <= 7 and set(launched) == {0, 1}
+    for index in (0, 1):
+        theirs = [what for what, i in events if i == index]
+        assert theirs == ["launch", "exit"] * (len(theirs) // 2) + ["launch"] * (len(theirs) % 2), events
+    assert sum(what == "exit" for what, _ in events) == len(launched) - 1  # the last death is not restarted
     frontends.kill()
 
 
