@@ -411,18 +411,6 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
                            for q in ("p50", "p90", "p99")}}
 
 
-def queue_fronts(http_workers, devices) -> int:
-    """The front ends to size --max-queue for: --http-workers as given, else the most the server's default can start
-    (`auto`: half the cores, whatever the queue). Each front end admits its share of --max-queue, so a queue sized
-    for one front end while the server starts 32 gave each of them room for 16 images: with 256 requests in flight
-    spread unevenly over the 32, the busiest answered 429 (four H100s, BENCHMARKS.md, fifteenth session)."""
-    from vggserve.serving.settings import auto_http_workers, parse_http_workers
-
-    if http_workers is None or str(http_workers).strip().lower() == "auto":
-        return auto_http_workers(None, len(devices), max_queue=1 << 30, max_files=1)
-    return parse_http_workers(http_workers, devices)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.url and args.client == "raw":
@@ -439,7 +427,6 @@ def main(argv=None) -> int:
 
     weights = str(find_weights(args.weights)) if not args.url or not args.skip_engine else None
     devices = parse_devices(args.device)
-    fronts = queue_fronts(args.http_workers, devices)
     batch = args.max_batch_size
     concurrency = args.concurrency or max(1, 4 * batch * len(devices) // args.files_per_request)
     procs = args.client_procs or max(1, min(8, (mp.cpu_count() or 2) // 2))
@@ -474,8 +461,8 @@ def main(argv=None) -> int:
         serve_args = ["--weights", weights, "--device", args.device, "--max-batch-size", str(batch),
                       "--max-files", str(max(16, args.files_per_request)),
                       "--max-wait-ms", str(args.max_wait_ms),
-                      # each front-end process admits its share of the queue: room for every request in each
-                      "--max-queue", str(max(256, 2 * concurrency * args.files_per_request) * fronts),
+                      # the whole server's limit, whichever front end a request reaches: room for every request
+                      "--max-queue", str(max(256, 2 * concurrency * args.files_per_request)),
                       "--log-level", "warning"]
         if args.preprocess_threads:
             serve_args += ["--preprocess-threads", str(args.preprocess_threads)]

@@ -2,9 +2,9 @@
 process per device, and every front end sending each image to the ready engine with the fewest of its images
 outstanding.
 
-In-process: two engines behind one EngineRouter (both get images, the front end's share of --max-queue covers
-them together, a device that fails mid-load has its images computed by the other), the settings and the flag, the
-model factory that cannot travel. Real processes, with SlowModels stand-in devices: both engine processes serve
+In-process: two engines behind one EngineRouter (both get images, --max-queue covers them together, a device
+that fails mid-load has its images computed by the other), the settings and the flag, the model factory that
+cannot travel. Real processes, with SlowModels stand-in devices: both engine processes serve
 under load; one device failing mid-load or one engine process killed loses no request, readiness stays 200 and the
 log names the device; every engine out exits 3; SIGTERM leaves no process behind; `--engine-processes 1` keeps one
 engine process for every device.
@@ -33,6 +33,7 @@ from vggserve.serving.processes.frontends import engine_factory
 from vggserve.serving.processes.routing import EngineRouter
 from vggserve.serving.scheduling.batcher import Outcome
 from vggserve.serving.scheduling.errors import QueueFull
+from vggserve.serving.processes.admission import AdmissionBlock
 from vggserve.serving.service import Service
 from vggserve.serving.settings import Settings, SettingsError
 from vggserve.testing.models import SlowModels
@@ -43,7 +44,8 @@ TWO = ("cpu:0", "cpu:1")
 
 @contextmanager
 def two_engines(factory: SlowModels, capacity: int = 64):
-    """Two engines (a Service of one device each behind an EngineHost) and a front end's EngineRouter to both."""
+    """Two engines (a Service of one device each behind an EngineHost) and a front end's EngineRouter to both,
+    admitting from a shared block (front end 0 of 2, the other idle)."""
     settings = Settings(devices=TWO, http_workers=2, max_batch_size=4, max_wait_ms=10, max_queue=128, max_files=4)
     workdir = tempfile.mkdtemp(prefix="vggserve-test-")
     services, hosts = [], []
@@ -52,7 +54,9 @@ def two_engines(factory: SlowModels, capacity: int = 64):
         hosts.append(EngineHost(services[-1], os.path.join(workdir, f"engine{index}.sock"), b"k" * 32))
         hosts[-1].start()
         services[-1].start()
-    router = EngineRouter([h.address for h in hosts], b"k" * 32, capacity, Metrics(), 0, (128, 2), TWO)
+    block = AdmissionBlock(2)
+    router = EngineRouter([h.address for h in hosts], b"k" * 32, capacity, Metrics(), 0, block.count(0, capacity),
+                          TWO)
     try:
         router.connect()
         wait_until(lambda: router.state and all(c.state["ready"][0] for c in router.clients), 20, "both engines")
@@ -74,16 +78,16 @@ def submit(router: EngineRouter, n: int, admitted: bool = False) -> list[Future]
     return [router.queue.submit(ModelInput.crop(crop((i, 0, 0))), time.monotonic() + 60).future for i in range(n)]
 
 
-def test_a_front_end_spreads_images_over_both_engines_within_its_one_share_of_the_queue():
+def test_a_front_end_spreads_images_over_both_engines_within_one_queue():
     with two_engines(SlowModels(0.05, 4), capacity=24) as (services, router):
         router.queue.admit(24)
-        with pytest.raises(QueueFull, match="share of it"):  # the share covers both engines together
+        with pytest.raises(QueueFull, match="--max-queue 24"):  # the room covers both engines together
             router.queue.admit(1)
         futures = submit(router, 24, admitted=True)
         outcomes = [f.result(30) for f in futures]
         assert {o.device for o in outcomes} == set(TWO)
         assert all(s.backend.workers[0].batches > 1 for s in services)
-        assert router.queue.admitted == 0 and len(router.queue) == 0
+        assert router.queue.admitted == 0 and len(router.queue) == 0 and router.queue._shared.total() == 0
         assert router.state["ready"] == (True, "ready", "2 of 2 engine processes ready")
 
 

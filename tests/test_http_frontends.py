@@ -31,7 +31,7 @@ from test_http_connections import exchange, request
 from test_http_process import (HTTP, IMAGE, MEDIA, check_a_gone_client_is_withdrawn,
                                check_deadline_in_the_queue_is_504_and_not_computed,
                                check_full_queue_answers_429_at_once, check_sigterm_lets_the_requests_in_flight_finish,
-                               classify, concurrently, live, metric, samples, wait_until)
+                               classify, concurrently, live, metric, samples, wait_metric, wait_until)
 from vggserve.modelinput import ModelInput
 from vggserve.serving.protocols.errors import scheduling_status
 from vggserve.serving.scheduling.batcher import BatchQueue, Outcome
@@ -63,9 +63,9 @@ def engine_and_client(settings: Settings, models: list, seconds: float, capacity
 
 
 @contextmanager
-def engine_and_clients(settings: Settings, models: list, seconds: float, n: int, capacity: int = 64):
+def engine_and_clients(settings: Settings, models: list, seconds: float, n: int, capacity: int = 64, block=None):
     """engine_and_client with `n` connected clients (front ends), and the EngineHost; each client's `received`
-    lists the messages the engine sent it."""
+    lists the messages the engine sent it. `block`: an AdmissionBlock the clients admit from (front end i, slot i)."""
     def load(device):
         models.append(SlowModel(device, seconds, settings.max_batch_size))
         return models[-1]
@@ -75,7 +75,8 @@ def engine_and_clients(settings: Settings, models: list, seconds: float, n: int,
     host = EngineHost(service, os.path.join(workdir, "engine.sock"), os.urandom(32))
     host.start()
     service.start()
-    clients = [EngineClient(host.address, host.authkey, capacity, Metrics(), i) for i in range(n)]
+    clients = [EngineClient(host.address, host.authkey, capacity, Metrics(), i,
+                            shared=block and block.count(i, capacity)) for i in range(n)]
     try:
         for client in clients:
             client.received = []
@@ -259,7 +260,9 @@ def test_front_ends_are_restarted_until_they_die_too_often():
         launched.append(index)
         return subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
 
-    frontends = FrontEnds(2, launch)
+    events = []  # each exit is reported (its admission slot cleared) before that front end is started again
+    frontends = FrontEnds(2, lambda index: events.append(("launch", index)) or launch(index),
+                          on_exit=lambda index: events.append(("exit", index)))
     frontends.start()
     reason = None
     end = time.monotonic() + 30
@@ -268,20 +271,23 @@ def test_front_ends_are_restarted_until_they_die_too_often():
         time.sleep(0.02)
     assert reason and "keep dying" in reason and "status 7" in reason, reason
     assert 5 <= len(launched) <= 7 and set(launched) == {0, 1}
+    for index in (0, 1):
+        theirs = [what for what, i in events if i == index]
+        assert theirs == ["launch", "exit"] * (len(theirs) // 2) + ["launch"] * (len(theirs) % 2), events
+    assert sum(what == "exit" for what, _ in events) == len(launched) - 1  # the last death is not restarted
     frontends.kill()
 
 
 def test_http_workers_setting_and_flag():
     assert Settings().http_workers == 1
-    assert Settings(http_workers=4).frontend_queue_share == 64
-    assert Settings(http_workers=3, max_queue=10, max_files=4).frontend_queue_share == 4
-    assert [auto_http_workers(n) for n in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 16]
-    assert [auto_http_workers(32, d, max_queue=1024) for d in (1, 2, 4)] == [16, 15, 13]
+    assert [auto_http_workers(n) for n in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 32]
+    assert [auto_http_workers(32, d) for d in (1, 2, 4)] == [16, 15, 13]
+    # the front ends admit from one --max-queue together: any number of them takes a full /classify/batch
+    assert Settings(http_workers=4, max_queue=16, max_files=16).http_workers == 4
     assert parse_http_workers("auto") == auto_http_workers() and parse_http_workers("3") == 3
     for bad, words in [(0, "--http-workers"), (65, "--http-workers"),
                        ({"http_workers": 2, "preprocess_procs": 2}, "--preprocess-procs"),
-                       ({"http_workers": 2, "mpi": True}, "mpirun"),
-                       ({"http_workers": 4, "max_queue": 16, "max_files": 16}, "--max-queue")]:
+                       ({"http_workers": 2, "mpi": True}, "mpirun")]:
         with pytest.raises(SettingsError, match=words):
             Settings(**bad) if isinstance(bad, dict) else Settings(http_workers=bad)
     with pytest.raises(SettingsError, match="auto"):
@@ -471,7 +477,7 @@ def test_slow_model_readiness_429_504_gone_clients_and_drain(tmp_path):
         gate.touch()
         server.wait_ready(30)
 
-        # each front end admits 4 of --max-queue 8 until answered: 12 at once, at least 4 refused at once
+        # the front ends admit 8 images together (--max-queue 8) until answered: 12 at once, 4 or more refused
         check_full_queue_answers_429_at_once(url)
 
         # a deadline that passes while the image waits in the engine: 504 at once, never computed
@@ -516,16 +522,21 @@ def test_every_front_end_answers_slow_clients_408_and_closes_their_connections()
         assert classify(server.url).status_code == 200
 
 
-def test_a_front_ends_429_names_the_configured_queue_and_its_share():
-    """Issue 22, item 22: with --http-workers 2 --max-queue 3, the message gave the share (2) as the queue's size."""
+def test_a_front_ends_429_names_the_configured_queue_as_the_servers():
+    """Issue 22, item 22, then issue 24: with --http-workers 2 --max-queue 3 a front end's 429 gives --max-queue as
+    the whole server's room (the front ends admit from it together), with the single-process body."""
+    from vggserve.serving.processes.admission import AdmissionBlock
     from vggserve.serving.processes.remote import RemoteBackend
     from vggserve.serving.scheduling.errors import QueueFull
 
-    backend = RemoteBackend(Settings(http_workers=2, max_queue=3, max_files=1), Metrics(), "unused", b"key", 0)
+    settings = Settings(http_workers=2, max_queue=3, max_files=1)
+    block = AdmissionBlock(2)
+    first, second = (RemoteBackend(settings, Metrics(), "unused", b"key", i, block.count(i, 3)) for i in range(2))
+    first.queue.admit(3)
     with pytest.raises(QueueFull) as full:
-        backend.queue.admit(3)
-    assert "--max-queue 3" in full.value.message and "2 front ends" in full.value.message
-    assert "share of it (2 images" in full.value.message
+        second.queue.admit(1)
+    assert full.value.message == ("the server's queue is full (3 images waiting or being decoded, --max-queue 3); "
+                                  "retry after 1 s")
 
 
 def test_every_device_worker_dead_exits_3_and_stops_the_front_ends():
@@ -578,12 +589,9 @@ def test_auto_front_ends_follow_the_cores_and_devices_without_a_cap(monkeypatch,
     assert parse_http_workers("auto", ("gpu:0",)) == 1  # nothing left for front ends: one process
     monkeypatch.setattr(cores, "allowed_cpus", lambda: set(range(128)))
     monkeypatch.setattr(settings_module, "cgroup_cpu_limit", lambda: None)
-    # no fixed cap: as many as each can take a full /classify/batch (--max-queue / --max-files), within 64
-    assert parse_http_workers("auto", ("gpu:0",)) == 16
-    assert parse_http_workers("auto", ("gpu:0",), max_queue=4096, max_files=16) == 64
-    assert parse_http_workers("auto", ("gpu:0",), max_queue=1024, max_files=16) == 64
-    assert parse_http_workers("auto", ("gpu:0",), max_queue=1024, max_files=32) == 32
-    assert Settings(http_workers=parse_http_workers("auto", ("gpu:0",))).http_workers == 16  # valid as it is
+    # no fixed cap below the setting's bound, 64, whatever the queue (the front ends admit from one --max-queue)
+    assert parse_http_workers("auto", ("gpu:0",)) == 64
+    assert Settings(http_workers=parse_http_workers("auto", ("gpu:0",))).http_workers == 64  # valid as it is
 
     (tmp_path / "cpu.max").write_text("400000 100000\n")
     assert cgroup_cpu_limit(str(tmp_path)) == 4.0
@@ -606,3 +614,94 @@ def test_each_front_end_listens_on_its_own_socket_of_one_port():
         for sock in socks:
             sock.close()
 
+
+
+HELD_SERVER = """
+import sys
+from vggserve.testing.models import SlowModel
+from vggserve.serving.server import run_server
+from vggserve.serving.settings import Settings
+settings = Settings(port=PORT, http_workers=3, max_batch_size=2, max_wait_ms=0, max_queue=6, max_files=2,
+                    preprocess_threads=1)
+sys.exit(run_server(settings, lambda device: SlowModel(device, 0.0, 2, hold_file=HOLD), log_level="warning"))
+"""
+
+
+def pinned(port: int, target: int | None, want: int, others_wanted: int = 2,
+           tries: int = 200) -> tuple[int, list, dict]:
+    """Keep-alive connections and the front end each landed on: (target's pid, `want` connections to it, {pid: a
+    connection} of `others_wanted` other front ends). `target` None: the first connection's front end."""
+    import http.client
+
+    mine, others = [], {}
+    for _ in range(tries):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/health/live")
+        answer = conn.getresponse()
+        answer.read()
+        pid = int(answer.getheader(HEADER))
+        target = pid if target is None else target
+        if pid == target and len(mine) < want:
+            mine.append(conn)
+        elif pid != target and pid not in others:
+            others[pid] = conn
+        else:
+            conn.close()
+        if len(mine) == want and len(others) >= others_wanted:
+            return target, mine, others
+    raise AssertionError(f"front end {target} took {len(mine)} of {tries} connections, others {list(others)}")
+
+
+def post_on(conn) -> tuple[int, dict]:
+    """POST /classify of the PNG on a pinned connection: (status, JSON); (0, {}) when the connection broke."""
+    try:
+        conn.request("POST", "/classify", body=PNG, headers={"Content-Type": "image/png"})
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    except OSError:
+        return 0, {}
+
+
+def test_front_ends_admit_from_one_max_queue_whichever_takes_the_load(tmp_path):
+    """Issue 24: --max-queue is the whole server's. With 3 front ends and --max-queue 6 (a share of 2 each until
+    now), 6 images held on the device through one front end are all admitted while the others stay idle; the 7th
+    is refused at once, on that front end and on the idle ones alike, with the single-process body. The count is
+    back at zero once they are answered; a front end killed while it holds images gives them back."""
+    hold = tmp_path / "hold"
+    with running(ServerProcess.python_code(HELD_SERVER.replace("HOLD", repr(str(hold))))) as server:
+        server.wait_ready(60)
+        url, port = server.url, server.port
+        assert metric(url, "vggserve_admitted_images") == 0
+        computed = metric(url, "vggserve_batch_size_sum")
+        target, busy, idle = pinned(port, None, 7)
+        hold.touch()
+        with ThreadPoolExecutor(6) as pool:
+            held = [pool.submit(post_on, conn) for conn in busy[:6]]
+            wait_metric(url, "vggserve_admitted_images", lambda v: v == 6, "6 images admitted through one front end")
+            for conn in (busy[6], *idle.values()):
+                status, body = post_on(conn)
+                assert status == 429 and body["error"]["code"] == "queue_full", (status, body)
+                assert "(6 images waiting or being decoded, --max-queue 6)" in body["error"]["message"], body
+            assert not any(f.done() for f in held)
+            hold.unlink()
+            assert [f.result()[0] for f in held] == [200] * 6
+        wait_metric(url, "vggserve_admitted_images", lambda v: v == 0, "the count back at zero")
+        assert metric(url, "vggserve_batch_size_sum") == computed + 6
+
+        # a front end killed while it holds 4 images: its slot is cleared when it is reaped, not leaked
+        _, busy, idle = pinned(port, target, 4)
+        hold.touch()
+        with ThreadPoolExecutor(10) as pool:
+            lost = [pool.submit(post_on, conn) for conn in busy]
+            wait_metric(url, "vggserve_admitted_images", lambda v: v == 4, "4 images admitted on the doomed one")
+            os.kill(target, signal.SIGKILL)
+            assert {f.result()[0] for f in lost} == {0}
+            wait_metric(url, "vggserve_admitted_images", lambda v: v == 0, "the killed front end's images given back")
+            _, others, _ = pinned(port, next(iter(idle)), 6, others_wanted=0)
+            after = [pool.submit(post_on, conn) for conn in others]
+            wait_metric(url, "vggserve_admitted_images", lambda v: v == 6, "a full queue admitted after the kill")
+            hold.unlink()
+            assert [f.result()[0] for f in after] == [200] * 6
+        wait_metric(url, "vggserve_admitted_images", lambda v: v == 0, "the count back at zero")
+        assert "exited with status -9; starting a new one" in server.output()
+        assert "Traceback" not in server.output()

@@ -309,18 +309,3 @@ def test_serve_saturation_raw_client_refuses_https_before_it_starts(monkeypatch,
     assert serve_saturation.main(["--url", "https://127.0.0.1:8443", "--skip-engine"]) == 2
     assert "plain http only" in capsys.readouterr().err
 
-
-def test_serve_saturation_sizes_the_queue_for_every_front_end_the_server_may_start(monkeypatch):
-    """--max-queue is each front end's share times the front ends: without --http-workers (or with `auto`) the
-    server picks half the cores, so the queue is sized for that many, not for one (which left each of 32 front
-    ends room for 16 images, and the busiest answered 429 under load)."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import serve_saturation
-    from vggserve.serving import settings
-
-    monkeypatch.setattr(settings, "host_cores", lambda: 64)
-    assert serve_saturation.queue_fronts(None, ("gpu",)) == 32
-    assert serve_saturation.queue_fronts("auto", ("gpu:0", "gpu:1", "gpu:2", "gpu:3")) == 29
-    assert serve_saturation.queue_fronts("3", ("gpu",)) == 3
-    monkeypatch.setattr(settings, "host_cores", lambda: 2)
-    assert serve_saturation.queue_fronts(None, ("cpu",)) == 1

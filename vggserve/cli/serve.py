@@ -38,7 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="longest wait for a batch to fill after its first image arrives (default 5)")
     p.add_argument("--max-queue", type=int, default=256,
-                   help="images admitted and not yet on a device; beyond it requests get 429 (default 256)")
+                   help="images admitted and not yet on a device, the whole server's (with --http-workers, every "
+                        "front end's together); beyond it requests get 429 (default 256)")
     p.add_argument("--request-timeout-ms", type=int, default=30_000,
                    help="default deadline per request, queue time included; header X-Request-Timeout-Ms "
                         "overrides it (default 30000)")
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
                    help="worker processes decoding images, past the GIL (default 0: in the threads only)")
     p.add_argument("--http-workers", default=None, metavar="N",
                    help="HTTP front-end processes (1..64, or `auto` = half the cores, less one per device past the "
-                        "first: cores // 2 - (devices - 1), at least 1 and at most --max-queue / --max-files, where "
+                        "first: cores // 2 - (devices - 1), at least 1 and at most 64, where "
                         "cores are those "
                         "of the CPU affinity within the cgroup's CPU quota): each parses requests and decodes "
                         "images in its own process and sends "
@@ -121,11 +122,9 @@ def _settings(args, **overrides):
         cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
-        values["http_workers"] = parse_http_workers(args.http_workers, values["devices"], values["max_queue"],
-                                                    values["max_files"])
+        values["http_workers"] = parse_http_workers(args.http_workers, values["devices"])
     elif not values.get("mpi") and not values["preprocess_procs"]:
-        values["http_workers"] = default_http_workers(values["devices"], max_queue=values["max_queue"],
-                                                      max_files=values["max_files"])
+        values["http_workers"] = default_http_workers(values["devices"])
     return Settings(**values)
 
 

@@ -78,6 +78,9 @@ class Metrics:
                                     registry=r)
         self.queue_length = Gauge("vggserve_queue_length", "Images waiting for a device.", registry=r,
                                   multiprocess_mode="livesum")
+        self.admitted = Gauge("vggserve_admitted_images", "Images counted against --max-queue: being decoded or "
+                              "waiting; with HTTP front ends, until answered (on a device too), every front end's "
+                              "together, sampled every 0.1 s.", registry=r, multiprocess_mode="livemax")
         self.rejected = Counter("vggserve_rejected_total", "Requests refused at admission, by reason.", ["reason"],
                                 registry=r)
         self.timeouts = Counter("vggserve_timeouts_total", "Images dropped because their deadline passed (504).",

@@ -42,6 +42,7 @@ class Service:
         if not multiprocess:  # computed at scrape time; in multiprocess mode state_changed sets them
             self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
             self.metrics.queue_length.set_function(lambda: len(self.backend.queue))
+            self.metrics.admitted.set_function(lambda: self.backend.queue.admitted)
             self.metrics.workers_ready.set_function(lambda: sum(d["state"] == "ready" for d in self.backend.devices()))
 
     # lifecycle -----------------------------------------------------------------------------------------------

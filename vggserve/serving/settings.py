@@ -76,20 +76,19 @@ def host_cores() -> int:
     return max(1, cores)
 
 
-def auto_http_workers(cpus: int | None = None, devices: int = 1, max_queue: int = 256, max_files: int = 16) -> int:
+def auto_http_workers(cpus: int | None = None, devices: int = 1) -> int:
     """`--http-workers auto`: half the cores, less one for each device past the first (cores // 2 - (devices - 1)),
     at least 1 (1: one process, no front ends). The other half goes to the engine process (its link, device-worker
     and copy threads) and the front ends' decoding threads: on 32 cores with H200s, FP16, 16 front ends served
     more than 8 (5,350 against 4,516 images/s with one GPU, 5,036 against 4,763 with two, one call), and 30 front
-    ends fewer than 8 (3,981 against 4,550, two calls; BENCHMARKS.md, ninth session). No fixed cap; at most
-    --max-queue / --max-files (each front end's share of the queue must take a full /classify/batch) and 64 (the
-    setting's bound). `cpus` defaults to host_cores()."""
+    ends fewer than 8 (3,981 against 4,550, two calls; BENCHMARKS.md, ninth session). No fixed cap below 64 (the
+    setting's bound): the front ends admit from one --max-queue together (`processes.admission`), so their number
+    does not depend on the queue's. `cpus` defaults to host_cores()."""
     cpus = host_cores() if cpus is None else cpus
-    return max(1, min(_BOUNDS["http_workers"][1], max_queue // max(1, max_files), cpus // 2 - (devices - 1)))
+    return max(1, min(_BOUNDS["http_workers"][1], cpus // 2 - (devices - 1)))
 
 
-def default_http_workers(devices: tuple[str, ...], cpus: int | None = None, max_queue: int = 256,
-                         max_files: int = 16) -> int:
+def default_http_workers(devices: tuple[str, ...], cpus: int | None = None) -> int:
     """Front-end processes when --http-workers is not given: `auto` when every device is a GPU, else 1.
 
     On a GPU one Python process cannot feed the device (H100, batch 32: 0.42 of the engine's images/s with one
@@ -101,17 +100,16 @@ def default_http_workers(devices: tuple[str, ...], cpus: int | None = None, max_
         kinds = {resolve(d).kind for d in devices}
     except Exception:  # noqa: BLE001 - a bad spec is reported by the device worker, with its own message
         return 1
-    return auto_http_workers(cpus, len(devices), max_queue, max_files) if kinds == {"gpu"} else 1
+    return auto_http_workers(cpus, len(devices)) if kinds == {"gpu"} else 1
 
 
-def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto",), max_queue: int = 256,
-                       max_files: int = 16) -> int:
-    """`--http-workers N` or `auto` (for `devices` and the queue's limits) as a number of front-end processes (range
-    checked by Settings)."""
+def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto",)) -> int:
+    """`--http-workers N` or `auto` (for `devices`) as a number of front-end processes (range checked by
+    Settings)."""
     if text is None:
         return 1
     if isinstance(text, str) and text.strip().lower() == "auto":
-        return auto_http_workers(None, len(devices), max_queue, max_files)
+        return auto_http_workers(None, len(devices))
     try:
         return int(text)
     except (TypeError, ValueError):
@@ -287,11 +285,6 @@ class Settings:
         if self.mpi:
             raise SettingsError(f"--http-workers {n} does not work under mpirun (rank 0 serves HTTP in one "
                                 "process); drop --http-workers or run without mpirun")
-        if self.frontend_queue_share < self.max_files:
-            raise SettingsError(f"with --http-workers {n} each front end admits "
-                                f"{count(self.frontend_queue_share, 'image')} (--max-queue {self.max_queue} / {n}), "
-                                f"fewer than --max-files {self.max_files}; "
-                                f"raise --max-queue to at least {self.max_files * n} or lower --max-files")
 
     def _check_range(self, name: str, value) -> None:
         low, high, flag, example = _BOUNDS[name]
@@ -304,11 +297,6 @@ class Settings:
             kind = "a number" if name in _REAL else "an integer"
             raise SettingsError(f"{flag} must be {kind} from {low} to {high}, got {value!r}; "
                                 f"pass e.g. {flag} {example}")
-
-    @property
-    def frontend_queue_share(self) -> int:
-        """Images each HTTP front-end process may admit at once: ceil(max_queue / http_workers)."""
-        return -(-self.max_queue // self.http_workers)
 
     @property
     def engine_count(self) -> int:

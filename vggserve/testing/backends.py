@@ -19,6 +19,8 @@ from ..weights.spec import NUM_CLASSES
 class InstantQueue:
     """The queue's interface (admit, submit, withdraw, release); every submitted image is answered at once."""
 
+    admitted = 0  # images admitted and not answered: none, every image is answered as it is submitted
+
     def __init__(self, outcome: Outcome):
         self.outcome = outcome
 

@@ -56,8 +56,9 @@ import numpy as np
 
 from ...modelinput import ModelInput
 from ..scheduling.batcher import Admission, Outcome
-from ..scheduling.errors import QueueFull, SchedulingError, Unavailable, shutting_down
+from ..scheduling.errors import SchedulingError, Unavailable, shutting_down
 from ..metrics import Metrics
+from .admission import SharedCount
 from ...ipc.shm import Arena, Shared, make_arena
 from ..threadnames import name_this_thread
 
@@ -265,21 +266,21 @@ def _set(future, value, is_error: bool) -> None:
 
 
 class RemoteQueue(Admission):
-    """The front end's queue: admission against this process's share of --max-queue (an image holds its place
-    from admission until the engine answers it), images sent to the engine, answers matched back to them.
+    """The front end's queue: admission against --max-queue, counted with the other front ends' images when
+    `shared` (an image holds its place from admission until the engine answers it), images sent to the engine,
+    answers matched back to them.
 
     With several engines (`routing.RoutedQueue`), `room` is the Admission they all count in (its lock guards every
     queue), and `reroute(items, error)` is offered the images an engine failed or lost: it returns those it could
     not hand to another engine, which are then answered with the error."""
 
     def __init__(self, capacity: int, metrics: Metrics, send: Callable[[tuple], None],
-                 shares: tuple[int, int] | None = None, room: Admission | None = None):
-        """`shares`: (--max-queue, front ends) that `capacity` is a share of, for the 429's message."""
+                 shared: SharedCount | None = None, room: Admission | None = None):
+        """`shared`: the server's admission count (`admission.SharedCount`); with `room`, that room's."""
         self._lock = room._guard if room is not None else threading.Lock()
-        super().__init__(capacity, metrics, self._lock)
+        super().__init__(capacity, metrics, self._lock, shared)
         self._room = room if room is not None else self
         self._send = send
-        self._shares = shares
         self._pending: dict[int, RemoteItem] = {}
         self._ids = itertools.count()
         self.arena: Arena | None = None  # set on connect when shared memory is available
@@ -287,9 +288,6 @@ class RemoteQueue(Admission):
 
     def __len__(self) -> int:
         return len(self._pending)
-
-    def full(self) -> QueueFull:
-        return QueueFull(self.capacity, *self._shares) if self._shares else super().full()
 
     def submit(self, image: ModelInput, deadline: float, want_logits: bool = False) -> RemoteItem:
         """Send one admitted image to the engine."""
@@ -389,7 +387,7 @@ class EngineClient:
     """A front end's connection to the engine: the link, the remote queue, the engine's last state, calls."""
 
     def __init__(self, address: str, authkey: bytes, capacity: int, metrics: Metrics, index: int,
-                 shares: tuple[int, int] | None = None, room: Admission | None = None):
+                 shared: SharedCount | None = None, room: Admission | None = None):
         self.address = address
         self.authkey = authkey
         self.index = index
@@ -401,7 +399,7 @@ class EngineClient:
         self._call_ids = itertools.count()
         self.link: DirectLink | None = None
         self._outgoing: list = []  # messages of this turn of the event loop, sent together at its end
-        self.queue = RemoteQueue(capacity, metrics, self._send, shares, room)
+        self.queue = RemoteQueue(capacity, metrics, self._send, shared, room)
         self._arena: Arena | None = None
         self._stopping = False
 

@@ -18,6 +18,7 @@ from ..app import create_app
 from ..hosting import configure_logging, uvicorn_config
 from ..web.drain import DrainingServer
 from ..web.frontend_header import FrontendHeaderMiddleware
+from .admission import SharedCount
 from .remote import RemoteBackend
 from ..metrics import Metrics
 from ..service import Service
@@ -37,13 +38,16 @@ class FrontendSpec:
     index: int
     log_level: str = "info"
     access_log: bool = False
+    admission_fd: int | None = None  # the inherited shared admission block (`admission.AdmissionBlock`)
 
 
-def frontend_service(settings: Settings, address: str | tuple[str, ...], authkey: bytes, index: int) -> Service:
-    """The service of a front-end process: readiness, admission and results come from the engine process."""
+def frontend_service(settings: Settings, address: str | tuple[str, ...], authkey: bytes, index: int,
+                     shared: SharedCount | None = None) -> Service:
+    """The service of a front-end process: readiness and results come from the engine process, admission from the
+    count every front end shares (`shared`)."""
     metrics = Metrics(multiprocess=True)
-    return Service(settings, multiprocess=True, backend=RemoteBackend(settings, metrics, address, authkey, index),
-                   metrics=metrics)
+    backend = RemoteBackend(settings, metrics, address, authkey, index, shared)
+    return Service(settings, multiprocess=True, backend=backend, metrics=metrics)
 
 
 def serve(spec: FrontendSpec) -> int:
@@ -51,7 +55,11 @@ def serve(spec: FrontendSpec) -> int:
     every one of them)."""
     configure_logging(spec.log_level)
     sock = socket.socket(fileno=spec.fd)
-    service = frontend_service(spec.settings, spec.address, spec.authkey, spec.index)
+    shared = None
+    if spec.admission_fd is not None:
+        shared = SharedCount.attach(spec.admission_fd, spec.index, spec.settings.http_workers,
+                                    spec.settings.max_queue)
+    service = frontend_service(spec.settings, spec.address, spec.authkey, spec.index, shared)
     app = create_app(spec.settings, service=service)
     app.add_middleware(FrontendHeaderMiddleware, value=str(os.getpid()))
     server = DrainingServer(uvicorn_config(app, spec.log_level, spec.access_log), service.drain)

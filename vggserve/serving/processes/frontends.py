@@ -4,6 +4,10 @@ loads the models with the usual device workers and BatchQueue, and starts N HTTP
 here over Unix-socket links (vggserve.serving.processes.engine_host), so every device batch can mix all front
 ends' images.
 
+--max-queue bounds the images admitted by every front end together: the front ends count them in a block of shared
+memory this process makes before it starts them (`admission`); the slot of a front end that dies is cleared before
+its replacement starts, so what it held is given back.
+
 A front end that dies is restarted; RESTART_LIMIT deaths within RESTART_WINDOW_S stop the server (exit status
 FRONTENDS_FAILED_EXIT). SIGTERM or the first SIGINT drains: the front ends are told to drain (readiness 503, new
 requests refused, in-flight ones finish within --drain-timeout) and exit, then the device workers stop and this
@@ -34,6 +38,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ...children import child_command
+from .admission import AdmissionBlock
 from .engine_host import EngineHost
 from .engine_link import AUTHKEY_BYTES
 from .engine_process import portable
@@ -54,10 +59,13 @@ STOP_GRACE_S = 5.0  # beyond --drain-timeout and uvicorn's connection closing, b
 
 
 class FrontEnds:
-    """The front-end processes: `launch(index)` starts one; dead ones are restarted, within a budget."""
+    """The front-end processes: `launch(index)` starts one; dead ones are restarted, within a budget.
+    `on_exit(index)`: called for each front end seen to have exited, before any replacement starts."""
 
-    def __init__(self, count: int, launch: Callable[[int], subprocess.Popen]):
+    def __init__(self, count: int, launch: Callable[[int], subprocess.Popen],
+                 on_exit: Callable[[int], None] = lambda index: None):
         self.launch = launch
+        self.on_exit = on_exit
         self.procs: list[subprocess.Popen | None] = [None] * count
         self._deaths: deque[float] = deque()
 
@@ -75,6 +83,7 @@ class FrontEnds:
             if proc is None or proc.poll() is None:
                 continue
             forget_process(proc.pid)
+            self.on_exit(index)
             now = time.monotonic()
             self._deaths.append(now)
             while self._deaths and self._deaths[0] < now - RESTART_WINDOW_S:
@@ -169,8 +178,9 @@ def launcher(spec_for: Callable[[int], FrontendSpec]) -> Callable[[int], subproc
 
     def launch(index: int) -> subprocess.Popen:
         spec = spec_for(index)
+        fds = (spec.fd,) if spec.admission_fd is None else (spec.fd, spec.admission_fd)
         proc = subprocess.Popen(child_command("vggserve.serving.processes.frontend"), stdin=subprocess.PIPE,
-                                pass_fds=(spec.fd,), env=dict(os.environ))
+                                pass_fds=fds, env=dict(os.environ))
         try:
             proc.stdin.write(pickle.dumps(spec))
             proc.stdin.close()
@@ -231,11 +241,13 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
         group.on_ready.append(announcement(socks[0], settings.host, banner))
         group.on_all_out = lambda reasons: stop.fail(NO_WORKERS_EXIT, f"no device worker is alive ({reasons})")
     address = addresses[0] if engines == 1 else tuple(addresses)
+    admission = AdmissionBlock(settings.http_workers)
 
     def spec_for(index: int) -> FrontendSpec:  # a restarted front end gets the socket of the one it replaces
-        return FrontendSpec(settings, socks[index].fileno(), address, host.authkey, index, log_level, access_log)
+        return FrontendSpec(settings, socks[index].fileno(), address, host.authkey, index, log_level, access_log,
+                            admission.fd)
 
-    frontends = FrontEnds(settings.http_workers, launcher(spec_for))
+    frontends = FrontEnds(settings.http_workers, launcher(spec_for), on_exit=admission.clear)
     with _handling_signals(stop):
         try:
             host.start()
@@ -247,18 +259,21 @@ def _serve(settings: Settings, model_factory, log_level: str, access_log: bool, 
                      socks[0].getsockname()[1], settings.http_workers, ", ".join(map(str, frontends.pids)),
                      f" and {engines} engine processes (this one and pids "
                      f"{', '.join(map(str, group.pids))})" if group else "")
-            _supervise(frontends, group, stop)
+            _supervise(frontends, group, stop, lambda: service.metrics.admitted.set(admission.held()))
         finally:
             _shut_down(settings, service, host, frontends, stop, socks, group)
+            admission.close()
     if stop.code:
         print(f"vggserve: error: {stop.reason}", file=sys.stderr)
     return stop.code
 
 
-def _supervise(frontends: FrontEnds, group: EngineGroup | None, stop: Stop) -> None:
-    """Restart front ends that die, note engine processes that exit, until a signal or a failure stops the
-    server."""
+def _supervise(frontends: FrontEnds, group: EngineGroup | None, stop: Stop,
+               sample: Callable[[], None] = lambda: None) -> None:
+    """Restart front ends that die, note engine processes that exit, `sample()` the admission gauge, until a signal
+    or a failure stops the server."""
     while not stop.event.wait(SUPERVISE_EVERY_S):
+        sample()
         reason = frontends.check()
         if reason:
             stop.fail(FRONTENDS_FAILED_EXIT, reason)

@@ -16,6 +16,7 @@ from ..scheduling.devicedecode import DEVICE_MODES, encoded_or_decoded, note_cpu
 from ..scheduling.errors import Unavailable
 from ..scheduling.imaging import decode_and_crop, decode_for_engine
 from ..settings import Settings
+from .admission import SharedCount
 from .engine_link import EngineClient
 from .inline import decodes_inline
 from .routing import EngineRouter
@@ -23,18 +24,19 @@ from .routing import EngineRouter
 
 class RemoteBackend:
     def __init__(self, settings: Settings, metrics: Metrics, address: str | tuple[str, ...], authkey: bytes,
-                 index: int):
-        """`address`: the engine's Unix socket, or one per engine process (as many as settings.engine_count)."""
+                 index: int, shared: SharedCount | None = None):
+        """`address`: the engine's Unix socket, or one per engine process (as many as settings.engine_count).
+        `shared`: the server's admission count, which --max-queue bounds over every front end (`admission`); without
+        it (a front end alone, in tests) this front end admits up to --max-queue by itself."""
         self.settings = settings
         self.metrics = metrics
         self.index = index
-        shares = (settings.max_queue, settings.http_workers)
         if isinstance(address, str) or len(address) == 1:
             address = address if isinstance(address, str) else address[0]
-            self.engine = EngineClient(address, authkey, settings.frontend_queue_share, metrics, index, shares=shares)
+            self.engine = EngineClient(address, authkey, settings.max_queue, metrics, index, shared=shared)
         else:
-            self.engine = EngineRouter(list(address), authkey, settings.frontend_queue_share, metrics, index,
-                                       shares=shares, devices=settings.devices)
+            self.engine = EngineRouter(list(address), authkey, settings.max_queue, metrics, index, shared=shared,
+                                       devices=settings.devices)
         self.pool: ThreadPoolExecutor | None = None
         self.router = decode_router(settings.decode, settings.preprocess_threads)  # --decode auto: CPU or device
         self.on_change: Callable[[], None] = lambda: None

@@ -4,8 +4,9 @@ offers what `RemoteBackend` takes from an `EngineClient` (the queue, the state, 
 Each image goes to the ready engine with the fewest images outstanding from this front end (join the shortest
 queue). An engine that is not ready, refuses images or whose link is gone gets none. Images an engine failed (its
 device died: no_workers, inference_failed) or lost (its process went away) go to another ready engine while this
-front end still holds them, else they are answered with that error (a 503). The front end's share of --max-queue
-counts the images of every engine together (`RoutedQueue`, the room its engines' RemoteQueues count in). Readiness
+front end still holds them, else they are answered with that error (a 503). The front end's admitted images
+count the images of every engine together (`RoutedQueue`, the room its engines' RemoteQueues count in), and with
+the other front ends' in --max-queue (`admission`). Readiness
 is ready while any engine is; the front end gives up (`on_lost`) only when every link is gone.
 """
 
@@ -17,7 +18,8 @@ from typing import Callable
 from ...wording import count
 from ..metrics import Metrics
 from ..scheduling.batcher import Admission
-from ..scheduling.errors import QueueFull, SchedulingError, Unavailable
+from ..scheduling.errors import SchedulingError, Unavailable
+from .admission import SharedCount
 from .engine_link import EngineClient, RemoteItem
 
 log = logging.getLogger("vggserve.serving")
@@ -27,22 +29,18 @@ RETRY_CODES = frozenset({"no_workers", "inference_failed", "shutting_down"})
 
 
 class RoutedQueue(Admission):
-    """The front end's queue over several engines: one room (its share of --max-queue), each image sent to the
-    shortest usable engine queue."""
+    """The front end's queue over several engines: one room (--max-queue, shared with the other front ends when
+    `shared`), each image sent to the shortest usable engine queue."""
 
-    def __init__(self, capacity: int, metrics: Metrics, shares: tuple[int, int] | None = None, index: int = 0):
-        super().__init__(capacity, metrics, threading.Lock())
+    def __init__(self, capacity: int, metrics: Metrics, shared: SharedCount | None = None, index: int = 0):
+        super().__init__(capacity, metrics, threading.Lock(), shared)
         self.index = index  # the front end's, for the log
-        self._shares = shares
         self.queues = []  # the engines' RemoteQueues, counting in this room
         self.usable: list[bool] = []  # which engines take images now (`EngineRouter._merge`)
         self.stopping = False
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues)
-
-    def full(self) -> QueueFull:
-        return QueueFull(self.capacity, *self._shares) if self._shares else super().full()
 
     def pick(self, exclude: int | None = None) -> int | None:
         """The usable engine (not `exclude`) with the fewest images outstanding from this front end."""
@@ -56,7 +54,7 @@ class RoutedQueue(Admission):
         index = self.pick()
         if index is None:
             with self._guard:
-                self._admitted -= 1
+                self.count_held(-1)
             raise Unavailable("no_workers", "no engine process can take images now; retry in a moment")
         item = self.queues[index].submit(image, deadline, want_logits)
         item.engine = index
@@ -92,11 +90,11 @@ class EngineRouter:
     EngineClient: `queue`, `state` (merged), `connect`, `close`, `call`, `on_lost`."""
 
     def __init__(self, addresses: list[str], authkey: bytes, capacity: int, metrics: Metrics, index: int,
-                 shares: tuple[int, int] | None = None, devices: tuple[str, ...] = ()):
+                 shared: SharedCount | None = None, devices: tuple[str, ...] = ()):
         self.index = index
         self.devices = devices or tuple(str(i) for i in range(len(addresses)))
-        self.queue = RoutedQueue(capacity, metrics, shares, index)
-        self.clients = [EngineClient(a, authkey, capacity, metrics, index, shares, room=self.queue) for a in addresses]
+        self.queue = RoutedQueue(capacity, metrics, shared, index)
+        self.clients = [EngineClient(a, authkey, capacity, metrics, index, room=self.queue) for a in addresses]
         self.up = [False] * len(addresses)  # linked, and the link not lost
         self.queue.queues = [c.queue for c in self.clients]
         self.queue.usable = [False] * len(addresses)

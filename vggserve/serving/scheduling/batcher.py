@@ -103,14 +103,18 @@ def answer(batch: list[Item], probabilities: np.ndarray, logits: np.ndarray | No
 
 class Admission:
     """Room counted in images, shared by the queues: `admit(n)` reserves all or none (QueueFull when it is
-    taken; the close reason once closed), `release(n)` gives room back. `guard`: the subclass's lock."""
+    taken; the close reason once closed), `release(n)` gives room back. `guard`: the subclass's lock.
 
-    def __init__(self, capacity: int, metrics: Metrics, guard):
+    `shared` (an HTTP front end's `processes.admission.SharedCount`): the room is the whole server's, counted with
+    the other front ends' images in shared memory; this process's count is published there at every change."""
+
+    def __init__(self, capacity: int, metrics: Metrics, guard, shared=None):
         self.capacity = capacity
         self.metrics = metrics
         self._guard = guard
         self._admitted = 0  # images reserved, waiting or (front ends) on their way
         self._closed: SchedulingError | None = None
+        self._shared = shared
 
     @property
     def admitted(self) -> int:
@@ -121,10 +125,16 @@ class Admission:
         with self._guard:
             if self._closed is not None:
                 raise self._closed
-            if self._admitted + n > self.capacity:
+            if self._shared is None:
+                if self._admitted + n > self.capacity:
+                    self.metrics.rejected.labels(reason="queue_full").inc()
+                    raise self.full()
+                self._admitted += n
+            elif self._shared.admit(self._admitted + n, n):
+                self._admitted += n
+            else:
                 self.metrics.rejected.labels(reason="queue_full").inc()
                 raise self.full()
-            self._admitted += n
 
     def full(self) -> QueueFull:
         """The refusal of an image beyond the room."""
@@ -132,13 +142,16 @@ class Admission:
 
     def release(self, n: int) -> None:
         """Give back reserved room that will not be submitted (the image failed to decode, say)."""
-        with self._guard:
-            self._admitted -= n
+        if n:
+            with self._guard:
+                self.count_held(-n)
 
     def count_held(self, n: int) -> None:
         """Add n (negative: give back) to the room taken, with the guard already held (a queue counting in another
         queue's room under that room's lock: processes.routing)."""
         self._admitted += n
+        if self._shared is not None:
+            self._shared.set(self._admitted)
 
 
 class BatchQueue(Admission):

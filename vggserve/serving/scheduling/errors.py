@@ -31,14 +31,10 @@ class QueueFull(SchedulingError):
     code = "queue_full"
     retry_after_s = 1
 
-    def __init__(self, capacity: int, max_queue: int | None = None, front_ends: int = 1):
-        """`capacity`: the room that is taken; with HTTP front ends, a front end's share of `max_queue`."""
-        if front_ends > 1 and max_queue is not None:
-            held = (f": this HTTP front end's share of it ({count(capacity, 'image')} of --max-queue {max_queue}, "
-                    f"over {front_ends} front ends) is waiting or being decoded")
-        else:
-            held = f" ({count(capacity, 'image')} waiting or being decoded, --max-queue {capacity})"
-        super().__init__(f"the server's queue is full{held}; retry after {self.retry_after_s} s")
+    def __init__(self, capacity: int):
+        """`capacity`: the room that is taken, --max-queue (with HTTP front ends, every front end's images count)."""
+        super().__init__(f"the server's queue is full ({count(capacity, 'image')} waiting or being decoded, "
+                         f"--max-queue {capacity}); retry after {self.retry_after_s} s")
 
 
 class DeadlineExceeded(SchedulingError):
