@@ -169,3 +169,24 @@ def test_the_tiny_network_with_gemv_fc_layers_matches_float64_and_tc_gemm(tiny_t
     np.testing.assert_array_equal(out.argmax(1), ref.argmax(1))
     top5 = lambda a: np.argsort(-a, axis=1)[:, :5]  # noqa: E731
     np.testing.assert_array_equal(top5(out), top5(gemm_out))
+
+
+def test_the_tuner_times_it_against_tc_gemm_on_fc_shapes(monkeypatch):
+    """`vggserve tune --precision fp16` on an FC shape: tc_gemv's candidates are timed beside tc_gemm's, each checked
+    against the tc_gemm reference; the winner is one of the trials, and the engine would read it (a known entry)."""
+    from vggserve import tuning
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    info = devs.resolve(TEST_DEVICE)
+    device = devs.cl_device(info)
+    shapes = [s for s in tuning.layer_shapes(batch=1, width=0.125) if s[0] == "512x1000x1"]  # classifier.6's
+    assert len(shapes) == 1 and shapes[0][4] == 1
+    winners, trials = tuning.tune(info, device, batch=3, limit=3, repeats=1, shapes=shapes, progress=lambda _: None,
+                                  precision="fp16")
+    for key, *_ in shapes:
+        algos = {t.params["ALGO"] for t in trials if t.shape == key}
+        assert {"tc_gemm", "tc_gemv"} <= algos, algos  # (and tc_wgmma where the device has it, or emulated)
+        assert sum(t.params["ALGO"] == "tc_gemv" for t in trials if t.shape == key) == 3
+        assert all(t.ok for t in trials if t.shape == key)
+        assert winners[key] == min((t for t in trials if t.shape == key), key=lambda t: t.ms).params
+        assert registry.get(winners[key]["ALGO"]).name == winners[key]["ALGO"]
