@@ -190,3 +190,37 @@ def test_the_tuner_times_it_against_tc_gemm_on_fc_shapes(monkeypatch):
         assert all(t.ok for t in trials if t.shape == key)
         assert winners[key] == min((t for t in trials if t.shape == key), key=lambda t: t.ms).params
         assert registry.get(winners[key]["ALGO"]).name == winners[key]["ALGO"]
+
+
+def test_an_int8_model_runs_classifier_6_on_it_and_keeps_the_8_bit_layers_on_tc_gemm(monkeypatch):
+    """At INT8 only classifier.6 is an FP16 FC layer (FP16 in, logits out): an FP16 table naming tc_gemv puts it
+    there, and its logits are the plain INT8 model's up to FP32 summation order; an INT8 table naming tc_gemv for
+    classifier.3 (u8 in) is not taken (the entry is FP16 only), nor the FP16 table for the INT8 layers."""
+    from vggserve import VGG16
+    from vggserve.engine import engine as engine_module
+    from vggserve.model.reference import reference_logits
+    from vggserve.quant.calibrate import from_histograms, observe
+    from vggserve.weights.init import init_weights
+    from vggserve.weights.spec import infer_width, vgg16_spec
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    tensors = init_weights(seed=3, width=0.0625)
+    hists, images = observe(tensors, [np.random.default_rng(11).standard_normal((2, 3, 224, 224)).astype(np.float32)])
+    cal = from_histograms(hists, images, "0" * 64, "max")
+    spec = vgg16_spec(infer_width(tensors))
+    every = {f.name: DEFAULT for f in spec.fcs}
+    table = {**fc_table(spec, every), "conv_by_batch_int8": fc_table(spec, every)["conv_by_batch_fp16"]}
+    x = np.random.default_rng(5).standard_normal((3, 3, 224, 224)).astype(np.float32)
+    original, runs = engine_module.params_for, {}
+    for label, extra in (("gemv", table), ("plain", {})):
+        monkeypatch.setattr(engine_module, "params_for", lambda kind, name, e=extra: {**original(kind, name), **e})
+        with VGG16(tensors, device=TEST_DEVICE, max_batch_size=2, precision="int8", calibration=cal) as model:
+            runs[label] = (model.logits(x), {p["name"]: p["kernel"] for p in model.kernel_plan()})
+    monkeypatch.setattr(engine_module, "params_for", original)
+    (out, plan), (plain, plain_plan) = runs["gemv"], runs["plain"]
+    assert plan["classifier.6"].startswith("tc_gemv") and plain_plan["classifier.6"].startswith("tc_gemm"), plan
+    assert plan["classifier.0"].startswith("tc_gemm") and "u8 in" in plan["classifier.0"], plan
+    assert plan["classifier.3"].startswith("tc_gemm") and "which this device does not run" in plan["classifier.3"]
+    assert not np.isnan(out).any() and rel_err(out, plain) < 1e-4
+    ref = reference_logits(tensors, x)
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 0.1
