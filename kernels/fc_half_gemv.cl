@@ -16,9 +16,12 @@
  * b0 = gb * NB .. b0 + nb - 1 (nb = min(NB, n - b0)): every one of its WG work-items walks the 16-byte pieces
  * p = lid, lid + WG, ... of those ROWS weight rows (so a warp reads 512 consecutive bytes of a row: coalesced), loads
  * the matching piece of each image's input once for the ROWS rows, and keeps ROWS x NB sums; a tree in local memory
- * then adds the WG work-items' sums. Pieces are read by vloada_half8 (16-byte aligned: Kpad is a multiple of 8), so
- * a GPU issues one 16-byte load per piece. Images past NB are further work-groups along dimension 1 (each reads the
- * weights again: the entry is meant for n <= NB, where the weights are streamed exactly once).
+ * then adds the WG work-items' sums. Each piece's 8 products are added into the sum by a chain of fma (exact
+ * products of FP16 values: only the sums round). Pieces are 16-byte aligned (Kpad is a multiple of 8), so a GPU can
+ * issue one 16-byte load per piece: LD16 = 0 reads them by vloada_half8 (the aligned vector load of halves), LD16 = 1
+ * as a uint4 converted from a private copy (vload_half8 of its bytes), in case a compiler splits the first into
+ * narrower loads. Images past NB are further work-groups along dimension 1 (each reads the weights again: the entry
+ * is meant for n <= NB, where the weights are streamed exactly once).
  */
 
 #ifndef WG
@@ -30,6 +33,9 @@
 #ifndef NB
 #define NB 8        /* images per work-group (register sums: ROWS x NB per work-item) */
 #endif
+#ifndef LD16
+#define LD16 0      /* 1: pieces loaded as uint4 and converted from private memory, else vloada_half8 */
+#endif
 #ifndef RELU
 #define RELU 1
 #endif
@@ -40,6 +46,28 @@
 #if (WG & (WG - 1)) != 0 || WG < 1
 #error "WG must be a power of 2"
 #endif
+
+/* piece p (8 halves, 16-byte aligned) of a row, as floats */
+inline float8 piece(__global const half *row, int p) {
+#if LD16
+    const uint4 u = ((__global const uint4 *)row)[p];
+    return vload_half8(0, (const __private half *)&u);
+#else
+    return vloada_half8(p, row);
+#endif
+}
+
+/* a + sum of w * x, one fma per product */
+inline float dot8(float8 w, float8 x, float a) {
+    a = fma(w.s0, x.s0, a);
+    a = fma(w.s1, x.s1, a);
+    a = fma(w.s2, x.s2, a);
+    a = fma(w.s3, x.s3, a);
+    a = fma(w.s4, x.s4, a);
+    a = fma(w.s5, x.s5, a);
+    a = fma(w.s6, x.s6, a);
+    return fma(w.s7, x.s7, a);
+}
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void fc_half_gemv(__global const half *restrict in, __global const half *restrict wt,
@@ -64,14 +92,11 @@ void fc_half_gemv(__global const half *restrict in, __global const half *restric
         for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
     for (int p = lid; p < pieces; p += WG) {
         float8 w[ROWS];
-        for (int r = 0; r < ROWS; ++r) w[r] = vloada_half8(p, w0 + (size_t)r * Kpad);
+        for (int r = 0; r < ROWS; ++r) w[r] = piece(w0 + (size_t)r * Kpad, p);
         for (int b = 0; b < NB; ++b) {
             if (b < nb) {
-                const float8 x = vloada_half8(p, x0 + (size_t)b * Kpad);
-                for (int r = 0; r < ROWS; ++r) {
-                    const float8 q = w[r] * x;  /* exact: FP16 x FP16 fits FP32 */
-                    acc[r][b] += ((q.s0 + q.s1) + (q.s2 + q.s3)) + ((q.s4 + q.s5) + (q.s6 + q.s7));
-                }
+                const float8 x = piece(x0 + (size_t)b * Kpad, p);
+                for (int r = 0; r < ROWS; ++r) acc[r][b] = dot8(w[r], x, acc[r][b]);
             }
         }
     }

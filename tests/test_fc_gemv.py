@@ -38,8 +38,8 @@ def gemv_env():
     mp.undo()
 
 
-def params_of(wg, rows, nb):
-    return {"ALGO": "tc_gemv", "WG": wg, "ROWS": rows, "NB": nb}
+def params_of(wg, rows, nb, ld16=0):
+    return {"ALGO": "tc_gemv", "WG": wg, "ROWS": rows, "NB": nb, "LD16": ld16}
 
 
 def run_gemv(gemv_env, rng, params, n, k, m, relu, last):
@@ -75,10 +75,11 @@ CASES = [  # (n, K, M, relu, last)
     (8, 3136, 33, False, False),
     (3, 1, 1000, True, True),
 ]
-CONFIGS = [(256, 4, 8), (64, 1, 4), (128, 3, 8)]  # NB 4 with 8 images: two groups of images; 3 rows: 1000 % 3 != 0
+# NB 4 with 8 images: two groups of images; 3 rows: 1000 % 3 != 0; both ways to load a piece
+CONFIGS = [(256, 4, 8, 0), (64, 1, 4, 0), (128, 3, 8, 1)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}".format(*c))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}_ld16_{}".format(*c))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "n{}_k{}_m{}_{}_{}".format(
     c[0], c[1], c[2], "relu" if c[3] else "linear", "last" if c[4] else "inner"))
 def test_gemv_matches_float64(gemv_env, rng, cfg, case):
@@ -114,7 +115,7 @@ def test_the_entry_is_fp16_fc_only_and_its_candidates_fit(gemv_env):
     assert cands and cands[0] == DEFAULT and all(valid(p) and algo.fits(p, caps, FP16) for p in cands)
     assert len(cands) == sum(local_mem(p) <= caps.local_mem and p["WG"] <= caps.max_work_group
                              for p in (params_of(*t) for t in TILES))
-    assert not valid(params_of(96, 1, 8)) and not valid(params_of(64, 0, 8))
+    assert not valid(params_of(96, 1, 8)) and not valid(params_of(64, 0, 8)) and not valid(params_of(64, 1, 8, 2))
     assert registry.choose({"ALGO": "tc_gemv"}, "tensorcore", "fc").name == "tc_gemv"
     assert registry.choose({"ALGO": "tc_gemv"}, "tensorcore", "conv3x3").name == "tc_gemm"  # no 3x3 kernel
     assert registry.choose({"ALGO": "tc_gemv"}, "portable", "fc").name == "gemm"

@@ -24,19 +24,21 @@ from .registry import Algorithm, BuildEnv, LayerSpec, register
 from .tensorcore import out_channels, padded_bias, tc_weights, vec
 
 KERNEL_FILE = "fc_half_gemv.cl"
-TUNABLES = ("WG", "ROWS", "NB")
-DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8}
-# (WG, ROWS, NB): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more for
+TUNABLES = ("WG", "ROWS", "NB", "LD16")
+DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8, "LD16": 0}
+# (WG, ROWS, NB, LD16): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more for
 # classifier.0 (ROWS 4: 1024 groups of 256, one wave of an H100's 132 SMs at 8 groups each); NB 4 and 16 for the
-# register / local memory trade at the batch the table is tuned for
-TILES = [(256, 4, 8), (256, 1, 8), (256, 2, 8), (128, 1, 8), (128, 2, 8), (128, 4, 8), (512, 2, 8), (256, 8, 4),
-         (64, 4, 8), (128, 4, 16), (256, 2, 4), (512, 1, 4)]
+# register / local memory trade at the batch the table is tuned for; LD16 1 the other way to load a 16-byte piece
+TILES = [(256, 4, 8, 0), (256, 1, 8, 0), (256, 2, 8, 0), (128, 1, 8, 0), (128, 2, 8, 0), (128, 4, 8, 0),
+         (512, 2, 8, 0), (256, 8, 4, 0), (64, 4, 8, 0), (128, 4, 16, 0), (256, 2, 4, 0), (512, 1, 4, 0),
+         (256, 4, 8, 1), (256, 1, 8, 1), (128, 2, 8, 1), (128, 4, 8, 1)]
 
 
 def valid(params: dict) -> bool:
-    """fc_half_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group."""
+    """fc_half_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group, LD16 0 or 1."""
     wg = params["WG"]
-    return wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1
+    return (wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1
+            and params.get("LD16", 0) in (0, 1))
 
 
 def local_mem(params: dict) -> int:
@@ -58,7 +60,7 @@ class GemvHalfLayer:
         if layer.kind != "fc" or layer.pool:
             raise ValueError("tc_gemv computes fully connected layers (no pooling)")
         if not valid(params):
-            raise ValueError(f"tc_gemv {params}: WG must be a power of 2, ROWS and NB at least 1")
+            raise ValueError(f"tc_gemv {params}: WG must be a power of 2, ROWS and NB at least 1, LD16 0 or 1")
         self.p, self.precision, self.layer = dict(params), precision, layer
         self.scales = LayerScales(precision, weight, None, None, layer.last)  # inactive: what _stored reads
         self.cpad = cpad or round_up(layer.cin, vec(precision))
@@ -70,7 +72,7 @@ class GemvHalfLayer:
         self.groups_m = self.mpad // self.rows
         self.wt = upload(ctx, tc_weights(weight, self.cpad, self.mpad, self.cpad, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.mpad)
-        defines = {**{k: params[k] for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last)}
+        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last)}
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_half_gemv"))
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
@@ -83,7 +85,8 @@ class GemvHalfLayer:
 
     def describe(self) -> str:
         p = self.p
-        return f"{self.name} {p['ROWS']} rows x {p['WG']} work-items, {p['NB']} images a group"
+        load = ", uint4 loads" if p.get("LD16") else ""
+        return f"{self.name} {p['ROWS']} rows x {p['WG']} work-items, {p['NB']} images a group{load}"
 
 
 class TensorCoreGemv(Algorithm):
