@@ -28,9 +28,11 @@ TUNABLES = ("WG", "ROWS", "NB", "LD16")
 DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8, "LD16": 0}
 # (WG, ROWS, NB, LD16): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more for
 # classifier.0 (ROWS 4: 1024 groups of 256, one wave of an H100's 132 SMs at 8 groups each); NB 4 and 16 for the
-# register / local memory trade at the batch the table is tuned for; LD16 1 the other way to load a 16-byte piece
+# register / local memory trade at the batch the table is tuned for, NB 1 and 2 for tables tuned at batch 1 or 2
+# (registers and local memory for one image: more work-groups resident); LD16 1 the other way to load a piece
 TILES = [(256, 4, 8, 0), (256, 1, 8, 0), (256, 2, 8, 0), (128, 1, 8, 0), (128, 2, 8, 0), (128, 4, 8, 0),
          (512, 2, 8, 0), (256, 8, 4, 0), (64, 4, 8, 0), (128, 4, 16, 0), (256, 2, 4, 0), (512, 1, 4, 0),
+         (256, 4, 1, 0), (256, 8, 1, 0), (256, 1, 1, 0), (512, 4, 1, 0), (128, 2, 2, 0),
          (256, 4, 8, 1), (256, 1, 8, 1), (128, 2, 8, 1), (128, 4, 8, 1)]
 
 
