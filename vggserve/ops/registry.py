@@ -121,7 +121,8 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 def _load_all() -> None:
     """Import every module that registers an entry (each registers itself on import)."""
-    from . import gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_sparse, winograd  # noqa: F401
+    from . import (gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_gemv, tensorcore_sparse,  # noqa: F401
+                   winograd)
 
 
 def get(name: str) -> Algorithm:

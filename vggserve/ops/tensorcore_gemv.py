@@ -1,0 +1,125 @@
+"""tc_gemv (kernels/fc_half_gemv.cl): the tensor-core family's fully connected layers as FP16 matrix-vector products,
+for small batches, where a layer is bound by reading its weights once (VGG16's classifier.0 is 205 MB of FP16) and
+the tile GEMM (tc_gemm) spends its tensor cores on 1 to 8 rows of a 128-row tile.
+
+Plain OpenCL C (no mma), so it runs wherever the family does; FP16 only. It reads and writes what TensorCoreLayer
+reads and writes for an FC layer (NHWC with 1 x 1 pixels: cpad FP16 inputs, cstore outputs, FP16 or the float32
+logits, padding channels zero), so the tuner can put any FC layer on it, shape by shape and batch by batch.
+
+Batch: a work-group sums NB images; a launch covers any n, images past NB in further work-groups that read the
+weights again. So a layer is correct at every batch the engine runs (a model reads the table tuned at the batch
+nearest its largest, and runs smaller ones too), and the tuner's timings make it win only where n <= NB pays.
+
+8-bit models: the layers that stay FP16 there and are FC (classifier.6: FP16 in, float32 logits out) run it as in an
+FP16 model; it takes no 8-bit scales (`make` refuses them), and `available` is FP16 only, so the engine's 8-bit
+plans (model/vgg16.py `_choose`) give a layer that reads or writes 8-bit codes to tc_gemm.
+"""
+
+import pyopencl as cl
+
+from .eightbit import LayerScales
+from .launch import Launch, round_up, upload
+from .precision import Precision
+from .registry import Algorithm, BuildEnv, LayerSpec, register
+from .tensorcore import out_channels, padded_bias, tc_weights, vec
+
+KERNEL_FILE = "fc_half_gemv.cl"
+TUNABLES = ("WG", "ROWS", "NB", "LD16")
+DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8, "LD16": 0}
+# (WG, ROWS, NB, LD16): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more for
+# classifier.0 (ROWS 4: 1024 groups of 256, one wave of an H100's 132 SMs at 8 groups each); NB 4 and 16 for the
+# register / local memory trade at the batch the table is tuned for, NB 1 and 2 for tables tuned at batch 1 or 2
+# (registers and local memory for one image: more work-groups resident); LD16 1 the other way to load a piece
+TILES = [(256, 4, 8, 0), (256, 1, 8, 0), (256, 2, 8, 0), (128, 1, 8, 0), (128, 2, 8, 0), (128, 4, 8, 0),
+         (512, 2, 8, 0), (256, 8, 4, 0), (64, 4, 8, 0), (128, 4, 16, 0), (256, 2, 4, 0), (512, 1, 4, 0),
+         (256, 4, 1, 0), (256, 8, 1, 0), (256, 1, 1, 0), (512, 4, 1, 0), (128, 2, 2, 0),
+         (256, 4, 8, 1), (256, 1, 8, 1), (128, 2, 8, 1), (128, 4, 8, 1)]
+
+
+def valid(params: dict) -> bool:
+    """fc_half_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group, LD16 0 or 1."""
+    wg = params["WG"]
+    return (wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1
+            and params.get("LD16", 0) in (0, 1))
+
+
+def local_mem(params: dict) -> int:
+    """The reduction's floats: ROWS x NB sums per work-item."""
+    return 4 * params["ROWS"] * params["NB"] * params["WG"]
+
+
+class GemvHalfLayer:
+    """One FC layer on fc_half_gemv.cl. Input: `cpad` FP16 features per image (the previous layer's cstore channels;
+    classifier.0: the 7 x 7 x C NHWC flatten, its weights' columns permuted by the caller as for tc_gemm); output:
+    `cstore` channels per image, FP16, or float32 when `layer.last`."""
+
+    name = "tc_gemv"
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv, cpad: int | None = None):
+        if not precision.half:
+            raise ValueError(f"tc_gemv computes FP16 layers, not {precision}")
+        if layer.kind != "fc" or layer.pool:
+            raise ValueError("tc_gemv computes fully connected layers (no pooling)")
+        if not valid(params):
+            raise ValueError(f"tc_gemv {params}: WG must be a power of 2, ROWS and NB at least 1, LD16 0 or 1")
+        self.p, self.precision, self.layer = dict(params), precision, layer
+        self.scales = LayerScales(precision, weight, None, None, layer.last)  # inactive: what _stored reads
+        self.cpad = cpad or round_up(layer.cin, vec(precision))
+        if self.cpad % vec(precision):
+            raise ValueError(f"tc_gemv reads 16-byte pieces: cpad {self.cpad} is not a multiple of {vec(precision)}")
+        self.cstore = out_channels(layer, precision, self.scales)
+        self.rows, self.nb, self.threads = params["ROWS"], params["NB"], params["WG"]
+        self.mpad = round_up(self.cstore, self.rows)
+        self.groups_m = self.mpad // self.rows
+        self.wt = upload(ctx, tc_weights(weight, self.cpad, self.mpad, self.cpad, precision), precision.storage)
+        self.bias = padded_bias(ctx, bias, self.mpad)
+        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last)}
+        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_half_gemv"))
+
+    def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
+        chunks = -(-n // self.nb)
+        return self.kernel(queue, (self.groups_m * self.threads, chunks), (self.threads, 1), src, self.wt, self.bias,
+                           dst, self.cpad, self.cstore, n)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        return 2.0 * n * self.layer.cout * self.layer.cin
+
+    def describe(self) -> str:
+        p = self.p
+        load = ", uint4 loads" if p.get("LD16") else ""
+        return f"{self.name} {p['ROWS']} rows x {p['WG']} work-items, {p['NB']} images a group{load}"
+
+
+class TensorCoreGemv(Algorithm):
+    name = "tc_gemv"
+    family = "tensorcore"
+    kinds = ("fc",)
+    precisions = ("fp16",)
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+
+    def available(self, caps, precision):
+        return caps.tensor_cores and precision.name in self.precisions
+
+    def default(self, caps, precision):
+        return dict(DEFAULT)
+
+    def candidates(self, caps, precision, layer):
+        out = [{"ALGO": self.name, **dict(zip(TUNABLES, t))} for t in TILES]
+        return [p for p in out if valid(p) and self.fits(p, caps, precision)]
+
+    def local_mem(self, params, precision):
+        return local_mem(params)
+
+    def work_group_size(self, params):
+        return params["WG"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
+             out_scale=None, out_codes=None):
+        if in_scale is not None or out_scale is not None or out_codes is not None:
+            raise ValueError("tc_gemv reads and writes FP16 (or the float32 logits): it takes no 8-bit scales")
+        return GemvHalfLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
+
+
+ALGORITHM = register(TensorCoreGemv())
