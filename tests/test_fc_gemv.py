@@ -225,3 +225,24 @@ def test_an_int8_model_runs_classifier_6_on_it_and_keeps_the_8_bit_layers_on_tc_
     assert not np.isnan(out).any() and rel_err(out, plain) < 1e-4
     ref = reference_logits(tensors, x)
     assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 0.1
+
+
+@pytest.mark.parametrize("max_batch, expected", [(2, "tc_gemv"), (4, "tc_gemv"), (8, "tc_gemm")])
+def test_a_table_naming_it_is_followed_only_by_models_of_a_few_images(tiny_tensors, monkeypatch, max_batch, expected):
+    """A batch-1 table serves models up to batch 8 (the nearest table); past MAX_BATCH images tc_gemv loses to
+    tc_gemm, so those models run the family default instead, and say why."""
+    from vggserve import VGG16
+    from vggserve.engine import engine as engine_module
+    from vggserve.ops.tensorcore_gemv import MAX_BATCH
+    from vggserve.weights.spec import infer_width, vgg16_spec
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    spec = vgg16_spec(infer_width(tiny_tensors))
+    table = fc_table(spec, {f.name: DEFAULT for f in spec.fcs})
+    original = engine_module.params_for
+    monkeypatch.setattr(engine_module, "params_for", lambda kind, name: {**original(kind, name), **table})
+    with VGG16(tiny_tensors, device=TEST_DEVICE, max_batch_size=max_batch, precision="fp16") as model:
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+    assert all(plan[f.name].startswith(expected) for f in spec.fcs), plan
+    if max_batch > MAX_BATCH:
+        assert f"the tuned entry is tc_gemv, which does not pay at batch {max_batch}" in plan["classifier.0"]

@@ -135,6 +135,9 @@ class VGG16(Engine):
             return default, f"family default (the tuned entry is {named}, not a {self.family} {layer.kind} kernel)"
         if not chosen.available(self.caps, prec):  # e.g. wgmma turned off, or another GPU's table
             return default, f"family default (the tuned entry is {named}, which this device does not run)"
+        if not chosen.suits(self.max_batch_size):  # e.g. tc_gemv from a batch-1 table in a model of 8 images
+            return default, f"family default (the tuned entry is {named}, which does not pay at batch " \
+                            f"{self.max_batch_size})"
         return p, why
 
     def _choose(self, layer: LayerSpec, weight, pool: bool = False, plan: LayerPlan | None = None) -> tuple:

@@ -78,6 +78,11 @@ class Algorithm:
     def available(self, caps, precision: Precision) -> bool:
         return precision.name in self.precisions
 
+    def suits(self, max_batch: int) -> bool:
+        """Whether a model whose batches go up to `max_batch` may run this entry where a table names it (a table
+        tuned at batch 1 also serves models of a few images)."""
+        return True
+
     def default(self, caps, precision: Precision) -> dict:
         raise NotImplementedError
 

@@ -25,6 +25,7 @@ from .tensorcore import out_channels, padded_bias, tc_weights, vec
 
 KERNEL_FILE = "fc_half_gemv.cl"
 TUNABLES = ("WG", "ROWS", "NB", "LD16")
+MAX_BATCH = 4  # the largest batch where it beat tc_gemm on the H100 (benchmarks/fc_gemv.py; `suits`)
 DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8, "LD16": 0}
 # (WG, ROWS, NB, LD16): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more for
 # classifier.0 (ROWS 4: 1024 groups of 256, one wave of an H100's 132 SMs at 8 groups each); NB 4 and 16 for the
@@ -101,6 +102,11 @@ class TensorCoreGemv(Algorithm):
 
     def available(self, caps, precision):
         return caps.tensor_cores and precision.name in self.precisions
+
+    def suits(self, max_batch: int) -> bool:
+        """Up to MAX_BATCH images: past it each weight feeds too many FP32 sums for the CUDA cores (H100, FC6 at
+        batch 8: 0.35 ms against tc_gemm's 0.17), and a batch-1 table must not put a larger model's FC layers here."""
+        return max_batch <= MAX_BATCH
 
     def default(self, caps, precision):
         return dict(DEFAULT)
