@@ -161,7 +161,7 @@ def test_the_tiny_network_with_gemv_fc_layers_matches_float64_and_tc_gemm(tiny_t
     monkeypatch.setattr(engine_module, "params_for", original)
     out, plan = runs["gemv"]
     assert all(plan[f.name].startswith("tc_gemv") for f in spec.fcs), plan
-    assert "tuned for this shape" in plan["classifier.0"] and "1 images a group" in plan["classifier.3"]
+    assert "tuned for this shape" in plan["classifier.0"] and "1 image a group" in plan["classifier.3"]
     gemm_out, gemm_plan = runs["gemm"]
     assert all(gemm_plan[f.name].startswith("tc_gemm") for f in spec.fcs), gemm_plan
     ref = reference_logits(tiny_tensors, x)

@@ -22,6 +22,7 @@ from .launch import Launch, round_up, upload
 from .precision import Precision
 from .registry import Algorithm, BuildEnv, LayerSpec, register
 from .tensorcore import out_channels, padded_bias, tc_weights, vec
+from ..wording import count
 
 KERNEL_FILE = "fc_half_gemv.cl"
 TUNABLES = ("WG", "ROWS", "NB", "LD16")
@@ -89,7 +90,8 @@ class GemvHalfLayer:
     def describe(self) -> str:
         p = self.p
         load = ", uint4 loads" if p.get("LD16") else ""
-        return f"{self.name} {p['ROWS']} rows x {p['WG']} work-items, {p['NB']} images a group{load}"
+        return (f"{self.name} {count(p['ROWS'], 'row')} x {count(p['WG'], 'work-item')}, "
+                f"{count(p['NB'], 'image')} a group{load}")
 
 
 class TensorCoreGemv(Algorithm):
