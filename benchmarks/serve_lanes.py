@@ -1,5 +1,6 @@
-"""The service with `--lanes 1` against `--lanes N` at light and moderate load (issues 25, 26): `vggserve serve` on
-one GPU, then `vggserve loadtest` in closed loop at each `--concurrency`, for each lane count in turn.
+"""The service with `--lanes 1` against `--lanes N`, and by `--max-wait-ms`, at light and moderate load (issues 24,
+25, 26): `vggserve serve` on one GPU, then `vggserve loadtest` in closed loop at each `--concurrency`, for each lane
+count and wait in turn.
 
     python benchmarks/serve_lanes.py --weights W --precision fp16 --lanes 1,2 --concurrency 2,8,32 --json out.json
 
@@ -68,6 +69,8 @@ def main():
     ap.add_argument("--duration", type=float, default=6)
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--decode", default="gpu")
+    ap.add_argument("--max-wait-ms", default="0", help="the server's --max-wait-ms, comma-separated: each with each "
+                    "lane count")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from PIL import Image
@@ -81,12 +84,14 @@ def main():
         with open(os.path.join(folder, f"{i:03d}.jpg"), "wb") as f:
             f.write(buf.getvalue())
     rows = []
-    for lanes in (int(v) for v in args.lanes.split(",")):
+    runs = [(int(n), float(w)) for n in args.lanes.split(",") for w in args.max_wait_ms.split(",")]
+    for lanes, wait in runs:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "vggserve", "serve", "--weights", args.weights, "--device",
                                    args.device, "--port", str(port), "--precision", args.precision, "--lanes", str(lanes),
-                                   "--decode", args.decode, "--max-batch-size", str(args.max_batch_size)],
+                                   "--decode", args.decode, "--max-batch-size", str(args.max_batch_size),
+                                   "--max-wait-ms", str(wait)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             wait_ready(url, server)
@@ -101,7 +106,7 @@ def main():
                     level = json.load(f)["levels"][0]
                 after = batch_sums(url)
                 batches = after[1] - before[1]
-                row = {"lanes": lanes, "concurrency": c, "images_per_s": level.get("throughput_ips"),
+                row = {"lanes": lanes, "max_wait_ms": wait, "concurrency": c, "images_per_s": level.get("throughput_ips"),
                        "p50_ms": level.get("latency_p50_ms"), "p95_ms": level.get("latency_p95_ms"),
                        "errors": level.get("errors"),
                        "mean_batch": round((after[0] - before[0]) / batches, 2) if batches else None}

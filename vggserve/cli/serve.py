@@ -35,9 +35,9 @@ def register(subparsers) -> None:
                         "worker per GPU (default auto = the first GPU, else the CPU; "
                         "under mpirun: gpu, meaning GPU number <local rank>)")
     p.add_argument("--max-batch-size", type=int, default=16, help="images per device batch (default 16)")
-    p.add_argument("--max-wait-ms", type=float, default=0.0,
+    p.add_argument("--max-wait-ms", type=float, default=2.0,
                    help="longest wait for a batch to fill after its first image arrives, while a device is idle "
-                        "(default 0: a batch starts with what is waiting as soon as a device is free; under load "
+                        "(default 2; 0: a batch starts with what is waiting as soon as a device is free; under load "
                         "batches fill anyway while the devices compute)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="images admitted and not yet on a device, the whole server's (with --http-workers, every "

@@ -191,8 +191,9 @@ class Settings:
     devices: tuple[str, ...] = ("auto",)  # one device worker per entry
     max_batch_size: int = 16  # images per device batch
     # how long the oldest waiting image may wait for a batch to fill while a device is idle (0: none, as Triton's
-    # max_queue_delay; under load a busy device's next batch fills while it computes)
-    max_wait_ms: float = 0.0
+    # max_queue_delay; under load a busy device's next batch fills while it computes). 2 ms measured best at 2 to 32
+    # clients on an H100 (BENCHMARKS.md, sixteenth session): 5 held light loads, 0 made batches too small at 32
+    max_wait_ms: float = 2.0
     max_queue: int = 256  # images admitted and not yet on a device (decoding or waiting); more get 429
     request_timeout_ms: int = 30_000  # default deadline; header X-Request-Timeout-Ms overrides it per request
     max_body_bytes: int = 20 * 1024 * 1024  # larger request bodies get 413 before they are read
