@@ -173,9 +173,19 @@ def test_bench_refuses_a_negative_warmup_as_a_usage_error():
     for flag, value, words in (("--warmup", "-1", "expected a non-negative integer, got -1"),
                                ("--warmup", "x", "expected a non-negative integer, got 'x'"),
                                ("--iterations", "0", "expected a positive integer, got 0"),
-                               ("--batch-size", "-2", "expected a positive integer, got -2")):
+                               ("--batch-size", "-2", "expected a positive integer, got -2"),
+                               ("--lanes", "0", "expected an integer from 1 to 4, got 0"),
+                               ("--lanes", "5", "expected an integer from 1 to 4, got 5")):
         r = vggserve("bench", flag, value)
         assert r.returncode == 2 and f"argument {flag}: {words}" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_bench_lanes_runs_the_streamed_figure_on_that_many_lanes(tiny_weights_path):
+    r = vggserve("bench", "--weights", tiny_weights_path, "--device", TEST_DEVICE, "--batch-size", "1",
+                 "--iterations", "2", "--lanes", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["lanes"] == 2 and data["streamed_images_per_second"] > 0
 
 
 def test_classify_max_pixels_lets_a_larger_photo_through_or_refuses_a_smaller_one(tiny_weights_path):

@@ -12,7 +12,7 @@ from functools import partial
 
 import numpy as np
 
-from .common import add_device_args, non_negative_int, note, positive_int
+from .common import add_device_args, lane_count, non_negative_int, note, positive_int
 from ..wording import count
 
 
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--iterations", type=positive_int, default=5, help="timed forward passes (default 5)")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed forward passes first (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
-    p.add_argument("--lanes", type=int, default=1, metavar="N",
+    p.add_argument("--lanes", type=lane_count, default=1, metavar="N",
                    help="forward passes the engine may run at once, each on a queue of its own (1..4, default 1): "
                         "the streamed figure then has N lanes' batches in flight")
     add_device_args(p, batch_default=1)

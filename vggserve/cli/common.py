@@ -70,6 +70,18 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "a non-negative integer")
 
 
+def lane_count(text: str) -> int:
+    """An argparse type: --lanes, 1 to the engine's MAX_LANES."""
+    import argparse
+
+    from ..engine.engine import MAX_LANES
+
+    value = _int_at_least(text, 1, f"an integer from 1 to {MAX_LANES}")
+    if value > MAX_LANES:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_LANES}, got {value}")
+    return value
+
+
 def _int_at_least(text: str, least: int, what: str) -> int:
     """An argparse type: `text` as an int of at least `least`, else a usage error (exit status 2) expecting `what`."""
     import argparse

@@ -163,7 +163,7 @@ def parse_devices(text: str | None) -> tuple[str, ...]:
 _BOUNDS = {
     "port": (0, 65535, "--port", "8000"),
     "max_batch_size": (1, 4096, "--max-batch-size", "16"),
-    "max_wait_ms": (0, 10_000, "--max-wait-ms", "5"),
+    "max_wait_ms": (0, 10_000, "--max-wait-ms", "2"),
     "max_queue": (1, 1_000_000, "--max-queue", "256"),
     "request_timeout_ms": (1, MAX_TIMEOUT_MS, "--request-timeout-ms", "30000"),
     "max_body_bytes": (1024, 1 << 31, "--max-body-bytes", "20000000"),
