@@ -14,37 +14,25 @@ import pytest
 from vggserve.ops import precision as precisions, registry
 from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore_gemv import DEFAULT, TILES, TUNABLES, GemvHalfLayer, local_mem, valid
-from vggserve.runtime import caps as device_caps, devices as devs
-from vggserve.runtime.programs import ProgramCache
+from vggserve.runtime import devices as devs
 
 from clbuffers import rel_err
 from conftest import TEST_DEVICE
+from test_tensorcore import tc_env  # noqa: F401 - the fixture (ctx, queue, cache, caps)
 
 MF = cl.mem_flags
 FP16 = precisions.FP16
 
 
-@pytest.fixture(scope="module")
-def gemv_env():
-    """(ctx, queue, cache, caps) of the test device, with tensor cores emulated where it has none (the family's
-    entries are then available; tc_gemv itself never uses them)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VGGSERVE_EMULATE_MMA", "1")
-    info = devs.resolve(TEST_DEVICE)
-    device = devs.cl_device(info)
-    caps = device_caps.of(device, info.kind, info.label)
-    ctx = cl.Context([device])
-    yield ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device), caps
-    mp.undo()
 
 
 def params_of(wg, rows, nb, ld16=0):
     return {"ALGO": "tc_gemv", "WG": wg, "ROWS": rows, "NB": nb, "LD16": ld16}
 
 
-def run_gemv(gemv_env, rng, params, n, k, m, relu, last):
+def run_gemv(tc_env, rng, params, n, k, m, relu, last):
     """(output as float64 (n, cstore), float64 reference (n, m), the layer) on random FP16 data."""
-    ctx, queue, cache, caps = gemv_env
+    ctx, queue, cache, caps = tc_env
     layer = LayerSpec("fc", k, m, 1, relu=relu, last=last)
     weight = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
     bias = (0.1 * rng.standard_normal(m)).astype(np.float32)
@@ -82,9 +70,9 @@ CONFIGS = [(256, 4, 8, 0), (64, 1, 4, 0), (128, 3, 8, 1)]
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}_ld16_{}".format(*c))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "n{}_k{}_m{}_{}_{}".format(
     c[0], c[1], c[2], "relu" if c[3] else "linear", "last" if c[4] else "inner"))
-def test_gemv_matches_float64(gemv_env, rng, cfg, case):
+def test_gemv_matches_float64(tc_env, rng, cfg, case):
     n, k, m, relu, last = case
-    got, ref, op = run_gemv(gemv_env, rng, params_of(*cfg), n, k, m, relu, last)
+    got, ref, op = run_gemv(tc_env, rng, params_of(*cfg), n, k, m, relu, last)
     assert op.cstore == (-(-m // 4) * 4 if last else -(-m // 8) * 8)  # as tc_gemm stores it (out_channels)
     assert not np.isnan(got).any(), "an output element was never written"
     assert np.all(got[:, m:] == 0), "the padding channels must be zero (the next layer reads them)"
@@ -94,15 +82,15 @@ def test_gemv_matches_float64(gemv_env, rng, cfg, case):
         assert np.all(got >= 0)
 
 
-def test_more_images_than_a_group_sums_give_the_same_rows(gemv_env):
+def test_more_images_than_a_group_sums_give_the_same_rows(tc_env):
     """Images past NB are further work-groups: each image's outputs do not depend on the others' (bit for bit)."""
-    a, _, _ = run_gemv(gemv_env, np.random.default_rng(9), params_of(64, 2, 2), 5, 100, 33, True, False)
-    b, _, _ = run_gemv(gemv_env, np.random.default_rng(9), params_of(64, 2, 8), 5, 100, 33, True, False)
+    a, _, _ = run_gemv(tc_env, np.random.default_rng(9), params_of(64, 2, 2), 5, 100, 33, True, False)
+    b, _, _ = run_gemv(tc_env, np.random.default_rng(9), params_of(64, 2, 8), 5, 100, 33, True, False)
     np.testing.assert_array_equal(a, b)
 
 
-def test_the_entry_is_fp16_fc_only_and_its_candidates_fit(gemv_env):
-    caps = gemv_env[3]
+def test_the_entry_is_fp16_fc_only_and_its_candidates_fit(tc_env):
+    caps = tc_env[3]
     algo = registry.get("tc_gemv")
     fc = LayerSpec("fc", 4096, 1000)
     assert algo.family == "tensorcore" and algo.kinds == ("fc",) and algo.tunables == TUNABLES
@@ -121,8 +109,8 @@ def test_the_entry_is_fp16_fc_only_and_its_candidates_fit(gemv_env):
     assert registry.choose({"ALGO": "tc_gemv"}, "portable", "fc").name == "gemm"
 
 
-def test_it_refuses_8_bit_scales_and_other_precisions(gemv_env):
-    ctx, _, cache, caps = gemv_env
+def test_it_refuses_8_bit_scales_and_other_precisions(tc_env):
+    ctx, _, cache, caps = tc_env
     algo, env = registry.get("tc_gemv"), BuildEnv(caps=caps, max_batch=1)
     layer, w, b = LayerSpec("fc", 16, 8), np.zeros((8, 16), np.float32), np.zeros(8, np.float32)
     with pytest.raises(ValueError, match="no 8-bit scales"):
