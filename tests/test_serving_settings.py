@@ -139,3 +139,14 @@ def test_serve_refuses_a_bad_decode_group_with_one_line_and_exit_status_2(tiny_w
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == ["vggserve: error: --decode-group must be an integer from 1 to 16, got '1.5'; pass e.g. "
                      "--decode-group 4"], done.stderr
+
+
+def test_lanes_default_to_one_and_are_refused_under_mpirun():
+    assert Settings().lanes == 1 and Settings(lanes=4).lanes == 4
+    with pytest.raises(SettingsError, match=r"^--lanes 2 does not work under mpirun .*drop --lanes"):
+        Settings(lanes=2, devices=("mpi",), mpi=True)
+    assert Settings(devices=("mpi",), mpi=True).lanes == 1
+
+
+def test_max_wait_defaults_to_two_milliseconds():
+    assert Settings().max_wait_ms == 2.0 and Settings().max_wait_s == 0.002

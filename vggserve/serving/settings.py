@@ -279,6 +279,9 @@ class Settings:
                                 "full batch request could never be admitted; lower --max-files or raise --max-queue")
         if self.http_workers > 1:
             self._check_front_ends()
+        if self.mpi and self.lanes > 1:
+            raise SettingsError(f"--lanes {self.lanes} does not work under mpirun (rank 0 shards each batch over the "
+                                "ranks, one batch at a time); drop --lanes or run without mpirun")
 
     def _check_front_ends(self) -> None:
         n = self.http_workers
