@@ -74,7 +74,7 @@ def lane_count(text: str) -> int:
     """An argparse type: --lanes, 1 to the engine's MAX_LANES."""
     import argparse
 
-    from ..engine.engine import MAX_LANES
+    from ..engine.lanes import MAX_LANES
 
     value = _int_at_least(text, 1, f"an integer from 1 to {MAX_LANES}")
     if value > MAX_LANES:

@@ -36,6 +36,7 @@ from ..runtime.params import params_for
 from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
 from ..wording import count
+from .lanes import MAX_LANES, Lane
 from .staging import Pending, Slot
 
 LOGIT = np.dtype(np.float32).itemsize  # logits and probabilities are float32 whatever the precision
@@ -48,24 +49,6 @@ class StartupTimes:
     upload_s: float = 0.0
     programs_compiled: int = 0
     programs_cached: int = 0
-
-
-MAX_LANES = 4
-
-
-@dataclass
-class Lane:
-    """One in-order queue of forward passes and the device buffers only it writes."""
-
-    queue: object
-    ping: object
-    pong: object
-    logits: object
-    probs: object
-
-    def release(self) -> None:
-        for buf in (self.ping, self.pong, self.logits, self.probs):
-            buf.release()
 
 
 INDEX_LIMIT = 2**31 - 1  # values in one activation buffer: the kernels' global ids and offsets are 32-bit ints
@@ -115,8 +98,9 @@ class Engine:
         precisions.check(self.precision, self.caps.tensor_cores, self.device_info.label, fp8=self.caps.fp8)
         self.context = warmstart.take_context(self.device) or cl.Context([self.device])
         props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
-        self.queue = cl.CommandQueue(self.context, properties=props)  # lane 0's; the load's copies run on it
-        self._queue_props = props
+        # a queue per lane; lane 0's (`queue`) also runs the load's copies
+        self._lane_queues = [cl.CommandQueue(self.context, properties=props) for _ in range(lanes)]
+        self.queue = self._lane_queues[0]
         self.copy_queue = cl.CommandQueue(self.context, properties=props)  # uploads, overlapping the kernels
         self.startup.discovery_s = time.perf_counter() - t0
         self.max_batch_size = int(max_batch_size)
@@ -141,14 +125,11 @@ class Engine:
                              f"activation is {per_image:,} values per image and the kernels count a batch's "
                              f"values in 32-bit integers, so at most {count(INDEX_LIMIT // per_image, 'image')} "
                              "per batch")
-        queues = [self.queue] + [cl.CommandQueue(self.context, properties=self._queue_props)
-                                 for _ in range(self.lane_count - 1)]
-
         def buffer(nbytes):
             return cl.Buffer(self.context, MF.READ_WRITE, nbytes)
 
         self.lanes = [Lane(q, buffer(b * largest), buffer(b * largest), buffer(LOGIT * b * NUM_CLASSES),
-                           buffer(LOGIT * b * NUM_CLASSES)) for q in queues]
+                           buffer(LOGIT * b * NUM_CLASSES)) for q in self._lane_queues]
         # slot i is lane i % lanes's: batches go to the lanes in turn, two of them per lane in flight
         self.slots = [Slot(self.context, self.queue, b) for _ in range(2 * self.lane_count)]
         for i, slot in enumerate(self.slots):

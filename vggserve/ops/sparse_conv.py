@@ -83,12 +83,14 @@ class PadWorkspace:
     def __init__(self, ctx, cache, wg: int):
         self.ctx, self.wg = ctx, wg
         self.kernel = Launch(cl.Kernel(cache.build("pad.cl", {"PAD_WG": wg}), "pad_nchw"))
-        self.floats, self.bufs = 0, PerQueue(ctx)  # one per lane
+        self.bufs = PerQueue(ctx)  # one per lane
+
+    @property
+    def floats(self) -> int:
+        return self.bufs.nbytes // 4
 
     def reserve(self, floats: int) -> None:
-        if floats > self.floats:
-            self.floats = floats
-            self.bufs.reserve(4 * floats)
+        self.bufs.reserve(4 * floats)
 
     def enqueue(self, queue, src, n: int, c: int, h: int, w: int, pw: int):
         rows = n * c * (h + 2)

@@ -8,7 +8,8 @@ logits, padding channels zero), so the tuner can put any FC layer on it, shape b
 
 Batch: a work-group sums NB images; a launch covers any n, images past NB in further work-groups that read the
 weights again. So a layer is correct at every batch the engine runs (a model reads the table tuned at the batch
-nearest its largest, and runs smaller ones too), and the tuner's timings make it win only where n <= NB pays.
+nearest its largest, and runs smaller ones too), and the tuner's timings make it win only where n <= NB pays; a
+model of more than MAX_BATCH images does not run it even where a table names it (`suits`).
 
 8-bit models: the layers that stay FP16 there and are FC (classifier.6: FP16 in, float32 logits out) run it as in an
 FP16 model; it takes no 8-bit scales (`make` refuses them), and `available` is FP16 only, so the engine's 8-bit

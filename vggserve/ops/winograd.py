@@ -188,17 +188,23 @@ class WinogradWorkspace:
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.v_floats = self.m_floats = 0
         self.v, self.m = PerQueue(ctx), PerQueue(ctx)  # one of each per lane
 
     def reserve(self, v_floats: int, m_floats: int) -> None:
-        self.v_floats, self.m_floats = max(self.v_floats, v_floats), max(self.m_floats, m_floats)
-        self.v.reserve(4 * self.v_floats)
-        self.m.reserve(4 * self.m_floats)
+        self.v.reserve(4 * v_floats)
+        self.m.reserve(4 * m_floats)
+
+    @property
+    def v_floats(self) -> int:
+        return self.v.nbytes // 4
+
+    @property
+    def m_floats(self) -> int:
+        return self.m.nbytes // 4
 
     @property
     def nbytes(self) -> int:
-        return 4 * (self.v_floats + self.m_floats)
+        return self.v.nbytes + self.m.nbytes
 
 
 class WinogradLayer:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from ..decoding.groups import GROUP
+from ..engine.lanes import MAX_LANES
 from ..errors import VggserveError
 from ..weights.spec import NUM_CLASSES
 from ..wording import count
@@ -175,7 +176,7 @@ _BOUNDS = {
     "read_timeout_s": (0.01, 3600, "--read-timeout", "60"),
     "http_workers": (1, 64, "--http-workers", "4"),
     "decode_group": (1, 16, "--decode-group", "4"),
-    "lanes": (1, 4, "--lanes", "2"),
+    "lanes": (1, MAX_LANES, "--lanes", "2"),
 }
 
 _REAL = ("max_wait_ms", "drain_timeout_s", "read_timeout_s")  # the others are integers

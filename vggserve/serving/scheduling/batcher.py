@@ -126,15 +126,13 @@ class Admission:
             if self._closed is not None:
                 raise self._closed
             if self._shared is None:
-                if self._admitted + n > self.capacity:
-                    self.metrics.rejected.labels(reason="queue_full").inc()
-                    raise self.full()
-                self._admitted += n
-            elif self._shared.admit(self._admitted + n, n):
-                self._admitted += n
+                fits = self._admitted + n <= self.capacity
             else:
+                fits = self._shared.admit(self._admitted + n, n)  # publishes the count, or takes it back
+            if not fits:
                 self.metrics.rejected.labels(reason="queue_full").inc()
                 raise self.full()
+            self._admitted += n
 
     def full(self) -> QueueFull:
         """The refusal of an image beyond the room."""
