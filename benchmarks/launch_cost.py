@@ -109,8 +109,7 @@ def submit_profile(cl, prec: str, iterations: int) -> dict:
     original_call = launch.Launch.__call__
 
     def call(self, queue, grid, local, *args, wait_for=None):
-        key = tuple(a if isinstance(a, int) else id(a) for a in args)
-        if key != self.key:
+        if not any(held == args for held, _ in self.copies):  # a kernel copy's arguments are set
             stats["set_args (changed)"][0] += 1
         return original_call(self, queue, grid, local, *args, wait_for=wait_for)
 
