@@ -69,7 +69,7 @@ def test_batches_go_to_the_lanes_in_turn_each_with_its_own_queue_and_buffers(one
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_tensor_core_layers_with_split_k_on_two_lanes_match_one_lane(tiny_weights_path, tiny_tensors, monkeypatch,
                                                                      precision):
-    """At batch 1 the deep layers split K (their partial sums: tensorcore.SplitWorkspace, one per queue)."""
+    """At batch 1 the deep layers split K (their partial sums: a PerQueue, one buffer per queue)."""
     from vggserve.quant.calibrate import from_histograms, observe
 
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
@@ -91,14 +91,11 @@ def test_tensor_core_layers_with_split_k_on_two_lanes_match_one_lane(tiny_weight
 
 def split_workspaces(model) -> list:
     """The split-K partial-sum workspaces of the model's layers that split K."""
-    from vggserve.ops.tensorcore import SplitWorkspace
-
     found = []
     for step in model.steps:
         op = getattr(step.run, "__self__", None) or (step.run.args[0] if hasattr(step.run, "args") else None)
-        ws = getattr(op, "ws", None)
-        if isinstance(ws, SplitWorkspace) and getattr(op, "split_kernel", None) is not None:
-            found.append(ws)
+        if getattr(op, "split_kernel", None) is not None:
+            found.append(op.ws)
     return found
 
 

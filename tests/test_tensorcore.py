@@ -24,6 +24,7 @@ from conftest import TEST_DEVICE
 
 MF = cl.mem_flags
 TC_PRECISIONS = [precisions.FP16, precisions.TF32]
+DEFAULT_CFG = tuple(DEFAULT[k] for k in ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB"))
 CONFIGS = [  # (BM, BN, WARPS_M, WARPS_N, STAGES, KB): every local row width, 1 to 8 warps, 2 to 4 stages
     (64, 64, 2, 2, 3, 64),
     (32, 64, 1, 2, 2, 128),
@@ -169,6 +170,54 @@ def test_split_k_sums_the_same_as_one_pass(tc_env, rng, prec):
     got, ref, op = run_layer(tc_env, prec, CONFIGS[0], shape, rng, splits_target=64)
     assert op.plans[1][0] > 1, "this layer should have been split"
     assert rel_err(got[..., :24].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+def test_split_k_over_many_tiles_repeats_bit_for_bit(tc_env, rng, prec):
+    """Split K over 3 x 2 tiles, the last ones cut by NPIX (75 pixels of 32-row tiles) and by Cstore (72 channels of
+    64-wide ones), three launches in a row on one queue: numpy's answer, and the same bytes each time (the partial
+    sums' buffer is reused by every launch)."""
+    shape = (3, 64, 72, 5, 5, 3)
+    got, ref, op = run_layer(tc_env, prec, CONFIGS[1], shape, rng, splits_target=64)
+    assert op.plans[3][0] > 1 and -(-75 // op.p["BM"]) * op.groups_n == 3 * 2, "split over 3 x 2 tiles"
+    assert rel_err(got[..., :72].transpose(0, 3, 1, 2), ref) < 2e-3
+    xin = nhwc_input(rng.standard_normal((3, 64, 5, 5)).astype(np.float32), op.cpad, prec)
+    outs = [enqueue_on(tc_env, op, xin, np.full((75, op.cstore), np.nan, prec.storage), 3, 5, 5) for _ in range(3)]
+    assert not np.isnan(outs[0]).any()
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out.view(np.uint8), outs[0].view(np.uint8))
+
+
+def test_split_targets_give_every_other_split_of_k_once(tc_env, rng):
+    """The tuner's alternatives for a layer that splits K (tensorcore.SPLITS_TRIED): each GROUPS_TARGET gives a
+    plan of its own, one of them no split at all, every split keeps at least 4 k-tiles, and a layer built with
+    that GROUPS_TARGET runs that plan and numpy's answer."""
+    shape = (1, 1024, 64, 1, 1, 1)  # an FC layer of one image: one tile, 32 k-tiles of 64 bytes
+    got, ref, op = run_layer(tc_env, precisions.FP16, DEFAULT_CFG, shape, rng, splits_target=8)
+    assert op.plans[1] == (8, 4) and op.ntiles == 32
+    targets = op.split_targets(1)
+    plans = [op.plan_for(1, t) for t in targets]
+    assert (1, 32) in plans and op.plans[1] not in plans and len(set(plans)) == len(plans) == 5, plans
+    assert all(s == 1 or per >= 4 for s, per in plans) and {s for s, _ in plans} == {1, 2, 3, 4, 6}
+    for target, plan in zip(targets, plans):
+        got, ref, other = run_layer(tc_env, precisions.FP16, DEFAULT_CFG, shape, np.random.default_rng(5),
+                                    splits_target=target)
+        assert other.plans[1] == plan
+        assert rel_err(got[..., :64].reshape(1, 64, 1, 1), ref) < 2e-3
+
+
+def test_the_tuner_times_the_other_splits_of_a_layer_that_splits(tc_env):
+    from vggserve import tuning
+
+    info = devs.resolve(TEST_DEVICE)
+    shapes = [("1024x64x1", 1024, 64, 1, 1)]
+    winners, trials = tuning.tune(info, devs.cl_device(info), batch=1, limit=1, repeats=1, shapes=shapes,
+                                  progress=lambda _: None, precision="fp16")
+    gemm = [t for t in trials if t.params["ALGO"] == "tc_gemm"]
+    targets = [t.params.get("GROUPS_TARGET") for t in gemm]
+    assert targets[0] is None and len(targets) > 2 and None not in targets[1:]  # the candidate, then its splits
+    assert all(t.ok for t in trials)
+    assert winners["1024x64x1"] == min(trials, key=lambda t: t.ms).params
 
 
 def test_nhwc_input_and_pooling_match_numpy(tc_env, rng):

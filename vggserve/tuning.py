@@ -239,6 +239,11 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                     break
                 ms, out = time_op(queue, op, bench, batch, size, repeats)
                 judge({**p, "FUSE_POOL": 0} if pool else p, ms + pool_ms, out, ref)
+                # a layer that splits K at this batch: its other splits too (the same program, GROUPS_TARGET)
+                for target in getattr(op, "split_targets", lambda n: [])(batch):
+                    q = {**p, "GROUPS_TARGET": target}
+                    ms, out = time_op(queue, build(algo, q), bench, batch, size, repeats)
+                    judge({**q, "FUSE_POOL": 0} if pool else q, ms + pool_ms, out, ref)
                 if pool and algo.fuses_pool(p):
                     fused = algo.make(ctx, cache, p, prec, replace(layer, pool=True), bench.weight, bench.bias, env,
                                       **scales)

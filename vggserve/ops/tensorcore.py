@@ -77,12 +77,8 @@ def padded_bias(ctx, bias: np.ndarray, npad: int):
     return upload(ctx, b)
 
 
-class SplitWorkspace(PerQueue):
-    """One FP32 partial-sum buffer for the split-K layers of a model (they run one after another on a lane's queue),
-    grown while layers are built, one per queue (`PerQueue`)."""
-
-    def reserve_floats(self, floats: int) -> None:
-        self.reserve(4 * floats)
+# split counts the tuner tries for a layer that splits K at its batch (TensorCoreLayer.split_targets)
+SPLITS_TRIED = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 class TensorCoreLayer:
@@ -130,16 +126,40 @@ class TensorCoreLayer:
             split = self.program(cache, env, {**defines, "SPLITK": 1})
             self.split_kernel = Launch(cl.Kernel(split, "conv_tc"))
             self.reduce = Launch(cl.Kernel(split, "tc_reduce"))
-            self.ws = env.workspace("tc_split", lambda: SplitWorkspace(ctx))
+            # the FP32 partial sums of the model's split layers (they run one after another on a lane's queue)
+            self.ws = env.workspace("tc_split", lambda: PerQueue(ctx))
             hw = layer.size * layer.size
-            self.ws.reserve_floats(max(s * n * hw * self.cstore for n, (s, _) in self.plans.items()))
+            self.ws.reserve(max(4 * s * n * hw * self.cstore for n, (s, _) in self.plans.items()))
+
+    def groups(self, n: int) -> int:
+        """Work-groups (output tiles) for n images, before any split."""
+        return -(-n * self.layer.size * self.layer.size // self.p["BM"]) * self.groups_n
+
+    def split_targets(self, n: int) -> list[int]:
+        """GROUPS_TARGET values that split K for n images in each other way of SPLITS_TRIED (1: no split; each
+        split at least 4 k-tiles), for the tuner to time against this layer's own plan; [] where it does not split
+        (its tiles already fill the device)."""
+        mine, groups = self.plan(n), self.groups(n)
+        if mine[0] == 1:
+            return []
+        out, seen = [], {mine}
+        for s in SPLITS_TRIED:
+            target = s * groups
+            got = self.plan_for(n, target)
+            if got not in seen:
+                seen.add(got)
+                out.append(target)
+        return out
 
     def plan(self, n: int) -> tuple[int, int]:
+        return self.plan_for(n, self.target)
+
+    def plan_for(self, n: int, target: int) -> tuple[int, int]:
         """(splits, k-tiles per split) for n images: K is split until the work-groups reach about `target`
-        (twice the compute units), each split keeping at least 4 k-tiles."""
-        npix = n * self.layer.size * self.layer.size
-        groups = -(-npix // self.p["BM"]) * self.groups_n
-        want = min(-(-self.target // groups), self.ntiles // 4) if groups < self.target else 1
+        (GROUPS_TARGET, tuned per shape and batch; else twice the compute units), each split keeping at least 4
+        k-tiles."""
+        groups = self.groups(n)
+        want = min(-(-target // groups), self.ntiles // 4) if groups < target else 1
         if want <= 1:
             return 1, self.ntiles
         per = -(-self.ntiles // want)
