@@ -311,7 +311,9 @@ def test_whole_network_on_tensor_cores_matches_float64(small_tensors, monkeypatc
     assert out.dtype == np.float32 and not np.isnan(out).any()
     assert rel_err(out, ref) < BOUND[name]
     np.testing.assert_array_equal(out.argmax(1), ref.argmax(1))
-    assert plan[0]["kernel"].startswith("nhwc.cl") and "tc_gemm" in plan[1]["kernel"]
+    # features.0 from the float32 input (conv_first.cl: no to_nhwc step), then the tensor-core kernels
+    assert plan[0]["name"] == "features.0" and plan[0]["kernel"].startswith("conv_first")
+    assert "tc_gemm" in plan[1]["kernel"] and not any("to_nhwc" in p["kernel"] for p in plan)
 
 
 def test_fp16_storage_on_the_portable_kernels_matches_float64(small_tensors, monkeypatch):

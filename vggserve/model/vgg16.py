@@ -27,7 +27,7 @@ from functools import partial
 
 from ..engine.engine import Engine, Step, StartupTimes  # noqa: F401 - re-exported
 from ..errors import KernelBuildError
-from ..ops import nhwc, registry, sparse_select
+from ..ops import first_conv, nhwc, registry, sparse_select
 from ..ops.launch import round_up
 from ..ops.pool import KERNEL_FILE as POOL_FILE, MaxPool
 from ..ops.precision import FP16, storage_defines
@@ -199,14 +199,18 @@ class VGG16(Engine):
         plans = self._plans()
         steps, size = [], INPUT_SIZE
         self.convs, self.fcs = [], []  # (spec, op) per layer, for introspection
+        direct = False  # features.0 on conv_first.cl, from the float32 NCHW input (no to_nhwc step)
         if tc:
-            first = plans[self.spec.convs[0].name].precision if plans else prec  # 8-bit: features.0 reads FP16
-            program = cache.build(nhwc.KERNEL_FILE, nhwc.defines(first))
-            chans, item = round_up(3, vec(first)), first.itemsize  # the NHWC activation (padded to 16 bytes)
-            to_nhwc = nhwc.NhwcInput(program, 3, chans)
-            steps.append(Step("input to NHWC", partial(_run_sized, to_nhwc, size), _no_flops,
-                              size * size * chans * item, "nhwc.cl to_nhwc"))
-            programs = {first: program}  # nhwc.cl per storage (8-bit: the pooling's byte max)
+            c0 = self.spec.convs[0]
+            first = plans[c0.name].precision if plans else prec  # 8-bit: features.0 reads FP16
+            direct = first_conv.fits(LayerSpec("conv3x3", c0.cin, c0.cout, size, relu=True, pool=c0.pool_after), first)
+            programs = {}  # nhwc.cl per storage (8-bit: the pooling's byte max)
+            if not direct:
+                programs[first] = program = cache.build(nhwc.KERNEL_FILE, nhwc.defines(first))
+                chans, item = round_up(3, vec(first)), first.itemsize  # the NHWC activation (padded to 16 bytes)
+                to_nhwc = nhwc.NhwcInput(program, 3, chans)
+                steps.append(Step("input to NHWC", partial(_run_sized, to_nhwc, size), _no_flops,
+                                  size * size * chans * item, "nhwc.cl to_nhwc"))
 
             def new_pool(out):
                 if out not in programs:
@@ -219,10 +223,15 @@ class VGG16(Engine):
         for i, c in enumerate(self.spec.convs):
             layer = LayerSpec("conv3x3", c.cin, c.cout, size, relu=True)
             plan = plans.get(c.name)
-            algo, p, why = self._choose(layer, tensors[f"{c.name}.weight"], pool=c.pool_after, plan=plan)
             extra = ({} if tc else {"first": i == 0}) if plan is None else plan.kwargs
-            op, fused, why = self._make(algo, p, why, layer, c.pool_after, tensors[f"{c.name}.weight"],
-                                        tensors[f"{c.name}.bias"], env, plan and plan.precision, **extra)
+            if direct and i == 0:
+                op, fused = first_conv.FirstConv(ctx, cache, first, layer, tensors[f"{c.name}.weight"],
+                                                 tensors[f"{c.name}.bias"], env, **extra), False
+                why = "the first convolution, from the float32 input"
+            else:
+                algo, p, why = self._choose(layer, tensors[f"{c.name}.weight"], pool=c.pool_after, plan=plan)
+                op, fused, why = self._make(algo, p, why, layer, c.pool_after, tensors[f"{c.name}.weight"],
+                                            tensors[f"{c.name}.bias"], env, plan and plan.precision, **extra)
             self.convs.append((c, op))
             out = _stored(op, prec) if tc else prec
             chans, item = (round_up(c.cout, vec(out)) if tc else c.cout), out.itemsize

@@ -1,0 +1,160 @@
+/* conv_first.cl -- the network's first convolution (3x3, padding 1, few input channels) for the tensor-core family,
+ * read straight from the model's float32 NCHW input: no NHWC copy of the input, and no tensor-core tile padding a
+ * pixel's 3 channels to 8 and 27 k to 64 or 128 (features.0 ran at 7-14 TFLOP/s on conv_tc.cl).
+ *
+ *   out[p, n] = act( bias[n] + sum_{c, ky, kx} r(in[b, c, y + ky - 1, x + kx - 1]) * wt[n, c, ky, kx] )
+ *   p = (b * H + y) * W + x, NHWC with CSTORE channels per pixel (zero from COUT on)
+ *
+ * r() rounds the input to the storage type as nhwc.cl's to_nhwc does (FP16: to nearest even; TF32: cvt.rna), and
+ * the host passes the weights already rounded so (tensorcore.tc_weights' values), so every product is exact in FP32
+ * as on the tensor cores; the sum is FP32 (fma, in the order c, ky, kx), then the epilogue of conv_tc.cl
+ * (tc_epilogue.clh: + bias, ReLU; OUT_FP8 / OUT_INT8: scaled by out_scale_inv into the next layer's codes) and the
+ * conversions of mma.clh's STORE2 (out_t: FP16, FP32 rounded to TF32, e4m3 or u8 codes).
+ *
+ * One work-item per output pixel, all COUT channels, 8 at a time; a work-group of CF_WG consecutive pixels:
+ *   - the weights are copied to local memory tap-major (wl[t * CF_COUTP + n]) and read 4 channels at a time, the
+ *     same address in every work-item (a broadcast);
+ *   - each pixel's 27 inputs are loaded once (L1 serves the neighbours' overlap);
+ *   - the stored values are staged in local memory, a pixel's row padded by 16 bytes (no bank conflicts), then the
+ *     work-group's pixels, contiguous in NHWC, are written out 16 bytes a work-item (coalesced: one work-item's
+ *     own row of 128 bytes written as 4-byte pairs was 4x slower than the whole layer on conv_tc.cl).
+ */
+
+#ifndef CF_CIN
+#define CF_CIN 3      /* input channels */
+#endif
+#ifndef CF_COUT
+#define CF_COUT 64    /* output channels */
+#endif
+#ifndef CF_CSTORE
+#define CF_CSTORE 64  /* channels per stored pixel: CF_COUT rounded up to 16 bytes of the output's storage */
+#endif
+#ifndef CF_WG
+#define CF_WG 128     /* work-group size */
+#endif
+#ifndef TF32
+#define TF32 0
+#endif
+#ifndef MMA_EMULATE
+#define MMA_EMULATE 0
+#endif
+#define CF_TAPS (CF_CIN * 9)
+
+#include "mma.clh"         /* out_t, STORE1, to_tf32 */
+#include "tc_epilogue.clh" /* TC_SCALED1 (8-bit output), RELU */
+
+#if FP8 || INT8
+#error "conv_first.cl: FP16 or TF32 input (an 8-bit model's first convolution is FP16)"
+#endif
+
+/* the input value as the storage type holds it */
+inline float cf_round(float x) {
+#if TF32
+    return to_tf32(x);
+#else
+    ushort h;
+    vstore_half_rte(x, 0, (__private half *)&h);
+    return vload_half(0, (__private const half *)&h);
+#endif
+}
+
+inline float cf_act(float v, __global const float *restrict bias,
+#if OUT_EIGHT_BIT
+                    const float out_scale_inv,
+#endif
+                    const int n) {
+#if OUT_EIGHT_BIT
+    return tc_scaled1(v, bias, bias, out_scale_inv, n);
+#else
+    v += bias[n];
+#if RELU
+    v = fmax(v, 0.0f);
+#endif
+    return v;
+#endif
+}
+
+#if OUT_EIGHT_BIT
+#define CF_ACT(v, n) cf_act((v), bias, out_scale_inv, (n))
+#else
+#define CF_ACT(v, n) cf_act((v), bias, (n))
+#endif
+
+/* a pair of stored values into local memory, as STORE2 writes them to global */
+#if OUT_F32 || TF32
+#define CF_LSTORE2(p, i, v) vstore2((float2)(to_tf32((v).x), to_tf32((v).y)), 0, (p) + (i))
+#elif OUT_FP8
+#define CF_LSTORE2(p, i, v) (*(__local ushort *)((p) + (i)) = e4m3x2((v).x, (v).y))
+#elif OUT_INT8
+#define CF_LSTORE2(p, i, v) vstore2(convert_uchar2_sat_rte(v), 0, (p) + (i))
+#else
+#define CF_LSTORE2(p, i, v) vstore_half2_rte((v), 0, (__local half *)((p) + (i)))
+#endif
+#define CF_COUTP ((CF_COUT + 7) / 8 * 8)                  /* channels of a tap's weight row in local memory */
+#define CF_ROW (CF_CSTORE + 16 / (int)sizeof(out_t))       /* out_t per staged pixel: 16 bytes of padding */
+#define CF_CHUNKS (CF_CSTORE * (int)sizeof(out_t) / 16)   /* 16-byte chunks of a stored pixel */
+
+__kernel __attribute__((reqd_work_group_size(CF_WG, 1, 1)))
+void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
+                __global const float *restrict wt,       /* CF_TAPS x CF_COUTP, tap-major, rounded to the storage */
+                __global const float *restrict bias,     /* CF_COUT (or more) */
+#if OUT_EIGHT_BIT
+                const float out_scale_inv,               /* 1 / s_out, the next layer's input scale */
+#endif
+                __global out_t *restrict out,            /* NHWC, CF_CSTORE channels */
+                const int H, const int W, const int NPIX)
+{
+    __local float4 wl[CF_TAPS * CF_COUTP / 4];
+    __local uint4 staged[CF_WG * CF_ROW * sizeof(out_t) / 16];
+    const int lid = get_local_id(0), p0 = get_group_id(0) * CF_WG, p = p0 + lid;
+    for (int i = lid; i < CF_TAPS * CF_COUTP / 4; i += CF_WG) wl[i] = vload4(i, wt);
+    float v[CF_TAPS];
+    if (p < NPIX) {
+        const int HW = H * W;
+        const int b = p / HW, r = p - b * HW, y = r / W, x = r - (r / W) * W;
+        __global const float *src = in + (size_t)b * CF_CIN * HW;
+#pragma unroll
+        for (int c = 0; c < CF_CIN; ++c)
+#pragma unroll
+            for (int ky = 0; ky < 3; ++ky)
+#pragma unroll
+                for (int kx = 0; kx < 3; ++kx) {
+                    const int yy = y + ky - 1, xx = x + kx - 1;
+                    const int inside = yy >= 0 && yy < H && xx >= 0 && xx < W;
+                    /* read at a clamped place (always inside the buffer), then zero the padding */
+                    const float at = src[(size_t)c * HW + clamp(yy, 0, H - 1) * W + clamp(xx, 0, W - 1)];
+                    v[(c * 3 + ky) * 3 + kx] = inside ? cf_round(at) : 0.0f;
+                }
+    } else {
+#pragma unroll
+        for (int t = 0; t < CF_TAPS; ++t) v[t] = 0.0f;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __local out_t *row = (__local out_t *)staged + lid * CF_ROW;
+#pragma unroll
+    for (int n0 = 0; n0 < CF_COUTP; n0 += 8) {
+        float4 a = (float4)(0.0f), b = (float4)(0.0f);
+#pragma unroll
+        for (int t = 0; t < CF_TAPS; ++t) {
+            const float4 wa = wl[(t * CF_COUTP + n0) / 4], wb = wl[(t * CF_COUTP + n0) / 4 + 1];
+            a = fma((float4)(v[t]), wa, a);
+            b = fma((float4)(v[t]), wb, b);
+        }
+        const float acc[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 8; j += 2)
+            if (n0 + j < CF_CSTORE)
+                CF_LSTORE2(row, n0 + j, ((float2)(n0 + j < CF_COUT ? CF_ACT(acc[j], n0 + j) : 0.0f,
+                                                  n0 + j + 1 < CF_COUT ? CF_ACT(acc[j + 1], n0 + j + 1) : 0.0f)));
+    }
+    /* the padding channels past the last block of 8 (the next layer reads them): zero */
+#pragma unroll
+    for (int n = CF_COUTP; n < CF_CSTORE; n += 2) CF_LSTORE2(row, n, ((float2)(0.0f, 0.0f)));
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int pixels = min(CF_WG, NPIX - p0);
+    __global uint4 *dst = (__global uint4 *)(out + (size_t)p0 * CF_CSTORE);
+    for (int i = lid; i < pixels * CF_CHUNKS; i += CF_WG) {
+        const int q = i / CF_CHUNKS, c = i - q * CF_CHUNKS;
+        dst[i] = staged[q * (CF_ROW * (int)sizeof(out_t) / 16) + c];
+    }
+}

@@ -1,0 +1,116 @@
+"""kernels/conv_first.cl (ops/first_conv.py): the tensor-core family's first convolution from the float32 NCHW input,
+bit for bit against a numpy model of its arithmetic, on awkward sizes, and as features.0 of the engine."""
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from vggserve.ops import precision as precisions
+from vggserve.ops.first_conv import FirstConv, fits
+from vggserve.ops.launch import MF
+from vggserve.ops.registry import BuildEnv, LayerSpec
+from vggserve.ops.tensorcore import rna_tf32
+from vggserve.quant import e4m3
+from vggserve.runtime import caps as device_caps, devices as devs
+from vggserve.runtime.programs import ProgramCache
+
+from conftest import TEST_DEVICE
+
+SHAPES = [  # (n, cin, cout, h, w)
+    (1, 3, 64, 1, 1),
+    (2, 3, 21, 5, 7),     # an odd cout: a pair with a padding channel, then zeros to 24
+    (1, 1, 8, 9, 4),
+    (3, 4, 70, 13, 11),
+    (1, 3, 64, 16, 16),
+]
+
+
+@pytest.fixture(scope="module")
+def env():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VGGSERVE_EMULATE_MMA", "1")
+    info = devs.resolve(TEST_DEVICE)
+    device = devs.cl_device(info)
+    caps = device_caps.of(device, info.kind, info.label)
+    ctx = cl.Context([device])
+    yield ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device), caps
+    mp.undo()
+
+
+def stored32(a, prec):
+    return rna_tf32(a) if prec.tf32 else a.astype(np.float16).astype(np.float32)
+
+
+def model(x, w, b, prec, relu=True):
+    """The kernel's arithmetic in numpy float32: inputs and weights rounded to the storage, each product exact in
+    float32 (11-bit significands), summed in the order (c, ky, kx) from 0 (an fma of an exact product is one
+    rounded add), then + bias and ReLU: float32 NHWC (n, h, w, cout)."""
+    xs, ws = stored32(x, prec), stored32(w, prec)
+    n, c, h, wd = x.shape
+    pad = np.pad(xs, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    acc = np.zeros((n, h, wd, w.shape[0]), np.float32)
+    for ci in range(c):
+        for ky in range(3):
+            for kx in range(3):
+                acc = (acc + pad[:, ci, ky:ky + h, kx:kx + wd, None] * ws[:, ci, ky, kx]).astype(np.float32)
+    out = (acc + b).astype(np.float32)
+    return np.maximum(out, np.float32(0)) if relu else out
+
+
+def run(env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
+    ctx, queue, cache, caps = env
+    n, cin, cout, h, w = shape
+    layer = LayerSpec("conv3x3", cin, cout, h, relu=relu)
+    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    op = FirstConv(ctx, cache, prec, layer, weight, bias, BuildEnv(caps=caps, max_batch=n), out_scale=out_scale,
+                   out_codes=out_codes)
+    store = op.scales.out_precision.storage
+    out = np.full((n * h * w, op.cstore), 0xFF, np.uint8).view(store) if store == np.uint8 else \
+        np.full((n * h * w, op.cstore), np.nan, store)
+    src = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=x)
+    dst = cl.Buffer(ctx, MF.READ_WRITE | MF.COPY_HOST_PTR, hostbuf=out)
+    op.enqueue(queue, src, dst, n, h, w)
+    cl.enqueue_copy(queue, out, dst)
+    queue.finish()
+    return out.reshape(n, h, w, op.cstore), model(x, weight, bias, prec, relu), op
+
+
+@pytest.mark.parametrize("prec", [precisions.FP16, precisions.TF32], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_first_conv_matches_the_numpy_model_bit_for_bit(env, rng, prec, shape):
+    got, want, op = run(env, prec, shape, rng)
+    cout = shape[2]
+    expect = rna_tf32(want) if prec.tf32 else want.astype(np.float16)
+    np.testing.assert_array_equal(got[..., :cout].view(np.uint8), expect.view(np.uint8))
+    assert not got[..., cout:].view(np.uint8).any(), "the padding channels must be zero (the next layer reads them)"
+    assert op.cstore == -(-cout // (4 if prec.tf32 else 8)) * (4 if prec.tf32 else 8)
+
+
+def test_first_conv_without_relu_keeps_the_negatives(env, rng):
+    got, want, _ = run(env, precisions.FP16, (2, 3, 16, 6, 5), rng, relu=False)
+    assert (want < 0).any()
+    np.testing.assert_array_equal(got.view(np.uint8), want.astype(np.float16).view(np.uint8))
+
+
+@pytest.mark.parametrize("codes", [precisions.INT8, precisions.FP8], ids=str)
+def test_first_conv_writes_the_next_layers_8_bit_codes(env, rng, codes):
+    """An 8-bit model's features.0: FP16 arithmetic, the output scaled by 1 / s_out into u8 or e4m3 codes."""
+    s_out = 0.013
+    got, want, op = run(env, precisions.FP16, (2, 3, 21, 7, 5), rng, out_scale=s_out, out_codes=codes)
+    scaled = (want * np.float32(1 / s_out)).astype(np.float32)
+    expect = np.clip(np.rint(scaled), 0, 255).astype(np.uint8) if codes.int8 else e4m3.encode(scaled)
+    assert op.cstore == 32
+    np.testing.assert_array_equal(got[..., :21], expect)
+    assert not got[..., 21:].any()
+
+
+def test_what_it_takes():
+    fp16 = precisions.FP16
+    assert fits(LayerSpec("conv3x3", 3, 64, 224), fp16) and fits(LayerSpec("conv3x3", 3, 64, 224), precisions.TF32)
+    assert not fits(LayerSpec("conv3x3", 64, 64, 224), fp16)  # 9 registers an input channel: a few only
+    assert not fits(LayerSpec("conv3x3", 3, 64, 224), precisions.INT8)  # an 8-bit model's features.0 is FP16
+    assert not fits(LayerSpec("conv3x3", 3, 64, 224, pool=True), fp16)
+    with pytest.raises(ValueError, match="conv_first.cl computes"):
+        FirstConv(None, None, fp16, LayerSpec("conv3x3", 64, 64, 224), None, None, None)
