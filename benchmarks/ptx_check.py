@@ -180,7 +180,7 @@ def compile_report(source: str, kernel: str, work: Path) -> dict:
     if r.returncode:
         return {"error": "ptxas: " + " | ".join(x for x in log.splitlines() if "error" in x.lower())[:300]}
     part = log.split(f"Function properties for {kernel}")[-1]
-    num = lambda pattern: int(re.search(pattern, part).group(1))  # noqa: E731
+    num = lambda pattern: int(m.group(1)) if (m := re.search(pattern, part)) else 0  # noqa: E731 (absent: none)
     return {"regs": num(r"Used (\d+) registers"), "spill": num(r"(\d+) bytes spill stores") +
             num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
             "smem": num(r"(\d+) bytes smem"), "ptx": hashlib.sha256(body.encode()).hexdigest()[:12],
