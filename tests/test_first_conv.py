@@ -11,10 +11,10 @@ from vggserve.ops.launch import MF
 from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import rna_tf32
 from vggserve.quant import e4m3
-from vggserve.runtime import caps as device_caps, devices as devs
-from vggserve.runtime.programs import ProgramCache
+from vggserve.runtime import devices as devs
 
 from conftest import TEST_DEVICE
+from test_tensorcore import tc_env  # noqa: F401 - the fixture: (ctx, queue, cache, caps), emulated on PoCL
 
 SHAPES = [  # (n, cin, cout, h, w)
     (1, 3, 64, 1, 1),
@@ -23,18 +23,6 @@ SHAPES = [  # (n, cin, cout, h, w)
     (3, 4, 70, 13, 11),
     (1, 3, 64, 16, 16),
 ]
-
-
-@pytest.fixture(scope="module")
-def env():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("VGGSERVE_EMULATE_MMA", "1")
-    info = devs.resolve(TEST_DEVICE)
-    device = devs.cl_device(info)
-    caps = device_caps.of(device, info.kind, info.label)
-    ctx = cl.Context([device])
-    yield ctx, cl.CommandQueue(ctx), ProgramCache(ctx, device), caps
-    mp.undo()
 
 
 def stored32(a, prec):
@@ -57,8 +45,8 @@ def model(x, w, b, prec, relu=True):
     return np.maximum(out, np.float32(0)) if relu else out
 
 
-def run(env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
-    ctx, queue, cache, caps = env
+def run(tc_env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
+    ctx, queue, cache, caps = tc_env
     n, cin, cout, h, w = shape
     layer = LayerSpec("conv3x3", cin, cout, h, relu=relu)
     weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
@@ -79,8 +67,8 @@ def run(env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
 
 @pytest.mark.parametrize("prec", [precisions.FP16, precisions.TF32], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_first_conv_matches_the_numpy_model_bit_for_bit(env, rng, prec, shape):
-    got, want, op = run(env, prec, shape, rng)
+def test_first_conv_matches_the_numpy_model_bit_for_bit(tc_env, rng, prec, shape):
+    got, want, op = run(tc_env, prec, shape, rng)
     cout = shape[2]
     expect = rna_tf32(want) if prec.tf32 else want.astype(np.float16)
     np.testing.assert_array_equal(got[..., :cout].view(np.uint8), expect.view(np.uint8))
@@ -88,17 +76,17 @@ def test_first_conv_matches_the_numpy_model_bit_for_bit(env, rng, prec, shape):
     assert op.cstore == -(-cout // (4 if prec.tf32 else 8)) * (4 if prec.tf32 else 8)
 
 
-def test_first_conv_without_relu_keeps_the_negatives(env, rng):
-    got, want, _ = run(env, precisions.FP16, (2, 3, 16, 6, 5), rng, relu=False)
+def test_first_conv_without_relu_keeps_the_negatives(tc_env, rng):
+    got, want, _ = run(tc_env, precisions.FP16, (2, 3, 16, 6, 5), rng, relu=False)
     assert (want < 0).any()
     np.testing.assert_array_equal(got.view(np.uint8), want.astype(np.float16).view(np.uint8))
 
 
 @pytest.mark.parametrize("codes", [precisions.INT8, precisions.FP8], ids=str)
-def test_first_conv_writes_the_next_layers_8_bit_codes(env, rng, codes):
+def test_first_conv_writes_the_next_layers_8_bit_codes(tc_env, rng, codes):
     """An 8-bit model's features.0: FP16 arithmetic, the output scaled by 1 / s_out into u8 or e4m3 codes."""
     s_out = 0.013
-    got, want, op = run(env, precisions.FP16, (2, 3, 21, 7, 5), rng, out_scale=s_out, out_codes=codes)
+    got, want, op = run(tc_env, precisions.FP16, (2, 3, 21, 7, 5), rng, out_scale=s_out, out_codes=codes)
     scaled = (want * np.float32(1 / s_out)).astype(np.float32)
     expect = np.clip(np.rint(scaled), 0, 255).astype(np.uint8) if codes.int8 else e4m3.encode(scaled)
     assert op.cstore == 32
@@ -114,3 +102,16 @@ def test_what_it_takes():
     assert not fits(LayerSpec("conv3x3", 3, 64, 224, pool=True), fp16)
     with pytest.raises(ValueError, match="conv_first.cl computes"):
         FirstConv(None, None, fp16, LayerSpec("conv3x3", 64, 64, 224), None, None, None)
+
+
+def test_the_tuner_leaves_the_first_convolution_to_conv_first(tc_env):
+    """A tensor-core model never runs features.0 on a tuned tile, so `vggserve tune` skips that shape, saying why."""
+    from vggserve import tuning
+
+    info = devs.resolve(TEST_DEVICE)
+    shapes = [s for s in tuning.layer_shapes(batch=1, width=0.125) if s[0] in ("3x8x224", "8x16x112")]
+    said = []
+    winners, trials = tuning.tune(info, devs.cl_device(info), batch=1, limit=1, repeats=1, shapes=shapes,
+                                  progress=said.append, precision="fp16")
+    assert set(winners) == {"8x16x112"} and {t.shape for t in trials} == {"8x16x112"}
+    assert any(line.strip().startswith("3x8x224") and "conv_first.cl" in line for line in said), said
