@@ -11,9 +11,10 @@
  * (tc_epilogue.clh: + bias, ReLU; OUT_FP8 / OUT_INT8: scaled by out_scale_inv into the next layer's codes) and the
  * conversions of mma.clh's STORE2 (out_t: FP16, FP32 rounded to TF32, e4m3 or u8 codes).
  *
- * One work-item per output pixel, all COUT channels, 8 at a time; a work-group of CF_WG consecutive pixels:
- *   - the weights are copied to local memory tap-major (wl[t * CF_COUTP + n]) and read 4 channels at a time, the
- *     same address in every work-item (a broadcast);
+ * A work-item computes CF_PIX pixels (CF_WG apart), all COUT channels, 8 at a time; a work-group CF_WG * CF_PIX
+ * consecutive pixels:
+ *   - the weights, tap-major (w[t * CF_COUTP + n]), are read 4 channels at a time, the same address in every
+ *     work-item: from local memory, copied there first (a broadcast), or with CF_CONST from a __constant argument;
  *   - each pixel's 27 inputs are loaded once (L1 serves the neighbours' overlap);
  *   - the stored values are staged in local memory, a pixel's row padded by 16 bytes (no bank conflicts), then the
  *     work-group's pixels, contiguous in NHWC, are written out 16 bytes a work-item (coalesced: one work-item's
@@ -31,6 +32,12 @@
 #endif
 #ifndef CF_WG
 #define CF_WG 128     /* work-group size */
+#endif
+#ifndef CF_PIX
+#define CF_PIX 1      /* pixels per work-item (CF_WG apart): each weight read serves CF_PIX of them */
+#endif
+#ifndef CF_CONST
+#define CF_CONST 0    /* 1: the weights from a __constant argument (the constant bank) instead of local memory */
 #endif
 #ifndef TF32
 #define TF32 0
@@ -90,13 +97,48 @@ inline float cf_act(float v, __global const float *restrict bias,
 #else
 #define CF_LSTORE2(p, i, v) vstore_half2_rte((v), 0, (__local half *)((p) + (i)))
 #endif
-#define CF_COUTP ((CF_COUT + 7) / 8 * 8)                  /* channels of a tap's weight row in local memory */
+#define CF_COUTP ((CF_COUT + 7) / 8 * 8)                  /* channels of a tap's weight row */
 #define CF_ROW (CF_CSTORE + 16 / (int)sizeof(out_t))       /* out_t per staged pixel: 16 bytes of padding */
 #define CF_CHUNKS (CF_CSTORE * (int)sizeof(out_t) / 16)   /* 16-byte chunks of a stored pixel */
+#define CF_PIXELS (CF_WG * CF_PIX)                        /* pixels of a work-group */
+#if CF_CONST
+#define CF_W4(i) vload4((i), wt)                          /* 4 weights from the constant bank */
+#else
+#define CF_W4(i) wl[i]                                    /* 4 weights broadcast from local memory */
+#endif
+
+/* the 27 (9 CF_CIN) inputs of pixel p, rounded to the storage; zeros past NPIX */
+__attribute__((always_inline)) inline void cf_gather(__global const float *restrict in, const int p, const int H, const int W, const int NPIX,
+                      float *v) {
+    if (p >= NPIX) {
+#pragma unroll
+        for (int t = 0; t < CF_TAPS; ++t) v[t] = 0.0f;
+        return;
+    }
+    const int HW = H * W;
+    const int b = p / HW, r = p - b * HW, y = r / W, x = r - (r / W) * W;
+    __global const float *src = in + (size_t)b * CF_CIN * HW;
+#pragma unroll
+    for (int c = 0; c < CF_CIN; ++c)
+#pragma unroll
+        for (int ky = 0; ky < 3; ++ky)
+#pragma unroll
+            for (int kx = 0; kx < 3; ++kx) {
+                const int yy = y + ky - 1, xx = x + kx - 1;
+                const int inside = yy >= 0 && yy < H && xx >= 0 && xx < W;
+                /* read at a clamped place (always inside the buffer), then zero the padding */
+                const float at = src[(size_t)c * HW + clamp(yy, 0, H - 1) * W + clamp(xx, 0, W - 1)];
+                v[(c * 3 + ky) * 3 + kx] = inside ? cf_round(at) : 0.0f;
+            }
+}
 
 __kernel __attribute__((reqd_work_group_size(CF_WG, 1, 1)))
 void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
-                __global const float *restrict wt,       /* CF_TAPS x CF_COUTP, tap-major, rounded to the storage */
+#if CF_CONST
+                __constant const float *restrict wt,     /* CF_TAPS x CF_COUTP, tap-major, rounded to the storage */
+#else
+                __global const float *restrict wt,       /* the same, copied to local memory first */
+#endif
                 __global const float *restrict bias,     /* CF_COUT (or more) */
 #if OUT_EIGHT_BIT
                 const float out_scale_inv,               /* 1 / s_out, the next layer's input scale */
@@ -104,54 +146,52 @@ void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
                 __global out_t *restrict out,            /* NHWC, CF_CSTORE channels */
                 const int H, const int W, const int NPIX)
 {
+#if !CF_CONST
     __local float4 wl[CF_TAPS * CF_COUTP / 4];
-    __local uint4 staged[CF_WG * CF_ROW * sizeof(out_t) / 16];
-    const int lid = get_local_id(0), p0 = get_group_id(0) * CF_WG, p = p0 + lid;
+#endif
+    __local uint4 staged[CF_PIXELS * CF_ROW * sizeof(out_t) / 16];
+    const int lid = get_local_id(0), p0 = get_group_id(0) * CF_PIXELS;
+#if !CF_CONST
     for (int i = lid; i < CF_TAPS * CF_COUTP / 4; i += CF_WG) wl[i] = vload4(i, wt);
-    float v[CF_TAPS];
-    if (p < NPIX) {
-        const int HW = H * W;
-        const int b = p / HW, r = p - b * HW, y = r / W, x = r - (r / W) * W;
-        __global const float *src = in + (size_t)b * CF_CIN * HW;
+#endif
+    /* this work-item's pixels: p0 + lid + q CF_WG, q < CF_PIX */
+    float v[CF_PIX][CF_TAPS];
 #pragma unroll
-        for (int c = 0; c < CF_CIN; ++c)
-#pragma unroll
-            for (int ky = 0; ky < 3; ++ky)
-#pragma unroll
-                for (int kx = 0; kx < 3; ++kx) {
-                    const int yy = y + ky - 1, xx = x + kx - 1;
-                    const int inside = yy >= 0 && yy < H && xx >= 0 && xx < W;
-                    /* read at a clamped place (always inside the buffer), then zero the padding */
-                    const float at = src[(size_t)c * HW + clamp(yy, 0, H - 1) * W + clamp(xx, 0, W - 1)];
-                    v[(c * 3 + ky) * 3 + kx] = inside ? cf_round(at) : 0.0f;
-                }
-    } else {
-#pragma unroll
-        for (int t = 0; t < CF_TAPS; ++t) v[t] = 0.0f;
-    }
+    for (int q = 0; q < CF_PIX; ++q) cf_gather(in, p0 + lid + q * CF_WG, H, W, NPIX, v[q]);
     barrier(CLK_LOCAL_MEM_FENCE);
-    __local out_t *row = (__local out_t *)staged + lid * CF_ROW;
 #pragma unroll
     for (int n0 = 0; n0 < CF_COUTP; n0 += 8) {
-        float4 a = (float4)(0.0f), b = (float4)(0.0f);
+        float4 a[CF_PIX], b[CF_PIX];
+#pragma unroll
+        for (int q = 0; q < CF_PIX; ++q) a[q] = b[q] = (float4)(0.0f);
 #pragma unroll
         for (int t = 0; t < CF_TAPS; ++t) {
-            const float4 wa = wl[(t * CF_COUTP + n0) / 4], wb = wl[(t * CF_COUTP + n0) / 4 + 1];
-            a = fma((float4)(v[t]), wa, a);
-            b = fma((float4)(v[t]), wb, b);
-        }
-        const float acc[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const float4 wa = CF_W4((t * CF_COUTP + n0) / 4), wb = CF_W4((t * CF_COUTP + n0) / 4 + 1);
 #pragma unroll
-        for (int j = 0; j < 8; j += 2)
-            if (n0 + j < CF_CSTORE)
-                CF_LSTORE2(row, n0 + j, ((float2)(n0 + j < CF_COUT ? CF_ACT(acc[j], n0 + j) : 0.0f,
-                                                  n0 + j + 1 < CF_COUT ? CF_ACT(acc[j + 1], n0 + j + 1) : 0.0f)));
+            for (int q = 0; q < CF_PIX; ++q) {
+                a[q] = fma((float4)(v[q][t]), wa, a[q]);
+                b[q] = fma((float4)(v[q][t]), wb, b[q]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < CF_PIX; ++q) {
+            __local out_t *row = (__local out_t *)staged + (lid + q * CF_WG) * CF_ROW;
+            const float acc[8] = {a[q].x, a[q].y, a[q].z, a[q].w, b[q].x, b[q].y, b[q].z, b[q].w};
+#pragma unroll
+            for (int j = 0; j < 8; j += 2)
+                if (n0 + j < CF_CSTORE)
+                    CF_LSTORE2(row, n0 + j, ((float2)(n0 + j < CF_COUT ? CF_ACT(acc[j], n0 + j) : 0.0f,
+                                                      n0 + j + 1 < CF_COUT ? CF_ACT(acc[j + 1], n0 + j + 1) : 0.0f)));
+        }
     }
     /* the padding channels past the last block of 8 (the next layer reads them): zero */
 #pragma unroll
-    for (int n = CF_COUTP; n < CF_CSTORE; n += 2) CF_LSTORE2(row, n, ((float2)(0.0f, 0.0f)));
+    for (int q = 0; q < CF_PIX; ++q)
+#pragma unroll
+        for (int n = CF_COUTP; n < CF_CSTORE; n += 2)
+            CF_LSTORE2((__local out_t *)staged + (lid + q * CF_WG) * CF_ROW, n, ((float2)(0.0f, 0.0f)));
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int pixels = min(CF_WG, NPIX - p0);
+    const int pixels = min(CF_PIXELS, NPIX - p0);
     __global uint4 *dst = (__global uint4 *)(out + (size_t)p0 * CF_CSTORE);
     for (int i = lid; i < pixels * CF_CHUNKS; i += CF_WG) {
         const int q = i / CF_CHUNKS, c = i - q * CF_CHUNKS;

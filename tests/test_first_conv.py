@@ -6,7 +6,7 @@ import pyopencl as cl
 import pytest
 
 from vggserve.ops import precision as precisions
-from vggserve.ops.first_conv import FirstConv, fits
+from vggserve.ops.first_conv import VARIANTS, FirstConv, fits
 from vggserve.ops.launch import MF
 from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import rna_tf32
@@ -45,7 +45,7 @@ def model(x, w, b, prec, relu=True):
     return np.maximum(out, np.float32(0)) if relu else out
 
 
-def run(tc_env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
+def run(tc_env, prec, shape, rng, out_scale=None, out_codes=None, relu=True, params=None):
     ctx, queue, cache, caps = tc_env
     n, cin, cout, h, w = shape
     layer = LayerSpec("conv3x3", cin, cout, h, relu=relu)
@@ -53,7 +53,7 @@ def run(tc_env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     op = FirstConv(ctx, cache, prec, layer, weight, bias, BuildEnv(caps=caps, max_batch=n), out_scale=out_scale,
-                   out_codes=out_codes)
+                   out_codes=out_codes, params=params)
     store = op.scales.out_precision.storage
     out = np.full((n * h * w, op.cstore), 0xFF, np.uint8).view(store) if store == np.uint8 else \
         np.full((n * h * w, op.cstore), np.nan, store)
@@ -69,11 +69,23 @@ def run(tc_env, prec, shape, rng, out_scale=None, out_codes=None, relu=True):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_first_conv_matches_the_numpy_model_bit_for_bit(tc_env, rng, prec, shape):
     got, want, op = run(tc_env, prec, shape, rng)
+    assert op.p == {"CF_PIX": 2 if prec.half else 1, "CF_CONST": 0}  # the H100's fastest (BENCHMARKS.md)
     cout = shape[2]
     expect = rna_tf32(want) if prec.tf32 else want.astype(np.float16)
     np.testing.assert_array_equal(got[..., :cout].view(np.uint8), expect.view(np.uint8))
     assert not got[..., cout:].view(np.uint8).any(), "the padding channels must be zero (the next layer reads them)"
     assert op.cstore == -(-cout // (4 if prec.tf32 else 8)) * (4 if prec.tf32 else 8)
+
+
+@pytest.mark.parametrize("params", VARIANTS, ids=lambda p: f"pix{p['CF_PIX']}_const{p['CF_CONST']}")
+@pytest.mark.parametrize("prec", [precisions.FP16, precisions.TF32], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 21, 5, 7), (3, 3, 64, 13, 11)], ids=lambda s: "x".join(map(str, s)))
+def test_every_variant_computes_the_same_bytes(tc_env, prec, shape, params):
+    """Two pixels a work-item, and the weights from constant memory: the same arithmetic, the same bytes (a work-group
+    of 128 pixels cut by NPIX = 150 and 429)."""
+    got, want, _ = run(tc_env, prec, shape, np.random.default_rng(3), params=params)
+    expect = rna_tf32(want) if prec.tf32 else want.astype(np.float16)
+    np.testing.assert_array_equal(got[..., :shape[2]].view(np.uint8), expect.view(np.uint8))
 
 
 def test_first_conv_without_relu_keeps_the_negatives(tc_env, rng):
@@ -102,6 +114,9 @@ def test_what_it_takes():
     assert not fits(LayerSpec("conv3x3", 3, 64, 224, pool=True), fp16)
     with pytest.raises(ValueError, match="conv_first.cl computes"):
         FirstConv(None, None, fp16, LayerSpec("conv3x3", 64, 64, 224), None, None, None)
+    with pytest.raises(ValueError, match="parameters are one of"):
+        FirstConv(None, None, fp16, LayerSpec("conv3x3", 3, 8, 4), np.zeros((8, 3, 3, 3), np.float32),
+                  np.zeros(8, np.float32), None, params={"CF_PIX": 3, "CF_CONST": 0})
 
 
 def test_the_tuner_leaves_the_first_convolution_to_conv_first(tc_env):

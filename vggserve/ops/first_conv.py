@@ -12,7 +12,6 @@ from .registry import BuildEnv, LayerSpec
 from .tensorcore import out_channels, padded_bias, rna_tf32
 
 KERNEL_FILE = "conv_first.cl"
-WG = 128
 MAX_CIN = 4  # input channels it takes: each is 9 registers of every work-item
 
 
@@ -27,17 +26,30 @@ def fits(layer: LayerSpec, precision: Precision) -> bool:
     return layer.kind == "conv3x3" and layer.cin <= MAX_CIN and not layer.pool and precision.name in ("fp16", "tf32")
 
 
+PIXELS = 128  # pixels of a work-group (its staged outputs: 36 KB at most, TF32's)
+# CF_PIX: pixels per work-item; CF_CONST: the weights from constant (1) or local memory (0). The defaults per input
+# storage are the fastest of VARIANTS on an H100 (benchmarks/first_conv.py, BENCHMARKS.md, seventeenth session): at
+# FP16 two pixels share each weight read (0.409 against 0.491 ms at batch 64); at TF32, whose staged outputs are
+# twice the size, one (0.562 against 0.703); constant memory was slower everywhere (0.84 ms).
+DEFAULT = {"fp16": {"CF_PIX": 2, "CF_CONST": 0}, "tf32": {"CF_PIX": 1, "CF_CONST": 0}}
+VARIANTS = [{"CF_PIX": p, "CF_CONST": c} for p in (1, 2) for c in (0, 1)]
+
+
 class FirstConv:
     """One 3x3 convolution of a float32 NCHW input with at most MAX_CIN channels, to NHWC storage with `cstore`
-    channels (out_scale, out_codes: 8-bit codes of the output for the next layer, as TensorCoreLayer)."""
+    channels (out_scale, out_codes: 8-bit codes of the output for the next layer, as TensorCoreLayer). params: one of
+    VARIANTS (default: DEFAULT's for the precision); every variant computes the same bytes."""
 
     name = "conv_first"
 
     def __init__(self, ctx, cache, precision: Precision, layer: LayerSpec, weight, bias, env: BuildEnv,
-                 out_scale: float | None = None, out_codes: Precision | None = None):
+                 out_scale: float | None = None, out_codes: Precision | None = None, params: dict | None = None):
         if not fits(layer, precision):
             raise ValueError(f"conv_first.cl computes 3x3 layers of at most {MAX_CIN} input channels at FP16 or TF32, "
                              f"not {layer.shape_key} at {precision}")
+        self.p = dict(params or DEFAULT[precision.name])
+        if self.p not in VARIANTS:
+            raise ValueError(f"conv_first.cl's parameters are one of {VARIANTS}, not {params}")
         self.precision, self.layer = precision, layer
         self.scales = LayerScales(precision, weight, None, out_scale, layer.last, out_codes)
         self.cstore = out_channels(layer, precision, self.scales)
@@ -47,18 +59,21 @@ class FirstConv:
         self.wt = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=laid)
         self.bias = padded_bias(ctx, bias, round_up(layer.cout, 8))
         self.scale_args = self.scales.args(ctx, layer.cout)
-        defines = {"CF_CIN": layer.cin, "CF_COUT": layer.cout, "CF_CSTORE": self.cstore, "CF_WG": WG,
+        self.wg = PIXELS // self.p["CF_PIX"]
+        defines = {"CF_CIN": layer.cin, "CF_COUT": layer.cout, "CF_CSTORE": self.cstore, "CF_WG": self.wg, **self.p,
                    "TF32": int(precision.tf32), "RELU": int(layer.relu), **env.caps.mma_define,
                    **self.scales.defines}
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "conv_first"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
         npix = n * h * w
-        return self.kernel(queue, (round_up(npix, WG),), (WG,), src, self.wt, self.bias, *self.scale_args, dst,
+        groups = -(-npix // PIXELS)
+        return self.kernel(queue, (groups * self.wg,), (self.wg,), src, self.wt, self.bias, *self.scale_args, dst,
                            h, w, npix)
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
 
     def describe(self) -> str:
-        return f"conv_first (float32 NCHW in, all {self.layer.cout} channels per work-item){self.scales.describe()}"
+        return (f"conv_first (float32 NCHW in, {self.p['CF_PIX']} pixel(s) x {self.layer.cout} channels a work-item, "
+                f"weights in {'constant' if self.p['CF_CONST'] else 'local'} memory){self.scales.describe()}")
