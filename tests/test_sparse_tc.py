@@ -208,7 +208,7 @@ def test_pruned_2_4_network_at_fp16_matches_float64(small_tensors, monkeypatch, 
     np.testing.assert_array_equal(out.argmax(1), ref.argmax(1))
     convs = [name for name in plan if name.startswith("features")]
     assert len(convs) == 13
-    assert not plan[convs[0]].startswith(sel.TC24_ALGOS) and "loses" in plan[convs[0]]  # conv1: 3 channels, dense
+    assert plan[convs[0]].startswith("conv_first")  # conv1: 3 channels, dense, from the float32 input
     assert all(plan[name].startswith(kernel) and "sparsity 0.500" in plan[name] for name in convs[1:])
     assert all("sparse24" not in how for name, how in plan.items() if name.startswith("classifier"))
 

@@ -10,6 +10,7 @@ from .launch import MF, Launch, round_up
 from .precision import Precision
 from .registry import BuildEnv, LayerSpec
 from .tensorcore import out_channels, padded_bias, rna_tf32
+from ..wording import count
 
 KERNEL_FILE = "conv_first.cl"
 MAX_CIN = 4  # input channels it takes: each is 9 registers of every work-item
@@ -75,5 +76,5 @@ class FirstConv:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
 
     def describe(self) -> str:
-        return (f"conv_first (float32 NCHW in, {self.p['CF_PIX']} pixel(s) x {self.layer.cout} channels a work-item, "
-                f"weights in {'constant' if self.p['CF_CONST'] else 'local'} memory){self.scales.describe()}")
+        return (f"conv_first (float32 NCHW in, {count(self.p['CF_PIX'], 'pixel')} x {self.layer.cout} channels a "
+                f"work-item, weights in {'constant' if self.p['CF_CONST'] else 'local'} memory){self.scales.describe()}")
