@@ -490,6 +490,30 @@ def test_a_failure_while_a_group_waits_hands_its_claimed_batches_back_or_fails_t
     queue.close(shutting_down())
 
 
+def test_with_two_lanes_a_batch_is_timed_from_when_its_own_lane_finished_the_one_before(monkeypatch):
+    """Lanes run at once: batches 0 and 2 share lane 0 and batches 1 and 3 lane 1 (the engine gives batches to its
+    lanes in turn), so batch 1's device time runs from its submit, not from batch 0's end."""
+    import types
+
+    from vggserve.serving.scheduling import inflight
+
+    clock = [0.0]
+    monkeypatch.setattr(inflight, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    metrics, queue = queue_of(8)
+    model = PipelinedModel("fake-lane-timing", seconds_per_batch=0.0, max_batch_size=2, gated=True, lanes=2)
+    items = fill(queue, inputs(8))
+    worker = start_worker("fake-lane-timing", model, queue, metrics, 2)
+    wait_until(lambda: len(model.submitted) == 4, "four batches submitted at clock 0, two per lane")
+    for i, at in enumerate((10.0, 11.0, 15.0, 17.0)):
+        clock[0] = at
+        model.release(i)
+        wait_until(lambda: all(item.future.done() for item in items[:2 * i + 2]), f"batch {i} answered")
+    outcomes = [item.future.result(timeout=TIMEOUT) for item in items]
+    assert [o.inference_s for o in outcomes] == [10.0, 10.0, 11.0, 11.0, 5.0, 5.0, 6.0, 6.0]
+    queue.close(shutting_down())
+    worker.join(TIMEOUT)
+
+
 def test_a_batch_taken_early_after_a_group_is_failed_with_the_worker_while_it_waits_for_a_slot(
         crops_for_device_decodes):
     metrics, queue = queue_of(64)

@@ -53,9 +53,11 @@ class InflightRunner:
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
         self._on_device = 0  # batches submitted whose results are not in yet
-        # when the previous batch's results were in: the device (one in-order queue) starts a batch no earlier, so a
-        # batch's device time runs from then or from its submit, whichever is later, not from its submit alone
-        self._last_done = float("-inf")
+        # per lane, when its previous batch's results were in: a lane (one in-order queue) starts a batch no earlier,
+        # so a batch's device time runs from then or from its submit, whichever is later, not from its submit alone.
+        # The engine gives batches to its lanes in turn, so batch k shares a lane with batch k - lanes.
+        self._last_done = [float("-inf")] * self.lanes
+        self._completed = 0  # batches the completer has taken, in submission order
         self._completer = threading.Thread(target=self._complete, name=f"vggserve-inflight-{worker.label}",
                                            daemon=True)
 
@@ -139,11 +141,12 @@ class InflightRunner:
         while (entry := self._handoff.get()) is not None:
             batch, pending, want, taken, submitted = entry
             probs, seconds = None, 0.0
+            lane, self._completed = self._completed % self.lanes, self._completed + 1
             try:
                 if self.failure is None:
                     probs = np.asarray(pending.result(), dtype=np.float32)
                     done = time.perf_counter()
-                    seconds, self._last_done = done - max(submitted, self._last_done), done
+                    seconds, self._last_done[lane] = done - max(submitted, self._last_done[lane]), done
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             finally:
