@@ -146,22 +146,31 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
     return out
 
 
+def clang_ptx(cl: Path, ptx: Path) -> subprocess.CompletedProcess:
+    """OpenCL C 1.2 source -> PTX for sm_86 by clang-15 with libclc's NVPTX built-ins (see the module's text)."""
+    return subprocess.run(["clang-15", "-x", "cl", "-cl-std=CL1.2", "-target", "nvptx64-nvidia-nvcl", "-march=sm_86",
+                           "-Xclang", "-target-feature", "-Xclang", "+ptx75", "-Xclang", "-finclude-default-header",
+                           "-Xclang", "-mlink-builtin-bitcode", "-Xclang", str(LIBCLC), "-O3", "-Dasm=__asm__",
+                           "-Wno-everything", "-S", "-o", str(ptx), str(cl)], capture_output=True, text=True)
+
+
+def as_sm90(text: str) -> str:
+    """clang's PTX retargeted as NVIDIA's OpenCL emits it: PTX 8.0 (Hopper's) for sm_90; 8.4 where there is an e4m3
+    mma.sync (NVIDIA's driver writes 9.0, issue 26's probe)."""
+    text = re.sub(r"^\.version \S+", ".version 8.4" if ".e4m3" in text else ".version 8.0", text, flags=re.M)
+    return re.sub(r"^\.target sm_86", ".target sm_90", text, flags=re.M)
+
+
 def compile_report(source: str, kernel: str, work: Path) -> dict:
     """clang-15 -> PTX -> ptxas sm_90 -v: {"regs", "spill", "stack", "smem", "ptx", "cubin" (digests), "error"}.
     A source with wgmma placeholders (runtime/ptx.py) is patched as the runtime patches the driver's PTX and
     assembled for sm_90a; ptxas' warnings (e.g. wgmma serialised) are kept under "warnings"."""
     cl, ptx = work / "k.cl", work / "k.ptx"
     cl.write_text(source)
-    r = subprocess.run(["clang-15", "-x", "cl", "-cl-std=CL1.2", "-target", "nvptx64-nvidia-nvcl", "-march=sm_86",
-                        "-Xclang", "-target-feature", "-Xclang", "+ptx75", "-Xclang", "-finclude-default-header",
-                        "-Xclang", "-mlink-builtin-bitcode", "-Xclang", str(LIBCLC), "-O3", "-Dasm=__asm__",
-                        "-Wno-everything", "-S", "-o", str(ptx), str(cl)], capture_output=True, text=True)
+    r = clang_ptx(cl, ptx)
     if r.returncode:
         return {"error": "clang: " + " | ".join(x for x in r.stderr.splitlines() if "error" in x)[:300]}
-    text = ptx.read_text()
-    # PTX 8.0 (Hopper's); the FP8 programs' e4m3 mma.sync needs 8.4 (NVIDIA's driver writes 9.0, issue 26's probe)
-    text = re.sub(r"^\.version \S+", ".version 8.4" if ".e4m3" in text else ".version 8.0", text, flags=re.M)
-    text = re.sub(r"^\.target sm_86", ".target sm_90", text, flags=re.M)
+    text = as_sm90(ptx.read_text())
     arch = "sm_90"
     if "SLOT_WG" in text:
         from vggserve.runtime import ptx as wgmma_ptx

@@ -73,11 +73,7 @@ inline float cf_act(float v, __global const float *restrict bias,
 #if OUT_EIGHT_BIT
     return tc_scaled1(v, bias, bias, out_scale_inv, n);
 #else
-    v += bias[n];
-#if RELU
-    v = fmax(v, 0.0f);
-#endif
-    return v;
+    return tc_act1(v, bias[n]);
 #endif
 }
 

@@ -14,7 +14,7 @@ from vggserve.quant import e4m3
 from vggserve.runtime import devices as devs
 
 from conftest import TEST_DEVICE
-from test_tensorcore import tc_env  # noqa: F401 - the fixture: (ctx, queue, cache, caps), emulated on PoCL
+from test_tensorcore import stored, tc_env  # noqa: F401 - tc_env, the fixture: (ctx, queue, cache, caps)
 
 SHAPES = [  # (n, cin, cout, h, w)
     (1, 3, 64, 1, 1),
@@ -25,15 +25,11 @@ SHAPES = [  # (n, cin, cout, h, w)
 ]
 
 
-def stored32(a, prec):
-    return rna_tf32(a) if prec.tf32 else a.astype(np.float16).astype(np.float32)
-
-
 def model(x, w, b, prec, relu=True):
     """The kernel's arithmetic in numpy float32: inputs and weights rounded to the storage, each product exact in
     float32 (11-bit significands), summed in the order (c, ky, kx) from 0 (an fma of an exact product is one
     rounded add), then + bias and ReLU: float32 NHWC (n, h, w, cout)."""
-    xs, ws = stored32(x, prec), stored32(w, prec)
+    xs, ws = stored(x, prec).astype(np.float32), stored(w, prec).astype(np.float32)
     n, c, h, wd = x.shape
     pad = np.pad(xs, ((0, 0), (0, 0), (1, 1), (1, 1)))
     acc = np.zeros((n, h, wd, w.shape[0]), np.float32)

@@ -179,7 +179,7 @@ def test_split_k_over_many_tiles_repeats_bit_for_bit(tc_env, rng, prec):
     sums' buffer is reused by every launch)."""
     shape = (3, 64, 72, 5, 5, 3)
     got, ref, op = run_layer(tc_env, prec, CONFIGS[1], shape, rng, splits_target=64)
-    assert op.plans[3][0] > 1 and -(-75 // op.p["BM"]) * op.groups_n == 3 * 2, "split over 3 x 2 tiles"
+    assert op.plans[3][0] > 1 and op.groups(75) == 3 * 2, "split over 3 x 2 tiles"
     assert rel_err(got[..., :72].transpose(0, 3, 1, 2), ref) < 2e-3
     xin = nhwc_input(rng.standard_normal((3, 64, 5, 5)).astype(np.float32), op.cpad, prec)
     outs = [enqueue_on(tc_env, op, xin, np.full((75, op.cstore), np.nan, prec.storage), 3, 5, 5) for _ in range(3)]

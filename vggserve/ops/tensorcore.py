@@ -131,15 +131,15 @@ class TensorCoreLayer:
             hw = layer.size * layer.size
             self.ws.reserve(max(4 * s * n * hw * self.cstore for n, (s, _) in self.plans.items()))
 
-    def groups(self, n: int) -> int:
-        """Work-groups (output tiles) for n images, before any split."""
-        return -(-n * self.layer.size * self.layer.size // self.p["BM"]) * self.groups_n
+    def groups(self, npix: int) -> int:
+        """Work-groups (output tiles) for npix output pixels, before any split."""
+        return -(-npix // self.p["BM"]) * self.groups_n
 
     def split_targets(self, n: int) -> list[int]:
         """GROUPS_TARGET values that split K for n images in each other way of SPLITS_TRIED (1: no split; each
         split at least 4 k-tiles), for the tuner to time against this layer's own plan; [] where it does not split
         (its tiles already fill the device)."""
-        mine, groups = self.plan(n), self.groups(n)
+        mine, groups = self.plan(n), self.groups(n * self.layer.size ** 2)
         if mine[0] == 1:
             return []
         out, seen = [], {mine}
@@ -158,7 +158,7 @@ class TensorCoreLayer:
         """(splits, k-tiles per split) for n images: K is split until the work-groups reach about `target`
         (GROUPS_TARGET, tuned per shape and batch; else twice the compute units), each split keeping at least 4
         k-tiles."""
-        groups = self.groups(n)
+        groups = self.groups(n * self.layer.size ** 2)
         want = min(-(-target // groups), self.ntiles // 4) if groups < target else 1
         if want <= 1:
             return 1, self.ntiles
@@ -167,7 +167,7 @@ class TensorCoreLayer:
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
         npix = n * h * w
-        groups = -(-npix // self.p["BM"]) * self.groups_n
+        groups = self.groups(npix)
         splits, per = self.plans.get(n) or self.plan(n)
         args = (self.cpad, h, w, npix, self.cstore, self.kpad, self.groups_n, per)
         scales = self.scale_args
