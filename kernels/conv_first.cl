@@ -19,6 +19,17 @@
  *   - the stored values are staged in local memory, a pixel's row padded by 16 bytes (no bank conflicts), then the
  *     work-group's pixels, contiguous in NHWC, are written out 16 bytes a work-item (coalesced: one work-item's
  *     own row of 128 bytes written as 4-byte pairs was 4x slower than the whole layer on conv_tc.cl).
+ *
+ * CF_MMA = 1: the same layer on the tensor cores (mma.sync; MMA_EMULATE: mma.clh's software model). The taps are the
+ * GEMM's k, in the same order, padded with zeros to whole k-steps (27 -> 32: 2 FP16 steps of 16, 4 TF32 steps of 8);
+ * pixels are its rows, channels its columns. A warp takes 32 consecutive pixels (two m16 tiles) and every channel:
+ *   - each lane builds its A fragments itself, gathering its rows' taps from the input (its k are 4t .. 4t + 3 and
+ *     16 + 4t .. 16 + 4t + 3 bytes of each step, t = lane % 4: mma.clh's fragment layout), rounded as above;
+ *   - the B fragments (the weights) come laid out by the host in fragment order (wt[((ks * NT + nt) * 2 + r) * 32 +
+ *     lane], first_conv.mma_fragments): each lane reads its own registers once, coalesced, and keeps them;
+ *   - the accumulators are staged and written out as above.
+ * Emulated, the sums are the same fma chain in the same order as CF_MMA = 0's (zero products add nothing), so both
+ * compute the same bytes; on the hardware, mma.sync's own accumulation may differ in the last bits of FP32.
  */
 
 #ifndef CF_CIN
@@ -38,6 +49,9 @@
 #endif
 #ifndef CF_CONST
 #define CF_CONST 0    /* 1: the weights from a __constant argument (the constant bank) instead of local memory */
+#endif
+#ifndef CF_MMA
+#define CF_MMA 0      /* 1: on the tensor cores (mma.sync), CF_PIX 1, CF_CONST 0 */
 #endif
 #ifndef TF32
 #define TF32 0
@@ -128,6 +142,7 @@ __attribute__((always_inline)) inline void cf_gather(__global const float *restr
             }
 }
 
+#if !CF_MMA
 __kernel __attribute__((reqd_work_group_size(CF_WG, 1, 1)))
 void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
 #if CF_CONST
@@ -194,3 +209,115 @@ void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
         dst[i] = staged[q * (CF_ROW * (int)sizeof(out_t) / 16) + c];
     }
 }
+
+#else  /* CF_MMA */
+
+#if CF_PIX != 1 || CF_CONST || CF_WG % 32
+#error "conv_first.cl: CF_MMA takes one pixel a work-item, the weights as fragments, whole warps"
+#endif
+#define THREADS CF_WG
+#define WARPS_M (CF_WG / 32)
+#define WARPS_N 1
+#define CF_KPS (32 / ELEM)                                 /* k of one mma step: 16 (FP16), 8 (TF32) */
+#define CF_KSTEPS ((CF_TAPS + CF_KPS - 1) / CF_KPS)
+#define CF_NT (CF_COUTP / 8)                               /* n8 tiles */
+#define CF_PER (4 / ELEM)                                  /* k per register: 2 (FP16), 1 (TF32) */
+
+/* the register of storage bits holding taps k .. k + CF_PER - 1 of the pixel at (src, y, x) (zeros past the taps,
+ * in the padding, or for a pixel past NPIX: src null); the lower k in the low half */
+inline uint cf_tap_bits(__global const float *restrict src, const int y, const int x, const int H, const int W,
+                        const int k0) {
+    uint r = 0;
+#pragma unroll
+    for (int e = 0; e < CF_PER; ++e) {
+        const int k = k0 + e;
+        float v = 0.0f;
+        if (src && k < CF_TAPS) {
+            const int c = k / 9, ky = (k % 9) / 3, kx = k % 3;
+            const int yy = y + ky - 1, xx = x + kx - 1;
+            if (yy >= 0 && yy < H && xx >= 0 && xx < W) v = src[(size_t)c * H * W + yy * W + xx];
+        }
+#if TF32
+        r = as_uint(to_tf32(v));
+#else
+        ushort h;
+        vstore_half_rte(v, 0, (__private half *)&h);
+        r |= (uint)h << (16 * e);
+#endif
+    }
+    return r;
+}
+
+__kernel __attribute__((reqd_work_group_size(CF_WG, 1, 1)))
+void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
+                __global const uint *restrict wt,        /* B fragments: CF_KSTEPS x CF_NT x 2 x 32 lanes */
+                __global const float *restrict bias,     /* CF_COUT (or more) */
+#if OUT_EIGHT_BIT
+                const float out_scale_inv,               /* 1 / s_out, the next layer's input scale */
+#endif
+                __global out_t *restrict out,            /* NHWC, CF_CSTORE channels */
+                const int H, const int W, const int NPIX)
+{
+    MMA_WARPS(xch, 6)
+    __local uint4 staged[CF_PIXELS * CF_ROW * sizeof(out_t) / 16];
+    const int g = lane >> 2, t4 = lane & 3;
+    const int p0 = get_group_id(0) * CF_PIXELS;
+    uint bf[CF_KSTEPS][CF_NT][2];
+#pragma unroll
+    for (int ks = 0; ks < CF_KSTEPS; ++ks)
+#pragma unroll
+        for (int nt = 0; nt < CF_NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) bf[ks][nt][r] = wt[((ks * CF_NT + nt) * 2 + r) * 32 + lane];
+    /* this lane's four pixel rows: warp * 32 + mi * 16 + g + 8 h; their A registers, every k-step */
+    uint af[CF_KSTEPS][2][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int p = p0 + warp * 32 + mi * 16 + g + 8 * h;
+            const int HW = H * W;
+            const int b = p / HW, rest = p - b * HW, y = rest / W, x = rest - y * W;
+            __global const float *src = p < NPIX ? in + (size_t)b * CF_CIN * HW : 0;
+#pragma unroll
+            for (int ks = 0; ks < CF_KSTEPS; ++ks)
+#pragma unroll
+                for (int half_k = 0; half_k < 2; ++half_k)
+                    af[ks][mi][h + 2 * half_k] =
+                        cf_tap_bits(src, y, x, H, W, ks * CF_KPS + (16 * half_k + 4 * t4) / ELEM);
+        }
+    MMA_ACC(acc, 2, CF_NT)
+#if MMA_EMULATE
+#define CF_UNROLL _Pragma("unroll 1")  /* the software model: one copy of it (PoCL builds the unrolled one slowly) */
+#else
+#define CF_UNROLL _Pragma("unroll")
+#endif
+    CF_UNROLL for (int ks = 0; ks < CF_KSTEPS; ++ks)
+    CF_UNROLL for (int mi = 0; mi < 2; ++mi)
+    CF_UNROLL for (int nt = 0; nt < CF_NT; ++nt) MMA(acc[mi][nt], af[ks][mi], bf[ks][nt]);
+    /* the stored values into local memory: rows are the work-group's pixels */
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            __local out_t *row = (__local out_t *)staged + (warp * 32 + mi * 16 + g + 8 * h) * CF_ROW;
+#pragma unroll
+            for (int nt = 0; nt < CF_NT; ++nt) {
+                const int n = nt * 8 + 2 * t4;
+                if (n < CF_CSTORE)
+                    CF_LSTORE2(row, n, ((float2)(n < CF_COUT ? CF_ACT(acc[mi][nt][2 * h], n) : 0.0f,
+                                                 n + 1 < CF_COUT ? CF_ACT(acc[mi][nt][2 * h + 1], n + 1) : 0.0f)));
+            }
+        }
+#pragma unroll
+    for (int n = CF_COUTP; n < CF_CSTORE; n += 2)
+        CF_LSTORE2((__local out_t *)staged + tid * CF_ROW, n, ((float2)(0.0f, 0.0f)));
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int pixels = min(CF_PIXELS, NPIX - p0);
+    __global uint4 *dst = (__global uint4 *)(out + (size_t)p0 * CF_CSTORE);
+    for (int i = tid; i < pixels * CF_CHUNKS; i += CF_WG) {
+        const int q = i / CF_CHUNKS, c = i - q * CF_CHUNKS;
+        dst[i] = staged[q * (CF_ROW * (int)sizeof(out_t) / 16) + c];
+    }
+}
+#endif

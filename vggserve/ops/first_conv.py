@@ -28,12 +28,38 @@ def fits(layer: LayerSpec, precision: Precision) -> bool:
 
 
 PIXELS = 128  # pixels of a work-group (its staged outputs: 36 KB at most, TF32's)
-# CF_PIX: pixels per work-item; CF_CONST: the weights from constant (1) or local memory (0). The defaults per input
-# storage are the fastest of VARIANTS on an H100 (benchmarks/first_conv.py, BENCHMARKS.md, seventeenth session): at
-# FP16 two pixels share each weight read (0.409 against 0.491 ms at batch 64); at TF32, whose staged outputs are
-# twice the size, one (0.562 against 0.703); constant memory was slower everywhere (0.84 ms).
-DEFAULT = {"fp16": {"CF_PIX": 2, "CF_CONST": 0}, "tf32": {"CF_PIX": 1, "CF_CONST": 0}}
-VARIANTS = [{"CF_PIX": p, "CF_CONST": c} for p in (1, 2) for c in (0, 1)]
+# CF_PIX: pixels per work-item; CF_CONST: the weights from constant (1) or local memory (0); CF_MMA: on the tensor
+# cores (mma.sync, one pixel a work-item, the weights as B fragments). The defaults are the fastest of VARIANTS on an
+# H100 (benchmarks/first_conv.py, BENCHMARKS.md): the tensor cores, at batch 64 0.272 ms at FP16 and 0.357 at TF32
+# against 0.423 and 0.550 for the best fma variants (eighteenth session). Among those, two pixels shared each weight
+# read at FP16 and one at TF32 (seventeenth session); constant memory was slower everywhere (0.84 ms).
+DEFAULT = {"fp16": {"CF_PIX": 1, "CF_CONST": 0, "CF_MMA": 1}, "tf32": {"CF_PIX": 1, "CF_CONST": 0, "CF_MMA": 1}}
+VARIANTS = [{"CF_PIX": p, "CF_CONST": c, "CF_MMA": 0} for p in (1, 2) for c in (0, 1)] + \
+    [{"CF_PIX": 1, "CF_CONST": 0, "CF_MMA": 1}]
+
+
+def mma_fragments(laid: np.ndarray, precision: Precision) -> np.ndarray:
+    """The weights (taps x channels padded to 8, rounded to the storage) as conv_first.cl's CF_MMA reads them: uint32
+    registers [k-step][n8 tile][b0, b1][lane] of mma.clh's B fragment layout (lane = 4 g + t: column g of the tile,
+    bytes 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 of the step's 32 bytes of k, the lower k in the low half); taps
+    padded with zeros to whole k-steps."""
+    taps, coutp = laid.shape
+    per = 1 if precision.tf32 else 2  # k per register
+    kps = 8 * per  # k per step
+    steps = -(-taps // kps)
+    w = np.zeros((steps * kps, coutp), np.float32)
+    w[:taps] = laid
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    ks = np.arange(steps)[:, None, None, None]
+    nt = np.arange(coutp // 8)[None, :, None, None]
+    r = np.arange(2)[None, None, :, None]
+    k0 = ks * kps + r * (kps // 2) + t * per  # [steps, 1, 2, 32]
+    n = nt * 8 + g  # [1, nt, 1, 32]
+    if precision.tf32:
+        return np.ascontiguousarray(w[k0, n].view(np.uint32))
+    bits = w.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return np.ascontiguousarray(bits[k0, n] | bits[k0 + 1, n] << 16)
 
 
 class FirstConv:
@@ -57,6 +83,8 @@ class FirstConv:
         taps = layer.cin * 9  # the weights tap-major, channels padded to 8: wl[t * coutp + n] in the kernel
         laid = np.zeros((taps, round_up(layer.cout, 8)), np.float32)
         laid[:, :layer.cout] = rounded(weight, precision).reshape(layer.cout, taps).T
+        if self.p["CF_MMA"]:
+            laid = mma_fragments(laid, precision)
         self.wt = cl.Buffer(ctx, MF.READ_ONLY | MF.COPY_HOST_PTR, hostbuf=laid)
         self.bias = padded_bias(ctx, bias, round_up(layer.cout, 8))
         self.scale_args = self.scales.args(ctx, layer.cout)
@@ -76,5 +104,7 @@ class FirstConv:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
 
     def describe(self) -> str:
+        if self.p["CF_MMA"]:
+            return f"conv_first (float32 NCHW in, on the tensor cores, mma.sync){self.scales.describe()}"
         return (f"conv_first (float32 NCHW in, {count(self.p['CF_PIX'], 'pixel')} x {self.layer.cout} channels a "
                 f"work-item, weights in {'constant' if self.p['CF_CONST'] else 'local'} memory){self.scales.describe()}")
