@@ -4,6 +4,7 @@ that takes no time.
     python benchmarks/serve_host_floor.py --http-workers 2 --duration 10
     python benchmarks/serve_host_floor.py --http-workers 8 --client-procs 4 --duration 20     # a 16-core host
     python benchmarks/serve_host_floor.py --http-workers 2 --duration 10 --size 64x48         # beside the decode
+    python benchmarks/serve_host_floor.py --http-workers 2 --devices 4 --size 64x48          # four engine processes
 
 `vggserve serve` runs with --http-workers front-end processes on an instant stand-in engine
 (vggserve.testing.models.InstantModel: it takes decoded images as the GPU engine does, copies them into a staging
@@ -39,11 +40,12 @@ SERVER = """
 import sys
 from vggserve.serving.server import run_server
 from vggserve.serving.settings import Settings
-from vggserve.testing.models import InstantModel
+from vggserve.testing.models import InstantModels
 
-settings = Settings(port=PORT, devices=("cpu",), http_workers=FRONTS, max_batch_size=BATCH, max_wait_ms=WAIT,
-                    max_queue=QUEUE, decode=DECODE, preprocess_threads=THREADS)
-sys.exit(run_server(settings, lambda device: InstantModel(device, BATCH), log_level="warning"))
+settings = Settings(port=PORT, devices=("cpu",) * DEVICES, http_workers=FRONTS, max_batch_size=BATCH, max_wait_ms=WAIT,
+                    max_queue=QUEUE, decode=DECODE, preprocess_threads=THREADS,
+                    engine_processes="per-device" if DEVICES > 1 else "auto")
+sys.exit(run_server(settings, InstantModels(BATCH), log_level="warning"))
 """
 
 ENGINE = """
@@ -60,6 +62,8 @@ sys.exit(run_server(settings, log_level="warning"))
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--http-workers", type=int, default=2, help="front-end processes (default 2)")
+    p.add_argument("--devices", type=int, default=1,
+                   help="instant stand-in devices, each in an engine process of its own (default 1)")
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
 
     queue = max(256, 2 * args.concurrency) * args.http_workers
     code = ENGINE if args.weights else SERVER
-    for name, value in (("FRONTS", args.http_workers), ("BATCH", args.max_batch_size), ("WAIT", args.max_wait_ms),
+    for name, value in (("DEVICES", args.devices), ("FRONTS", args.http_workers), ("BATCH", args.max_batch_size), ("WAIT", args.max_wait_ms),
                         ("QUEUE", queue), ("DECODE", repr(args.decode)), ("DEVICE", repr(args.device)),
                         ("WEIGHTS", repr(str(Path(args.weights).resolve()) if args.weights else None)),
                         ("THREADS", args.preprocess_threads)):

@@ -282,6 +282,11 @@ def test_http_workers_setting_and_flag():
     assert Settings().http_workers == 1
     assert [auto_http_workers(n) for n in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 32]
     assert [auto_http_workers(32, d) for d in (1, 2, 4)] == [16, 15, 13]
+    # front ends that leave the decode to the devices: 8 for the first device, 4 for each other, within the above
+    assert [auto_http_workers(64, d, "gpu") for d in (1, 2, 4, 8)] == [8, 12, 20, 25]  # 8 GPUs: 32 - 7 is less
+    assert auto_http_workers(128, 8, "gpu") == 36
+    assert [auto_http_workers(n, 1, "auto") for n in (4, 16, 64)] == [2, 8, 8]
+    assert auto_http_workers(64, 4, "exact") == 29 and auto_http_workers(64, 4, "fast") == 29
     # the front ends admit from one --max-queue together: any number of them takes a full /classify/batch
     assert Settings(http_workers=4, max_queue=16, max_files=16).http_workers == 4
     assert parse_http_workers("auto") == auto_http_workers() and parse_http_workers("3") == 3
@@ -564,6 +569,8 @@ def test_default_front_ends_follow_the_device_kind(monkeypatch):
     kinds = {"gpu:0": "gpu", "gpu:1": "gpu", "cpu": "cpu"}
     monkeypatch.setattr(devs, "resolve", lambda spec: SimpleNamespace(kind=kinds[spec]))
     assert default_http_workers(("gpu:0",), cpus=16) == 8
+    assert default_http_workers(("gpu:0",), cpus=64, decode="gpu") == 8  # the JPEGs decoded on the device
+    assert default_http_workers(("gpu:0",), cpus=64) == 32
     assert default_http_workers(("gpu:0", "gpu:1"), cpus=8) == 3
     assert default_http_workers(("cpu",), cpus=16) == 1
     assert default_http_workers(("gpu:0", "cpu"), cpus=16) == 1

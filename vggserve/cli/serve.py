@@ -124,9 +124,9 @@ def _settings(args, **overrides):
         cors_origins=tuple(args.cors_origin))
     values.update(overrides)
     if args.http_workers is not None:
-        values["http_workers"] = parse_http_workers(args.http_workers, values["devices"])
+        values["http_workers"] = parse_http_workers(args.http_workers, values["devices"], values["decode"])
     elif not values.get("mpi") and not values["preprocess_procs"]:
-        values["http_workers"] = default_http_workers(values["devices"])
+        values["http_workers"] = default_http_workers(values["devices"], decode=values["decode"])
     return Settings(**values)
 
 

@@ -77,19 +77,30 @@ def host_cores() -> int:
     return max(1, cores)
 
 
-def auto_http_workers(cpus: int | None = None, devices: int = 1) -> int:
+FRONTS_FIRST, FRONTS_MORE = 8, 4  # auto_http_workers' front ends for the first device and each other, device decode
+
+
+def auto_http_workers(cpus: int | None = None, devices: int = 1, decode: str = "exact") -> int:
     """`--http-workers auto`: half the cores, less one for each device past the first (cores // 2 - (devices - 1)),
     at least 1 (1: one process, no front ends). The other half goes to the engine process (its link, device-worker
     and copy threads) and the front ends' decoding threads: on 32 cores with H200s, FP16, 16 front ends served
     more than 8 (5,350 against 4,516 images/s with one GPU, 5,036 against 4,763 with two, one call), and 30 front
     ends fewer than 8 (3,981 against 4,550, two calls; BENCHMARKS.md, ninth session). No fixed cap below 64 (the
     setting's bound): the front ends admit from one --max-queue together (`processes.admission`), so their number
-    does not depend on the queue's. `cpus` defaults to host_cores()."""
+    does not depend on the queue's. `cpus` defaults to host_cores().
+
+    Front ends that decode nothing (`decode` gpu or auto: the JPEGs go to the devices compressed) need fewer: at most
+    FRONTS_FIRST for the first device and FRONTS_MORE for each other. On 64 cores and four H100s at FP16 (BENCHMARKS.md,
+    eighteenth session, one machine): 8, 12, 16, 20, 24 and 29 front ends served 15,979, 19,708, 18,662, 19,825,
+    18,714 and 15,448 images/s on four GPUs, and 6,095, 6,240, 5,950, 5,955, 5,872 and 5,620 (32) on one."""
     cpus = host_cores() if cpus is None else cpus
-    return max(1, min(_BOUNDS["http_workers"][1], cpus // 2 - (devices - 1)))
+    n = cpus // 2 - (devices - 1)
+    if decode in ("gpu", "auto"):
+        n = min(n, FRONTS_FIRST + FRONTS_MORE * (devices - 1))
+    return max(1, min(_BOUNDS["http_workers"][1], n))
 
 
-def default_http_workers(devices: tuple[str, ...], cpus: int | None = None) -> int:
+def default_http_workers(devices: tuple[str, ...], cpus: int | None = None, decode: str = "exact") -> int:
     """Front-end processes when --http-workers is not given: `auto` when every device is a GPU, else 1.
 
     On a GPU one Python process cannot feed the device (H100, batch 32: 0.42 of the engine's images/s with one
@@ -101,16 +112,16 @@ def default_http_workers(devices: tuple[str, ...], cpus: int | None = None) -> i
         kinds = {resolve(d).kind for d in devices}
     except Exception:  # noqa: BLE001 - a bad spec is reported by the device worker, with its own message
         return 1
-    return auto_http_workers(cpus, len(devices)) if kinds == {"gpu"} else 1
+    return auto_http_workers(cpus, len(devices), decode) if kinds == {"gpu"} else 1
 
 
-def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto",)) -> int:
-    """`--http-workers N` or `auto` (for `devices`) as a number of front-end processes (range checked by
-    Settings)."""
+def parse_http_workers(text: str | int | None, devices: tuple[str, ...] = ("auto",), decode: str = "exact") -> int:
+    """`--http-workers N` or `auto` (for `devices` and `decode`) as a number of front-end processes (range checked
+    by Settings)."""
     if text is None:
         return 1
     if isinstance(text, str) and text.strip().lower() == "auto":
-        return auto_http_workers(None, len(devices))
+        return auto_http_workers(None, len(devices), decode)
     try:
         return int(text)
     except (TypeError, ValueError):

@@ -4,7 +4,7 @@
 returns fixed scores after sleeping, to make queues fill and deadlines pass on purpose; `SlowModels` makes them for
 engine processes (a picklable factory; devices that fail on demand); `PipelinedModel` is a SlowModel with the
 engine's `submit` (batches in flight, gated results, failures); `InstantModel` a device that takes no time, for
-benchmarks of the host side. `crash_on_marker` is a
+benchmarks of the host side (`InstantModels`: their factory for engine processes). `crash_on_marker` is a
 preprocessing-process task whose worker dies on a marker upload (`service.preprocess_task = crash_on_marker`).
 """
 
@@ -265,6 +265,16 @@ class InstantModel:
 
     def close(self) -> None:
         pass
+
+
+class InstantModels:
+    """A picklable factory of InstantModel (engine processes rebuild their models from it): `factory(device)`."""
+
+    def __init__(self, max_batch_size: int = 32, seconds_per_batch: float = 0.0):
+        self.max_batch_size, self.seconds_per_batch = max_batch_size, seconds_per_batch
+
+    def __call__(self, device: str) -> InstantModel:
+        return InstantModel(device, self.max_batch_size, self.seconds_per_batch)
 
 
 class Instant:
