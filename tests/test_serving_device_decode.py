@@ -9,6 +9,7 @@ auto on the test device said to be a GPU, the same answers with both paths used.
 each file is routed and why (under auto also by the decoding threads' load), and stand-in models, which never see
 an encoded input."""
 
+import asyncio
 import base64
 import io
 import threading
@@ -202,6 +203,36 @@ def test_serve_help_says_how_decode_auto_chooses_and_classify_keeps_its_own(caps
     assert ("auto: on a GPU engine, each baseline JPEG is decoded in the front end while another of its decoding "
             "threads is idle, else sent compressed to the GPU") in helped["serve"]
     assert "auto: gpu where the device is a GPU, else exact" in helped["classify"]
+
+
+def test_gpu_sends_a_jpeg_the_device_takes_from_the_event_loop_and_leaves_the_others_to_the_threads():
+    """Under gpu the front end decides on its event loop (a parse of the markers): a photo the device decodes goes
+    without the hop to a decoding thread and back; a file it refuses still goes to a thread, which decodes it or
+    raises the CPU path's error, and counts why."""
+    from vggserve.serving.processes.inline import decodes_inline
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (250, 390, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)  # < MAX_PIXELS
+    photo = buf.getvalue()
+    assert not decodes_inline(photo)  # too large to decode on the loop: the threads' before
+
+    class Refusing(ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            raise AssertionError("a decoding thread was asked")
+
+    gpu = remote_backend("gpu")
+    threads, gpu.pool = gpu.pool, Refusing(1)
+    try:
+        got, seconds = asyncio.run(gpu.prepare(photo))
+        assert got.form == "encoded" and seconds >= 0 and cpu_counts(gpu) == {}
+        gpu.pool = threads
+        assert prepared_with_busy(gpu, service_corpus()["progressive.jpg"], busy=0).form == "image"
+        with pytest.raises(ImageError):
+            prepared_with_busy(gpu, error_files()["over_limit.jpg"], busy=0)
+        assert cpu_counts(gpu) == {("cpu", "jpeg_kind"): 1, ("cpu", "header"): 1}
+    finally:
+        threads.shutdown()
 
 
 def test_only_files_the_device_decodes_are_routed_to_it_and_the_others_say_why():

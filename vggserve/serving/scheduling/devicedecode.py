@@ -4,6 +4,8 @@
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
                                         as they came (under auto, only while the front end has no decoding thread
                                         to spare: decoderouter); any other file -> decoded here as under exact
+        encoded_here(data, ...)         under gpu, first, on the event loop: the JPEGs the device takes go without
+                                        the hop to a thread; None leaves the file to encoded_or_decoded
     device worker, per decode group, before its first batch is prepared (while the device computes the previous one):
         DeviceDecoding.decode_group(model, batches, on_device, preprocessing)
                                         one `decode_for_model` call for the encoded images of up to --decode-group
@@ -100,6 +102,23 @@ def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_
             note(why)
         image, seconds = task(data, mode, max_pixels, formats, decode=decode)
         return image, time.perf_counter() - started
+
+
+def encoded_here(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS) -> tuple[ModelInput, float] | None:
+    """Under --decode gpu (no router), on the caller's thread (a front end's event loop): (the encoded input, seconds)
+    when the device decoder takes `data`, else None, for `encoded_or_decoded` in a decoding thread to decode it
+    there, note why and raise what the CPU path raises. Deciding costs a parse of the file's markers, less than
+    the hop to a thread and back (the pool's queue and wake-up, the GIL handed over twice, the loop woken)."""
+    started = time.perf_counter()
+    try:
+        from ...preprocessing import check_mode
+
+        check_mode(mode)
+        if route(data, max_pixels, formats) != ON_DEVICE:
+            return None
+    except Exception:  # noqa: BLE001 - the thread's encoded_or_decoded raises it again, as the CPU path's error
+        return None
+    return ModelInput.encoded(data), time.perf_counter() - started
 
 
 def note_cpu(metrics):

@@ -15,7 +15,8 @@ from .batcher import BatchQueue
 from ...wording import count
 from .errors import Unavailable, shutting_down
 from .decoderouter import SPARE_CPU, decode_router
-from .devicedecode import DEVICE_MODES, NOT_ROUTED, ON_DEVICE, DeviceDecoding, encoded_or_decoded, note_cpu, route
+from .devicedecode import (DEVICE_MODES, NOT_ROUTED, ON_DEVICE, DeviceDecoding, encoded_here, encoded_or_decoded,
+                           note_cpu, route)
 from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
 from .procpool import ProcessPool
 from .worker import DeviceWorker
@@ -184,6 +185,10 @@ class LocalBackend:
         import asyncio
 
         loop, note = asyncio.get_running_loop(), note_cpu(self.metrics)
+        if self.router is None:  # --decode gpu: the JPEGs the device takes need no decoding thread
+            taken = encoded_here(data, mode, self.settings.max_pixels)
+            if taken is not None:
+                return taken
         if self.procs is None:
             task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note,
                            router=self.router)
