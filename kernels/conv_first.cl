@@ -61,7 +61,7 @@
 #endif
 #define CF_TAPS (CF_CIN * 9)
 
-#include "mma.clh"         /* out_t, STORE1, to_tf32 */
+#include "mma.clh"         /* out_t, STORE2_AS, to_tf32 */
 #include "tc_epilogue.clh" /* TC_SCALED1 (8-bit output), RELU */
 
 #if FP8 || INT8
@@ -98,15 +98,7 @@ inline float cf_act(float v, __global const float *restrict bias,
 #endif
 
 /* a pair of stored values into local memory, as STORE2 writes them to global */
-#if OUT_F32 || TF32
-#define CF_LSTORE2(p, i, v) vstore2((float2)(to_tf32((v).x), to_tf32((v).y)), 0, (p) + (i))
-#elif OUT_FP8
-#define CF_LSTORE2(p, i, v) (*(__local ushort *)((p) + (i)) = e4m3x2((v).x, (v).y))
-#elif OUT_INT8
-#define CF_LSTORE2(p, i, v) vstore2(convert_uchar2_sat_rte(v), 0, (p) + (i))
-#else
-#define CF_LSTORE2(p, i, v) vstore_half2_rte((v), 0, (__local half *)((p) + (i)))
-#endif
+#define CF_LSTORE2(p, i, v) STORE2_AS(__local, p, i, v)
 #define CF_COUTP ((CF_COUT + 7) / 8 * 8)                  /* channels of a tap's weight row */
 #define CF_ROW (CF_CSTORE + 16 / (int)sizeof(out_t))       /* out_t per staged pixel: 16 bytes of padding */
 #define CF_CHUNKS (CF_CSTORE * (int)sizeof(out_t) / 16)   /* 16-byte chunks of a stored pixel */
@@ -142,60 +134,16 @@ __attribute__((always_inline)) inline void cf_gather(__global const float *restr
             }
 }
 
-#if !CF_MMA
-__kernel __attribute__((reqd_work_group_size(CF_WG, 1, 1)))
-void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
-#if CF_CONST
-                __constant const float *restrict wt,     /* CF_TAPS x CF_COUTP, tap-major, rounded to the storage */
-#else
-                __global const float *restrict wt,       /* the same, copied to local memory first */
-#endif
-                __global const float *restrict bias,     /* CF_COUT (or more) */
-#if OUT_EIGHT_BIT
-                const float out_scale_inv,               /* 1 / s_out, the next layer's input scale */
-#endif
-                __global out_t *restrict out,            /* NHWC, CF_CSTORE channels */
-                const int H, const int W, const int NPIX)
-{
-#if !CF_CONST
-    __local float4 wl[CF_TAPS * CF_COUTP / 4];
-#endif
-    __local uint4 staged[CF_PIXELS * CF_ROW * sizeof(out_t) / 16];
-    const int lid = get_local_id(0), p0 = get_group_id(0) * CF_PIXELS;
-#if !CF_CONST
-    for (int i = lid; i < CF_TAPS * CF_COUTP / 4; i += CF_WG) wl[i] = vload4(i, wt);
-#endif
-    /* this work-item's pixels: p0 + lid + q CF_WG, q < CF_PIX */
-    float v[CF_PIX][CF_TAPS];
-#pragma unroll
-    for (int q = 0; q < CF_PIX; ++q) cf_gather(in, p0 + lid + q * CF_WG, H, W, NPIX, v[q]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll
-    for (int n0 = 0; n0 < CF_COUTP; n0 += 8) {
-        float4 a[CF_PIX], b[CF_PIX];
-#pragma unroll
-        for (int q = 0; q < CF_PIX; ++q) a[q] = b[q] = (float4)(0.0f);
-#pragma unroll
-        for (int t = 0; t < CF_TAPS; ++t) {
-            const float4 wa = CF_W4((t * CF_COUTP + n0) / 4), wb = CF_W4((t * CF_COUTP + n0) / 4 + 1);
-#pragma unroll
-            for (int q = 0; q < CF_PIX; ++q) {
-                a[q] = fma((float4)(v[q][t]), wa, a[q]);
-                b[q] = fma((float4)(v[q][t]), wb, b[q]);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < CF_PIX; ++q) {
-            __local out_t *row = (__local out_t *)staged + (lid + q * CF_WG) * CF_ROW;
-            const float acc[8] = {a[q].x, a[q].y, a[q].z, a[q].w, b[q].x, b[q].y, b[q].z, b[q].w};
-#pragma unroll
-            for (int j = 0; j < 8; j += 2)
-                if (n0 + j < CF_CSTORE)
-                    CF_LSTORE2(row, n0 + j, ((float2)(n0 + j < CF_COUT ? CF_ACT(acc[j], n0 + j) : 0.0f,
-                                                      n0 + j + 1 < CF_COUT ? CF_ACT(acc[j + 1], n0 + j + 1) : 0.0f)));
-        }
-    }
-    /* the padding channels past the last block of 8 (the next layer reads them): zero */
+/* channels n, n + 1 of a staged pixel row: the sums s0, s1 through the epilogue (zero past CF_COUT), as stored */
+#define CF_STAGE2(row, n, s0, s1)                                                                         \
+    CF_LSTORE2((row), (n), ((float2)((n) < CF_COUT ? CF_ACT((s0), (n)) : 0.0f,                           \
+                                     (n) + 1 < CF_COUT ? CF_ACT((s1), (n) + 1) : 0.0f)))
+
+/* the end of either variant: the padding channels past the last block of 8 zeroed (the next layer reads them) in
+ * this work-item's staged rows (lid + q CF_WG), then the work-group's pixels, contiguous in NHWC, written out 16
+ * bytes a work-item */
+inline void cf_write_out(__local uint4 *staged, __global out_t *restrict out, const int p0, const int NPIX,
+                         const int lid) {
 #pragma unroll
     for (int q = 0; q < CF_PIX; ++q)
 #pragma unroll
@@ -210,8 +158,7 @@ void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
     }
 }
 
-#else  /* CF_MMA */
-
+#if CF_MMA
 #if CF_PIX != 1 || CF_CONST || CF_WG % 32
 #error "conv_first.cl: CF_MMA takes one pixel a work-item, the weights as fragments, whole warps"
 #endif
@@ -248,15 +195,65 @@ inline uint cf_tap_bits(__global const float *restrict src, const int y, const i
     return r;
 }
 
+#endif  /* CF_MMA */
+
 __kernel __attribute__((reqd_work_group_size(CF_WG, 1, 1)))
 void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
+#if CF_MMA
                 __global const uint *restrict wt,        /* B fragments: CF_KSTEPS x CF_NT x 2 x 32 lanes */
+#elif CF_CONST
+                __constant const float *restrict wt,     /* CF_TAPS x CF_COUTP, tap-major, rounded to the storage */
+#else
+                __global const float *restrict wt,       /* the same, copied to local memory first */
+#endif
                 __global const float *restrict bias,     /* CF_COUT (or more) */
 #if OUT_EIGHT_BIT
                 const float out_scale_inv,               /* 1 / s_out, the next layer's input scale */
 #endif
                 __global out_t *restrict out,            /* NHWC, CF_CSTORE channels */
                 const int H, const int W, const int NPIX)
+#if !CF_MMA
+{
+#if !CF_CONST
+    __local float4 wl[CF_TAPS * CF_COUTP / 4];
+#endif
+    __local uint4 staged[CF_PIXELS * CF_ROW * sizeof(out_t) / 16];
+    const int lid = get_local_id(0), p0 = get_group_id(0) * CF_PIXELS;
+#if !CF_CONST
+    for (int i = lid; i < CF_TAPS * CF_COUTP / 4; i += CF_WG) wl[i] = vload4(i, wt);
+#endif
+    /* this work-item's pixels: p0 + lid + q CF_WG, q < CF_PIX */
+    float v[CF_PIX][CF_TAPS];
+#pragma unroll
+    for (int q = 0; q < CF_PIX; ++q) cf_gather(in, p0 + lid + q * CF_WG, H, W, NPIX, v[q]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int n0 = 0; n0 < CF_COUTP; n0 += 8) {
+        float4 a[CF_PIX], b[CF_PIX];
+#pragma unroll
+        for (int q = 0; q < CF_PIX; ++q) a[q] = b[q] = (float4)(0.0f);
+#pragma unroll
+        for (int t = 0; t < CF_TAPS; ++t) {
+            const float4 wa = CF_W4((t * CF_COUTP + n0) / 4), wb = CF_W4((t * CF_COUTP + n0) / 4 + 1);
+#pragma unroll
+            for (int q = 0; q < CF_PIX; ++q) {
+                a[q] = fma((float4)(v[q][t]), wa, a[q]);
+                b[q] = fma((float4)(v[q][t]), wb, b[q]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < CF_PIX; ++q) {
+            __local out_t *row = (__local out_t *)staged + (lid + q * CF_WG) * CF_ROW;
+            const float acc[8] = {a[q].x, a[q].y, a[q].z, a[q].w, b[q].x, b[q].y, b[q].z, b[q].w};
+#pragma unroll
+            for (int j = 0; j < 8; j += 2)
+                if (n0 + j < CF_CSTORE) CF_STAGE2(row, n0 + j, acc[j], acc[j + 1]);
+        }
+    }
+    cf_write_out(staged, out, p0, NPIX, lid);
+}
+
+#else  /* CF_MMA */
 {
     MMA_WARPS(xch, 6)
     __local uint4 staged[CF_PIXELS * CF_ROW * sizeof(out_t) / 16];
@@ -304,20 +301,9 @@ void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
 #pragma unroll
             for (int nt = 0; nt < CF_NT; ++nt) {
                 const int n = nt * 8 + 2 * t4;
-                if (n < CF_CSTORE)
-                    CF_LSTORE2(row, n, ((float2)(n < CF_COUT ? CF_ACT(acc[mi][nt][2 * h], n) : 0.0f,
-                                                 n + 1 < CF_COUT ? CF_ACT(acc[mi][nt][2 * h + 1], n + 1) : 0.0f)));
+                if (n < CF_CSTORE) CF_STAGE2(row, n, acc[mi][nt][2 * h], acc[mi][nt][2 * h + 1]);
             }
         }
-#pragma unroll
-    for (int n = CF_COUTP; n < CF_CSTORE; n += 2)
-        CF_LSTORE2((__local out_t *)staged + tid * CF_ROW, n, ((float2)(0.0f, 0.0f)));
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const int pixels = min(CF_PIXELS, NPIX - p0);
-    __global uint4 *dst = (__global uint4 *)(out + (size_t)p0 * CF_CSTORE);
-    for (int i = tid; i < pixels * CF_CHUNKS; i += CF_WG) {
-        const int q = i / CF_CHUNKS, c = i - q * CF_CHUNKS;
-        dst[i] = staged[q * (CF_ROW * (int)sizeof(out_t) / 16) + c];
-    }
+    cf_write_out(staged, out, p0, NPIX, tid);
 }
 #endif

@@ -26,6 +26,9 @@ def test_int8_is_stored_as_bytes_and_is_neither_fp8_nor_half():
     assert INT8.itemsize == 1 and INT8.int8 and INT8.eight_bit and INT8.tensor_cores
     assert not INT8.fp8 and not INT8.half and not INT8.tf32
     assert precisions.FP8.eight_bit and not precisions.FP8.int8 and not FP16.eight_bit
+    # where an 8-bit model's activations are not codes (features.0's input, a layer writing none) they are FP16
+    assert INT8.floats == precisions.FP8.floats == FP16
+    assert [p.floats for p in (FP16, precisions.TF32, precisions.FP32)] == [FP16, precisions.TF32, precisions.FP32]
 
 
 def test_a_device_without_tensor_cores_refuses_int8_in_one_line():

@@ -443,7 +443,6 @@ def test_auto_and_gpu_decode_on_the_cpu_when_the_engine_does_not_decode_on_its_d
 
 def test_auto_with_decoding_processes_sends_a_jpeg_to_one_while_one_is_idle_else_compressed():
     """One process, --preprocess-procs: the choice is made in the event loop, by the uploads the processes hold."""
-    import asyncio
     from types import SimpleNamespace
 
     from vggserve.serving.scheduling.local import LocalBackend

@@ -23,7 +23,6 @@ from dataclasses import replace
 from .errors import KernelBuildError, VggserveError
 from .ops import first_conv, nhwc, precision as precisions, registry
 from .ops.launch import MF, first_last
-from .ops.precision import FP16
 from .ops.registry import BuildEnv, LayerSpec
 from .ops.eightbit import u8_codes
 from .ops.tensorcore import rna_tf32, vec
@@ -193,7 +192,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     for key, cin, cout, size, ks in shapes:
         pool = key.endswith(POOL_SUFFIX)
         layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
-        if family == "tensorcore" and first_conv.fits(replace(layer, pool=pool), FP16 if prec.eight_bit else prec):
+        if family == "tensorcore" and first_conv.fits(replace(layer, pool=pool), prec.floats):
             progress(f"{key:>14s} batch {batch} {prec.name}: not tuned (the engine runs it on conv_first.cl, from "
                      "the float32 input)")
             continue

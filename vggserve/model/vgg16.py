@@ -30,7 +30,7 @@ from ..errors import KernelBuildError
 from ..ops import first_conv, nhwc, registry, sparse_select
 from ..ops.launch import round_up
 from ..ops.pool import KERNEL_FILE as POOL_FILE, MaxPool
-from ..ops.precision import FP16, storage_defines
+from ..ops.precision import storage_defines
 from ..ops.registry import BuildEnv, LayerSpec
 from ..ops.relayout import KERNEL_FILE as RELAYOUT_FILE, DeviceRelayout, defines as relayout_defines
 from ..ops.tensorcore import nhwc_fc_weights, vec
@@ -279,7 +279,7 @@ def _stored(op, prec):
     the model's precision (the last layer's logits count as the precision's; the engine reads them as float32)."""
     scales = getattr(op, "scales", None)
     out = scales.out_precision if scales is not None and scales.active else None
-    return out or (FP16 if prec.eight_bit else prec)
+    return out or prec.floats
 
 
 def _run_sized(op, size, queue, src, dst, n):

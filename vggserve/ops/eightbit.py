@@ -29,7 +29,7 @@ import numpy as np
 
 from ..quant import e4m3, int8
 from .launch import upload
-from .precision import FP8, FP16, INT8, Precision
+from .precision import FP8, INT8, Precision
 
 U8_MAX = 255  # INT8's activation codes: 0 .. 255
 
@@ -129,7 +129,7 @@ class LayerScales:
             return None
         if self.out_scale is not None:
             return self.codes
-        return FP16 if self.precision.eight_bit else self.precision
+        return self.precision.floats
 
     @property
     def defines(self) -> dict:

@@ -55,6 +55,13 @@ class Precision:
         """One byte a value, scaled (ops/eightbit.py): fp8 or int8."""
         return self.storage == np.uint8
 
+    @property
+    def floats(self) -> "Precision":
+        """The storage of this model's activations where they are not 8-bit codes: an 8-bit model's input to
+        features.0 (which runs at FP16 and writes the next layer's codes) and a layer that writes no codes are FP16;
+        every other precision is its own."""
+        return FP16 if self.eight_bit else self
+
     def __str__(self) -> str:
         return self.name
 
