@@ -170,29 +170,42 @@ inline void cf_write_out(__local uint4 *staged, __global out_t *restrict out, co
 #define CF_NT (CF_COUTP / 8)                               /* n8 tiles */
 #define CF_PER (4 / ELEM)                                  /* k per register: 2 (FP16), 1 (TF32) */
 
-/* the register of storage bits holding taps k .. k + CF_PER - 1 of the pixel at (src, y, x) (zeros past the taps,
- * in the padding, or for a pixel past NPIX: src null); the lower k in the low half */
-inline uint cf_tap_bits(__global const float *restrict src, const int y, const int x, const int H, const int W,
-                        const int k0) {
-    uint r = 0;
+/* a lane's taps: slot j = (ks, half_k, e) of its A registers holds tap k = ks CF_KPS + (16 half_k + 4 t) / ELEM + e
+ * (t = lane % 4: mma.clh's fragment layout), the same for all its pixel rows; found once per work-item as the
+ * offset of the tap's input from the pixel's own (c H W + dy W + dx) and its dy, dx, or dy = -H (never inside)
+ * for a k past the taps */
+#define CF_SLOTS (CF_KSTEPS * 2 * CF_PER)
+typedef struct { int off[CF_SLOTS], dy[CF_SLOTS], dx[CF_SLOTS]; } cf_taps;
+
+inline void cf_taps_of(cf_taps *t, const int t4, const int H, const int W) {
 #pragma unroll
-    for (int e = 0; e < CF_PER; ++e) {
-        const int k = k0 + e;
-        float v = 0.0f;
-        if (src && k < CF_TAPS) {
-            const int c = k / 9, ky = (k % 9) / 3, kx = k % 3;
-            const int yy = y + ky - 1, xx = x + kx - 1;
-            if (yy >= 0 && yy < H && xx >= 0 && xx < W) v = src[(size_t)c * H * W + yy * W + xx];
-        }
-#if TF32
-        r = as_uint(to_tf32(v));
-#else
-        ushort h;
-        vstore_half_rte(v, 0, (__private half *)&h);
-        r |= (uint)h << (16 * e);
-#endif
+    for (int j = 0; j < CF_SLOTS; ++j) {
+        const int e = j % CF_PER, half_k = (j / CF_PER) % 2, ks = j / (2 * CF_PER);
+        const int k = ks * CF_KPS + (16 * half_k + 4 * t4) / ELEM + e;
+        const int c = k / 9, dy = (k % 9) / 3 - 1, dx = k % 3 - 1;
+        t->off[j] = (c * H + dy) * W + dx;
+        t->dy[j] = k < CF_TAPS ? dy : -H;
+        t->dx[j] = dx;
     }
-    return r;
+}
+
+/* slot j of the pixel at (y, x), whose own input is at `at` of `in` (zero in the padding, past the taps, or for a
+ * pixel past NPIX: live 0) */
+inline float cf_tap(__global const float *restrict in, const int at, const int y, const int x, const int H,
+                    const int W, const int live, const cf_taps *t, const int j) {
+    const int ok = live && (uint)(y + t->dy[j]) < (uint)H && (uint)(x + t->dx[j]) < (uint)W;
+    return ok ? in[at + t->off[j]] : 0.0f;
+}
+
+/* register i = (ks, half_k) of a pixel row's A fragment: one TF32 value (cvt.rna), or two FP16 rounded to nearest
+ * even in one conversion (f16x2_rn), the lower k in the low half */
+inline uint cf_tap_bits(__global const float *restrict in, const int at, const int y, const int x, const int H,
+                        const int W, const int live, const cf_taps *t, const int j0) {
+#if TF32
+    return as_uint(to_tf32(cf_tap(in, at, y, x, H, W, live, t, j0)));
+#else
+    return f16x2_rn(cf_tap(in, at, y, x, H, W, live, t, j0), cf_tap(in, at, y, x, H, W, live, t, j0 + 1));
+#endif
 }
 
 #endif  /* CF_MMA */
@@ -267,21 +280,23 @@ void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
 #pragma unroll
             for (int r = 0; r < 2; ++r) bf[ks][nt][r] = wt[((ks * CF_NT + nt) * 2 + r) * 32 + lane];
     /* this lane's four pixel rows: warp * 32 + mi * 16 + g + 8 h; their A registers, every k-step */
+    cf_taps taps;
+    cf_taps_of(&taps, t4, H, W);
     uint af[CF_KSTEPS][2][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int p = p0 + warp * 32 + mi * 16 + g + 8 * h;
-            const int HW = H * W;
+            const int HW = H * W, live = p < NPIX;
             const int b = p / HW, rest = p - b * HW, y = rest / W, x = rest - y * W;
-            __global const float *src = p < NPIX ? in + (size_t)b * CF_CIN * HW : 0;
+            const int at = b * CF_CIN * HW + rest;  /* the pixel's channel 0 (int: inputs under 2^31 floats) */
 #pragma unroll
             for (int ks = 0; ks < CF_KSTEPS; ++ks)
 #pragma unroll
                 for (int half_k = 0; half_k < 2; ++half_k)
-                    af[ks][mi][h + 2 * half_k] =
-                        cf_tap_bits(src, y, x, H, W, ks * CF_KPS + (16 * half_k + 4 * t4) / ELEM);
+                    af[ks][mi][h + 2 * half_k] = cf_tap_bits(in, at, y, x, H, W, live, &taps,
+                                                             (ks * 2 + half_k) * CF_PER);
         }
     MMA_ACC(acc, 2, CF_NT)
 #if MMA_EMULATE
