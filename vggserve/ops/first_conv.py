@@ -30,7 +30,7 @@ def fits(layer: LayerSpec, precision: Precision) -> bool:
 PIXELS = 128  # pixels of a work-group (its staged outputs: 36 KB at most, TF32's)
 # CF_PIX: pixels per work-item; CF_CONST: the weights from constant (1) or local memory (0); CF_MMA: on the tensor
 # cores (mma.sync, one pixel a work-item, the weights as B fragments). The defaults are the fastest of VARIANTS on an
-# H100 (benchmarks/first_conv.py, BENCHMARKS.md): the tensor cores, at batch 64 0.272 ms at FP16 and 0.357 at TF32
+# H100 (benchmarks/first_conv.py, BENCHMARKS.md): the tensor cores, at batch 64 0.200 ms at FP16 and 0.367 at TF32
 # against 0.423 and 0.550 for the best fma variants (eighteenth session). Among those, two pixels shared each weight
 # read at FP16 and one at TF32 (seventeenth session); constant memory was slower everywhere (0.84 ms).
 DEFAULT = {"fp16": {"CF_PIX": 1, "CF_CONST": 0, "CF_MMA": 1}, "tf32": {"CF_PIX": 1, "CF_CONST": 0, "CF_MMA": 1}}
