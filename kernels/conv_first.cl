@@ -24,7 +24,9 @@
  * GEMM's k, in the same order, padded with zeros to whole k-steps (27 -> 32: 2 FP16 steps of 16, 4 TF32 steps of 8);
  * pixels are its rows, channels its columns. A warp takes 32 consecutive pixels (two m16 tiles) and every channel:
  *   - each lane builds its A fragments itself, gathering its rows' taps from the input (its k are 4t .. 4t + 3 and
- *     16 + 4t .. 16 + 4t + 3 bytes of each step, t = lane % 4: mma.clh's fragment layout), rounded as above;
+ *     16 + 4t .. 16 + 4t + 3 bytes of each step, t = lane % 4: mma.clh's fragment layout), rounded as above: the
+ *     taps' offsets found once per lane (cf_taps: a pixel row's tap is then a bounds check and a load), each FP16
+ *     pair rounded by one conversion (f16x2_rn; 0.273 -> 0.200 ms at FP16, batch 64, H100);
  *   - the B fragments (the weights) come laid out by the host in fragment order (wt[((ks * NT + nt) * 2 + r) * 32 +
  *     lane], first_conv.mma_fragments): each lane reads its own registers once, coalesced, and keeps them;
  *   - the accumulators are staged and written out as above.
