@@ -57,8 +57,8 @@ def register(subparsers) -> None:
                    help="worker processes decoding images, past the GIL (default 0: in the threads only)")
     p.add_argument("--http-workers", default=None, metavar="N",
                    help="HTTP front-end processes (1..64, or `auto` = half the cores, less one per device past the "
-                        "first: cores // 2 - (devices - 1), at least 1 and at most 64, where "
-                        "cores are those "
+                        "first: cores // 2 - (devices - 1), at least 1 and at most 64, and with --decode gpu or "
+                        "auto at most 8 + 4 (devices - 1), where cores are those "
                         "of the CPU affinity within the cgroup's CPU quota): each parses requests and decodes "
                         "images in its own process and sends "
                         "the crops to this process, which batches them on the devices. Use it when the front end, "
