@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     import pyopencl as cl
 
     from vggserve.ops import precision as precisions
-    from vggserve.ops.first_conv import DEFAULT, VARIANTS, FirstConv
+    from vggserve.ops.first_conv import DEFAULT, VARIANTS, FirstConv, ulps_apart
     from vggserve.ops.launch import MF
     from vggserve.ops.registry import BuildEnv, LayerSpec
     from vggserve.runtime import caps as device_caps, devices as devs
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
                 row = {"precision": name, "batch": batch, **params, "ms": round(ms, 4),
                        "tflops": round(2 * 27 * 64 * batch * 224 * 224 / ms / 1e9, 2),
                        "same_bytes_as_default": bool(np.array_equal(out.view(np.uint8), reference.view(np.uint8))),
-                       "ulps_from_default": ulps(out, reference, prec), "device": info.label}
+                       "ulps_from_default": float(ulps_apart(out, reference, prec.tf32).max()), "device": info.label}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.json:
@@ -78,13 +78,6 @@ def main(argv=None) -> int:
             json.dump(rows, f, indent=1)
     return 0 if all(r["ulps_from_default"] <= 1 for r in rows) else 1
 
-
-def ulps(out, reference, prec) -> float:
-    """The largest difference from the default variant's output in units in the last place of the storage (TF32: 13
-    bits fewer than FP32), beyond 2^-20: the fma variants and mma.sync's own sums may differ by one."""
-    diff = np.abs(out.astype(np.float64) - reference.astype(np.float64))
-    ulp = np.spacing(np.abs(reference)).astype(np.float64) * (2.0 ** 13 if prec.tf32 else 1.0)
-    return float((np.maximum(diff - 2.0 ** -20, 0) / ulp).max())
 
 
 if __name__ == "__main__":

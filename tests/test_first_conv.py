@@ -6,7 +6,7 @@ import pyopencl as cl
 import pytest
 
 from vggserve.ops import precision as precisions
-from vggserve.ops.first_conv import VARIANTS, FirstConv, fits, mma_fragments
+from vggserve.ops.first_conv import VARIANTS, FirstConv, fits, mma_fragments, ulps_apart
 from vggserve.ops.launch import MF
 from vggserve.ops.registry import BuildEnv, LayerSpec
 from vggserve.ops.tensorcore import rna_tf32
@@ -81,9 +81,8 @@ def assert_stored_equal(got, expect, params, caps):
     """Bit for bit; but mma.sync on the hardware sums in its own way (not an fma chain): there, within one unit in
     the last place of the storage type, beyond 2^-20 (a sum near zero of terms near one), nine in ten exact."""
     if params["CF_MMA"] and not caps.emulate_mma:
-        ulp = np.spacing(np.abs(expect)).astype(np.float64) * (2.0 ** 13 if expect.dtype == np.float32 else 1.0)
-        diff = np.abs(got.astype(np.float64) - expect.astype(np.float64))  # TF32: 13 bits fewer than FP32
-        off = np.maximum(diff - 2.0 ** -20, 0) / ulp
+        off = ulps_apart(got, expect, expect.dtype == np.float32)
+        diff = np.abs(got.astype(np.float64) - expect.astype(np.float64))
         assert off.max() <= 1 and (diff == 0).mean() > 0.9, (off.max(), (diff == 0).mean())
     else:
         np.testing.assert_array_equal(got.view(np.uint8), expect.view(np.uint8))

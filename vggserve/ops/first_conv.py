@@ -38,6 +38,15 @@ VARIANTS = [{"CF_PIX": p, "CF_CONST": c, "CF_MMA": 0} for p in (1, 2) for c in (
     [{"CF_PIX": 1, "CF_CONST": 0, "CF_MMA": 1}]
 
 
+def ulps_apart(got: np.ndarray, expect: np.ndarray, tf32: bool) -> np.ndarray:
+    """Per element, how far `got` is from `expect` in units in the last place of the storage (TF32: 13 bits fewer
+    than FP32), beyond 2^-20 (a sum near zero of terms near one): the fma variants and mma.sync's own sums may
+    differ by one."""
+    diff = np.abs(got.astype(np.float64) - expect.astype(np.float64))
+    ulp = np.spacing(np.abs(expect)).astype(np.float64) * (2.0 ** 13 if tf32 else 1.0)
+    return np.maximum(diff - 2.0 ** -20, 0) / ulp
+
+
 def mma_fragments(laid: np.ndarray, precision: Precision) -> np.ndarray:
     """The weights (taps x channels padded to 8, rounded to the storage) as conv_first.cl's CF_MMA reads them: uint32
     registers [k-step][n8 tile][b0, b1][lane] of mma.clh's B fragment layout (lane = 4 g + t: column g of the tile,
