@@ -113,9 +113,10 @@ def test_second_start_loads_programs_from_the_cache_without_compiling(tiny_tenso
     expected = first.logits(x)
 
     def refuse(*_):
-        raise AssertionError("compiled from source although a cached binary exists")
+        raise AssertionError("a miss although the cache holds the program (its binary, or a note of a build that "
+                             "PoCL's own cache holds)")
 
-    monkeypatch.setattr(ProgramCache, "_compile", refuse)
+    monkeypatch.setattr(ProgramCache, "_compile_and_store", refuse)
     second = VGG16.load(tiny_tensors, device=TEST_DEVICE, max_batch_size=1)
     assert second.startup.programs_compiled == 0 and second.startup.programs_cached == first.startup.programs_compiled
     np.testing.assert_array_equal(second.logits(x), expected)

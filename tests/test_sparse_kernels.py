@@ -152,14 +152,14 @@ def test_bad_params_are_refused():
 def test_codegen_program_comes_from_the_cache_without_writing_the_source(cl_env, rng, tmp_path):
     ctx, queue, _ = cl_env
     weight, bias, x = conv_case(rng, (1, 3, 4, 5, 6), 0.5)
-    first = ProgramCache(ctx, ctx.devices[0], folder=tmp_path)
+    first = ProgramCache(ctx, ctx.devices[0], folder=tmp_path, binaries=True)  # pad.cl's binary too, not a note
     run_conv((ctx, queue, first), CODEGEN[1], weight, bias, x)
     assert first.compiles == 1 + 1  # pad.cl and the generated program
 
     def refuse(self, *a, **k):
         raise AssertionError("a cached binary was expected: nothing should be compiled or generated")
 
-    second = ProgramCache(ctx, ctx.devices[0], folder=tmp_path)
+    second = ProgramCache(ctx, ctx.devices[0], folder=tmp_path, binaries=True)
     second._compile = refuse.__get__(second)
     import vggserve.ops.sparse_conv as module
 

@@ -6,6 +6,12 @@ platform version and the full source text, so a second start does not compile. `
 turns the cache off. A cached file is the binary behind a header with its length and sha256: one that does not
 match (truncated, altered) is rebuilt from source, because a driver given a damaged binary may crash (PoCL does).
 
+Where the driver keeps what it compiles in a cache of its own (PoCL, unless POCL_KERNEL_CACHE=0), the cached file
+is only a note that the program was built (its source's sha256), and a hit builds from source, which that cache
+answers. Asking PoCL for a binary makes it compile every kernel of the program once more, for any work-group size,
+beside the compile for the size it is launched with: on a cold cache about 40% of a CPU's compile time, for a
+binary its own cache makes unnecessary (`ProgramCache(binaries=True)` keeps binaries anyway).
+
 A generated program (weights compiled into the code, conv_sparse_codegen.cl) is a template file that includes a
 piece the host writes (`Generated`); its binary is keyed by the template and a digest of what the piece is made
 from (the weights' hash), so a cached binary is found without writing the piece again.
@@ -29,6 +35,7 @@ from .buildprogress import BuildProgress
 
 _HERE = Path(__file__).resolve().parent.parent
 MAGIC = b"vggserve-program-1\n"  # then the binary's sha256 (32 bytes), then the binary
+BUILT = b"vggserve-built-by-driver-1\n"  # then the source's sha256 (32 bytes): the driver's cache holds the program
 
 
 def kernels_dir() -> Path:
@@ -80,6 +87,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VGGSERVE_CACHE_DIR") or user_cache_dir("vggserve")) / "programs"
 
 
+def driver_caches_programs(device) -> bool:
+    """Whether the device's driver keeps compiled programs in a cache of its own, keyed by their source and options
+    (PoCL's kernel cache, on unless POCL_KERNEL_CACHE=0; POCL_CACHE_DIR says where, default ~/.cache/pocl)."""
+    return "Portable Computing Language" in device.platform.name and os.environ.get("POCL_KERNEL_CACHE", "1") != "0"
+
+
 def cache_key(device, source: str, options: str) -> str:
     h = hashlib.sha256()
     for part in (device.name, device.driver_version, device.platform.version, options, source):
@@ -92,11 +105,13 @@ class ProgramCache:
     """Builds programs for one context/device, reusing cached binaries; counts hits and compiles."""
 
     def __init__(self, context, device, options: str = "-cl-mad-enable", folder: Path | None = None,
-                 progress: bool = True):
+                 progress: bool = True, binaries: bool | None = None):
         """folder: where binaries are kept (default: `cache_dir()`, read when the cache is made).
         progress: report compiles that take long (runtime/buildprogress.py); the owner calls `finish` when its
-        start-up's builds are over."""
+        start-up's builds are over. binaries: keep each program's binary (default: unless the driver caches programs
+        itself, `driver_caches_programs`; a generated or PTX-patched program's binary is kept either way)."""
         self.context, self.device, self.options = context, device, options
+        self.binaries = not driver_caches_programs(device) if binaries is None else binaries
         self.folder = Path(folder) if folder is not None else cache_dir()
         self.enabled = os.environ.get("VGGSERVE_NO_PROGRAM_CACHE", "") not in ("1", "true", "yes")
         self.hits = self.compiles = 0
@@ -121,7 +136,7 @@ class ProgramCache:
             template = kernel_source(name, defines, {generated.name: f"/* {generated.name}: {generated.key} */"})
             key = cache_key(self.device, template, self.options)
         path = self.folder / f"{key}.bin"
-        program = self._from_binary(path) if self.enabled else None
+        program = self._from_cache(name, path, source) if self.enabled else None
         if program is None:
             program = self._compile_and_store(name, defines, source, generated, path, ptx)
             self.compiles += 1
@@ -148,18 +163,26 @@ class ProgramCache:
             program = self._compile(name, source)
             if ptx is not None:
                 program = self._patched(name, program, ptx)
-            if self.enabled:
+            if self.enabled and (self.binaries or generated is not None or ptx is not None):
                 self._store(path, program)
+            elif self.enabled:
+                self._note_built(path, source)
             return program
         finally:
             if self.progress is not None:
                 self.progress.compiled()
 
-    def _from_binary(self, path: Path):
+    def _from_cache(self, name: str, path: Path, source: str | None):
+        """The cached program: from its binary, or built from `source` where the file notes that the driver's own
+        cache holds it; None when there is no usable entry."""
         try:
             data = path.read_bytes()
         except OSError:
             return None
+        if data.startswith(BUILT):
+            if source is None or data[len(BUILT):] != hashlib.sha256(source.encode()).digest():
+                return None
+            return self._compile(name, source)
         head = len(MAGIC) + 32
         binary = data[head:]
         if not data.startswith(MAGIC) or not binary or hashlib.sha256(binary).digest() != data[len(MAGIC):head]:
@@ -190,6 +213,13 @@ class ProgramCache:
         except cl.Error as exc:
             log = " ".join(str(exc).split())[:1500]
             raise KernelBuildError(f"building {what} failed: {log}") from exc
+
+    def _note_built(self, path: Path, source: str) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_atomically(path, BUILT + hashlib.sha256(source.encode()).digest())
+        except OSError:
+            pass  # as _store
 
     def _store(self, path: Path, program) -> None:
         try:
