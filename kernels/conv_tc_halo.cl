@@ -198,7 +198,7 @@ void conv_tc_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         WG_WAIT(acc, WG_INFLIGHT);                                                                        \
         barrier(CLK_LOCAL_MEM_FENCE);                                                                     \
         HALO_STEP(s_)                                                                                     \
-        _Pragma("unroll") for (int ks = 0; ks < KSTEPS; ++ks) LDSM_X4(AF_[ks], A_ADDR);                   \
+        MMA_UNROLL for (int ks = 0; ks < KSTEPS; ++ks) LDSM_X4(AF_[ks], A_ADDR);                          \
         WG_STAGE_RA(acc, AF_, bs + ((s_) % STAGES) * BN * CHUNKS);                                        \
         if (WG_COPIES && (s_) + LEAD < nsteps) LOAD_STEP((s_) + LEAD)                                     \
         CP_COMMIT();                                                                                      \
