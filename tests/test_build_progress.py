@@ -88,7 +88,7 @@ def test_the_work_between_compiles_is_neither_ticked_nor_counted(records):
 
 
 def test_the_program_cache_reports_its_compiles_and_the_summary_on_finish(records, tmp_path):
-    device = SimpleNamespace(name="fake device ", driver_version="1", platform=SimpleNamespace(version="OpenCL 3"))
+    device = SimpleNamespace(name="fake device ", driver_version="1", platform=SimpleNamespace(version="OpenCL 3", name="fake platform"))
     cache = ProgramCache(None, device, folder=tmp_path)
     clock = Clock()
     cache.progress = BuildProgress("fake device", tmp_path, clock=clock, thread=False)
