@@ -362,3 +362,40 @@ def test_client_pool_gives_every_slot_its_own_connection_in_small_pools(slots):
             assert per_client == pool.sizes  # no slot ever waits inside httpx for a connection
 
     asyncio.run(check())
+
+
+def test_open_loop_slots_go_to_waiting_requests_in_the_order_they_fell_due():
+    """A slot given back goes to the request that has waited longest, not to one that fell due after it (with an
+    asyncio.Queue a request due later could take it before the woken waiter ran)."""
+    import asyncio
+
+    from vggserve.loadtest.loops import Slots
+
+    async def scenario():
+        slots = Slots(1)
+        held = await slots.acquire()
+        order = []
+
+        async def request(name):
+            slot = await slots.acquire()
+            order.append(name)
+            await asyncio.sleep(0)
+            slots.release(slot)
+
+        first = asyncio.create_task(request("due first"))
+        await asyncio.sleep(0)  # waiting now
+        slots.release(held)     # handed to "due first" ...
+        assert slots.take() is None  # ... so a request falling due now finds none free (the drop mode's check)
+        second = asyncio.create_task(request("due second"))
+        await asyncio.gather(first, second)
+        held = await slots.acquire()
+        cancelled = asyncio.create_task(slots.acquire())
+        await asyncio.sleep(0)  # waiting for the held slot
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        slots.release(held)
+        return order, slots.take()
+
+    order, left = asyncio.run(scenario())
+    assert order == ["due first", "due second"]
+    assert left == 0  # the one slot is free again, a cancelled waiter took nothing

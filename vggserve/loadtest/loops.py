@@ -17,6 +17,7 @@ Both loops are bounded by time (warm-up + duration) and by a request cap, stop e
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 from dataclasses import dataclass, field
@@ -168,6 +169,41 @@ def open_loop_counts(plan: LevelPlan) -> tuple[int, int]:
     return min(warm, plan.max_requests), min(total - warm, plan.max_requests)
 
 
+class Slots:
+    """The open loop's `max_inflight` connection slots, handed to waiting requests first come, first served: a slot
+    given back goes straight to the request that has waited longest (an asyncio.Queue let a request that fell due
+    later take it before the woken waiter ran, so requests went out of their schedule's order)."""
+
+    def __init__(self, count: int):
+        self.free = list(range(count - 1, -1, -1))
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    def take(self) -> int | None:
+        """A free slot now, or None (none free, or requests waiting for one)."""
+        return self.free.pop() if self.free and not self.waiters else None
+
+    async def acquire(self) -> int:
+        slot = self.take()
+        if slot is not None:
+            return slot
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(waiter.result())  # handed over as the waiter was cancelled: pass it on
+            raise
+
+    def release(self, slot: int) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(slot)
+                return
+        self.free.append(slot)
+
+
 async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyncio.Event) -> LevelRun:
     """Request i due at start + i/rate; the first `warm` of them are warm-up. `pool` has max_inflight slots."""
     plan, clock0 = run.plan, run.clock0
@@ -175,15 +211,13 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
     rate = plan.level
     n_warm, n_measure = open_loop_counts(plan)
     tasks: set[asyncio.Task] = set()
-    free_slots: asyncio.Queue[int] = asyncio.Queue()
-    for slot in range(plan.max_inflight):
-        free_slots.put_nowait(slot)
+    slots = Slots(plan.max_inflight)
 
     async def send_when_free(record: RequestRecord, image: Image, slot: int | None) -> None:
-        if slot is None:  # overflow "wait": queue for the next free slot
+        if slot is None:  # overflow "wait": queue for the next free slot, in the order the requests fell due
             run.waiting += 1
             try:
-                slot = await free_slots.get()
+                slot = await slots.acquire()
             finally:
                 run.waiting -= 1
         try:
@@ -193,7 +227,7 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
                            plan.protocol)
         finally:
             run.inflight -= 1
-            free_slots.put_nowait(slot)
+            slots.release(slot)
 
     for index in range(n_warm + n_measure):
         due = run.start_s + index / rate
@@ -203,10 +237,10 @@ async def run_open(pool: ClientPool, images: ImageSet, run: LevelRun, stop: asyn
         record = _new_record(run, image, index, WARMUP if index < n_warm else MEASURE, due)
         slot = None
         if plan.overflow == "drop":
-            if free_slots.empty():
+            slot = slots.take()  # taken now, so the next due request sees it gone
+            if slot is None:
                 record.outcome = DROPPED
                 continue
-            slot = free_slots.get_nowait()  # taken now, so the next due request sees it gone
         tasks.add(asyncio.create_task(send_when_free(record, image, slot)))
     schedule_end = run.start_s + (n_warm + n_measure) / rate
     await _sleep_until(run, schedule_end, stop)  # the last interval is part of the window too
