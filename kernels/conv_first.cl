@@ -301,14 +301,9 @@ void conv_first(__global const float *restrict in,      /* n x CF_CIN x H x W */
                                                              (ks * 2 + half_k) * CF_PER);
         }
     MMA_ACC(acc, 2, CF_NT)
-#if MMA_EMULATE
-#define CF_UNROLL _Pragma("unroll 1")  /* the software model: one copy of it (PoCL builds the unrolled one slowly) */
-#else
-#define CF_UNROLL _Pragma("unroll")
-#endif
-    CF_UNROLL for (int ks = 0; ks < CF_KSTEPS; ++ks)
-    CF_UNROLL for (int mi = 0; mi < 2; ++mi)
-    CF_UNROLL for (int nt = 0; nt < CF_NT; ++nt) MMA(acc[mi][nt], af[ks][mi], bf[ks][nt]);
+    MMA_UNROLL for (int ks = 0; ks < CF_KSTEPS; ++ks)
+    MMA_UNROLL for (int mi = 0; mi < 2; ++mi)
+    MMA_UNROLL for (int nt = 0; nt < CF_NT; ++nt) MMA(acc[mi][nt], af[ks][mi], bf[ks][nt]);
     /* the stored values into local memory: rows are the work-group's pixels */
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)

@@ -130,16 +130,16 @@ void conv_tc_halo_sparse(__global const ushort *restrict in,   /* NHWC, Cpad cha
         __local uint4 *sw = stage + (s % STAGES) * STAGE_CHUNKS;
         __local const uint *sm = (__local const uint *)(sw + W_CHUNKS);
         uint af[CJ][4], ef[CJ];
-MMA_UNROLL
+        MMA_UNROLL
         for (int cj = 0; cj < CJ; ++cj) {
             LDSM_X4(af[cj], W_ADDR);
             ef[cj] = SP_META_WORD(sm, wn * CJ + cj);
         }
-MMA_UNROLL
+        MMA_UNROLL
         for (int pi = 0; pi < PI; ++pi) {
             uint bf[4];
             LDSM_X4(bf, X_ADDR);
-MMA_UNROLL
+            MMA_UNROLL
             for (int cj = 0; cj < CJ; ++cj) MMA_SP(acc[cj][pi], af[cj], bf, ef[cj]);
         }
         /* refills the stage read in step s - 1 (every warp is past the barrier above), and at a new chunk the patch

@@ -158,19 +158,19 @@ void conv_tc_sparse(__global const ushort *restrict in,    /* NHWC, Cpad channel
         __local uint4 *sx = smem + (t % STAGES) * STAGE_CHUNKS;
         __local uint4 *sw = sx + X_CHUNKS;
         __local const uint *sm = (__local const uint *)(sw + W_CHUNKS);
-MMA_UNROLL
+        MMA_UNROLL
         for (int ks = 0; ks < KSTEPS; ++ks) {
             uint af[MI][4], bf[NJ][4], ef[MI];
-MMA_UNROLL
+            MMA_UNROLL
             for (int mi = 0; mi < MI; ++mi) {
                 LDSM_X4(af[mi], W_ADDR);
                 ef[mi] = SP_META_WORD(sm, (wm * MI + mi) * KSTEPS + ks);
             }
-MMA_UNROLL
+            MMA_UNROLL
             for (int nj = 0; nj < NJ; ++nj) LDSM_X4(bf[nj], X_ADDR);
-MMA_UNROLL
+            MMA_UNROLL
             for (int mi = 0; mi < MI; ++mi)
-MMA_UNROLL
+                MMA_UNROLL
                 for (int nj = 0; nj < NJ; ++nj) MMA_SP(acc[mi][nj], af[mi], bf[nj], ef[mi]);
         }
         /* the stage refilled now was last read in iteration t - 1, which every warp has left (barrier above) */
