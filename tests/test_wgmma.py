@@ -427,15 +427,21 @@ def test_a_table_naming_wgmma_on_a_device_without_it_runs_the_default(tiny_tenso
 
 
 def test_wgmma_diag_times_every_variant_and_the_full_kernel_agrees(monkeypatch, tmp_path):
-    """benchmarks/wgmma_diag.py on the software model: each WG_DIAG variant builds and runs; the whole kernel (WG_DIAG
-    0) matches the engine's current kernel and the variant without the proxy fence gives the same sums (on the model
-    the fence does nothing)."""
+    """benchmarks/wgmma_diag.py on the test device (the software model on PoCL, wgmma on an H100): each WG_DIAG
+    variant builds and runs and the whole kernel (WG_DIAG 0) matches the engine's current kernel. On the model the
+    variant without the proxy fence gives the same sums too (there the fence does nothing; on the hardware leaving
+    it out is what the diagnosis measures, so its sums are not asserted)."""
     import json
     import sys
     from pathlib import Path
 
+    from conftest import TEST_DEVICE
+
     monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
-    monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
+    if TEST_DEVICE == "cpu":
+        monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
+    elif "VGGSERVE_WGMMA" not in os.environ:  # natively opt-in (runtime/caps.py)
+        monkeypatch.setenv("VGGSERVE_WGMMA", "1")
     bench = Path(__file__).resolve().parents[1] / "benchmarks"
     monkeypatch.syspath_prepend(str(bench))
     import vggserve.tuning as tuning
@@ -444,10 +450,11 @@ def test_wgmma_diag_times_every_variant_and_the_full_kernel_agrees(monkeypatch, 
     monkeypatch.setattr(tuning, "layer_shapes", lambda batch, pooled=False: [("16x64x6", 16, 64, 6, 3)])
     monkeypatch.setattr(wgmma_diag, "TILES", {"tc_wgmma": ["64x64s6k64f1"], "tc_halo_wgmma": ["8x8x128s4f0"]})
     out = tmp_path / "diag.json"
-    assert wgmma_diag.main(["--device", "cpu", "--batch", "1", "--shapes", "16x64x6", "--repeats", "1",
+    assert wgmma_diag.main(["--device", TEST_DEVICE, "--batch", "1", "--shapes", "16x64x6", "--repeats", "1",
                             "--json", str(out)]) == 0
     tiles = json.loads(out.read_text())["rows"][0]["tiles"]
     assert {t["algo"] for t in tiles} == {"tc_wgmma", "tc_halo_wgmma"}
     for t in tiles:
-        assert set(wgmma_diag.VARIANTS) <= set(t) and t["err"] < 2e-2 and t["nofence_same"], t
+        assert set(wgmma_diag.VARIANTS) <= set(t) and t["err"] < 2e-2, t
+        assert t["nofence_same"] or TEST_DEVICE != "cpu", t
     sys.modules.pop("wgmma_diag", None)
