@@ -725,3 +725,25 @@ def test_a_lone_chunk_is_decoded_at_once_and_bad_group_settings_are_refused(cl_s
     decoder.close()
     with pytest.raises(ValueError, match="decode group is 1 batch or more"):
         DeviceChunkDecoder(None, None, group=0)
+
+
+def test_the_entropy_latency_benchmark_times_each_variant_and_their_exits_agree(monkeypatch, capsys):
+    """benchmarks/entropy_latency.py on the test device: this tree's jpeg_sync and the local-tables variant (the
+    corpus's files share Pillow's tables) time round 0 every way and leave the same exits; symbols are counted."""
+    import re
+    import sys
+    from pathlib import Path
+
+    from conftest import TEST_DEVICE
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import entropy_latency
+
+    assert entropy_latency.main(["--device", TEST_DEVICE, "--files", "1", "--local-tables"]) == 0
+    out = capsys.readouterr().out
+    symbols = int(re.search(r"chunks of 128 bytes, (\d+) symbols a chunk", out).group(1))
+    assert 50 < symbols < 1024  # 128 bytes of a q90 scan: a few bits a symbol
+    rows = [line for line in out.splitlines() if "round 0, every chunk" in line]
+    assert [r.split(":")[0] for r in rows] == ["this tree", "local tables"]
+    assert all(r.endswith("exits as the first: True") for r in rows), rows
+    sys.modules.pop("entropy_latency", None)
