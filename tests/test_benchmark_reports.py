@@ -89,3 +89,21 @@ def test_decode_overlap_runs_the_engine_and_the_decoder_alone_and_together(capsy
         assert "fractions of alone" in line and "images/s" in line
     both = next(line for line in out.splitlines() if line.startswith("both, default priority"))
     assert float(both.split("=")[-1]) > 0
+
+
+def test_server_floor_measures_uvicorn_and_names_granian_when_it_is_missing(monkeypatch, capsys):
+    """benchmarks/server_floor.py runs a trivial app under uvicorn for real (CPU per request from /proc, every answer
+    a 200 of the fixed body) and says that a server it cannot run was skipped."""
+    import importlib.util as util
+    import re
+
+    floor = load_script("server_floor")
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "granian" else real(name, *a))
+    assert floor.main(["--servers", "uvicorn,granian-rsgi", "--requests", "400", "--connections", "4",
+                       "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    row = re.search(r"^uvicorn\s+([\d.]+) ms CPU per request \(rounds ([\d.]+), ([\d.]+)\), ([\d,]+) requests/s",
+                    out, re.M)
+    assert row and 0 < float(row.group(1)) < 50 and int(row.group(4).replace(",", "")) > 0, out
+    assert "granian-rsgi  skipped: granian is not installed" in out
