@@ -177,11 +177,12 @@ def test_packing_into_given_memory_places_the_files_bytes_there(prepared):
     assert batch.data.tobytes() == b"".join(f.data for f in prepared)
 
 
-def test_equal_tables_parsed_apart_are_stored_once(prepared):
+def test_equal_tables_parsed_apart_are_stored_once(prepared, monkeypatch):
     first = prepare(prepared[0].data)
     PARSE._dht.cache_clear()
     PARSE._dqt.cache_clear()
     PARSE._select.cache_clear()
+    monkeypatch.setattr(PARSE, "_heads", ())  # and the heads kept: the file is parsed again from its markers
     again = prepare(prepared[0].data)  # the same tables, new objects
     assert first.frame.huffs[0] is not again.frame.huffs[0] and first.frame.huffs[0] == again.frame.huffs[0]
     files = [first, again, prepared[1], again]
@@ -307,3 +308,55 @@ def test_a_batch_past_the_kernels_int32_offsets_is_refused_with_the_fix(prepared
     huge = Frame(small.header, 65535, 65535, 0, small.scan_start, False)  # 100 million blocks: 6.4 G samples
     with pytest.raises(ValueError, match="too large for one decode .* decode it in smaller batches"):
         Batch.pack([small, huge], [prepared[0].data] * 2, [None, None])
+
+
+def frame_fields(frame) -> tuple:
+    return (frame.header, frame.width, frame.height, frame.restart_interval, frame.scan_start, frame.pillow_header,
+            frame.segments)
+
+
+def with_size(data: bytes, width: int, height: int) -> bytes:
+    """`data` with its frame header's height and width replaced (the scan left as it is: parse never reads it)."""
+    sof = data.index(b"\xff\xc0") + 5
+    return data[:sof] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[sof + 4:]
+
+
+def test_a_file_with_a_parsed_files_head_but_its_size_parses_from_the_kept_head_as_from_its_markers(monkeypatch):
+    """parse keeps the heads it parsed (the bytes up to the scan): a file with the same bytes but the frame's height
+    and width gets the same Frame as reading its markers would give, without reading them; anything else in the head
+    differing, a file ending inside the head, or a zero size goes through the markers (or is refused as they would
+    be)."""
+    monkeypatch.setattr(PARSE, "_heads", ())
+    a = corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=2)
+    first = parse(a)
+    assert PARSE._heads and PARSE._heads[0].frame is first
+    same_head = [with_size(a, 97, 41), with_size(a, 1, 65535), with_size(a, 65535, 1)]
+    want = [PARSE._parse(d) for d in same_head]  # from the markers
+    real = PARSE._parse
+    monkeypatch.setattr(PARSE, "_parse", lambda d: pytest.fail("the markers were read again"))
+    for d, w in zip(same_head, want):
+        assert frame_fields(parse(d)) == frame_fields(w)
+    assert parse(with_size(a, 0, 27)) == real(with_size(a, 0, 27)) == PARSE.Refusal("zero size in the frame header")
+    assert parse(with_size(a, 41, 0)) == PARSE.Refusal("zero size in the frame header")
+    monkeypatch.setattr(PARSE, "_parse", real)
+    other_tables = corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=2, quality=50)
+    assert parse(other_tables).header is not first.header
+    assert frame_fields(parse(other_tables)) == frame_fields(real(other_tables))
+    ends_in_head = a[:first.scan_start - 1]
+    assert parse(ends_in_head) == real(ends_in_head) and not parse(ends_in_head)
+    sof = a.index(b"\xff\xc0")
+    after_sof = sof + 2 + int.from_bytes(a[sof + 2:sof + 4], "big")
+    restarts = a[:after_sof] + b"\xff\xdd\x00\x04\x00\x05" + a[after_sof:]  # the same bytes up to the size
+    assert parse(restarts).restart_interval == 5 and parse(a).restart_interval == 0
+    assert frame_fields(parse(restarts)) == frame_fields(real(restarts))
+
+
+def test_a_long_head_is_not_kept(monkeypatch):
+    """Heads longer than KEPT_HEAD_BYTES (a camera's EXIF) are parsed every time: they differ from file to file,
+    and comparing them would cost more than the parse."""
+    monkeypatch.setattr(PARSE, "_heads", ())
+    a = corpus.pillow_jpeg(corpus.picture(41, 27, 1), subsampling=2)
+    pad = PARSE.KEPT_HEAD_BYTES
+    long_head = a[:2] + b"\xff\xed" + (pad + 2).to_bytes(2, "big") + bytes(pad) + a[2:]
+    assert parse(long_head).scan_start > pad and PARSE._heads == ()
+    assert parse(a) and len(PARSE._heads) == 1

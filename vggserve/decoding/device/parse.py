@@ -133,9 +133,51 @@ _STANDALONE = frozenset([0xD8, 0x01, 0xD9, *range(0xD0, 0xD8)])  # markers witho
 def parse(data: bytes) -> Frame | Refusal:
     """The Frame of the JPEG `data`, or the Refusal that sends it to the CPU path. Never raises for any bytes."""
     try:
-        return _parse(data if type(data) is bytes else bytes(data))
+        d = data if type(data) is bytes else bytes(data)
+        known = _known_head(d)  # a Refusal is falsy: compared with None
+        return _parse(d) if known is None else known
     except (IndexError, struct.error, ValueError) as exc:
         return Refusal(f"damaged header ({exc})")
+
+
+class _Head:
+    """What a parsed file's bytes up to its scan fix, kept so that a file with the same bytes but the frame
+    header's height and width parses without reading its markers again (`_known_head`): the bytes before the
+    size, those after it up to the scan's first byte, and the Frame they gave."""
+
+    __slots__ = ("before", "size_at", "after", "scan_start", "frame")
+
+    def __init__(self, d: bytes, size_at: int, frame: Frame):
+        self.before, self.size_at, self.scan_start, self.frame = d[:size_at], size_at, frame.scan_start, frame
+        self.after = d[size_at + 4:frame.scan_start]
+
+
+HEADS = 16  # files' heads kept, the latest first: an encoder's files share theirs but the size
+KEPT_HEAD_BYTES = 4096  # longer heads are not kept: large APP segments (a camera's EXIF) differ from file to file, and
+# comparing them would cost a miss more than the parse it saves
+_heads: tuple = ()
+
+
+def _known_head(d: bytes) -> Frame | Refusal | None:
+    """The Frame of `d` where its bytes up to the scan are a kept head's but the height and width (which _parse
+    reads there and nowhere else: everything else it returns is a function of those bytes alone), else None."""
+    for head in _heads:
+        at = head.size_at
+        if len(d) >= head.scan_start and d.startswith(head.before) and d[at + 4:head.scan_start] == head.after:
+            height, width = (d[at] << 8) | d[at + 1], (d[at + 2] << 8) | d[at + 3]
+            if height == 0 or width == 0:
+                return Refusal("zero size in the frame header")
+            f = head.frame
+            return Frame(f.header, width, height, f.restart_interval, f.scan_start, f.pillow_header, f.segments)
+    return None
+
+
+def _keep_head(d: bytes, size_at: int, frame: Frame) -> Frame:
+    global _heads
+    if frame.scan_start > KEPT_HEAD_BYTES:
+        return frame
+    _heads = (_Head(d, size_at, frame), *_heads[:HEADS - 1])  # one assignment: threads see either tuple
+    return frame
 
 
 def _parse(d: bytes) -> Frame | Refusal:
@@ -193,11 +235,11 @@ def _parse(d: bytes) -> Frame | Refusal:
             header = _select(tuple(dhts), tuple(dqts), sampling)
             if header is None:
                 return Refusal("a table the scan uses is missing")
-            return Frame(header, width, height, restart, pos, pillow_header, tuple(segments))
+            return _keep_head(d, sof_at + 1, Frame(header, width, height, restart, pos, pillow_header, tuple(segments)))
         elif marker in (0xC0, 0xC1):
             if sof is not None:
                 return Refusal("two frame headers")
-            sof = d[start:end]
+            sof, sof_at = d[start:end], start
         elif marker in SOF_NAMES:
             return Refusal(f"{SOF_NAMES[marker]} JPEG")
         elif marker == 0xDD:
