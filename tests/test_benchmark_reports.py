@@ -107,3 +107,20 @@ def test_server_floor_measures_uvicorn_and_names_granian_when_it_is_missing(monk
                     out, re.M)
     assert row and 0 < float(row.group(1)) < 50 and int(row.group(4).replace(",", "")) > 0, out
     assert "granian-rsgi  skipped: granian is not installed" in out
+
+
+def test_smi_summary_averages_each_gpus_loaded_seconds_per_phase():
+    """benchmarks/smi_summary.py: nvidia-smi's seconds grouped by GPU and by the phase host.txt gives for that
+    second (child engine processes), idle seconds and malformed lines left out."""
+    smi = load_script("smi_summary")
+    lines = ["2026/11/27 18:10:00.100, 0, 90 %, 1980 MHz, 600.00 W, 40, 0x0000000000000000",
+             "2026/11/27 18:10:01.100, 0, 70 %, 1960 MHz, 500.00 W, 40, 0x0000000000000004",
+             "2026/11/27 18:10:01.100, 1, 2 %, 345 MHz, 70.00 W, 35, 0x0000000000000000",  # idle: left out
+             "2026/11/27 18:10:05.100, 1, 60 %, 1980 MHz, 520.00 W, 41, 0x0000000000000000",
+             "[Unknown Error]"]
+    t0 = 1795803000  # 2026-11-27 18:10:00 UTC
+    host = [f"{t0} 2100 0 1.0", f"{t0 + 1} 2100 0 1.1", f"{t0 + 5} 2100 3 9.0"]
+    assert smi.summary(lines, host) == [
+        "child engines 0 gpu 0: 2 s busy, util 80%, SM 1970 MHz, 550 W, throttle "
+        "[('0x0000000000000000', 1), ('0x0000000000000004', 1)]",
+        "child engines 3 gpu 1: 1 s busy, util 60%, SM 1980 MHz, 520 W, throttle [('0x0000000000000000', 1)]"]

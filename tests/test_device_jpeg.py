@@ -747,3 +747,24 @@ def test_the_entropy_latency_benchmark_times_each_variant_and_their_exits_agree(
     assert [r.split(":")[0] for r in rows] == ["this tree", "local tables"]
     assert all(r.endswith("exits as the first: True") for r in rows), rows
     sys.modules.pop("entropy_latency", None)
+
+
+def test_the_serial_latency_probe_runs_every_kernel_and_its_top_ups_read_the_same_bits(monkeypatch, capsys):
+    """benchmarks/serial_latency.py on the test device: the six loops build and run one work-item each; the three
+    that fill the bit buffer from the data (byte-wise, loaded a top-up ahead, as aligned words) end in the same
+    state, so the faster ones time the same work."""
+    import sys
+    from pathlib import Path
+
+    from conftest import TEST_DEVICE
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import serial_latency
+
+    ns, wrote = serial_latency.main([TEST_DEVICE], counts=(10, 210), repeats=1)
+    assert set(ns) == set(wrote) == set(serial_latency.KERNELS)
+    assert wrote["k_ldg_refill"] == wrote["k_prefetch"] == wrote["k_word"]
+    assert wrote["k_ldg"] == wrote["k_lds"]  # the same table, read from global or local memory
+    out = capsys.readouterr().out
+    assert all(name in out for name in serial_latency.KERNELS)
+    sys.modules.pop("serial_latency", None)
