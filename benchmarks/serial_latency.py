@@ -17,110 +17,70 @@ import pyopencl as cl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vggserve.runtime import devices as devs  # noqa: E402
 SRC = r"""
-__kernel void k_alu(__global const int *t, __global const uchar *d, __global int *out, const int n) {
-    ulong acc = 0x123456789abcdefUL; int p = 0, k = 1, u = 0;
-    for (int i = 0; i < n; ++i) {
-        const uint w = (uint)(acc >> 32);
-        const int e = (int)((w >> 23) * 2654435761u) & 0xFFFF;  /* stands for the lookup */
-        const int l = (e >> 8) & 7, sym = e & 255;
-        const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);
-        k = min(k + run, 63) + 1;
-        acc = (acc << len) | (acc >> (64 - len));
-        p += len;
-        if (k >= 64) { k = 0; u = u + 1; }
-    }
+/* one symbol from table entry E: its bits (len) and the coefficient index k it moves to, as jpeg_entropy.cl */
+#define SYMBOL(E)                                                                   \
+    const int e = (E);                                                              \
+    const int l = (e >> 8) & 7, sym = e & 255;                                      \
+    const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);            \
+    k = min(k + run, 63) + 1;                                                       \
+    p += len;                                                                       \
+    if (k >= 64) { k = 0; u = u + 1; }
+
+/* a loop over a rotating 64-bit register (no data read), the lookup LOOKUP(w) */
+#define ROTATING(LOOKUP)                                                            \
+    ulong acc = 0x123456789abcdefUL; int p = 0, k = 1, u = 0;                       \
+    for (int i = 0; i < n; ++i) {                                                   \
+        const uint w = (uint)(acc >> 32);                                           \
+        SYMBOL(LOOKUP(w))                                                           \
+        acc = (acc << len) | (acc >> (64 - len));                                   \
+    }                                                                               \
     out[get_global_id(0)] = p + k + u + (int)acc;
+
+/* a loop over a bit buffer topped up from d, 4 bytes at a time, by TOP_UP (which sets `word`, the next 4 bytes
+ * big-endian, and may prepare the next) */
+#define BUFFERED(START, TOP_UP)                                                     \
+    ulong acc = 0; int p = 0, k = 1, u = 0, avail = 0, lpos = 0;                    \
+    START                                                                           \
+    for (int i = 0; i < n; ++i) {                                                   \
+        if (avail < 32) {                                                           \
+            uint word;                                                              \
+            TOP_UP                                                                  \
+            acc |= (ulong)word << (32 - avail);                                     \
+            avail += 32;                                                            \
+        }                                                                           \
+        const uint w = (uint)(acc >> 32);                                           \
+        SYMBOL(t[w >> 23])                                                          \
+        acc <<= len; avail -= len;                                                  \
+    }                                                                               \
+    out[get_global_id(0)] = p + k + u + (int)acc;
+
+#define HASHED(w) ((int)(((w) >> 23) * 2654435761u) & 0xFFFF)  /* stands for the lookup */
+#define GLOBAL(w) t[(w) >> 23]
+#define LOCAL(w) lt[(w) >> 23]
+
+__kernel void k_alu(__global const int *t, __global const uchar *d, __global int *out, const int n) {
+    ROTATING(HASHED)
 }
 __kernel void k_ldg(__global const int *t, __global const uchar *d, __global int *out, const int n) {
-    ulong acc = 0x123456789abcdefUL; int p = 0, k = 1, u = 0;
-    for (int i = 0; i < n; ++i) {
-        const uint w = (uint)(acc >> 32);
-        const int e = t[w >> 23];
-        const int l = (e >> 8) & 7, sym = e & 255;
-        const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);
-        k = min(k + run, 63) + 1;
-        acc = (acc << len) | (acc >> (64 - len));
-        p += len;
-        if (k >= 64) { k = 0; u = u + 1; }
-    }
-    out[get_global_id(0)] = p + k + u + (int)acc;
+    ROTATING(GLOBAL)
 }
 __kernel void k_lds(__global const int *t, __global const uchar *d, __global int *out, const int n) {
     __local int lt[512];
     for (int i = get_local_id(0); i < 512; i += get_local_size(0)) lt[i] = t[i];
     barrier(CLK_LOCAL_MEM_FENCE);
     if (get_local_id(0)) return;
-    ulong acc = 0x123456789abcdefUL; int p = 0, k = 1, u = 0;
-    for (int i = 0; i < n; ++i) {
-        const uint w = (uint)(acc >> 32);
-        const int e = lt[w >> 23];
-        const int l = (e >> 8) & 7, sym = e & 255;
-        const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);
-        k = min(k + run, 63) + 1;
-        acc = (acc << len) | (acc >> (64 - len));
-        p += len;
-        if (k >= 64) { k = 0; u = u + 1; }
-    }
-    out[get_global_id(0)] = p + k + u + (int)acc;
+    ROTATING(LOCAL)
 }
 __kernel void k_ldg_refill(__global const int *t, __global const uchar *d, __global int *out, const int n) {
-    ulong acc = 0; int p = 0, k = 1, u = 0, avail = 0, lpos = 0;
-    for (int i = 0; i < n; ++i) {
-        if (avail < 32) {
-            const uchar4 v = vload4(0, d + lpos);
-            acc |= (ulong)as_uint(v.s3210) << (32 - avail);
-            avail += 32; lpos += 4;
-        }
-        const uint w = (uint)(acc >> 32);
-        const int e = t[w >> 23];
-        const int l = (e >> 8) & 7, sym = e & 255;
-        const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);
-        k = min(k + run, 63) + 1;
-        acc <<= len; avail -= len;
-        p += len;
-        if (k >= 64) { k = 0; u = u + 1; }
-    }
-    out[get_global_id(0)] = p + k + u + (int)acc;
+    BUFFERED(, { const uchar4 v = vload4(0, d + lpos); word = as_uint(v.s3210); lpos += 4; })
 }
 __kernel void k_prefetch(__global const int *t, __global const uchar *d, __global int *out, const int n) {
-    ulong acc = 0; int p = 0, k = 1, u = 0, avail = 0, lpos = 0;
-    uchar4 nxt = vload4(0, d);
-    for (int i = 0; i < n; ++i) {
-        if (avail < 32) {
-            acc |= (ulong)as_uint(nxt.s3210) << (32 - avail);
-            avail += 32; lpos += 4;
-            nxt = vload4(0, d + lpos);   /* the next refill's bytes, loaded a refill early */
-        }
-        const uint w = (uint)(acc >> 32);
-        const int e = t[w >> 23];
-        const int l = (e >> 8) & 7, sym = e & 255;
-        const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);
-        k = min(k + run, 63) + 1;
-        acc <<= len; avail -= len;
-        p += len;
-        if (k >= 64) { k = 0; u = u + 1; }
-    }
-    out[get_global_id(0)] = p + k + u + (int)acc;
+    /* the next top-up's bytes loaded one top-up early */
+    BUFFERED(uchar4 next = vload4(0, d);, { word = as_uint(next.s3210); lpos += 4; next = vload4(0, d + lpos); })
 }
 __kernel void k_word(__global const int *t, __global const uchar *d, __global int *out, const int n) {
-    ulong acc = 0; int p = 0, k = 1, u = 0, avail = 0, lpos = 0;
-    __global const uint *dw = (__global const uint *)d;
-    for (int i = 0; i < n; ++i) {
-        if (avail < 32) {
-            const uint v = dw[lpos >> 2];
-            acc |= (ulong)as_uint(as_uchar4(v).s3210) << (32 - avail);
-            avail += 32; lpos += 4;
-        }
-        const uint w = (uint)(acc >> 32);
-        const int e = t[w >> 23];
-        const int l = (e >> 8) & 7, sym = e & 255;
-        const int run = sym >> 4, size = sym & 15, len = 2 + l + (size & 3);
-        k = min(k + run, 63) + 1;
-        acc <<= len; avail -= len;
-        p += len;
-        if (k >= 64) { k = 0; u = u + 1; }
-    }
-    out[get_global_id(0)] = p + k + u + (int)acc;
+    BUFFERED(__global const uint *dw = (__global const uint *)d;,
+             { word = as_uint(as_uchar4(dw[lpos >> 2]).s3210); lpos += 4; })
 }
 """
 
