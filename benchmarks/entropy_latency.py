@@ -69,8 +69,6 @@ def local_tables(src: str) -> tuple[str, str]:
 def counting(src: str) -> str:
     """The kernel with je_run's loop iterations (one per symbol) written where a chunk's exit keeps its blocks."""
     src = src.replace("    while (p < stop) {\n", "    int symbols = 0;\n    while (p < stop) {\n        ++symbols;\n", 1)
-    if "*blocks_io = blocks;" in src:
-        return src.replace("*blocks_io = blocks;", "*blocks_io = symbols;", 1)
     return src.replace("    *pos = p >> 3;\n    *bit = p & 7;\n    return 0;\n}",
                        "    *pos = p >> 3;\n    *bit = p & 7;\n    *blocks = symbols;\n    return 0;\n}", 1)
 

@@ -25,6 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from serve_saturation import process_tree_cpu  # noqa: E402
+from vggserve.testing.servers import free_port  # noqa: E402
+
 BODY = b'{"predictions":[{"index":1,"label":"goldfish","probability":0.5}]}'
 
 APPS = '''
@@ -70,29 +77,6 @@ SERVERS = {
 }
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` and its descendants, every thread."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                fields = Path(f"/proc/{p}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 async def _connection(port: int, count: int, payload: bytes) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     request = (b"POST /classify HTTP/1.1\r\nHost: floor\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n"
@@ -116,12 +100,6 @@ def drive(port: int, requests: int, connections: int) -> None:
     asyncio.run(run())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(name: str, folder: Path, requests: int, connections: int, rounds: int) -> list[tuple[float, float]]:
     """[(CPU ms per request, requests/s)] per round of server `name`."""
     port = free_port()
@@ -136,9 +114,9 @@ def measure(name: str, folder: Path, requests: int, connections: int, rounds: in
         drive(port, max(500, requests // 10), connections)  # warm-up
         out = []
         for _ in range(rounds):
-            cpu0, t0 = tree_cpu_s(proc.pid), time.perf_counter()
+            cpu0, t0 = sum(process_tree_cpu(proc.pid).values()), time.perf_counter()
             drive(port, requests, connections)
-            cpu1, wall = tree_cpu_s(proc.pid), time.perf_counter() - t0
+            cpu1, wall = sum(process_tree_cpu(proc.pid).values()), time.perf_counter() - t0
             out.append((1000 * (cpu1 - cpu0) / requests, requests / wall))
         return out
     finally:

@@ -24,7 +24,7 @@ from PIL import Image
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, _accepted_formats, exif_orientation, open_checked
 from ...ops.launch import round_up
 from .exif import pillow_view
-from .parse import Frame, Refusal, parse
+from .parse import HEAD_BYTES, Frame, Refusal, parse
 from .staging import Grown, StagingRing
 from .tables import WIN, Batch, find_restarts
 
@@ -36,7 +36,6 @@ PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefi
 COLOR_QX, COLOR_RB = 16, 4  # jpeg_color_quad's work-group: quads (4 pixels) along a row x rows (JC_QX, JC_RB)
 KERNELS = ("quad", "item")  # the colour kernel's variants: 4 pixels per work-item (default), one (the first version)
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
-HEAD_BYTES = 4096  # of a buffer given to prepare, the bytes copied to parse its markers (a photo's are ~600 bytes)
 _DEFAULT_ACCEPTED = _accepted_formats(ALLOWED_FORMATS)
 # the kernels' arguments, None for a buffer and int32 for a `const int`: declared, pyopencl packs the ints itself
 # (1.3 us for all of jpeg_sync's; undeclared, each numpy scalar cost about 9 us of host time on the way in)

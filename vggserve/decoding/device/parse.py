@@ -140,43 +140,36 @@ def parse(data: bytes) -> Frame | Refusal:
         return Refusal(f"damaged header ({exc})")
 
 
-class _Head:
-    """What a parsed file's bytes up to its scan fix, kept so that a file with the same bytes but the frame
-    header's height and width parses without reading its markers again (`_known_head`): the bytes before the
-    size, those after it up to the scan's first byte, and the Frame they gave."""
-
-    __slots__ = ("before", "size_at", "after", "scan_start", "frame")
-
-    def __init__(self, d: bytes, size_at: int, frame: Frame):
-        self.before, self.size_at, self.scan_start, self.frame = d[:size_at], size_at, frame.scan_start, frame
-        self.after = d[size_at + 4:frame.scan_start]
+HEAD_BYTES = 4096  # a short head: the bytes up to the scan of most files (a photo's are ~600 bytes); longer ones
+# carry large APP segments (a camera's EXIF), which differ from file to file
+HEADS = 16  # short heads kept, the latest first: an encoder's files share theirs but the size
+_heads: tuple = ()  # (bytes before the frame's size, where it is, bytes after it up to the scan, its Frame)
 
 
-HEADS = 16  # files' heads kept, the latest first: an encoder's files share theirs but the size
-KEPT_HEAD_BYTES = 4096  # longer heads are not kept: large APP segments (a camera's EXIF) differ from file to file, and
-# comparing them would cost a miss more than the parse it saves
-_heads: tuple = ()
+def _size(d: bytes, at: int) -> tuple[int, int] | Refusal:
+    """(height, width) of the frame header whose size is at byte `at` of `d`, or libjpeg's refusal of a zero."""
+    height, width = (d[at] << 8) | d[at + 1], (d[at + 2] << 8) | d[at + 3]
+    return Refusal("zero size in the frame header") if height == 0 or width == 0 else (height, width)
 
 
 def _known_head(d: bytes) -> Frame | Refusal | None:
     """The Frame of `d` where its bytes up to the scan are a kept head's but the height and width (which _parse
     reads there and nowhere else: everything else it returns is a function of those bytes alone), else None."""
-    for head in _heads:
-        at = head.size_at
-        if len(d) >= head.scan_start and d.startswith(head.before) and d[at + 4:head.scan_start] == head.after:
-            height, width = (d[at] << 8) | d[at + 1], (d[at + 2] << 8) | d[at + 3]
-            if height == 0 or width == 0:
-                return Refusal("zero size in the frame header")
-            f = head.frame
-            return Frame(f.header, width, height, f.restart_interval, f.scan_start, f.pillow_header, f.segments)
+    for before, at, after, f in _heads:
+        if len(d) >= f.scan_start and d.startswith(before) and d[at + 4:f.scan_start] == after:
+            size = _size(d, at)
+            if type(size) is Refusal:
+                return size
+            return Frame(f.header, size[1], size[0], f.restart_interval, f.scan_start, f.pillow_header, f.segments)
     return None
 
 
-def _keep_head(d: bytes, size_at: int, frame: Frame) -> Frame:
+def _keep_head(d: bytes, at: int, frame: Frame) -> Frame:
+    """Keep `d`'s head (its frame's size at byte `at`) if short, for `_known_head`; return `frame`."""
     global _heads
-    if frame.scan_start > KEPT_HEAD_BYTES:
-        return frame
-    _heads = (_Head(d, size_at, frame), *_heads[:HEADS - 1])  # one assignment: threads see either tuple
+    if frame.scan_start <= HEAD_BYTES:
+        head = (d[:at], at, d[at + 4:frame.scan_start], frame)
+        _heads = (head, *_heads[:HEADS - 1])  # one assignment: threads see either tuple
     return frame
 
 
@@ -224,11 +217,12 @@ def _parse(d: bytes) -> Frame | Refusal:
             body = d[start:end]
             if sof is None:
                 return Refusal("scan before the frame header")
-            precision, height, width, _ = sof[0], (sof[1] << 8) | sof[2], (sof[3] << 8) | sof[4], sof[5]
-            if precision != 8:
-                return Refusal(f"{precision}-bit samples")
-            if height == 0 or width == 0:
-                return Refusal("zero size in the frame header")
+            if sof[0] != 8:
+                return Refusal(f"{sof[0]}-bit samples")
+            size = _size(d, sof_at + 1)
+            if type(size) is Refusal:
+                return size
+            height, width = size
             sampling = _sampling(sof[5:], body, jfif, adobe)
             if type(sampling) is str:
                 return Refusal(sampling)
