@@ -75,6 +75,9 @@ def main() -> None:
     ap.add_argument("--kernels", choices=("quad", "item"), default=None,
                     help="the variant of jpeg_color.cl and resize.cl for the whole run (item: the first versions, one "
                          "work-item per pixel; default: each kernel's shipped default, quad colour and item resize)")
+    ap.add_argument("--one-symbol", action="store_true",
+                    help="the synchronisation rounds without their multi-symbol tables, one symbol at a time (the "
+                         "same exits; to measure what the tables save)")
     ap.add_argument("--variants", action="store_true",
                     help="also time each kernel variant's colour and resize on the same batches, and check they "
                          "write the same bytes")
@@ -90,6 +93,11 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     import pyopencl as cl
+
+    if args.one_symbol:  # every decoder of this process, the network run's (decode_for_model) included
+        import vggserve.decoding.device.decoder as decoder_module
+
+        decoder_module.MULTI = False
 
     from vggserve.decoding import decode_pixels
     from vggserve.decoding.device import JpegDecoder, Window, prepare
@@ -126,6 +134,7 @@ def main() -> None:
                                 ("lookback", args.lookback)) if v is not None}
     decoder = JpegDecoder(ctx, dev, cache, **({"kernels": args.kernels} if args.kernels else {}), **tuning)
     res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
+    res["multi_symbol"] = decoder.multi
     res["kernels"] = args.kernels
     resize = DeviceResize(ctx, cache.build("resize.cl", {}), **({"variant": args.kernels} if args.kernels else {}))
     prepared = [prepare(f) for f in files]
@@ -156,7 +165,9 @@ def main() -> None:
     res["identical_to_pillow"] = f"{same}/{len(distinct)}"
     res["device_ok"] = sum(ok)
     res["segments_in_parallel"] = run.segments_in_parallel()
-    print(f"chunks of {decoder.chunk_bytes} bytes, lookback {decoder.lookback}, {decoder.rounds} rounds: device decode identical to Pillow: "
+    way = "multi-symbol" if decoder.multi else "one symbol at a time"
+    print(f"chunks of {decoder.chunk_bytes} bytes, lookback {decoder.lookback}, {decoder.rounds} rounds, {way}: "
+          f"device decode identical to Pillow: "
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "
           f"{res['segments_in_parallel']}/{len(distinct)})")
 

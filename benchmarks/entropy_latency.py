@@ -2,14 +2,16 @@
 alone: what one chunk's serial decode costs, which is what each late synchronisation round costs.
 
     python3 benchmarks/entropy_latency.py --device gpu                          # this tree's kernel
-    python3 benchmarks/entropy_latency.py --device gpu --against main           # and another revision's (or a file's)
+    python3 benchmarks/entropy_latency.py --device gpu --against main           # and another revision's (or a file's;
+                                                                                # repeatable)
     python3 benchmarks/entropy_latency.py --device gpu --local-tables           # plus a variant: tables in local memory
 
 One batch of 500x375 q90 4:2:0 JPEGs (device_decode.py's corpus) is laid out as the decoder does, in chunks of 128
 bytes; `jpeg_sync`'s round 0 then runs on all chunks (lookback 128 and 0 bytes), on one chunk alone (lookback 0: one
 work-item decoding 128 bytes, the latency of a late round; 24 chunks, the median), on 32 chunks in one warp and on
 528 chunks one per warp. Each variant's exits after round 0 are compared with the first's. Symbols per chunk are
-counted on the same batch by an instrumented copy of the kernel.
+counted on the same batch by an instrumented copy of the kernel (one symbol at a time). This tree's kernel runs twice:
+with its multi-symbol tables (`jpeg_multi`, several plain AC symbols a step) and one symbol at a time.
 
 `--local-tables` copies the Huffman tables of each work-group's first chunk into local memory and decodes every chunk
 of the work-group with them: right only where every file has the same tables (this corpus: Pillow's at q90), which
@@ -19,6 +21,7 @@ the comparison of the exits checks.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,27 +82,30 @@ def main(argv=None) -> int:
     from device_decode import corpus
     from vggserve.decoding.device import Window, prepare
     from vggserve.decoding.device.decoder import lay_out
+    from vggserve.decoding.device.tables import TAB
     from vggserve.runtime import devices as devs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--files", type=int, default=64, help="JPEGs in the batch (default 64)")
-    ap.add_argument("--against", metavar="REV", default=None,
-                    help="also time jpeg_entropy.cl of this git revision (or this file), first")
+    ap.add_argument("--against", metavar="REV", action="append", default=[],
+                    help="also time jpeg_entropy.cl of this git revision (or this file), first (repeatable)")
     ap.add_argument("--local-tables", action="store_true", help="also time the local-memory tables variant")
     args = ap.parse_args(argv)
 
     root = HERE.parent
-    variants = {"this tree": ((root / "kernels" / "jpeg_entropy.cl").read_text(), "jpeg_sync")}
-    if args.against:
-        if Path(args.against).is_file():
-            old = Path(args.against).read_text()
+    tree = (root / "kernels" / "jpeg_entropy.cl").read_text()
+    variants = {"this tree": (tree, "jpeg_sync"), "this tree, one symbol at a time": (tree, "jpeg_sync")}
+    others = {}
+    for against in args.against:
+        if Path(against).is_file():
+            others[against] = (Path(against).read_text(), "jpeg_sync")
         else:
-            old = subprocess.run(["git", "-C", str(root), "show", f"{args.against}:kernels/jpeg_entropy.cl"],
-                                 capture_output=True, text=True, check=True).stdout
-        variants = {args.against: (old, "jpeg_sync"), **variants}
+            others[against] = (subprocess.run(["git", "-C", str(root), "show", f"{against}:kernels/jpeg_entropy.cl"],
+                                              capture_output=True, text=True, check=True).stdout, "jpeg_sync")
+    variants = {**others, **variants}
     if args.local_tables:
-        variants["local tables"] = local_tables(variants["this tree"][0])
+        variants["local tables"] = local_tables(tree)
 
     dev = devs.cl_device(devs.resolve(args.device))
     ctx = cl.Context([dev])
@@ -121,12 +127,29 @@ def main(argv=None) -> int:
     settled = cl.Buffer(ctx, mf.READ_WRITE, 4 * batch.seg.shape[0])
     options = "-cl-mad-enable -I " + str(root / "kernels")
 
-    def launch(kernel, sub: np.ndarray, lookback: int, repeats: int = 9) -> float:
-        """Median microseconds of round 0 over the chunks `sub`."""
+    ntab = batch.tab.size // TAB
+
+    def multi_tables(program, src: str):
+        """This batch's multi-symbol tables as `program` (built from `src`) builds them, its JE_MULTI bits each (None
+        for a kernel without them)."""
+        found = re.search(r"#define JE_MULTI (\d+)", src)
+        if not found:
+            return None
+        entries = ntab << int(found.group(1))
+        out = cl.Buffer(ctx, mf.READ_WRITE, 4 * entries)
+        build = cl.Kernel(program, "jpeg_multi")
+        build.set_args(meta_buf, np.int32(at[3]), np.int32(ntab), out)
+        cl.enqueue_nd_range_kernel(queue, build, (entries,), None).wait()
+        return out
+
+    def launch(kernel, sub: np.ndarray, lookback: int, repeats: int = 9, multi=None, multi_on: int = 1) -> float:
+        """Median microseconds of round 0 over the chunks `sub` (a kernel with the multi-symbol arguments gets
+        `multi`, used where multi_on)."""
         chunk_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(sub))
         m = sub.shape[0]
+        extra = (multi, np.int32(multi_on)) if kernel.num_args == 17 else ()
         kernel.set_args(data_buf, meta_buf, *(np.int32(a) for a in at[:4]), chunk_buf, np.int32(m), states[0],
-                        states[1], used, settled, np.int32(0), np.int32(19), np.int32(lookback))
+                        states[1], used, settled, np.int32(0), np.int32(19), np.int32(lookback), *extra)
         times = []
         for _ in range(repeats):
             event = cl.enqueue_nd_range_kernel(queue, kernel, (-(-m // 64) * 64,), (64,))
@@ -134,8 +157,9 @@ def main(argv=None) -> int:
             times.append((event.profile.end - event.profile.start) * 1e-3)
         return float(np.median(times))
 
-    counter = cl.Kernel(cl.Program(ctx, counting(variants["this tree"][0])).build(options=options), "jpeg_sync")
-    launch(counter, chunk, 0, repeats=1)
+    counting_program = cl.Program(ctx, counting(tree)).build(options=options)
+    launch(cl.Kernel(counting_program, "jpeg_sync"), chunk, 0, repeats=1, multi=multi_tables(counting_program, tree),
+           multi_on=0)
     exits = np.empty((n, 8), np.int32)
     cl.enqueue_copy(queue, exits, states[1])
     print(f"{dev.name.strip()}: {len(prepared)} JPEGs, {n} chunks of 128 bytes, {exits[:, 3].mean():.0f} symbols a "
@@ -144,15 +168,17 @@ def main(argv=None) -> int:
     alone = [j for j in np.random.default_rng(0).permutation(n).tolist() if j not in firsts][:24]
     reference = None
     for name, (src, kernel_name) in variants.items():
-        kernel = cl.Kernel(cl.Program(ctx, src).build(options=options), kernel_name)
-        every = launch(kernel, chunk, 128)
+        program = cl.Program(ctx, src).build(options=options)
+        kernel = cl.Kernel(program, kernel_name)
+        way = {"multi": multi_tables(program, src), "multi_on": int(not name.endswith("one symbol at a time"))}
+        every = launch(kernel, chunk, 128, **way)
         cl.enqueue_copy(queue, exits, states[1])
         reference = exits.copy() if reference is None else reference
         same = np.array_equal(exits, reference)
-        every0 = launch(kernel, chunk, 0)
-        one = [launch(kernel, chunk[j:j + 1], 0, repeats=5) for j in alone]
-        warp = [launch(kernel, chunk[j:j + 32], 0, repeats=5) for j in alone[:8]]
-        spread = launch(kernel, chunk[::17][:528], 0)
+        every0 = launch(kernel, chunk, 0, **way)
+        one = [launch(kernel, chunk[j:j + 1], 0, repeats=5, **way) for j in alone]
+        warp = [launch(kernel, chunk[j:j + 32], 0, repeats=5, **way) for j in alone[:8]]
+        spread = launch(kernel, chunk[::17][:528], 0, **way)
         print(f"{name}: round 0, every chunk: {every:.1f} us (lookback 128), {every0:.1f} us (lookback 0); one chunk "
               f"alone: median {np.median(one):.1f} us (range {min(one):.1f}-{max(one):.1f}); 32 chunks in one warp "
               f"{np.median(warp):.1f} us; 528 chunks one per warp {spread:.1f} us; exits as the first: {same}",

@@ -18,6 +18,10 @@
  *       chunk before; a chunk whose entry is the one it used last copies its exit instead of decoding again. Once a
  *       round changes no exit, every entry is the true one (the first is exact and each exit is a function of its
  *       entry); the last round's "changed" flag per segment says whether that happened.
+ *       The rounds read a plain AC symbol's run without its value: several of them at once where the next
+ *       JE_MULTI bits hold them whole (jpeg_multi's tables, built on the device per batch). Only the DC values (the
+ *       predictors' sums) and the run lengths matter to a chunk's exit, so its exits are those of one symbol at a
+ *       time, bit for bit.
  *   jpeg_prefix_groups, _totals, _entry: the first block of each chunk and the DC predictors at its entry, by
  *       prefix sums over the chunks of its segment (all chunks in parallel).
  *   jpeg_decode (per chunk): decodes its chunk again from its now exact entry, writing coefficients (DC absolute);
@@ -32,6 +36,10 @@
  *   used:   int32, JE_USED ints per chunk: the entry (p, u, k, valid) its last decode started from
  *   entry:  int32, JE_ENTRY ints per chunk (jpeg_prefix_entry): first block, DC predictors (3)
  *   settled: int32 per segment, 1 before the rounds: the last round sets 0 where it changed an exit
+ *   multi:  JE_MULTI_N entries (je_multi_t) per Huffman table (jpeg_multi): entry x says what the JE_MULTI bits x
+ *           decode to as AC symbols of that table: bits 0-4 the bits they take whole (0: not even one symbol), 5-10
+ *           the coefficients they advance (run + 1 each, 16 for a ZRL; the EOB, if any, not counted; at most 63),
+ *           11 whether the last is an EOB, 12-15 the bit where the last symbol starts
  */
 
 #include "jpeg_scan.clh"
@@ -39,6 +47,9 @@
 #define JE_STATE 8
 #define JE_ENTRY 4
 #define JE_USED 4
+#define JE_MULTI 14                 /* index bits of a multi-symbol table */
+#define JE_MULTI_N (1 << JE_MULTI)  /* entries per Huffman table */
+typedef ushort je_multi_t;          /* an entry */
 
 
 /* is byte q the start of data (not a marker, not past the end)? */
@@ -153,10 +164,12 @@ inline int je_has_ff4(const uchar4 v)
  * The bits come from a 64-bit register buffer, refilled 4 bytes at a time where the bytes hold no 0xFF (the bit
  * position is then plain arithmetic); near a 0xFF, and at the scan's last bytes, each symbol is read byte-wise
  * (je_peek, je_skip). What depends only on the block (its component, tables, DC predictor, coefficients' place)
- * is found once per block. */
+ * is found once per block. `multi` (synchronising only, coef null; 0: one symbol at a time): the batch's jpeg_multi
+ * tables, which take plain AC symbols several at a time from the register buffer. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
                   int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
-                  __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total)
+                  __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total,
+                  __global const je_multi_t *multi)
 {
     *blocks = 0;
     int p = *pos * 8 + *bit;  /* the next bit, 8 * byte + bit */
@@ -165,6 +178,7 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
     int avail = 0, lpos = 0;  /* lpos: the next byte to load */
     int c = 0, fresh = 1;
     __global const int *tdc = tab, *tac = tab;
+    __global const je_multi_t *mac = 0;  /* the block's AC table's multi-symbol entries */
     __global short *blk = 0;
     while (p < stop) {
         if (coef && b0 + *blocks >= total) break;
@@ -172,7 +186,9 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
             fresh = 0;
             c = (*u >= m->b1) + (*u >= m->b2);
             tdc = tab + (c == 0 ? m->dc0 : (c == 1 ? m->dc1 : m->dc2)) * JH_TAB;
-            tac = tab + (c == 0 ? m->ac0 : (c == 1 ? m->ac1 : m->ac2)) * JH_TAB;
+            const int ac = c == 0 ? m->ac0 : (c == 1 ? m->ac1 : m->ac2);
+            tac = tab + ac * JH_TAB;
+            if (multi) mac = multi + ac * JE_MULTI_N;
             if (coef) {
                 __global const int *cr = m->cp + c * JH_COMP;
                 const int b = b0 + *blocks;
@@ -205,47 +221,62 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
             }
         }
         const int fast = avail >= 32;  /* a symbol is at most 31 bits: all of them loaded, from clean bytes */
-        int q = p >> 3, b = p & 7, clean = 1;
-        const uint word = fast ? (uint)(acc >> 32) : je_peek(d, q, b, end, &clean);
-        int len, val;
-        int sym = je_symbol(word, t, dc, &len, &val);
-        if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, take 16 of them as an end of block */
-            if (coef) return JH_BAD_CODE;
-            sym = 0; len = 16; val = 0;
-        }
-        if (fast) {
-            acc <<= len;
-            avail -= len;
-            p += len;
-        } else {
-            if (!je_skip(d, &q, &b, len, end)) {
-                if (coef) return JH_PAST_DATA;
-                *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
-                *bit = 0;
-                return 0;
+        int took = 0;
+        if (mac && !dc && fast) {  /* plain AC symbols, as many as the next JE_MULTI bits hold, values skipped */
+            const uint e = mac[(uint)(acc >> (64 - JE_MULTI))];
+            const int nb = (int)(e & 31), eob = (int)((e >> 11) & 1), kk = *k + (int)((e >> 5) & 63);
+            /* every symbol starts before the stop, and none but the last can end the block */
+            if (nb && kk <= 64 - eob && p + (int)((e >> 12) & 15) < stop) {
+                acc <<= nb;
+                avail -= nb;
+                p += nb;
+                *k = eob ? 64 : kk;
+                took = 1;
             }
-            p = q * 8 + b;
-            avail = 0;
         }
-        if (dc) {
-            int *dcp = (c == 0) ? dc0 : ((c == 1) ? dc1 : dc2);
-            *dcp += val;
-            if (coef) blk[0] = (short)*dcp;
-            *k = 1;
-        } else {
-            const int run = sym >> 4, size = sym & 15;
-            if (size) {
-                *k += run;
-                if (*k > 63) {
-                    if (coef) return JH_BAD_INDEX;
-                    *k = 63;  /* while synchronising, as libjpeg does: the block ends */
-                }
-                if (coef) blk[jpeg_natural[*k]] = (short)val;
-                *k += 1;
-            } else if (run == 15) {
-                *k += 16;
+        if (!took) {
+            int q = p >> 3, b = p & 7, clean = 1;
+            const uint word = fast ? (uint)(acc >> 32) : je_peek(d, q, b, end, &clean);
+            int len, val;
+            int sym = je_symbol(word, t, dc, &len, &val);
+            if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, 16 of them end the block */
+                if (coef) return JH_BAD_CODE;
+                sym = 0; len = 16; val = 0;
+            }
+            if (fast) {
+                acc <<= len;
+                avail -= len;
+                p += len;
             } else {
-                *k = 64;
+                if (!je_skip(d, &q, &b, len, end)) {
+                    if (coef) return JH_PAST_DATA;
+                    *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
+                    *bit = 0;
+                    return 0;
+                }
+                p = q * 8 + b;
+                avail = 0;
+            }
+            if (dc) {
+                int *dcp = (c == 0) ? dc0 : ((c == 1) ? dc1 : dc2);
+                *dcp += val;
+                if (coef) blk[0] = (short)*dcp;
+                *k = 1;
+            } else {
+                const int run = sym >> 4, size = sym & 15;
+                if (size) {
+                    *k += run;
+                    if (*k > 63) {
+                        if (coef) return JH_BAD_INDEX;
+                        *k = 63;  /* while synchronising, as libjpeg does: the block ends */
+                    }
+                    if (coef) blk[jpeg_natural[*k]] = (short)val;
+                    *k += 1;
+                } else if (run == 15) {
+                    *k += 16;
+                } else {
+                    *k = 64;
+                }
             }
         }
         if (*k >= 64) {
@@ -259,10 +290,39 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
     return 0;
 }
 
+/* one work-item per (table, JE_MULTI-bit pattern): the AC symbols (codes the table has, with their value bits)
+ * that lie whole within the pattern, read one by one as je_symbol reads them, up to an EOB; stopped before a run
+ * that would take the block past its end */
+__kernel void jpeg_multi(__global const int *meta, const int tab_at, const int ntab, __global je_multi_t *multi)
+{
+    const int g = get_global_id(0);
+    if (g >= ntab * JE_MULTI_N) return;
+    __global const int *t = meta + tab_at + (g / JE_MULTI_N) * JH_TAB;
+    const uint w = (uint)(g % JE_MULTI_N) << (32 - JE_MULTI);
+    int at = 0, adv = 0, eob = 0, last = 0;
+    while (at < JE_MULTI) {
+        int len, val;
+        const int sym = je_symbol(w << at, t, 0, &len, &val);
+        if (sym < 0 || at + len > JE_MULTI) break;
+        const int run = sym >> 4, size = sym & 15;
+        const int step = size ? run + 1 : (run == 15 ? 16 : 0);
+        if (adv + step > 63) break;
+        last = at;
+        at += len;
+        if (!size && run != 15) {
+            eob = 1;
+            break;
+        }
+        adv += step;
+    }
+    multi[g] = (je_multi_t)(at ? (uint)at | ((uint)adv << 5) | ((uint)eob << 11) | ((uint)last << 12) : 0u);
+}
+
 __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
                         const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
                         __global const int *prev, __global int *next, __global int *used, __global int *settled,
-                        const int round, const int last_round, const int lookback)
+                        const int round, const int last_round, const int lookback,
+                        __global const je_multi_t *multi, const int multi_on)
 {
     const int j = get_global_id(0);
     if (j >= nchunks) return;
@@ -289,6 +349,7 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
     __global const int *im = img + s[0] * JH_IMG;
     je_mcu m;
     je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);
+    __global const je_multi_t *mt = multi_on ? multi : 0;
     int blocks = 0, d0 = 0, d1 = 0, d2 = 0;
     if (round == 0) {
         if (first) {
@@ -299,13 +360,14 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
             pos = max(s[1], ch[1] - lookback);
             if (pos > s[1] && data[pos - 1] == 0xFF && data[pos] == 0x00) pos += 1;  /* never inside a stuffed pair */
             if (pos < ch[1])
-                je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[1] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0);
+                je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[1] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0,
+                       mt);
             blocks = 0; d0 = 0; d1 = 0; d2 = 0;
         }
     }
     in[0] = pos * 8 + bit; in[1] = u; in[2] = k; in[3] = valid;
     if (valid) {
-        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0);
+        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0, mt);
     }
     const int p = pos * 8 + bit;
     if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
@@ -403,7 +465,7 @@ __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, 
     const int last = (j == s[6] + s[7] - 1);
     int blocks = 0;
     int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, last ? 0x7FFFFFFFFFFFL : (long)ch[2] * 8, &blocks,
-                     &d0, &d1, &d2, coef, en[0], s[3], im[0], total);
+                     &d0, &d1, &d2, coef, en[0], s[3], im[0], total, 0);
     if (!why && last && en[0] + blocks != total) why = JE_BAD_COUNT;
     if (!why && en[0] + blocks == total) {
         /* this chunk completed the segment: libjpeg's clean end, only padding bits (< 8, within the byte at pos)

@@ -517,6 +517,97 @@ def test_an_unknown_kernel_variant_is_refused_with_the_known_ones(cl_setup):
         JpegDecoder(ctx, dev, kernels="fast")
 
 
+def multi_model(counts, symbols, bits: int) -> np.ndarray:
+    """jpeg_multi's entries for one table, from the canonical codes themselves: for each `bits`-bit pattern, the AC
+    symbols whose codes and value bits lie whole within it, up to an EOB, stopped before a run past the block."""
+    codes, code, index = {}, 0, 0
+    for length in range(1, 17):
+        for _ in range(counts[length - 1]):
+            codes[(length, code)] = symbols[index]
+            code += 1
+            index += 1
+        code <<= 1
+    out = np.zeros(1 << bits, np.uint16)
+    for x in range(1 << bits):
+        at = adv = eob = last = 0
+        while at < bits:
+            found = next(((n, codes[(n, (x >> (bits - at - n)) & ((1 << n) - 1))]) for n in range(1, bits - at + 1)
+                          if (n, (x >> (bits - at - n)) & ((1 << n) - 1)) in codes), None)
+            if found is None or at + found[0] + (found[1] & 15) > bits:
+                break
+            run, size = found[1] >> 4, found[1] & 15
+            step = run + 1 if size else (16 if run == 15 else 0)
+            if adv + step > 63:
+                break
+            last, at = at, at + found[0] + size
+            if not size and run != 15:
+                eob = 1
+                break
+            adv += step
+        out[x] = (at | adv << 5 | eob << 11 | last << 12) if at else 0
+    return out
+
+
+def test_the_multi_symbol_tables_are_the_codes_read_one_by_one(cl_setup):
+    """jpeg_multi against a model built from the canonical codes: the standard AC code lengths, a table of long
+    codes and long runs (ZRLs, a run to coefficient 63), and one whose codes leave patterns undecodable."""
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.decoder import MULTI_ENTRIES
+
+    luma_like = ((0, 2, 1, 3, 3, 2, 4, 3, 5, 5, 4, 4, 0, 0, 1, 0x7D),  # the standard AC codes' lengths
+                bytes([0x01, 0x02, 0x03, 0x00, 0x04, 0x11, 0x05, 0x12, 0x21, 0x31, 0x41, 0x06, 0x13, 0x51, 0x61, 0x07,
+                       0x22, 0x71, 0x14, 0x32, 0x81, 0x91, 0xA1, 0x08, 0x23, 0x42, 0xB1, 0xC1, 0x15, 0x52, 0xD1, 0xF0])
+                + bytes(range(0x24, 0x24 + 0x7D + 30)))
+    tables = [luma_like,
+              ((1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3), bytes([0xF0, 0x3E, 0x00, 0x11, 0xE1, 0x01])),
+              ((0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), bytes([0x01, 0x00, 0x52]))]
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev)
+    tab = np.stack([huffman_table(c, sym[:sum(c)]) for c, sym in tables]).astype(np.int32)
+    mf = cl.mem_flags
+    meta = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.concatenate([np.zeros(5, np.int32), tab.ravel()]))
+    out = cl.Buffer(ctx, mf.READ_WRITE, 2 * MULTI_ENTRIES * len(tables))
+    decoder.k_multi.set_args(meta, 5, len(tables), out)
+    cl.enqueue_nd_range_kernel(queue, decoder.k_multi, (MULTI_ENTRIES * len(tables),), None)
+    got = np.empty((len(tables), MULTI_ENTRIES), np.uint16)
+    cl.enqueue_copy(queue, got, out)
+    for i, (c, sym) in enumerate(tables):
+        want = multi_model(c, sym[:sum(c)], MULTI_ENTRIES.bit_length() - 1)
+        assert np.array_equal(got[i], want), f"table {i}: {int((got[i] != want).sum())} entries differ"
+    assert (got[0] & 31).mean() > 8  # the luma-like table takes most patterns several bits at a time
+    assert ((got[1] >> 11) & 1).any() and ((got[1] >> 5) & 63).max() >= 16  # EOBs and ZRLs in the long-run table
+    assert (got[2] == 0).any()  # patterns no code starts
+
+
+def sync_states(decoder, queue, datas):
+    """The last round's exits, the entries the chunks last decoded from, the settled flags, and the files' statuses."""
+    _, run = decode_with(decoder, queue, datas)
+    ok = run.ok()
+    n = run.batch.chunk.shape[0]
+    exits, used = np.empty((n, 8), np.int32), np.empty((n, 4), np.int32)
+    cl.enqueue_copy(queue, exits, decoder._states[(decoder.rounds - 1) % 2].get(n * 32))
+    cl.enqueue_copy(queue, used, decoder._used.get(n * 16))
+    return exits, used, run.parallel.copy(), ok, run.reasons()
+
+
+@pytest.mark.parametrize("chunk_bytes, rounds, lookback", [(8, 2, 0), (37, 3, None), (128, 6, None), (64, 4, 300)])
+def test_multi_symbol_rounds_leave_the_exits_of_one_symbol_at_a_time(cl_setup, chunk_bytes, rounds, lookback):
+    """Every chunk's exit (bit, block, coefficient, blocks and DC sums), every entry used and every settled flag after
+    the rounds are the same with the multi-symbol tables as without, on good files (entries guessed anywhere in
+    their scans) and on hostile ones (guesses and exact decodes reading garbage)."""
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    datas = [d for _, d in corpus.pillow_corpus()[::2]]
+    datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, optimize=o)
+              for w, h, s, q, o in [(160, 120, 2, 95, False), (99, 201, 1, 40, True), (250, 17, 0, 100, False)]]
+    datas += [d for _, d in hostile_inputs() if prepare(d)]
+    states = [sync_states(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
+                                      multi=multi), queue, datas) for multi in (True, False)]
+    for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons"), *states):
+        assert np.array_equal(a, b), name
+
+
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder
@@ -744,7 +835,7 @@ def test_the_entropy_latency_benchmark_times_each_variant_and_their_exits_agree(
     symbols = int(re.search(r"chunks of 128 bytes, (\d+) symbols a chunk", out).group(1))
     assert 50 < symbols < 1024  # 128 bytes of a q90 scan: a few bits a symbol
     rows = [line for line in out.splitlines() if "round 0, every chunk" in line]
-    assert [r.split(":")[0] for r in rows] == ["this tree", "local tables"]
+    assert [r.split(":")[0] for r in rows] == ["this tree", "this tree, one symbol at a time", "local tables"]
     assert all(r.endswith("exits as the first: True") for r in rows), rows
     sys.modules.pop("entropy_latency", None)
 

@@ -26,12 +26,14 @@ from ...ops.launch import round_up
 from .exif import pillow_view
 from .parse import HEAD_BYTES, Frame, Refusal, parse
 from .staging import Grown, StagingRing
-from .tables import WIN, Batch, find_restarts
+from .tables import TAB, WIN, Batch, find_restarts
 
 PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
 CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decoding
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
+MULTI = True  # the rounds' multi-symbol tables by default (benchmarks/device_decode.py --one-symbol turns them off)
+MULTI_ENTRIES = 1 << 14  # jpeg_entropy.cl's JE_MULTI_N: entries (uint16) of a Huffman table's multi-symbol table
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
 COLOR_QX, COLOR_RB = 16, 4  # jpeg_color_quad's work-group: quads (4 pixels) along a row x rows (JC_QX, JC_RB)
 KERNELS = ("quad", "item")  # the colour kernel's variants: 4 pixels per work-item (default), one (the first version)
@@ -44,7 +46,8 @@ _HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
 _IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
 _COLOR = (None, None, _I, _I, None, _I, _I)
 _COLOR_QUAD = (None, None, _I, _I, None, _I)
-_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I)
+_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I)
+_MULTI = (None, _I, _I, None)
 _PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
 _DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None)
 
@@ -193,11 +196,14 @@ class JpegDecoder:
     """The three decoding kernels of one OpenCL context and device, with their scratch buffers."""
 
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
-                 rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad"):
+                 rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad",
+                 multi: bool | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). lookback: the bytes before its chunk
         from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks). kernels: which
-        variant of jpeg_color.cl runs (KERNELS: the same bytes; benchmarks/device_decode.py --variants compares)."""
+        variant of jpeg_color.cl runs (KERNELS: the same bytes; benchmarks/device_decode.py --variants compares).
+        multi: the rounds take plain AC symbols several at a time (jpeg_multi's tables); False: one at a time (the
+        same exits, slower: kept to measure the difference); None: MULTI."""
         from ...runtime.programs import ProgramCache
 
         if kernels not in KERNELS:
@@ -207,6 +213,7 @@ class JpegDecoder:
                              f"nothing), chunk_bytes at least 8; got {rounds}, {chunk_bytes}")
         cache = cache or ProgramCache(context, device)
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
+        self.multi = MULTI if multi is None else bool(multi)
         self.lookback = LOOKBACK_CHUNKS * chunk_bytes if lookback is None else lookback
         if self.lookback < 0:
             raise ValueError(f"lookback must be 0 or more bytes, got {lookback}")
@@ -217,12 +224,14 @@ class JpegDecoder:
         self.k_idct = cl.Kernel(programs[1], "jpeg_idct")
         self.k_color = cl.Kernel(programs[2], "jpeg_color" if kernels == "item" else "jpeg_color_quad")
         self.k_sync = cl.Kernel(programs[3], "jpeg_sync")
+        self.k_multi = cl.Kernel(programs[3], "jpeg_multi")
         self.k_prefix = [cl.Kernel(programs[3], name)
                          for name in ("jpeg_prefix_groups", "jpeg_prefix_totals", "jpeg_prefix_entry")]
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
         for kernel, scalars in ((self.k_huffman, _HUFFMAN), (self.k_idct, _IDCT),
                                 (self.k_color, _COLOR if kernels == "item" else _COLOR_QUAD),
-                                (self.k_sync, _SYNC), *zip(self.k_prefix, _PREFIX), (self.k_decode, _DECODE)):
+                                (self.k_sync, _SYNC), (self.k_multi, _MULTI), *zip(self.k_prefix, _PREFIX),
+                                (self.k_decode, _DECODE)):
             kernel.set_scalar_arg_dtypes(scalars)
         mf = cl.mem_flags
         self._data = Grown(context, mf.READ_ONLY)
@@ -232,6 +241,7 @@ class JpegDecoder:
         self._chunks = Grown(context, mf.READ_ONLY)
         self._states = [Grown(context, mf.READ_WRITE) for _ in range(2)]  # a round's exits, and the round's before
         self._used = Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
+        self._multi = Grown(context, mf.READ_WRITE)  # jpeg_multi's tables, per Huffman table of the batch
         self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
         self._entry = Grown(context, mf.READ_WRITE)
         self._part = Grown(context, mf.READ_WRITE)  # the prefix sums' scratch: within work-groups, their totals
@@ -288,13 +298,17 @@ class JpegDecoder:
         slot.reads.append(cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False))
         cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128)
         tables = at[:4]
+        ntab = batch.tab.size // TAB
+        multi = self._multi.get(2 * MULTI_ENTRIES * max(1, ntab))
+        if self.multi:
+            self._launch("multi", queue, self.k_multi, ntab * MULTI_ENTRIES, meta_buf, at[3], ntab, multi)
         grid = (round_up(n, wg),)
         # the rounds differ in three arguments; with the scalars declared, setting all of them (1.3 us) costs less
         # than setting one int through Kernel.set_arg, and pyopencl's call path costs more than a direct launch
         k, sync = self.k_sync, self.events.setdefault("sync", [])
         for r in range(self.rounds):
             k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
-                       r, self.rounds - 1, self.lookback)
+                       r, self.rounds - 1, self.lookback, multi, int(self.multi))
             sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
