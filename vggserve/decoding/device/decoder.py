@@ -29,9 +29,12 @@ from .staging import Grown, StagingRing
 from .tables import TAB, WIN, Batch, find_restarts
 
 PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
-CHUNK_BYTES = 128  # bytes of scan per work-item in the parallel entropy decoding
+# bytes of scan per work-item in the parallel entropy decoding. With round 0 guessing each chunk's entry at its own
+# first byte (LOOKBACK_CHUNKS 0), 192-byte chunks settled 500x375 photos by round 8 and the photo mix by round 11 on
+# an H100, with the least device time of 96 to 192 bytes and lookbacks of 0 to 256 (BENCHMARKS.md, 21st session)
+CHUNK_BYTES = 192
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
-LOOKBACK_CHUNKS = 1  # round 0 guesses a chunk's entry by decoding from this many chunks before it
+LOOKBACK_CHUNKS = 0  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 MULTI = True  # the rounds' multi-symbol tables by default (benchmarks/device_decode.py --one-symbol turns them off)
 MULTI_ENTRIES = 1 << 14  # jpeg_entropy.cl's JE_MULTI_N: entries (uint16) of a Huffman table's multi-symbol table
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
