@@ -75,6 +75,9 @@ def main() -> None:
     ap.add_argument("--kernels", choices=("quad", "item"), default=None,
                     help="the variant of jpeg_color.cl and resize.cl for the whole run (item: the first versions, one "
                          "work-item per pixel; default: each kernel's shipped default, quad colour and item resize)")
+    ap.add_argument("--checkpoints", type=int, default=None,
+                    help="states each chunk's decode records, where the decoding pass splits it (0: whole chunks; "
+                         "default: the decoder's)")
     ap.add_argument("--one-symbol", action="store_true",
                     help="the synchronisation rounds without their multi-symbol tables, one symbol at a time (the "
                          "same exits; to measure what the tables save)")
@@ -131,10 +134,11 @@ def main() -> None:
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, dev)
     tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds),
-                                ("lookback", args.lookback)) if v is not None}
+                                ("lookback", args.lookback), ("checkpoints", args.checkpoints)) if v is not None}
     decoder = JpegDecoder(ctx, dev, cache, **({"kernels": args.kernels} if args.kernels else {}), **tuning)
     res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
     res["multi_symbol"] = decoder.multi
+    res["checkpoints"] = decoder.checkpoints
     res["kernels"] = args.kernels
     resize = DeviceResize(ctx, cache.build("resize.cl", {}), **({"variant": args.kernels} if args.kernels else {}))
     prepared = [prepare(f) for f in files]
@@ -165,7 +169,7 @@ def main() -> None:
     res["identical_to_pillow"] = f"{same}/{len(distinct)}"
     res["device_ok"] = sum(ok)
     res["segments_in_parallel"] = run.segments_in_parallel()
-    way = "multi-symbol" if decoder.multi else "one symbol at a time"
+    way = ("multi-symbol" if decoder.multi else "one symbol at a time") + f", {decoder.checkpoints} checkpoints"
     print(f"chunks of {decoder.chunk_bytes} bytes, lookback {decoder.lookback}, {decoder.rounds} rounds, {way}: "
           f"device decode identical to Pillow: "
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "

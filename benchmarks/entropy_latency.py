@@ -128,6 +128,7 @@ def main(argv=None) -> int:
     options = "-cl-mad-enable -I " + str(root / "kernels")
 
     ntab = batch.tab.size // TAB
+    checkpoints = cl.Buffer(ctx, mf.READ_WRITE, n * 16 * 6 * 4)  # a kernel's checkpoints (up to 16 a chunk)
 
     def multi_tables(program, src: str):
         """This batch's multi-symbol tables as `program` (built from `src`) builds them, its JE_MULTI bits each (None
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
         `multi`, used where multi_on)."""
         chunk_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(sub))
         m = sub.shape[0]
-        extra = (multi, np.int32(multi_on)) if kernel.num_args == 17 else ()
+        extra = (multi, np.int32(multi_on), checkpoints)[:kernel.num_args - 15]  # the arguments this kernel has
         kernel.set_args(data_buf, meta_buf, *(np.int32(a) for a in at[:4]), chunk_buf, np.int32(m), states[0],
                         states[1], used, settled, np.int32(0), np.int32(19), np.int32(lookback), *extra)
         times = []

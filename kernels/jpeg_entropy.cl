@@ -24,10 +24,14 @@
  *       time, bit for bit.
  *   jpeg_prefix_groups, _totals, _entry: the first block of each chunk and the DC predictors at its entry, by
  *       prefix sums over the chunks of its segment (all chunks in parallel).
- *   jpeg_decode (per chunk): decodes its chunk again from its now exact entry, writing coefficients (DC absolute);
- *       the chunk that completes the segment's blocks checks libjpeg's clean end; chunks after it (the padding and
- *       the marker, whose rounds decoded garbage) do nothing. A segment whose rounds did not settle is left to the
- *       serial kernel (jpeg_huffman.cl, launched after with the same status buffer).
+ *   jpeg_decode (per part of a chunk): decodes its part of the chunk again, writing coefficients (DC absolute).
+ *       Every decode of a chunk in the rounds records JE_CKPTS checkpoints on its way: its state at the first block
+ *       start past each (JE_CKPTS + 1)-th of the chunk, with the blocks and DC sums so far. The last decode started
+ *       from the exact entry, so its checkpoints are exact too, and the parts between them are decoded in parallel
+ *       (one work-item each: the pass is bound by one work-item's serial latency). The part that completes the
+ *       segment's blocks checks libjpeg's clean end; parts after it (the padding and the marker, whose rounds
+ *       decoded garbage) do nothing. A segment whose rounds did not settle is left to the serial kernel
+ *       (jpeg_huffman.cl, launched after with the same status buffer).
  *
  *   data, meta, coef, status as in jpeg_huffman.cl (seg, img, comp, tab records at their offsets in meta)
  *   chunk:  int32, JE_CHUNK_INTS per chunk: c[0] segment, c[1] first byte, c[2] end byte
@@ -35,6 +39,8 @@
  *   state:  int32, JE_STATE ints per chunk: exit p, u, k, blocks completed, DC sums (3), valid
  *   used:   int32, JE_USED ints per chunk: the entry (p, u, k, valid) its last decode started from
  *   entry:  int32, JE_ENTRY ints per chunk (jpeg_prefix_entry): first block, DC predictors (3)
+ *   ckpt:   int32, JE_CKPTS checkpoints of JE_CK ints per chunk: bit p (-1: the decode ended before it), block u of
+ *           the MCU, blocks completed since the chunk's entry, DC sums since it (3); coefficient 0 (a block start)
  *   settled: int32 per segment, 1 before the rounds: the last round sets 0 where it changed an exit
  *   multi:  JE_MULTI_N entries (je_multi_t) per Huffman table (jpeg_multi): entry x says what the JE_MULTI bits x
  *           decode to as AC symbols of that table: bits 0-4 the bits they take whole (0: not even one symbol), 5-10
@@ -47,6 +53,10 @@
 #define JE_STATE 8
 #define JE_ENTRY 4
 #define JE_USED 4
+#ifndef JE_CKPTS
+#define JE_CKPTS 3                  /* checkpoints a chunk's decodes record (its decoding pass: JE_CKPTS + 1 parts) */
+#endif
+#define JE_CK 6                     /* ints per checkpoint */
 #define JE_MULTI 14                 /* index bits of a multi-symbol table */
 #define JE_MULTI_N (1 << JE_MULTI)  /* entries per Huffman table */
 typedef ushort je_multi_t;          /* an entry */
@@ -165,11 +175,13 @@ inline int je_has_ff4(const uchar4 v)
  * position is then plain arithmetic); near a 0xFF, and at the scan's last bytes, each symbol is read byte-wise
  * (je_peek, je_skip). What depends only on the block (its component, tables, DC predictor, coefficients' place)
  * is found once per block. `multi` (synchronising only, coef null; 0: one symbol at a time): the batch's jpeg_multi
- * tables, which take plain AC symbols several at a time from the register buffer. */
+ * tables, which take plain AC symbols several at a time from the register buffer. `ck` (synchronising only; 0:
+ * none): the chunk's JE_CKPTS checkpoints, each written at the first block start at or past bit ck_from + (c + 1) *
+ * ck_step (p, u, the blocks completed and the DC sums so far), -1 where the decode stops before it. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
                   int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
                   __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total,
-                  __global const je_multi_t *multi)
+                  __global const je_multi_t *multi, __global int *ck, const int ck_from, const int ck_step)
 {
     *blocks = 0;
     int p = *pos * 8 + *bit;  /* the next bit, 8 * byte + bit */
@@ -180,8 +192,16 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
     __global const int *tdc = tab, *tac = tab;
     __global const je_multi_t *mac = 0;  /* the block's AC table's multi-symbol entries */
     __global short *blk = 0;
+    int ci = 0;  /* the next checkpoint */
     while (p < stop) {
         if (coef && b0 + *blocks >= total) break;
+        if (ck && *k == 0) {
+            while (ci < JE_CKPTS && p >= ck_from + (ci + 1) * ck_step) {
+                __global int *w = ck + ci * JE_CK;
+                w[0] = p; w[1] = *u; w[2] = *blocks; w[3] = *dc0; w[4] = *dc1; w[5] = *dc2;
+                ++ci;
+            }
+        }
         if (*k == 0 || fresh) {  /* a new block (or the first symbol of this call): its component and tables */
             fresh = 0;
             c = (*u >= m->b1) + (*u >= m->b2);
@@ -252,6 +272,7 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
                     if (coef) return JH_PAST_DATA;
                     *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
                     *bit = 0;
+                    for (; ck && ci < JE_CKPTS; ++ci) ck[ci * JE_CK] = -1;
                     return 0;
                 }
                 p = q * 8 + b;
@@ -285,6 +306,7 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
             *blocks += 1;
         }
     }
+    for (; ck && ci < JE_CKPTS; ++ci) ck[ci * JE_CK] = -1;
     *pos = p >> 3;
     *bit = p & 7;
     return 0;
@@ -322,7 +344,7 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
                         const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
                         __global const int *prev, __global int *next, __global int *used, __global int *settled,
                         const int round, const int last_round, const int lookback,
-                        __global const je_multi_t *multi, const int multi_on)
+                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt)
 {
     const int j = get_global_id(0);
     if (j >= nchunks) return;
@@ -361,13 +383,14 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
             if (pos > s[1] && data[pos - 1] == 0xFF && data[pos] == 0x00) pos += 1;  /* never inside a stuffed pair */
             if (pos < ch[1])
                 je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[1] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0,
-                       mt);
+                       mt, 0, 0, 0);
             blocks = 0; d0 = 0; d1 = 0; d2 = 0;
         }
     }
     in[0] = pos * 8 + bit; in[1] = u; in[2] = k; in[3] = valid;
     if (valid) {
-        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0, mt);
+        je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0, mt,
+               ckpt + j * JE_CKPTS * JE_CK, ch[1] * 8, (ch[2] - ch[1]) * 8 / (JE_CKPTS + 1));
     }
     const int p = pos * 8 + bit;
     if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
@@ -438,9 +461,9 @@ __kernel void jpeg_prefix_entry(__global const int *meta, const int seg_at, __gl
 __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
                           const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
                           __global const int *state, __global const int *entry, __global const int *settled,
-                          __global short *coef, __global int *status)
+                          __global const int *ckpt, __global short *coef, __global int *status)
 {
-    const int j = get_global_id(0);
+    const int g = get_global_id(0), j = g / (JE_CKPTS + 1), part = g % (JE_CKPTS + 1);
     if (j >= nchunks) return;
     __global const int *seg = meta + seg_at, *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
     __global const int *ch = chunk + j * JE_CHUNK_INTS;
@@ -451,24 +474,36 @@ __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, 
     je_mcu m;
     je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);
     __global const int *en = entry + j * JE_ENTRY;
+    __global const int *ck = ckpt + j * JE_CKPTS * JE_CK;
     const int total = s[4] * m.bpm;
-    if (en[0] >= total && j != s[6]) return;  /* an earlier chunk completed the segment and checked its end */
     int pos, bit = 0, u = 0, k = 0;
     if (j == s[6]) {
         pos = s[1];
     } else {
         __global const int *e = state + (j - 1) * JE_STATE;
-        if (!e[7]) { status[sg] = JH_BAD_CODE; return; }
+        if (!e[7]) {
+            if (!part) status[sg] = JH_BAD_CODE;
+            return;
+        }
         pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2];
     }
-    int d0 = en[1], d1 = en[2], d2 = en[3];
-    const int last = (j == s[6] + s[7] - 1);
+    int b0 = en[0], d0 = en[1], d1 = en[2], d2 = en[3];
+    if (part) {  /* from the chunk's checkpoint before this part (its last decode, from its exact entry, wrote them) */
+        __global const int *c = ck + (part - 1) * JE_CK;
+        if (c[0] < 0) return;  /* the chunk's decode ended before it: nothing starts here */
+        pos = c[0] >> 3; bit = c[0] & 7; u = c[1]; k = 0;
+        b0 += c[2]; d0 += c[3]; d1 += c[4]; d2 += c[5];
+    }
+    if (b0 >= total && (j != s[6] || part)) return;  /* an earlier part completed the segment and checked its end */
+    const int next_ck = part < JE_CKPTS && ck[part * JE_CK] >= 0;  /* the part ends at the next checkpoint */
+    const int last = (j == s[6] + s[7] - 1) && !next_ck;  /* the segment's last part */
+    const long stop = next_ck ? (long)ck[part * JE_CK] : (last ? 0x7FFFFFFFFFFFL : (long)ch[2] * 8);
     int blocks = 0;
-    int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, last ? 0x7FFFFFFFFFFFL : (long)ch[2] * 8, &blocks,
-                     &d0, &d1, &d2, coef, en[0], s[3], im[0], total, 0);
-    if (!why && last && en[0] + blocks != total) why = JE_BAD_COUNT;
-    if (!why && en[0] + blocks == total) {
-        /* this chunk completed the segment: libjpeg's clean end, only padding bits (< 8, within the byte at pos)
+    int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, stop, &blocks, &d0, &d1, &d2, coef, b0, s[3], im[0],
+                     total, 0, 0, 0, 0);
+    if (!why && last && b0 + blocks != total) why = JE_BAD_COUNT;
+    if (!why && b0 + blocks == total) {
+        /* this part completed the segment: libjpeg's clean end, only padding bits (< 8, within the byte at pos)
          * left, then the segment's marker */
         const int next = (bit > 0) ? pos + ((data[pos] == 0xFF) ? 2 : 1) : pos;
         if (k != 0) why = JE_BAD_COUNT;

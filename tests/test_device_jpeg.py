@@ -333,6 +333,24 @@ def test_parallel_entropy_decoding_in_any_chunking_gives_pillows_pixels(cl_setup
         assert run.segments_in_parallel() > 0  # most settle; the rest went to the serial kernel, exactly
 
 
+@pytest.mark.parametrize("chunk_bytes, checkpoints", [(8, 1), (64, 0), (64, 7), (256, 15), (100000, 3)])
+def test_the_decoding_pass_in_any_number_of_parts_gives_pillows_pixels(cl_setup, chunk_bytes, checkpoints):
+    """The decoding pass split at the checkpoints the rounds record: parts shorter than a block (several checkpoints
+    at one block start), parts past a decode's end, a whole file in one chunk, and none (0: whole chunks)."""
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=4, checkpoints=checkpoints)
+    datas = [d for _, d in corpus.pillow_corpus()[1::4]]
+    datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, restart_marker_blocks=r)
+              for w, h, s, q, r in [(160, 120, 2, 95, 0), (99, 201, 1, 40, 3), (250, 17, 0, 100, 0)]]
+    images, run = decode_with(decoder, queue, datas)
+    assert all(run.ok()), run.reasons()
+    for data, got in zip(datas, images):
+        assert_same(got, data)
+    assert run.segments_in_parallel() > 0
+
+
 def test_a_decoder_refuses_one_round_which_could_not_tell_settled_segments(cl_setup):
     from vggserve.decoding.device import JpegDecoder
 
@@ -341,6 +359,8 @@ def test_a_decoder_refuses_one_round_which_could_not_tell_settled_segments(cl_se
         JpegDecoder(ctx, dev, rounds=1)
     with pytest.raises(ValueError, match="lookback must be 0 or more bytes"):
         JpegDecoder(ctx, dev, lookback=-1)
+    with pytest.raises(ValueError, match="checkpoints must be 0 to 15"):
+        JpegDecoder(ctx, dev, checkpoints=16)
 
 
 def test_batches_enqueued_one_after_another_before_any_is_read_each_get_their_own_pixels(cl_setup):

@@ -36,6 +36,9 @@ CHUNK_BYTES = 192
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 0  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 MULTI = True  # the rounds' multi-symbol tables by default (benchmarks/device_decode.py --one-symbol turns them off)
+# jpeg_entropy.cl's JE_CKPTS: the states a chunk's decode records on its way (at block starts past each quarter of
+# it), from which the decoding pass decodes its quarters in parallel (a work-item each)
+CHECKPOINTS = 3
 MULTI_ENTRIES = 1 << 14  # jpeg_entropy.cl's JE_MULTI_N: entries (uint16) of a Huffman table's multi-symbol table
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
 COLOR_QX, COLOR_RB = 16, 4  # jpeg_color_quad's work-group: quads (4 pixels) along a row x rows (JC_QX, JC_RB)
@@ -49,10 +52,10 @@ _HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
 _IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
 _COLOR = (None, None, _I, _I, None, _I, _I)
 _COLOR_QUAD = (None, None, _I, _I, None, _I)
-_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I)
+_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I, None)
 _MULTI = (None, _I, _I, None)
 _PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
-_DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None)
+_DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -200,13 +203,14 @@ class JpegDecoder:
 
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
                  rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad",
-                 multi: bool | None = None):
+                 multi: bool | None = None, checkpoints: int = CHECKPOINTS):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). lookback: the bytes before its chunk
         from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks). kernels: which
         variant of jpeg_color.cl runs (KERNELS: the same bytes; benchmarks/device_decode.py --variants compares).
         multi: the rounds take plain AC symbols several at a time (jpeg_multi's tables); False: one at a time (the
-        same exits, slower: kept to measure the difference); None: MULTI."""
+        same exits, slower: kept to measure the difference); None: MULTI. checkpoints: the states each chunk's
+        decode records, where the decoding pass splits the chunk into checkpoints + 1 parts (0: whole chunks)."""
         from ...runtime.programs import ProgramCache
 
         if kernels not in KERNELS:
@@ -217,11 +221,15 @@ class JpegDecoder:
         cache = cache or ProgramCache(context, device)
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
         self.multi = MULTI if multi is None else bool(multi)
+        if not 0 <= checkpoints <= 15:
+            raise ValueError(f"checkpoints must be 0 to 15, got {checkpoints}")
+        self.checkpoints = checkpoints
         self.lookback = LOOKBACK_CHUNKS * chunk_bytes if lookback is None else lookback
         if self.lookback < 0:
             raise ValueError(f"lookback must be 0 or more bytes, got {lookback}")
         colour = {"JC_QX": COLOR_QX, "JC_RB": COLOR_RB}
-        programs = [cache.build(name, colour if name == "jpeg_color.cl" else {}) for name in PROGRAMS]
+        defines = {"jpeg_color.cl": colour, "jpeg_entropy.cl": {"JE_CKPTS": checkpoints}}
+        programs = [cache.build(name, defines.get(name, {})) for name in PROGRAMS]
         self.kernels = kernels
         self.k_huffman = cl.Kernel(programs[0], "jpeg_huffman")
         self.k_idct = cl.Kernel(programs[1], "jpeg_idct")
@@ -245,6 +253,7 @@ class JpegDecoder:
         self._states = [Grown(context, mf.READ_WRITE) for _ in range(2)]  # a round's exits, and the round's before
         self._used = Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
         self._multi = Grown(context, mf.READ_WRITE)  # jpeg_multi's tables, per Huffman table of the batch
+        self._ckpt = Grown(context, mf.READ_WRITE)  # each chunk's checkpoints, where the decoding pass splits it
         self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
         self._entry = Grown(context, mf.READ_WRITE)
         self._part = Grown(context, mf.READ_WRITE)  # the prefix sums' scratch: within work-groups, their totals
@@ -297,6 +306,7 @@ class JpegDecoder:
         chunk_buf = self._chunks.get(chunk.nbytes)
         states = [g.get(n * 8 * 4) for g in self._states]
         used = self._used.get(n * 4 * 4)
+        ckpt = self._ckpt.get(n * max(1, self.checkpoints) * 6 * 4)
         entry = self._entry.get(n * 4 * 4)
         slot.reads.append(cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False))
         cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128)
@@ -311,12 +321,12 @@ class JpegDecoder:
         k, sync = self.k_sync, self.events.setdefault("sync", [])
         for r in range(self.rounds):
             k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
-                       r, self.rounds - 1, self.lookback, multi, int(self.multi))
+                       r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt)
             sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
-        self._launch("decode", queue, self.k_decode, n, data_buf, meta_buf, *tables, chunk_buf, n, last, entry, settled,
-                     coef_buf, status_buf)
+        self._launch("decode", queue, self.k_decode, n * (self.checkpoints + 1), data_buf, meta_buf, *tables,
+                     chunk_buf, n, last, entry, settled, ckpt, coef_buf, status_buf)
 
     def _prefix(self, queue, n: int, meta_buf, seg_at: int, chunk_buf, last, entry) -> None:
         """jpeg_prefix_*: each chunk's entry from the chunks before it in its segment (three launches)."""
