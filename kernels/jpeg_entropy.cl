@@ -57,7 +57,9 @@
 #define JE_CKPTS 3                  /* checkpoints a chunk's decodes record (its decoding pass: JE_CKPTS + 1 parts) */
 #endif
 #define JE_CK 6                     /* ints per checkpoint */
-#define JE_MULTI 14                 /* index bits of a multi-symbol table */
+#ifndef JE_MULTI
+#define JE_MULTI 14                 /* index bits of a multi-symbol table (decoder.py's MULTI_BITS) */
+#endif
 #define JE_MULTI_N (1 << JE_MULTI)  /* entries per Huffman table */
 typedef ushort je_multi_t;          /* an entry */
 

@@ -254,22 +254,28 @@ def test_the_idct_kernel_is_islow_exactly_on_awkward_block_counts(test_device, n
     assert np.array_equal(got, want)
 
 
+def canonical_codes(counts, symbols):
+    """(length, code, symbol) of a Huffman table's canonical codes (JPEG's BITS and HUFFVAL), shortest first."""
+    code, index = 0, 0
+    for length in range(1, 17):
+        for _ in range(counts[length - 1]):
+            yield length, code, symbols[index]
+            code += 1
+            index += 1
+        code <<= 1
+
+
 def test_huffman_lookup_entries_are_the_canonical_codes():
     counts = (0, 2, 1, 3, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 1)  # codes of 2, 3, 4, 10 and 16 bits
     symbols = bytes(range(9))
     t = huffman_table(counts, symbols)
-    code, index = 0, 0
-    for length in range(1, 17):
-        for _ in range(counts[length - 1]):
-            if length <= 9:
-                prefix = code << (9 - length)
-                assert t[prefix] == (length << 8) | symbols[index]
-            else:
-                assert t[code >> (length - 9)] == 0 and t[512 + length] >= code
-                assert t[547 + t[530 + length] + code] == symbols[index]
-            code += 1
-            index += 1
-        code <<= 1
+    for length, code, symbol in canonical_codes(counts, symbols):
+        if length <= 9:
+            prefix = code << (9 - length)
+            assert t[prefix] == (length << 8) | symbol
+        else:
+            assert t[code >> (length - 9)] == 0 and t[512 + length] >= code
+            assert t[547 + t[530 + length] + code] == symbol
     assert t[512 + 17] == 0x7FFFFFFF
 
 
@@ -540,13 +546,7 @@ def test_an_unknown_kernel_variant_is_refused_with_the_known_ones(cl_setup):
 def multi_model(counts, symbols, bits: int) -> np.ndarray:
     """jpeg_multi's entries for one table, from the canonical codes themselves: for each `bits`-bit pattern, the AC
     symbols whose codes and value bits lie whole within it, up to an EOB, stopped before a run past the block."""
-    codes, code, index = {}, 0, 0
-    for length in range(1, 17):
-        for _ in range(counts[length - 1]):
-            codes[(length, code)] = symbols[index]
-            code += 1
-            index += 1
-        code <<= 1
+    codes = {(length, code): symbol for length, code, symbol in canonical_codes(counts, symbols)}
     out = np.zeros(1 << bits, np.uint16)
     for x in range(1 << bits):
         at = adv = eob = last = 0
@@ -607,7 +607,9 @@ def sync_states(decoder, queue, datas):
     exits, used = np.empty((n, 8), np.int32), np.empty((n, 4), np.int32)
     cl.enqueue_copy(queue, exits, decoder._states[(decoder.rounds - 1) % 2].get(n * 32))
     cl.enqueue_copy(queue, used, decoder._used.get(n * 16))
-    return exits, used, run.parallel.copy(), ok, run.reasons()
+    # which file a decode flags is deterministic; which of several errors in one segment is reported is not (the
+    # parts that find them race to write its status)
+    return exits, used, run.parallel.copy(), ok, [reason != 0 for reason in run.reasons()]
 
 
 @pytest.mark.parametrize("chunk_bytes, rounds, lookback", [(8, 2, 0), (37, 3, None), (128, 6, None), (64, 4, 300)])
@@ -624,7 +626,7 @@ def test_multi_symbol_rounds_leave_the_exits_of_one_symbol_at_a_time(cl_setup, c
     datas += [d for _, d in hostile_inputs() if prepare(d)]
     states = [sync_states(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
                                       multi=multi), queue, datas) for multi in (True, False)]
-    for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons"), *states):
+    for name, a, b in zip(("exits", "entries used", "settled", "ok", "flagged"), *states):
         assert np.array_equal(a, b), name
 
 

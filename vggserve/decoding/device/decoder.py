@@ -39,7 +39,9 @@ MULTI = True  # the rounds' multi-symbol tables by default (benchmarks/device_de
 # jpeg_entropy.cl's JE_CKPTS: the states a chunk's decode records on its way (at block starts past each quarter of
 # it), from which the decoding pass decodes its quarters in parallel (a work-item each)
 CHECKPOINTS = 3
-MULTI_ENTRIES = 1 << 14  # jpeg_entropy.cl's JE_MULTI_N: entries (uint16) of a Huffman table's multi-symbol table
+MULTI_BITS = 14  # jpeg_entropy.cl's JE_MULTI: index bits of a Huffman table's multi-symbol table
+MULTI_ENTRIES = 1 << MULTI_BITS  # its entries (uint16)
+CHECKPOINT_INTS = 6  # jpeg_entropy.cl's JE_CK: ints per checkpoint
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
 COLOR_QX, COLOR_RB = 16, 4  # jpeg_color_quad's work-group: quads (4 pixels) along a row x rows (JC_QX, JC_RB)
 KERNELS = ("quad", "item")  # the colour kernel's variants: 4 pixels per work-item (default), one (the first version)
@@ -228,7 +230,7 @@ class JpegDecoder:
         if self.lookback < 0:
             raise ValueError(f"lookback must be 0 or more bytes, got {lookback}")
         colour = {"JC_QX": COLOR_QX, "JC_RB": COLOR_RB}
-        defines = {"jpeg_color.cl": colour, "jpeg_entropy.cl": {"JE_CKPTS": checkpoints}}
+        defines = {"jpeg_color.cl": colour, "jpeg_entropy.cl": {"JE_CKPTS": checkpoints, "JE_MULTI": MULTI_BITS}}
         programs = [cache.build(name, defines.get(name, {})) for name in PROGRAMS]
         self.kernels = kernels
         self.k_huffman = cl.Kernel(programs[0], "jpeg_huffman")
@@ -306,7 +308,7 @@ class JpegDecoder:
         chunk_buf = self._chunks.get(chunk.nbytes)
         states = [g.get(n * 8 * 4) for g in self._states]
         used = self._used.get(n * 4 * 4)
-        ckpt = self._ckpt.get(n * max(1, self.checkpoints) * 6 * 4)
+        ckpt = self._ckpt.get(n * max(1, self.checkpoints) * CHECKPOINT_INTS * 4)
         entry = self._entry.get(n * 4 * 4)
         slot.reads.append(cl.enqueue_copy(queue, chunk_buf, chunk, is_blocking=False))
         cl.enqueue_fill_buffer(queue, coef_buf, np.int16(0), 0, batch.blocks * 128)
