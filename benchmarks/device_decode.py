@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--chunk-bytes", type=int, default=None, help="parallel entropy decoding's chunk (default: "
                     "the decoder's)")
+    ap.add_argument("--long-chunk-bytes", type=int, default=None, help="the chunks of segments of "
+                    "LONG_SEGMENT_BYTES or more (0: --chunk-bytes; default: the decoder's)")
     ap.add_argument("--rounds", type=int, default=None, help="its synchronisation rounds (0: serial decoding)")
     ap.add_argument("--lookback", type=int, default=None, help="bytes before a chunk from which round 0 decodes to "
                     "guess its entry (default: the decoder's)")
@@ -81,6 +83,9 @@ def main() -> None:
     ap.add_argument("--one-symbol", action="store_true",
                     help="the synchronisation rounds without their multi-symbol tables, one symbol at a time (the "
                          "same exits; to measure what the tables save)")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="a chunk decoding again from a new entry decodes whole, not stopping where it meets its last "
+                         "decode at a checkpoint (the same exits; to measure what resuming saves)")
     ap.add_argument("--variants", action="store_true",
                     help="also time each kernel variant's colour and resize on the same batches, and check they "
                          "write the same bytes")
@@ -101,6 +106,10 @@ def main() -> None:
         import vggserve.decoding.device.decoder as decoder_module
 
         decoder_module.MULTI = False
+    if args.no_resume:
+        import vggserve.decoding.device.decoder as decoder_module
+
+        decoder_module.RESUME = False
 
     from vggserve.decoding import decode_pixels
     from vggserve.decoding.device import JpegDecoder, Window, prepare
@@ -133,12 +142,15 @@ def main() -> None:
     ctx = cl.Context([dev])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, dev)
-    tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("rounds", args.rounds),
+    tuning = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("long_chunk_bytes", args.long_chunk_bytes),
+                                ("rounds", args.rounds),
                                 ("lookback", args.lookback), ("checkpoints", args.checkpoints)) if v is not None}
     decoder = JpegDecoder(ctx, dev, cache, **({"kernels": args.kernels} if args.kernels else {}), **tuning)
     res["chunk_bytes"], res["rounds"], res["lookback"] = decoder.chunk_bytes, decoder.rounds, decoder.lookback
+    res["long_chunk_bytes"] = decoder.long_chunk_bytes
     res["multi_symbol"] = decoder.multi
     res["checkpoints"] = decoder.checkpoints
+    res["resume"] = decoder.resume
     res["kernels"] = args.kernels
     resize = DeviceResize(ctx, cache.build("resize.cl", {}), **({"variant": args.kernels} if args.kernels else {}))
     prepared = [prepare(f) for f in files]
@@ -169,8 +181,9 @@ def main() -> None:
     res["identical_to_pillow"] = f"{same}/{len(distinct)}"
     res["device_ok"] = sum(ok)
     res["segments_in_parallel"] = run.segments_in_parallel()
-    way = ("multi-symbol" if decoder.multi else "one symbol at a time") + f", {decoder.checkpoints} checkpoints"
-    print(f"chunks of {decoder.chunk_bytes} bytes, lookback {decoder.lookback}, {decoder.rounds} rounds, {way}: "
+    way = (("multi-symbol" if decoder.multi else "one symbol at a time") + f", {decoder.checkpoints} checkpoints"
+           + ("" if decoder.resume else ", no resuming"))
+    print(f"chunks of {decoder.chunk_bytes} bytes ({decoder.long_chunk_bytes} in long segments), lookback {decoder.lookback}, {decoder.rounds} rounds, {way}: "
           f"device decode identical to Pillow: "
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "
           f"{res['segments_in_parallel']}/{len(distinct)})")

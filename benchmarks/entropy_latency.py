@@ -148,7 +148,8 @@ def main(argv=None) -> int:
         `multi`, used where multi_on)."""
         chunk_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(sub))
         m = sub.shape[0]
-        extra = (multi, np.int32(multi_on), checkpoints)[:kernel.num_args - 15]  # the arguments this kernel has
+        extra = (multi, np.int32(multi_on), checkpoints, np.int32(0))[:kernel.num_args - 15]  # the arguments this
+        # kernel has (round 0 never resumes)
         kernel.set_args(data_buf, meta_buf, *(np.int32(a) for a in at[:4]), chunk_buf, np.int32(m), states[0],
                         states[1], used, settled, np.int32(0), np.int32(19), np.int32(lookback), *extra)
         times = []

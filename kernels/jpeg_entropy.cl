@@ -18,6 +18,11 @@
  *       chunk before; a chunk whose entry is the one it used last copies its exit instead of decoding again. Once a
  *       round changes no exit, every entry is the true one (the first is exact and each exit is a function of its
  *       entry); the last round's "changed" flag per segment says whether that happened.
+ *       A chunk that decodes again from a new entry (`resume`) stops at the first of its checkpoints where it is in
+ *       the state its last decode recorded there (same bit, same block of the MCU, a block start): the rest of the
+ *       decode would be that one's, so the exit and the later checkpoints are that decode's, their blocks and DC
+ *       sums moved by the difference at the checkpoint. Most new entries resynchronise within a few symbols, so
+ *       round 1 (in which nearly every chunk's entry changes) decodes about a quarter of each chunk.
  *       The rounds read a plain AC symbol's run without its value: several of them at once where the next
  *       JE_MULTI bits hold them whole (jpeg_multi's tables, built on the device per batch). Only the DC values (the
  *       predictors' sums) and the run lengths matter to a chunk's exit, so its exits are those of one symbol at a
@@ -179,11 +184,14 @@ inline int je_has_ff4(const uchar4 v)
  * is found once per block. `multi` (synchronising only, coef null; 0: one symbol at a time): the batch's jpeg_multi
  * tables, which take plain AC symbols several at a time from the register buffer. `ck` (synchronising only; 0:
  * none): the chunk's JE_CKPTS checkpoints, each written at the first block start at or past bit ck_from + (c + 1) *
- * ck_step (p, u, the blocks completed and the DC sums so far), -1 where the decode stops before it. */
+ * ck_step (p, u, the blocks completed and the DC sums so far), -1 where the decode stops before it. `was` (with ck;
+ * 0: none): the exit of the chunk's last decode, whose checkpoints ck holds: at a checkpoint where this decode is in
+ * that decode's state, it takes that decode's exit and checkpoints, moved by the blocks and DC sums read before. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
                   int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
                   __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total,
-                  __global const je_multi_t *multi, __global int *ck, const int ck_from, const int ck_step)
+                  __global const je_multi_t *multi, __global int *ck, const int ck_from, const int ck_step,
+                  __global const int *was)
 {
     *blocks = 0;
     int p = *pos * 8 + *bit;  /* the next bit, 8 * byte + bit */
@@ -200,6 +208,19 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
         if (ck && *k == 0) {
             while (ci < JE_CKPTS && p >= ck_from + (ci + 1) * ck_step) {
                 __global int *w = ck + ci * JE_CK;
+                if (was && w[0] == p && w[1] == *u) {
+                    /* the chunk's last decode passed this checkpoint in this state: from here on this decode is
+                     * that one, so its exit and later checkpoints are that decode's, the blocks and DC sums moved
+                     * by what the two decodes read before this point */
+                    const int db = *blocks - w[2], e0 = *dc0 - w[3], e1 = *dc1 - w[4], e2 = *dc2 - w[5];
+                    for (int i = ci; i < JE_CKPTS; ++i) {
+                        __global int *x = ck + i * JE_CK;
+                        if (x[0] >= 0) { x[2] += db; x[3] += e0; x[4] += e1; x[5] += e2; }
+                    }
+                    *pos = was[0] >> 3; *bit = was[0] & 7; *u = was[1]; *k = was[2];
+                    *blocks = was[3] + db; *dc0 = was[4] + e0; *dc1 = was[5] + e1; *dc2 = was[6] + e2;
+                    return 0;
+                }
                 w[0] = p; w[1] = *u; w[2] = *blocks; w[3] = *dc0; w[4] = *dc1; w[5] = *dc2;
                 ++ci;
             }
@@ -346,7 +367,7 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
                         const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
                         __global const int *prev, __global int *next, __global int *used, __global int *settled,
                         const int round, const int last_round, const int lookback,
-                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt)
+                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume)
 {
     const int j = get_global_id(0);
     if (j >= nchunks) return;
@@ -357,6 +378,8 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
     __global int *o = next + j * JE_STATE;
     __global int *in = used + j * JE_USED;
     int pos, bit = 0, u = 0, k = 0, valid = 1;
+    /* this chunk decoded before from a valid entry: prev holds that decode's exit and ckpt its checkpoints */
+    const int again = resume && round > 0 && in[3];
     if (round > 0) {
         /* the entry is the exit of the chunk before (the first chunk's is exact and never changes); the same entry
          * as this chunk's last decode used gives the same exit: copy it */
@@ -385,14 +408,15 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
             if (pos > s[1] && data[pos - 1] == 0xFF && data[pos] == 0x00) pos += 1;  /* never inside a stuffed pair */
             if (pos < ch[1])
                 je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[1] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0,
-                       mt, 0, 0, 0);
+                       mt, 0, 0, 0, 0);
             blocks = 0; d0 = 0; d1 = 0; d2 = 0;
         }
     }
     in[0] = pos * 8 + bit; in[1] = u; in[2] = k; in[3] = valid;
     if (valid) {
         je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, (long)ch[2] * 8, &blocks, &d0, &d1, &d2, 0, 0, 0, 0, 0, mt,
-               ckpt + j * JE_CKPTS * JE_CK, ch[1] * 8, (ch[2] - ch[1]) * 8 / (JE_CKPTS + 1));
+               ckpt + j * JE_CKPTS * JE_CK, ch[1] * 8, (ch[2] - ch[1]) * 8 / (JE_CKPTS + 1),
+               again ? prev + j * JE_STATE : 0);
     }
     const int p = pos * 8 + bit;
     if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
@@ -502,7 +526,7 @@ __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, 
     const long stop = next_ck ? (long)ck[part * JE_CK] : (last ? 0x7FFFFFFFFFFFL : (long)ch[2] * 8);
     int blocks = 0;
     int why = je_run(data, s[2], tab, &m, &pos, &bit, &u, &k, stop, &blocks, &d0, &d1, &d2, coef, b0, s[3], im[0],
-                     total, 0, 0, 0, 0);
+                     total, 0, 0, 0, 0, 0);
     if (!why && last && b0 + blocks != total) why = JE_BAD_COUNT;
     if (!why && b0 + blocks == total) {
         /* this part completed the segment: libjpeg's clean end, only padding bits (< 8, within the byte at pos)

@@ -367,6 +367,8 @@ def test_a_decoder_refuses_one_round_which_could_not_tell_settled_segments(cl_se
         JpegDecoder(ctx, dev, lookback=-1)
     with pytest.raises(ValueError, match="checkpoints must be 0 to 15"):
         JpegDecoder(ctx, dev, checkpoints=16)
+    with pytest.raises(ValueError, match="chunk_bytes at least 8"):
+        JpegDecoder(ctx, dev, long_chunk_bytes=7)
 
 
 def test_batches_enqueued_one_after_another_before_any_is_read_each_get_their_own_pixels(cl_setup):
@@ -397,6 +399,39 @@ def test_batches_enqueued_one_after_another_before_any_is_read_each_get_their_ow
             assert ok or data is groups[2][1]
             if ok:  # what the device accepts is Pillow's, exactly
                 assert_same(host[w.offset:w.offset + f.size[0] * f.size[1] * 3].reshape(f.size[1], f.size[0], 3), data)
+
+
+@pytest.mark.parametrize("long_from", [0, 2_000, 10 ** 9])
+def test_long_segments_are_cut_into_their_own_chunk_size_and_decode_as_pillow(cl_setup, monkeypatch, long_from):
+    """Segments of LONG_SEGMENT_BYTES or more get long_chunk_bytes chunks, the rest chunk_bytes: every segment is
+    covered by its chunks end to end, each chunk as long as its segment's size says but the last, and the pixels of a
+    batch that mixes both are Pillow's."""
+    from vggserve.decoding.device import JpegDecoder
+    import vggserve.decoding.device.decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "LONG_SEGMENT_BYTES", long_from)
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=24, long_chunk_bytes=56, rounds=6)
+    datas = [d for _, d in corpus.pillow_corpus()[::3]]
+    datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, restart_marker_blocks=r)
+              for w, h, s, q, r in [(160, 120, 2, 95, 0), (99, 201, 1, 90, 7), (250, 17, 0, 100, 0)]]
+    images, run = decode_with(decoder, queue, datas)
+    assert all(run.ok()), run.reasons()
+    for data, got in zip(datas, images):
+        assert_same(got, data)
+    seg, chunk = run.batch.seg, run.batch.chunk
+    lengths = seg[:, 2] - seg[:, 1]
+    longs = 0
+    for s_, length in zip(seg, lengths):
+        mine = chunk[s_[6]:s_[6] + s_[7]]
+        size = 56 if length >= long_from else 24
+        longs += size == 56
+        assert (mine[:, 0] == np.flatnonzero((seg == s_).all(axis=1))[0]).all()
+        assert mine[0, 1] == s_[1] and mine[-1, 2] == s_[2] and (mine[1:, 1] == mine[:-1, 2]).all()
+        assert (mine[:-1, 2] - mine[:-1, 1] == size).all() and 0 < mine[-1, 2] - mine[-1, 1] <= max(size, length)
+        assert s_[7] == max(1, -(-length // size))
+    assert longs == {0: len(seg), 2_000: int((lengths >= 2_000).sum()), 10 ** 9: 0}[long_from]
+    assert 0 < int((lengths >= 2_000).sum()) < len(seg)  # the middle case mixes both
 
 
 @pytest.mark.parametrize("sizes", [[1], [3, 1, 255], [256], [257, 1000, 2], [700] * 100 + [1999] * 7])
@@ -628,6 +663,47 @@ def test_multi_symbol_rounds_leave_the_exits_of_one_symbol_at_a_time(cl_setup, c
                                       multi=multi), queue, datas) for multi in (True, False)]
     for name, a, b in zip(("exits", "entries used", "settled", "ok", "flagged"), *states):
         assert np.array_equal(a, b), name
+
+
+def checkpoints_of(decoder, queue, n: int) -> np.ndarray:
+    """Each chunk's checkpoints after the rounds, (n, checkpoints, 6); the fields of one a decode ended before (its bit
+    -1) zeroed, as nothing reads them."""
+    ck = np.empty((n, decoder.checkpoints, 6), np.int32)
+    cl.enqueue_copy(queue, ck, decoder._ckpt.get(ck.nbytes))
+    ck[:, :, 1:][ck[:, :, 0] < 0] = 0
+    return ck
+
+
+@pytest.mark.parametrize("chunk_bytes, rounds, lookback, checkpoints",
+                         [(8, 3, 0, 1), (37, 4, None, 3), (128, 6, None, 3), (64, 5, 300, 7), (96, 8, 0, 15)])
+def test_chunks_that_resume_their_last_decode_leave_the_exits_and_checkpoints_of_whole_decodes(
+        cl_setup, chunk_bytes, rounds, lookback, checkpoints):
+    """A chunk decoding again stops where it meets its last decode at a checkpoint and takes that decode's exit and
+    later checkpoints, moved by the blocks and DC sums read before: every exit, entry used, settled flag and
+    checkpoint is what decoding every chunk whole gives, on good files and hostile ones, and the pixels are
+    Pillow's."""
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    good = [d for _, d in corpus.pillow_corpus()[1::2]]
+    good += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, optimize=o,
+                                restart_marker_blocks=r)
+             for w, h, s, q, o, r in [(160, 120, 2, 95, False, 0), (99, 201, 1, 40, True, 5),
+                                      (250, 17, 0, 100, False, 0), (300, 200, 2, 75, True, 0)]]
+    datas = good + [d for _, d in hostile_inputs() if prepare(d)]
+    states = []
+    for resume in (True, False):
+        decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
+                              checkpoints=checkpoints, resume=resume)
+        got = sync_states(decoder, queue, datas)
+        states.append(got + (checkpoints_of(decoder, queue, got[0].shape[0]),))
+    for name, a, b in zip(("exits", "entries used", "settled", "ok", "flagged", "checkpoints"), *states):
+        assert np.array_equal(a, b), name
+    images, run = decode_with(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
+                                          checkpoints=checkpoints), queue, good)
+    assert all(run.ok()), run.reasons()
+    for data, image in zip(good, images):
+        assert_same(image, data)
 
 
 @pytest.mark.parametrize("chunk_bytes", [8, 64])

@@ -33,12 +33,20 @@ PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl
 # first byte (LOOKBACK_CHUNKS 0), 192-byte chunks settled 500x375 photos by round 8 and the photo mix by round 11 on
 # an H100, with the least device time of 96 to 192 bytes and lookbacks of 0 to 256 (BENCHMARKS.md, 21st session)
 CHUNK_BYTES = 192
+# a long scan's chunks: a 12 MP photo's segment settles in fewer rounds with larger chunks (the photo mix's rounds
+# took 3.6 ms per batch in 192-byte chunks and 2.7 in 384-byte ones; BENCHMARKS.md, 21st session), a 76 KB photo's
+# in 192-byte ones. Segments of LONG_SEGMENT_BYTES or more are cut into LONG_CHUNK_BYTES.
+LONG_CHUNK_BYTES = 384
+LONG_SEGMENT_BYTES = 256 << 10
 ROUNDS = 20  # its synchronisation rounds; a segment not settled by then is decoded serially
 LOOKBACK_CHUNKS = 0  # round 0 guesses a chunk's entry by decoding from this many chunks before it
 MULTI = True  # the rounds' multi-symbol tables by default (benchmarks/device_decode.py --one-symbol turns them off)
 # jpeg_entropy.cl's JE_CKPTS: the states a chunk's decode records on its way (at block starts past each quarter of
 # it), from which the decoding pass decodes its quarters in parallel (a work-item each)
 CHECKPOINTS = 3
+# a chunk decoding again from a new entry stops at the first checkpoint where it meets its last decode's state, and
+# takes that decode's exit (False: every such chunk decodes whole, as before; benchmarks/device_decode.py --no-resume)
+RESUME = True
 MULTI_BITS = 14  # jpeg_entropy.cl's JE_MULTI: index bits of a Huffman table's multi-symbol table
 MULTI_ENTRIES = 1 << MULTI_BITS  # its entries (uint16)
 CHECKPOINT_INTS = 6  # jpeg_entropy.cl's JE_CK: ints per checkpoint
@@ -54,7 +62,7 @@ _HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
 _IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
 _COLOR = (None, None, _I, _I, None, _I, _I)
 _COLOR_QUAD = (None, None, _I, _I, None, _I)
-_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I, None)
+_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I, None, _I)
 _MULTI = (None, _I, _I, None)
 _PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
 _DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None, None)
@@ -204,25 +212,34 @@ class JpegDecoder:
     """The three decoding kernels of one OpenCL context and device, with their scratch buffers."""
 
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
+                 long_chunk_bytes: int | None = None,
                  rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad",
-                 multi: bool | None = None, checkpoints: int = CHECKPOINTS):
+                 multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
-        decodes every segment with one work-item (jpeg_huffman.cl alone). lookback: the bytes before its chunk
+        decodes every segment with one work-item (jpeg_huffman.cl alone). long_chunk_bytes: the chunks of segments of
+        LONG_SEGMENT_BYTES or more (None: LONG_CHUNK_BYTES, or chunk_bytes where that was given; 0: chunk_bytes). lookback: the bytes before its chunk
         from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks). kernels: which
         variant of jpeg_color.cl runs (KERNELS: the same bytes; benchmarks/device_decode.py --variants compares).
         multi: the rounds take plain AC symbols several at a time (jpeg_multi's tables); False: one at a time (the
         same exits, slower: kept to measure the difference); None: MULTI. checkpoints: the states each chunk's
-        decode records, where the decoding pass splits the chunk into checkpoints + 1 parts (0: whole chunks)."""
+        decode records, where the decoding pass splits the chunk into checkpoints + 1 parts (0: whole chunks).
+        resume: a chunk decoding again stops where it meets its last decode at a checkpoint (the same exits; None:
+        RESUME)."""
         from ...runtime.programs import ProgramCache
 
         if kernels not in KERNELS:
             raise ValueError(f"decoder kernels {kernels!r} is not one of {', '.join(KERNELS)}")
-        if rounds == 1 or rounds < 0 or chunk_bytes < 8:
+        if long_chunk_bytes is None:
+            long_chunk_bytes = LONG_CHUNK_BYTES if chunk_bytes == CHUNK_BYTES else chunk_bytes
+        long_chunk_bytes = long_chunk_bytes or chunk_bytes
+        if rounds == 1 or rounds < 0 or min(chunk_bytes, long_chunk_bytes) < 8:
             raise ValueError(f"rounds must be 0 or at least 2 (a settled segment is one whose last round changed "
-                             f"nothing), chunk_bytes at least 8; got {rounds}, {chunk_bytes}")
+                             f"nothing), chunk_bytes at least 8; got {rounds}, {chunk_bytes}, {long_chunk_bytes}")
+        self.long_chunk_bytes = long_chunk_bytes
         cache = cache or ProgramCache(context, device)
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
         self.multi = MULTI if multi is None else bool(multi)
+        self.resume = RESUME if resume is None else bool(resume)
         if not 0 <= checkpoints <= 15:
             raise ValueError(f"checkpoints must be 0 to 15, got {checkpoints}")
         self.checkpoints = checkpoints
@@ -269,7 +286,8 @@ class JpegDecoder:
             raise ValueError("a device decode needs at least one file")
         slot = self._staging.next()
         self.events = {}
-        batch, meta, at, pixels = lay_out(files, windows, self.chunk_bytes if self.rounds else 0,
+        chunking = (self.chunk_bytes, self.long_chunk_bytes) if self.rounds else 0
+        batch, meta, at, pixels = lay_out(files, windows, chunking,
                                           lambda role, nbytes, dtype=np.uint8: slot.array(queue, role, nbytes, dtype))
         nseg, nimg, nplanes = batch.seg.shape[0], batch.img.shape[0], batch.plane.shape[0]
         data_buf = self._data.get(batch.data.nbytes + 16)
@@ -323,7 +341,7 @@ class JpegDecoder:
         k, sync = self.k_sync, self.events.setdefault("sync", [])
         for r in range(self.rounds):
             k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
-                       r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt)
+                       r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt, int(self.resume))
             sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
@@ -362,14 +380,16 @@ class JpegDecoder:
         return event
 
 
-def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes: int, array) -> tuple:
+def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes, array) -> tuple:
     """The host's layout of a batch: (Batch, its meta table, where each part of the meta starts, pixels). The
-    parts are seg, img, comp, tab, plane, quant and the window table, back to back; `chunk_bytes` 0 leaves the
-    segments unchunked. `array(role, nbytes, dtype=uint8)`: staging memory ("data", "meta") to write them into."""
+    parts are seg, img, comp, tab, plane, quant and the window table, back to back. `chunk_bytes`: the chunks'
+    bytes, or (bytes, bytes of a segment of LONG_SEGMENT_BYTES or more); 0 leaves the segments unchunked.
+    `array(role, nbytes, dtype=uint8)`: staging memory ("data", "meta") to write them into."""
     batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files],
                        place=lambda nbytes: array("data", nbytes + 16))
     if chunk_bytes:
-        batch.chunked(chunk_bytes)
+        size, long_size = chunk_bytes if isinstance(chunk_bytes, tuple) else (chunk_bytes, chunk_bytes)
+        batch.chunked(size, long_size, LONG_SEGMENT_BYTES)
     win, pixels = _windows(files, windows, batch)
     parts = [batch.seg, batch.img, batch.comp, batch.tab, batch.plane, batch.quant, win]
     sizes = [p.size for p in parts]

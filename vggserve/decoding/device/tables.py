@@ -109,19 +109,23 @@ class Batch:
     chunk: np.ndarray | None = None  # jpeg_entropy.cl's chunks (segment, first byte, end byte, 0), after chunked()
     size: np.ndarray | None = None  # int64 (width, height) of each image as stored (before its EXIF orientation)
 
-    def chunked(self, size: int) -> None:
-        """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count)."""
+    def chunked(self, size: int, long_size: int | None = None, long_from: int | None = None) -> None:
+        """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count);
+        segments of at least `long_from` bytes (when given) into chunks of `long_size`."""
         start, end = self.seg[:, 1].astype(np.int64), self.seg[:, 2].astype(np.int64)
-        count = np.maximum(1, -(-(end - start) // size))
+        per = np.full(len(start), size, np.int64)
+        if long_size and long_from is not None:
+            per[end - start >= long_from] = long_size
+        count = np.maximum(1, -(-(end - start) // per))
         first = np.cumsum(count) - count
         self.seg[:, 6], self.seg[:, 7] = first, count
         n = int(count.sum())
         self.chunk = chunk = np.empty((n, CHUNK), np.int32)
         chunk[:, 0] = np.repeat(np.arange(len(count), dtype=np.int32), count)
-        lo = np.arange(0, n * size, size, dtype=np.int64)
-        lo += np.repeat(start - first * size, count)  # chunk k of a segment starts k * size bytes into it
-        chunk[:, 1] = lo
-        lo += size
+        step = np.repeat(per, count)
+        lo = (np.arange(n, dtype=np.int64) - np.repeat(first, count)) * step + np.repeat(start, count)
+        chunk[:, 1] = lo  # chunk k of a segment starts k chunks' bytes into it
+        lo += step
         chunk[:, 2] = lo
         chunk[first + count - 1, 2] = end  # every chunk but the last of its segment ends inside the segment
         chunk[:, 3] = 0
