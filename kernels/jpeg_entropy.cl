@@ -508,7 +508,7 @@ __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, 
     } else {
         __global const int *e = state + (j - 1) * JE_STATE;
         if (!e[7]) {
-            if (!part) status[sg] = JH_BAD_CODE;
+            if (!part) atomic_max(status + sg, JH_BAD_CODE);
             return;
         }
         pos = e[0] >> 3; bit = e[0] & 7; u = e[1]; k = e[2];
@@ -540,5 +540,7 @@ __kernel void jpeg_decode(__global const uchar *data, __global const int *meta, 
             why = JH_TRAILING;
         }
     }
-    if (why) status[sg] = why;
+    /* the parts of a segment run at once and more than one may find an error: the highest code is the one kept,
+     * whichever order they come in */
+    if (why) atomic_max(status + sg, why);
 }
