@@ -124,3 +124,26 @@ def test_smi_summary_averages_each_gpus_loaded_seconds_per_phase():
         "child engines 0 gpu 0: 2 s busy, util 80%, SM 1970 MHz, 550 W, throttle "
         "[('0x0000000000000000', 1), ('0x0000000000000004', 1)]",
         "child engines 3 gpu 1: 1 s busy, util 60%, SM 1980 MHz, 520 W, throttle [('0x0000000000000000', 1)]"]
+
+
+def test_engines_side_by_side_runs_one_process_per_device_alone_then_together():
+    """benchmarks/engines_side_by_side.py on PoCL as two "devices": one process alone, then two at once, each
+    printing its engine and decode + network rates, and the sums against the one alone."""
+    import re
+    import sys
+
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "engines_side_by_side.py"), "--devices", "cpu,cpu",
+                          "--seconds", "0.1", "--width", "0.0625", "--images", "8", "--batch", "4", "--lead", "2"],
+                         capture_output=True, text=True, timeout=1200, check=True).stdout
+    lines = out.splitlines()
+    rates = [line for line in lines if re.fullmatch(r"  cpu: engine [\d.]+ images/s; decode \+ network [\d.]+ "
+                                                    r"images/s \([\d.]+ ms CPU per image\)", line)]
+    assert lines[0] == "cpu alone:" and "2 at once:" in lines and len(rates) == 3
+    summary = re.fullmatch(r"side by side: 2 devices, engine ([\d.]+) images/s \(([\d.]+)x one alone\), decode \+ "
+                           r"network ([\d.]+) images/s \(([\d.]+)x one alone\)", lines[-1])
+    assert summary
+    together = [[float(x) for x in re.findall(r"[\d.]+(?= images/s)", line)] for line in rates[1:]]
+    alone = [float(x) for x in re.findall(r"[\d.]+(?= images/s)", rates[0])]
+    assert abs(float(summary.group(1)) - sum(r[0] for r in together)) < 0.11
+    assert abs(float(summary.group(2)) - sum(r[0] for r in together) / alone[0]) < 0.01 + 0.2 / alone[0]
+    assert abs(float(summary.group(3)) - sum(r[1] for r in together)) < 0.11
