@@ -86,6 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="load client: raw (vggserve.loadtest.rawhttp, little CPU per request; http only) or "
                         "httpx (the harness's client) (default raw)")
     p.add_argument("--url", default=None, help="drive this running server instead of starting one")
+    p.add_argument("--lanes", type=int, default=None, metavar="N",
+                   help="the server's --lanes (forward passes at once per device; default: the server's, 1)")
     p.add_argument("--skip-engine", action="store_true", help="do not time the engine")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     p.add_argument("--require", type=float, default=None, help="exit 1 if service/engine is below this ratio")
@@ -436,7 +438,7 @@ def main(argv=None) -> int:
         bodies = [Path(args.image).read_bytes() if args.image else synthetic_jpeg()]
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
            "resize_on": args.resize_on or "device", "image_mix": args.image_mix, "decode": args.decode or "exact",
-           "decode_group": args.decode_group,
+           "decode_group": args.decode_group, "lanes": args.lanes,
            "precision": args.precision,
            "client": args.client,
            "duration_s": args.duration, "preprocess_threads": args.preprocess_threads,
@@ -476,6 +478,8 @@ def main(argv=None) -> int:
             serve_args += ["--decode", args.decode]
         if args.decode_group is not None:
             serve_args += ["--decode-group", str(args.decode_group)]
+        if args.lanes is not None:
+            serve_args += ["--lanes", str(args.lanes)]
         if args.precision is not None and cli_takes("serve", "--precision"):
             serve_args += ["--precision", args.precision]
         with ServerProcess.serve_cli(serve_args) as server:
