@@ -183,8 +183,8 @@ def main() -> None:
     res["segments_in_parallel"] = run.segments_in_parallel()
     way = (("multi-symbol" if decoder.multi else "one symbol at a time") + f", {decoder.checkpoints} checkpoints"
            + ("" if decoder.resume else ", no resuming"))
-    print(f"chunks of {decoder.chunk_bytes} bytes ({decoder.long_chunk_bytes} in long segments), lookback {decoder.lookback}, {decoder.rounds} rounds, {way}: "
-          f"device decode identical to Pillow: "
+    print(f"chunks of {decoder.chunk_bytes} bytes ({decoder.long_chunk_bytes} in long segments), lookback "
+          f"{decoder.lookback}, {decoder.rounds} rounds, {way}: device decode identical to Pillow: "
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "
           f"{res['segments_in_parallel']}/{len(distinct)})")
 

@@ -21,8 +21,8 @@
  *       A chunk that decodes again from a new entry (`resume`) stops at the first of its checkpoints where it is in
  *       the state its last decode recorded there (same bit, same block of the MCU, a block start): the rest of the
  *       decode would be that one's, so the exit and the later checkpoints are that decode's, their blocks and DC
- *       sums moved by the difference at the checkpoint. Most new entries resynchronise within a few symbols, so
- *       round 1 (in which nearly every chunk's entry changes) decodes about a quarter of each chunk.
+ *       sums moved by the difference at the checkpoint. A new entry mostly resynchronises within a few symbols,
+ *       so most such decodes stop early (a warp still takes as long as its slowest lane).
  *       The rounds read a plain AC symbol's run without its value: several of them at once where the next
  *       JE_MULTI bits hold them whole (jpeg_multi's tables, built on the device per batch). Only the DC values (the
  *       predictors' sums) and the run lengths matter to a chunk's exit, so its exits are those of one symbol at a

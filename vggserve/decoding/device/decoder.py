@@ -217,7 +217,8 @@ class JpegDecoder:
                  multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). long_chunk_bytes: the chunks of segments of
-        LONG_SEGMENT_BYTES or more (None: LONG_CHUNK_BYTES, or chunk_bytes where that was given; 0: chunk_bytes). lookback: the bytes before its chunk
+        LONG_SEGMENT_BYTES or more (None: LONG_CHUNK_BYTES with the default chunk_bytes, chunk_bytes with another;
+        0: chunk_bytes). lookback: the bytes before its chunk
         from which round 0 decodes to guess the chunk's entry (default LOOKBACK_CHUNKS chunks). kernels: which
         variant of jpeg_color.cl runs (KERNELS: the same bytes; benchmarks/device_decode.py --variants compares).
         multi: the rounds take plain AC symbols several at a time (jpeg_multi's tables); False: one at a time (the
