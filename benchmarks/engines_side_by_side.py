@@ -27,7 +27,7 @@ def one(device: str, seconds: float, start_at: float, width: float, images: int,
     """This process's device: its rates, printed as `device: engine X images/s; decode + network Y images/s`."""
     import numpy as np
 
-    from device_decode import corpus
+    from device_decode import corpus, streamed_network
     from vggserve.decoding.device.onmodel import decode_for_model
     from vggserve.model.vgg16 import VGG16
     from vggserve.weights.init import init_weights
@@ -37,25 +37,12 @@ def one(device: str, seconds: float, start_at: float, width: float, images: int,
     groups = [files[i:i + batch] for i in range(0, len(files), batch)]
     crops = np.zeros((batch, 224, 224, 3), np.uint8)
 
-    def stream(make) -> tuple[float, float]:
-        pending, n = [], 0
-        t0, c0 = time.perf_counter(), time.process_time()
-        while time.perf_counter() - t0 < seconds or n == 0:
-            for g in groups:
-                pending.append(model.submit(make(g), "logits"))
-                if len(pending) > 1:
-                    pending.pop(0).result()
-                n += len(g)
-        for p in pending:
-            p.result()
-        return n / (time.perf_counter() - t0), (time.process_time() - c0) * 1e3 / n
-
     model.submit(crops, "logits").result()  # warm: kernels built, buffers made
     model.submit(decode_for_model(model, groups[0]), "logits").result()
     while time.time() < start_at:
         time.sleep(0.01)
-    engine, _ = stream(lambda g: crops)
-    decoded, cpu = stream(lambda g: decode_for_model(model, g))
+    engine, _ = streamed_network(model, groups, lambda g: crops, seconds)
+    decoded, cpu = streamed_network(model, groups, lambda g: decode_for_model(model, g), seconds)
     print(f"{device}: engine {engine:.1f} images/s; decode + network {decoded:.1f} images/s "
           f"({cpu:.3f} ms CPU per image)", flush=True)
 

@@ -309,6 +309,15 @@ def decode_with(decoder, queue, datas):
     return images, run
 
 
+def decoded_as_pillow(decoder, queue, datas):
+    """Decode `datas` in one batch, assert every file took the device and came out as Pillow's; the run."""
+    images, run = decode_with(decoder, queue, datas)
+    assert all(run.ok()), run.reasons()
+    for data, got in zip(datas, images):
+        assert_same(got, data)
+    return run
+
+
 @pytest.fixture(scope="module")
 def cl_setup(test_device):
     from vggserve.runtime import devices as devs
@@ -329,10 +338,7 @@ def test_parallel_entropy_decoding_in_any_chunking_gives_pillows_pixels(cl_setup
     datas = [d for _, d in corpus.pillow_corpus()[::3]]
     datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=95, subsampling=s) for w, h, s in
               [(160, 120, 2), (99, 201, 1), (250, 17, 0)]]
-    images, run = decode_with(decoder, queue, datas)
-    assert all(run.ok()), run.reasons()
-    for data, got in zip(datas, images):
-        assert_same(got, data)
+    run = decoded_as_pillow(decoder, queue, datas)
     if rounds == 0:
         assert run.segments_in_parallel() == 0
     elif chunk_bytes <= 64:
@@ -350,10 +356,7 @@ def test_the_decoding_pass_in_any_number_of_parts_gives_pillows_pixels(cl_setup,
     datas = [d for _, d in corpus.pillow_corpus()[1::4]]
     datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, restart_marker_blocks=r)
               for w, h, s, q, r in [(160, 120, 2, 95, 0), (99, 201, 1, 40, 3), (250, 17, 0, 100, 0)]]
-    images, run = decode_with(decoder, queue, datas)
-    assert all(run.ok()), run.reasons()
-    for data, got in zip(datas, images):
-        assert_same(got, data)
+    run = decoded_as_pillow(decoder, queue, datas)
     assert run.segments_in_parallel() > 0
 
 
@@ -415,18 +418,15 @@ def test_long_segments_are_cut_into_their_own_chunk_size_and_decode_as_pillow(cl
     datas = [d for _, d in corpus.pillow_corpus()[::3]]
     datas += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, restart_marker_blocks=r)
               for w, h, s, q, r in [(160, 120, 2, 95, 0), (99, 201, 1, 90, 7), (250, 17, 0, 100, 0)]]
-    images, run = decode_with(decoder, queue, datas)
-    assert all(run.ok()), run.reasons()
-    for data, got in zip(datas, images):
-        assert_same(got, data)
+    run = decoded_as_pillow(decoder, queue, datas)
     seg, chunk = run.batch.seg, run.batch.chunk
     lengths = seg[:, 2] - seg[:, 1]
     longs = 0
-    for s_, length in zip(seg, lengths):
+    for index, (s_, length) in enumerate(zip(seg, lengths)):
         mine = chunk[s_[6]:s_[6] + s_[7]]
         size = 56 if length >= long_from else 24
         longs += size == 56
-        assert (mine[:, 0] == np.flatnonzero((seg == s_).all(axis=1))[0]).all()
+        assert (mine[:, 0] == index).all()
         assert mine[0, 1] == s_[1] and mine[-1, 2] == s_[2] and (mine[1:, 1] == mine[:-1, 2]).all()
         assert (mine[:-1, 2] - mine[:-1, 1] == size).all() and 0 < mine[-1, 2] - mine[-1, 1] <= max(size, length)
         assert s_[7] == max(1, -(-length // size))
@@ -699,11 +699,8 @@ def test_chunks_that_resume_their_last_decode_leave_the_exits_and_checkpoints_of
         states.append(got + (checkpoints_of(decoder, queue, got[0].shape[0]),))
     for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons", "checkpoints"), *states):
         assert np.array_equal(a, b), name
-    images, run = decode_with(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
-                                          checkpoints=checkpoints), queue, good)
-    assert all(run.ok()), run.reasons()
-    for data, image in zip(good, images):
-        assert_same(image, data)
+    decoded_as_pillow(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
+                                  checkpoints=checkpoints), queue, good)
 
 
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
