@@ -147,3 +147,11 @@ def test_engines_side_by_side_runs_one_process_per_device_alone_then_together():
     assert abs(float(summary.group(1)) - sum(r[0] for r in together)) < 0.11
     assert abs(float(summary.group(2)) - sum(r[0] for r in together) / alone[0]) < 0.01 + 0.2 / alone[0]
     assert abs(float(summary.group(3)) - sum(r[1] for r in together)) < 0.11
+
+
+def test_read_files_times_read_source_against_the_stream_path(tmp_path, capsys):
+    load_script("read_files").main(["--files", "5", "--dir", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("5 files of ") and len(list(tmp_path.glob("*.jpg"))) == 5
+    assert [line.split(":")[0] for line in lines[1:]] == ["read_source", "the stream path (before)"] * 2
+    assert all(" us CPU, " in line and line.endswith(" us wall per file") for line in lines[1:])

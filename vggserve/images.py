@@ -107,8 +107,9 @@ def read_source(source: Source) -> tuple[bytes, str]:
 def _read_regular_file(path) -> bytes | None:
     """Every byte of a regular, non-empty file in four system calls (stat, open, read, close), or None for anything
     else: a path that is missing, unreadable, empty, a directory or a pipe, which `_binary_stream` then reads or
-    refuses with its messages. A file object's buffered reads, seeks and second fstat cost three times the CPU per
-    file (60 against 20 us for a 45 KB JPEG on a 2-core VM): the batch job reads every input this way."""
+    refuses with its messages. The stream path's buffered file object, seeks and fstat cost half as much again per
+    file (42-46 against 26-30 us of CPU for a 76 KB JPEG on a 2-core VM: benchmarks/read_files.py), and the batch
+    job reads every input here."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
