@@ -113,18 +113,25 @@ class Batch:
         """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count);
         segments of at least `long_from` bytes (when given) into chunks of `long_size`."""
         start, end = self.seg[:, 1].astype(np.int64), self.seg[:, 2].astype(np.int64)
-        per = np.full(len(start), size, np.int64)
-        if long_size and long_from is not None:
-            per[end - start >= long_from] = long_size
+        per = size
+        if long_size and long_size != size and long_from is not None:
+            longer = end - start >= long_from
+            if longer.any():  # else one size for all, the cheaper arithmetic below (no per-chunk sizes)
+                per = np.where(longer, long_size, size)
         count = np.maximum(1, -(-(end - start) // per))
         first = np.cumsum(count) - count
         self.seg[:, 6], self.seg[:, 7] = first, count
         n = int(count.sum())
         self.chunk = chunk = np.empty((n, CHUNK), np.int32)
         chunk[:, 0] = np.repeat(np.arange(len(count), dtype=np.int32), count)
-        step = np.repeat(per, count)
-        lo = (np.arange(n, dtype=np.int64) - np.repeat(first, count)) * step + np.repeat(start, count)
-        chunk[:, 1] = lo  # chunk k of a segment starts k chunks' bytes into it
+        if isinstance(per, int):
+            lo = np.arange(0, n * per, per, dtype=np.int64)
+            lo += np.repeat(start - first * per, count)  # chunk k of a segment starts k * size bytes into it
+            step = per
+        else:
+            step = np.repeat(per, count)
+            lo = (np.arange(n, dtype=np.int64) - np.repeat(first, count)) * step + np.repeat(start, count)
+        chunk[:, 1] = lo
         lo += step
         chunk[:, 2] = lo
         chunk[first + count - 1, 2] = end  # every chunk but the last of its segment ends inside the segment
