@@ -40,17 +40,18 @@ LIBCLC = Path("/usr/lib/clc/nvptx64--nvidiacl.bc")
 FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_wgmma": ("conv_tc.cl", "conv_tc"),
          "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"), "tc_halo_wgmma": ("conv_tc_halo.cl", "conv_tc_halo"),
          "tc_sparse24": ("conv_tc_sparse.cl", "conv_tc_sparse"),
-         "tc_halo_sparse24": ("conv_tc_halo_sparse.cl", "conv_tc_halo_sparse")}
+         "tc_halo_sparse24": ("conv_tc_halo_sparse.cl", "conv_tc_halo_sparse"),
+         "wgmma_halo": ("conv_wg_halo.cl", "conv_wg_halo")}
 
 
-WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma")  # built with WGMMA = 1, patched and assembled for sm_90a
-DENSE_ALGOS = ("tc_gemm", "tc_wgmma", "tc_halo", "tc_halo_wgmma")  # FP16 and TF32 (the 2:4 ones: FP16 only)
+WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma", "wgmma_halo")  # built with WGMMA = 1, patched and assembled for sm_90a
+DENSE_ALGOS = ("tc_gemm", "tc_wgmma", "tc_halo", "tc_halo_wgmma", "wgmma_halo")  # FP16 and TF32 (the 2:4 ones: FP16 only)
 
 
 def tunables(algo: str) -> tuple:
-    from vggserve.ops import tensorcore, tensorcore_sparse
+    from vggserve.ops import tensorcore, tensorcore_sparse, wgmma_halo
 
-    return {"tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
+    return {"wgmma_halo": wgmma_halo.TUNABLES, "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
             "tc_halo_wgmma": tensorcore.HALO_WGMMA_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
             "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
@@ -89,7 +90,11 @@ def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
         return [("conv", conv), ("conv split-K", {**conv, "SPLITK": 1}),
                 ("fc last", {**base, "TF32": tf32, "KS": 1, "PAD": 0, "RELU": 0, "OUT_F32": 1})]
-    if algo in ("tc_halo", "tc_halo_wgmma"):
+    if algo == "wgmma_halo":
+        from vggserve.ops.wgmma_halo import layout_defines
+
+        base.update(layout_defines(tiles["TH"]))
+    if algo in ("tc_halo", "tc_halo_wgmma", "wgmma_halo"):
         conv = {**base, "TF32": int(precision == "tf32"), "RELU": 1, "OUT_F32": 0, "POOL": 0}
         return [("conv", conv)] + ([("conv POOL=1", {**conv, "POOL": 1})] if pools(algo, tiles) else [])
     conv = {**base, "RELU": 1}
@@ -127,9 +132,10 @@ def shipped_configs() -> list[tuple[str, str, dict]]:
 
 def candidate_configs() -> list[tuple[str, str, dict]]:
     """Every registry candidate tile of the entries, at each precision the entry runs."""
-    from vggserve.ops import tensorcore, tensorcore_sparse
+    from vggserve.ops import tensorcore, tensorcore_sparse, wgmma_halo
 
-    lists = {"tc_gemm": (tensorcore.TILES, tensorcore.valid),
+    lists = {"wgmma_halo": (wgmma_halo.TILES, wgmma_halo.valid),
+             "tc_gemm": (tensorcore.TILES, tensorcore.valid),
              "tc_wgmma": (tensorcore.WGMMA_TILES, tensorcore.wgmma_valid),
              "tc_halo": (tensorcore.HALO_TILES + tensorcore.HALO_FITTED_TILES, tensorcore.halo_valid),
              "tc_halo_wgmma": (tensorcore.HALO_WGMMA_TILES, tensorcore.halo_wgmma_valid),

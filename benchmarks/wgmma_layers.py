@@ -39,10 +39,12 @@ def eight_bit_candidates(registry, caps, prec, layer) -> list:
     return out
 
 
-WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma")
+WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma", "wgmma_halo")
 
 
 def tiles(p: dict) -> str:
+    if "WGS" in p:  # wgmma_halo: TH x 8 pixels x 64 WGS channels, weights in registers
+        return f"{p['TH']}x8x{64 * p['WGS']}r"
     if "TH" in p:  # a halo tile: TH x TW pixels x BN channels
         return f"{p['TH']}x{p['TW']}x{p['BN']}s{p['STAGES']}f{p.get('WG_INFLIGHT', 0)}"
     return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp16,tf32")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--shapes", default="", help="shape keys to run (default: all of VGG16's)")
-    ap.add_argument("--algos", default=",".join(WGMMA_ALGOS), help="wgmma entries to time (default: both)")
+    ap.add_argument("--algos", default=",".join(WGMMA_ALGOS), help="wgmma entries to time (default: all three)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args(argv)

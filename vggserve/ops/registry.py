@@ -127,7 +127,7 @@ def register(algorithm: Algorithm) -> Algorithm:
 def _load_all() -> None:
     """Import every module that registers an entry (each registers itself on import)."""
     from . import (gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_gemv, tensorcore_sparse,  # noqa: F401
-                   winograd)
+                   wgmma_halo, winograd)
 
 
 def get(name: str) -> Algorithm:

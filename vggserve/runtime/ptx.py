@@ -15,9 +15,10 @@ replaces it:
   WGSTAGE_N<n>_KB<b>_<F16|TF32>    fence, b / 32 x wgmma m64n<n>k16 (f16) / m64n<n>k8 (tf32), A and B from shared
                                    memory, the descriptors advanced by 256 bytes (two K-adjacent core matrices) per
                                    step, FP32 accumulate, then commit
-  WGSTAGE_RA_N<n>_KB<b>_<F16|TF32> the same with A in registers: b / 32 steps, each taking the next 4 A registers (the
+  WGSTAGE_RA_N<n>_KB<b>_<F16|TF32>[_ADV<a>]
+                                   the same with A in registers: b / 32 steps, each taking the next 4 A registers (the
                                    warp's 16 rows as mma.sync m16n8k16 / m16n8k8 tf32 hold them), B's descriptor
-                                   advanced by 256 bytes per step
+                                   advanced by a 16-byte units per step (default 16: 256 bytes)
   WGWAIT_<n>                       wgmma.wait_group n: at most n groups still run (the accumulators are its
                                    operands)
   WGPROXY                          fence.proxy.async.shared::cta: what cp.async wrote is seen by wgmma (async proxy)
@@ -117,10 +118,11 @@ def _stage(name: str, body: str) -> str:
 
 def _stage_ra(name: str, body: str) -> str:
     """WGSTAGE_RA: wgmma with A's fragments in registers, B from shared memory through its descriptor."""
-    m = re.fullmatch(r"WGSTAGE_RA_N(\d+)_KB(\d+)_(F16|TF32)", name)
+    m = re.fullmatch(r"WGSTAGE_RA_N(\d+)_KB(\d+)_(F16|TF32)(?:_ADV(\d+))?", name)
     if not m:
         raise PtxPatchError(f"unknown placeholder SLOT_{name}")
     n, steps, kind = int(m.group(1)), int(m.group(2)) // 32, m.group(3)
+    adv = int(m.group(4) or 16)
     acc = re.findall(r"add\.f32\s+(%\w+),", body)
     a = re.findall(r"or\.b32\s+\w+,\s*(%\w+),\s*0;", body)
     desc = re.search(r"mov\.b64\s+\w+,\s*(%\w+);", body)
@@ -135,7 +137,7 @@ def _stage_ra(name: str, body: str) -> str:
     for s in range(steps):
         frag = "{" + ", ".join(a[4 * s:4 * s + 4]) + "}"
         if s:
-            out.append("add.s64 %wb, %wb, 16;")
+            out.append(f"add.s64 %wb, %wb, {adv};")
         if kind == "F16":  # scale-d, imm-scale-a, imm-scale-b, imm-trans-b (no trans-a: A is in registers)
             out.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {regs}, {frag}, %wb, %wp, 1, 1, 0;")
         else:  # tf32 has no transposes

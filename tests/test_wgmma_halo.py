@@ -1,0 +1,103 @@
+"""wgmma with the weights in registers (kernels/conv_wg_halo.cl, vggserve/ops/wgmma_halo.py): the weights are
+wgmma's A, loaded as mma.sync A fragments; the block's pixels are its N, read through a descriptor from the patch's
+planes of 16-byte pieces.
+
+On an H100/H200 (VGGSERVE_TEST_DEVICE=gpu, VGGSERVE_WGMMA=1) the layers run real wgmma from the driver's patched PTX;
+here and in CI on PoCL through wgmma.clh's software model, which reads the patch through the same layout the
+descriptor describes (WG_LBO, WG_SBO) and takes A from the packed fragments. Each case against numpy on awkward sizes.
+"""
+
+import numpy as np
+import pytest
+
+from vggserve.ops import registry
+from vggserve.ops.registry import LayerSpec
+from vggserve.ops.tensorcore import tc_weights
+from vggserve.ops.wgmma_halo import TILES, WgmmaHaloLayer, layout_defines, pack_fragments, valid
+from vggserve.runtime import ptx
+
+from clbuffers import rel_err
+from test_tc_pool import check_fused, run_halo
+from test_tensorcore import TC_PRECISIONS, nhwc_input, run_layer, tc_env  # noqa: F401 - the fixture
+
+# (n, cin, cout, h, w): one image and three, channels below a chunk and past it (two and three chunks: the patch
+# buffers reused), cout not a multiple of 64 or of 8, images smaller than a block, odd sides cut by the block's edges
+SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 6, 5), (1, 40, 70, 9, 4), (1, 70, 20, 17, 11), (3, 8, 130, 1, 1)]
+IDS = "th{}_wg{}".format
+
+
+def params(tile):
+    p = dict(zip(("TH", "WGS"), tile), ALGO="wgmma_halo")
+    assert valid(p)
+    return p
+
+
+def make(p):
+    return lambda ctx, cache, prec, layer, w, b, env: WgmmaHaloLayer(ctx, cache, p, prec, layer, w, b, env)
+
+
+def test_fragments_hold_mma_sync_a_layout(rng):
+    """Lane (g, t4) of warp w: 4-byte unit t4 of rows 16 w + g, + 8, then unit t4 + 4 of both, per k-step of 32 bytes
+    of tap t's chunk c (a model written from the PTX ISA's fragment figure, element by element)."""
+    cout, cin = 70, 40
+    w = rng.standard_normal((cout, cin, 3, 3)).astype(np.float32)
+    from vggserve.ops import precision as precisions
+
+    prec = precisions.get("fp16")
+    cpadk, npad = 64, 128
+    wt = tc_weights(w, cpadk, npad, 9 * cpadk, prec).astype(np.float16)
+    frags = pack_fragments(wt, cpadk, 2).reshape(npad // 64, cpadk // 32, 9, 2, 4, 32, 4)
+    units = wt.view(np.uint32)
+    for m, c, t, ks, warp, lane in [(0, 0, 0, 0, 0, 0), (1, 1, 8, 1, 3, 31), (0, 1, 4, 0, 2, 13), (1, 0, 5, 1, 1, 6)]:
+        g, t4 = lane // 4, lane % 4
+        row = 64 * m + 16 * warp + g
+        base = (t * cpadk + c * 32) // 2 + 8 * ks  # 4-byte units: tap, chunk of 32 halves, k-step of 16 halves
+        want = [units[row, base + t4], units[row + 8, base + t4], units[row, base + t4 + 4],
+                units[row + 8, base + t4 + 4]]
+        assert list(frags[m, c, t, ks, warp, lane]) == want
+    # every weight lands once: the packing is a permutation
+    assert sorted(frags.reshape(-1).tolist()) == sorted(units.reshape(-1).tolist())
+
+
+def test_the_patch_layout_names_its_descriptor_advance_and_the_patch_advances_by_it():
+    d = layout_defines(16)
+    assert d == {"BN": 128, "WG_LBO": 16 * 180, "WG_SBO": 160, "WG_ADV": 360}
+    body = "\n".join([f"add.f32 %f{i}, %f{i}, 0f00000000;" for i in range(64)]
+                     + [f"or.b32 z, %r{i}, 0;" for i in range(8)] + ["mov.b64 t, %rd1;", "mov.b32 z, %r9;"])
+    text = ".version 8.0\n.target sm_90\n{ // SLOT_WGSTAGE_RA_N128_KB64_F16_ADV360\n" + body + "\n}\n"
+    out = ptx.patch(text)
+    assert "add.s64 %wb, %wb, 360;" in out and out.count("wgmma.mma_async") == 2 and ".target sm_90a" in out
+    plain = ptx.patch(text.replace("_ADV360", ""))
+    assert "add.s64 %wb, %wb, 16;" in plain
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: IDS(*t))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_halo_layer_matches_numpy(tc_env, rng, prec, tile, shape):
+    got, ref, _ = run_layer(tc_env, prec, None, (*shape, 3), rng, make=make(params(tile)))
+    cout = shape[2]
+    assert not np.isnan(got).any(), "an output element was never written"
+    assert np.all(got[..., cout:] == 0), "the padding channels must be zero (the next layer reads them)"
+    assert rel_err(got[..., :cout].transpose(0, 3, 1, 2), ref) < 2e-3
+
+
+POOL_SHAPES = [(1, 3, 8, 5, 7), (3, 13, 21, 11, 17), (2, 16, 16, 1, 3), (1, 40, 70, 9, 4)]
+
+
+@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
+@pytest.mark.parametrize("tile", [(8, 1), (24, 2)], ids=lambda t: IDS(*t))
+@pytest.mark.parametrize("shape", POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_halo_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, tile, shape):
+    """A 2x2 window is columns 2 t4, 2 t4 + 1 of pixel tiles j, j + 1 of one lane."""
+    n, cin, cout, h, w = shape
+    p = params(tile)
+    assert registry.get("wgmma_halo").fuses_pool(p)
+    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
+    xin = nhwc_input(x, -(-cin // (16 // prec.itemsize)) * (16 // prec.itemsize), prec)
+    layer = LayerSpec("conv3x3", cin, cout, h)
+    fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, True, WgmmaHaloLayer)
+    plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, False, WgmmaHaloLayer)
+    check_fused(fused, untouched, plain, prec, x, weight, bias)

@@ -1,0 +1,115 @@
+"""3x3 convolutions on Hopper's wgmma with the weights in registers (kernels/conv_wg_halo.cl, `wgmma_halo`).
+
+The weights are wgmma's A, loaded from global memory as mma.sync's A fragments; the pixels of a TH x 8 block are its
+N, read through a descriptor from the input patch, the only thing in local memory. Built through the driver's patched
+PTX like the other wgmma entries (tensorcore.OnWgmma), emulated on PoCL; FP16 and TF32.
+"""
+
+import numpy as np
+import pyopencl as cl
+
+from .launch import Launch, round_up
+from .precision import Precision
+from .registry import BuildEnv, LayerSpec, register
+from .tensorcore import (HALO_ROW, NeedsWgmma, OnWgmma, _TensorCoreAlgorithm, halo_enqueue, out_channels, padded_bias,
+                         tc_weights, vec)
+from .eightbit import LayerScales
+
+KERNEL_FILE = "conv_wg_halo.cl"
+TUNABLES = ("TH", "WGS")
+DEFAULT = {"ALGO": "wgmma_halo", "TH": 16, "WGS": 1}
+# (TH, WGS): blocks of TH x 8 pixels (wgmma's N = 8 TH) for one or two warpgroups of 64 channels
+TILES = [(16, 1), (32, 1), (24, 1), (16, 2), (32, 2), (8, 1), (8, 2), (24, 2)]
+PW = 10  # patch width: TW = 8 output columns and the halo
+KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
+
+
+def valid(params: dict) -> bool:
+    """conv_wg_halo.cl's #error rules."""
+    return params["TH"] in (8, 16, 24, 32) and params["WGS"] in (1, 2)
+
+
+def local_mem(params: dict) -> int:
+    """Two patches of (TH + 2) x 10 pixels, 64 bytes each."""
+    return 2 * (params["TH"] + 2) * PW * HALO_ROW
+
+
+def layout_defines(th: int) -> dict:
+    """The patch's descriptor layout (wgmma.clh): planes of PROWS 16-byte pieces, 8-pixel groups PW pieces apart."""
+    prows = (th + 2) * PW
+    return {"BN": 8 * th, "WG_LBO": 16 * prows, "WG_SBO": 16 * PW, "WG_ADV": 2 * prows}
+
+
+def pack_fragments(wt: np.ndarray, cpadk: int, itemsize: int) -> np.ndarray:
+    """tc_weights' (npad, 9 * cpadk) matrix of a halo layer (column tap * cpadk + ci, npad a multiple of 64) as the
+    A fragments conv_wg_halo.cl loads: uint32 [npad / 64][chunk][tap][k-step][warp][lane][4], where lane (g, t4) of
+    warp w holds 4-byte unit t4 of rows 16 w + g, 16 w + g + 8, then unit t4 + 4 of the same rows, of the k-step's 32
+    bytes (mma.clh: mma.sync's A fragment, wgmma's register fragment of A)."""
+    npad = wt.shape[0]
+    nchunks = cpadk * itemsize // HALO_ROW
+    units = np.ascontiguousarray(wt).view(np.uint32)  # (npad, 9 * nchunks * 16): tap, chunk, k-step, half, t4
+    u = units.reshape(npad // 64, 4, 2, 8, 9, nchunks, KSTEPS, 2, 4)  # [m, w, h, g, tap, chunk, ks, hi, t4]
+    return np.ascontiguousarray(u.transpose(0, 5, 4, 6, 1, 3, 8, 7, 2)).reshape(-1)  # [m, c, tap, ks, w, g, t4, hi, h]
+
+
+class WgmmaHaloLayer(OnWgmma):
+    """One 3x3 convolution on conv_wg_halo.cl (NHWC, FP16 or TF32); with `layer.pool` the 2x2/2 max-pool that
+    follows is fused into the store."""
+
+    name, kernel_file = "wgmma_halo", KERNEL_FILE
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv):
+        if not valid(params):
+            raise ValueError(f"{self.name} {params}: TH 8, 16, 24 or 32, WGS 1 or 2")
+        self.p, self.layer = dict(params, TW=8), layer
+        self.scales = LayerScales(precision, weight, None, None, layer.last, None)
+        self.cpad = round_up(layer.cin, vec(precision))
+        self.cpadk = round_up(self.cpad, HALO_ROW // precision.itemsize)
+        self.cstore = out_channels(layer, precision, self.scales)
+        bn = 64 * params["WGS"]
+        self.npad = round_up(layer.cout, bn)
+        self.threads = 128 * params["WGS"]
+        self.groups_n = self.npad // bn
+        wt = tc_weights(self.scales.weight, self.cpadk, self.npad, 9 * self.cpadk, precision)
+        wt = wt.astype(precision.storage, copy=False)
+        frags = pack_fragments(wt, self.cpadk, precision.itemsize)
+        self.wt = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=frags)
+        self.bias = padded_bias(ctx, bias, self.npad)
+        self.scale_args = ()
+        defines = {"TH": params["TH"], "WGS": params["WGS"], **layout_defines(params["TH"]),
+                   "TF32": int(precision.tf32), "RELU": int(layer.relu), "OUT_F32": int(layer.last),
+                   "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines(params)}
+        self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_wg_halo"))
+
+    def enqueue(self, queue, src, dst, n: int, h: int, w: int):
+        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
+
+    def describe(self) -> str:
+        p = self.p
+        return (f"{self.name} {p['TH']}x8 pixels x {64 * p['WGS']} channels ({p['WGS']} warpgroups, weights in "
+                f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}")
+
+
+class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
+    name = "wgmma_halo"
+    kinds = ("conv3x3",)
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+    tiles, tile_keys, default_params = TILES, TUNABLES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
+
+    def work_group_size(self, params):
+        return 128 * params["WGS"]
+
+    def fuses_pool(self, params):
+        return valid(params)  # TH is even: a window's four values are in one lane
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
+        return WgmmaHaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
+
+
+ALGORITHM = register(WgmmaHalo())
