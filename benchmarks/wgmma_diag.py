@@ -1,4 +1,4 @@
-"""What holds a wgmma kernel back: each chosen tile of tc_wgmma and tc_halo_wgmma timed whole and with a part of its
+"""What holds a wgmma kernel back: each chosen tile of tc_wgmma, tc_halo_wgmma and wgmma_halo timed whole and with a part of its
 main loop taken out (kernels' WG_DIAG; those variants compute wrong sums and are timed only), on one GPU.
 
     python benchmarks/wgmma_diag.py --device gpu --batch 64 [--shapes 256x256x56,512x512x28] [--precision fp16]
@@ -23,10 +23,13 @@ from wgmma_layers import open_device  # noqa: E402
 
 VARIANTS = {"full": 0, "nofence": 4, "noload": 1, "noload+nofence": 5, "nowgmma": 2}
 TILES = {"tc_wgmma": ["128x128s6k32f1", "128x128s3k64f0", "128x256s4k32f1"],
-         "tc_halo_wgmma": ["8x16x128s3f0", "8x16x64s4f1"]}
+         "tc_halo_wgmma": ["8x16x128s3f0", "8x16x64s4f1"],
+         "wgmma_halo": ["28x8x64r", "28x8x128r", "32x8x128r", "14x8x128r"]}
 
 
 def tiles(p: dict) -> str:
+    if "WGS" in p:  # wgmma_halo (weights in registers; WG_DIAG 1 leaves out its weight and patch loads)
+        return f"{p['TH']}x8x{64 * p['WGS']}r"
     if "TH" in p:
         return f"{p['TH']}x{p['TW']}x{p['BN']}s{p['STAGES']}f{p.get('WG_INFLIGHT', 0)}"
     return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"
@@ -39,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--shapes", default="64x64x224,256x256x56,512x512x28")
+    ap.add_argument("--algos", default=",".join(TILES), help="entries to diagnose (default: all three)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -71,6 +75,8 @@ def main(argv=None) -> int:
         print(f"{key}: now {now_ms:.3f} ms {tf(now_ms):.1f} TF/s ({op.describe()})", flush=True)
         row = {"shape": key, "now_ms": now_ms, "tiles": []}
         for name, wanted in TILES.items():
+            if name not in args.algos.split(","):
+                continue
             algo = registry.get(name)
             for p in algo.candidates(caps, prec, layer):
                 if tiles(p) not in wanted:

@@ -34,10 +34,13 @@
  *   barrier (every warpgroup is done with chunk c - 1's buffer), copy chunk c + 1's patch into it;
  *   taps 1-8: the same (wgmma of tap t on register set t % 3, wait for tap t - 1, load step s + 2 into set (t+2) % 3).
  * MMA_EMULATE = 1: wgmma.clh's software model (A exchanged through `xch`, B read through the descriptor's layout).
+ * WG_DIAG (benchmarks/wgmma_diag.py; wgmma.clh): 1 no loads after the prologue (neither weights nor patches), 2 no
+ * wgmma, 4 no proxy fence.
  */
 
 #ifndef TH
-#define TH 16       /* output block height (rows of 8 pixels): BN = 8 TH pixels, wgmma's N */
+#define TH 16       /* output block height (rows of 8 pixels): BN = 8 TH pixels, wgmma's N; 14 and 28 tile VGG16's
+                     * 224, 112, 56, 28 and 14-pixel images without a ragged block */
 #endif
 #define TW 8        /* output block width: one core matrix of pixels */
 #ifndef WGS
@@ -67,8 +70,8 @@
 #if EIGHT_BIT
 #error "conv_wg_halo.cl: FP16 or TF32"
 #endif
-#if BN != 8 * TH || (TH != 8 && TH != 16 && TH != 24 && TH != 32) || (WGS != 1 && WGS != 2)
-#error "conv_wg_halo.cl: TH 8, 16, 24 or 32 with BN = 8 TH; WGS 1 or 2"
+#if BN != 8 * TH || (TH != 8 && TH != 14 && TH != 16 && TH != 24 && TH != 28 && TH != 32) || (WGS != 1 && WGS != 2)
+#error "conv_wg_halo.cl: TH 8, 14, 16, 24, 28 or 32 with BN = 8 TH; WGS 1 or 2"
 #endif
 #if WG_LBO != PROWS * 16 || WG_SBO != PW * 16 || WG_ADV != 2 * PROWS
 #error "conv_wg_halo.cl: WG_LBO = PROWS * 16, WG_SBO = PW * 16, WG_ADV = 2 PROWS (the patch's planes)"
@@ -126,7 +129,7 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     {                                                                                                     \
         WG_STAGE_RA(acc, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                                  \
         WG_WAIT(acc, 1);                                                                                  \
-        if (c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)                      \
+        if (WG_COPIES && c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)         \
     }
 
     MMA_ACC(acc, 1, NJ)

@@ -133,7 +133,7 @@ def test_only_halo_wgmma_tiles_8_pixels_wide_fuse_the_pooling(tc_env):
 
 def test_every_halo_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
-                            tensor_cores=True, emulate_mma=False, wgmma=True)
+                            tensor_cores=True, emulate_mma=False, wgmma=True, wgmma_experimental=True)
     algo = registry.get("tc_halo_wgmma")
     for size in (224, 28):  # no blocks fitted to the image: 64 block rows a warpgroup
         cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, size))
@@ -150,7 +150,7 @@ def test_every_halo_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
 
 def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     caps = device_caps.Caps(kind="gpu", label="H100", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
-                            tensor_cores=True, emulate_mma=False, wgmma=True)
+                            tensor_cores=True, emulate_mma=False, wgmma=True, wgmma_experimental=True)
     algo = registry.get("tc_wgmma")
     cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, 28))
     assert len(cands) == len(WGMMA_TILES)
@@ -161,8 +161,8 @@ def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
 
 @pytest.mark.parametrize("name", ["tc_wgmma", "tc_halo_wgmma"])
 def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch, name):
-    """sm_90a code runs on compute capability 9.0 only, and natively only with VGGSERVE_WGMMA=1 until a GPU run has
-    checked it; VGGSERVE_WGMMA=0 turns it off, the software model's too."""
+    """sm_90a code runs on compute capability 9.0 only; these two entries (slower than mma.sync) natively only with
+    VGGSERVE_WGMMA=1; VGGSERVE_WGMMA=0 turns them off, the software model's too."""
     class Device:
         extensions = "cl_nv_device_attribute_query"
         max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024

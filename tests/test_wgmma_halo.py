@@ -101,3 +101,46 @@ def test_wgmma_halo_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, 
     fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, True, WgmmaHaloLayer)
     plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, False, WgmmaHaloLayer)
     check_fused(fused, untouched, plain, prec, x, weight, bias)
+
+
+def test_wgmma_halo_is_offered_by_default_where_the_device_has_wgmma(monkeypatch):
+    """Natively on compute capability 9.0 without VGGSERVE_WGMMA (the older wgmma entries still need it =1), never on
+    another GPU, off with VGGSERVE_WGMMA=0; emulated on PoCL."""
+    from vggserve.ops import precision as precisions
+    from vggserve.runtime import caps as device_caps
+
+    class Device:
+        extensions = "cl_nv_device_attribute_query"
+        max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024
+
+        def __init__(self, cc):
+            self.compute_capability_major_nv, self.compute_capability_minor_nv = cc
+
+    monkeypatch.delenv("VGGSERVE_EMULATE_MMA", raising=False)
+    monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
+    mine, old = registry.get("wgmma_halo"), registry.get("tc_halo_wgmma")
+    hopper = device_caps.of(Device((9, 0)), "gpu", "H200")
+    assert mine.available(hopper, precisions.FP16) and mine.available(hopper, precisions.TF32)
+    assert not old.available(hopper, precisions.FP16)
+    assert not mine.available(hopper, precisions.get("fp8")) and not mine.available(hopper, precisions.get("int8"))
+    conv = LayerSpec("conv3x3", 64, 64, 56)
+    assert "wgmma_halo" in {a.name for a in registry.for_layer(hopper, precisions.FP16, conv)}
+    for cc in ((8, 0), (8, 9), (10, 0)):
+        assert not mine.available(device_caps.of(Device(cc), "gpu", "GPU"), precisions.FP16)
+    monkeypatch.setenv("VGGSERVE_WGMMA", "1")
+    assert old.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
+    monkeypatch.setenv("VGGSERVE_WGMMA", "0")
+    assert not mine.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
+
+
+def test_every_tile_fits_48_kb_and_one_work_group():
+    from vggserve.ops import precision as precisions
+    from vggserve.runtime import caps as device_caps
+
+    caps = device_caps.Caps(kind="gpu", label="H200", compute_units=132, local_mem=48 * 1024, max_work_group=1024,
+                            tensor_cores=True, emulate_mma=False, wgmma=True)
+    algo = registry.get("wgmma_halo")
+    cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, 28))
+    assert [(p["TH"], p["WGS"]) for p in cands] == TILES
+    assert all(algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
+    assert not valid({"TH": 12, "WGS": 1}) and not valid({"TH": 16, "WGS": 3})

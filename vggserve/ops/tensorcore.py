@@ -314,12 +314,15 @@ class OnWgmma:
 
 class NeedsWgmma:
     """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs; FP8 runs on
-    mma.sync only (tc_gemm, tc_halo), and so does INT8."""
+    mma.sync only (tc_gemm, tc_halo), and so does INT8. An `experimental` entry (slower than mma.sync wherever it was
+    measured) natively needs VGGSERVE_WGMMA=1 too (`Caps.wgmma_experimental`)."""
 
     precisions = ("fp16", "tf32")
+    experimental = True
 
     def available(self, caps, precision):
-        return caps.wgmma and super().available(caps, precision)
+        return (caps.wgmma and (caps.wgmma_experimental or not self.experimental)
+                and super().available(caps, precision))
 
 
 class WgmmaLayer(OnWgmma, TensorCoreLayer):

@@ -18,15 +18,17 @@ from .eightbit import LayerScales
 KERNEL_FILE = "conv_wg_halo.cl"
 TUNABLES = ("TH", "WGS")
 DEFAULT = {"ALGO": "wgmma_halo", "TH": 16, "WGS": 1}
-# (TH, WGS): blocks of TH x 8 pixels (wgmma's N = 8 TH) for one or two warpgroups of 64 channels
-TILES = [(16, 1), (32, 1), (24, 1), (16, 2), (32, 2), (8, 1), (8, 2), (24, 2)]
+# (TH, WGS): blocks of TH x 8 pixels (wgmma's N = 8 TH) for one or two warpgroups of 64 channels; 28 and 14 rows
+# divide every VGG16 image side (224 to 14), the others leave a ragged last block on some
+TILES = [(16, 1), (28, 1), (28, 2), (14, 1), (14, 2), (32, 1), (32, 2), (24, 1), (16, 2), (8, 1), (8, 2)]
+SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
 
 
 def valid(params: dict) -> bool:
     """conv_wg_halo.cl's #error rules."""
-    return params["TH"] in (8, 16, 24, 32) and params["WGS"] in (1, 2)
+    return params["TH"] in SIDES and params["WGS"] in (1, 2)
 
 
 def local_mem(params: dict) -> int:
@@ -61,7 +63,7 @@ class WgmmaHaloLayer(OnWgmma):
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv):
         if not valid(params):
-            raise ValueError(f"{self.name} {params}: TH 8, 16, 24 or 32, WGS 1 or 2")
+            raise ValueError(f"{self.name} {params}: TH one of {SIDES}, WGS 1 or 2")
         self.p, self.layer = dict(params, TW=8), layer
         self.scales = LayerScales(precision, weight, None, None, layer.last, None)
         self.cpad = round_up(layer.cin, vec(precision))
@@ -96,6 +98,7 @@ class WgmmaHaloLayer(OnWgmma):
 
 class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
     name = "wgmma_halo"
+    experimental = False  # offered wherever the device has wgmma (runtime/caps.py)
     kinds = ("conv3x3",)
     tunables = TUNABLES
     kernel_file = KERNEL_FILE

@@ -28,7 +28,7 @@ The compiler may unroll a loop around a placeholder: every copy is replaced.
 import re
 
 PATCH_VERSION = "wgmma-ptx-3"  # part of a patched program's cache key: change it when `patch` changes its output
-SLOT_WIDTHS = (8, 16, 24, 32)  # n8 tiles a warpgroup's accumulators span: BN = 64, 128, 192, 256
+SLOT_WIDTHS = (8, 14, 16, 24, 28, 32)  # n8 tiles a warpgroup's accumulators span: BN = 64, 112, 128, 192, 224, 256
 SLOT_KSTEPS = (1, 2, 4)  # 32-byte k-steps of an A-in-registers stage: KB = 32, 64, 128
 SLOT = re.compile(r"\{[ \t]*// SLOT_(\w+)[ \t]*\n(.*?)\n[ \t]*\}", re.S)
 ZERO_ADD = "add.f32 %{i}, %{i}, 0f00000000;"
