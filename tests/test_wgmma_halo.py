@@ -71,8 +71,12 @@ def test_the_patch_layout_names_its_descriptor_advance_and_the_patch_advances_by
     assert "add.s64 %wb, %wb, 16;" in plain
 
 
-@pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: IDS(*t))
+# every tile at FP16; at TF32 (the same bytes, other fragments' contents) one and two warpgroups, 14 to 28 rows
+CASES = ([("fp16", t) for t in TILES] + [("tf32", t) for t in [(16, 1), (28, 2), (14, 1)]])
+
+
+@pytest.mark.parametrize("prec,tile", [(next(p for p in TC_PRECISIONS if p.name == n), t) for n, t in CASES],
+                         ids=lambda c: c.name if hasattr(c, "name") else IDS(*c))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_wgmma_halo_layer_matches_numpy(tc_env, rng, prec, tile, shape):
     got, ref, _ = run_layer(tc_env, prec, None, (*shape, 3), rng, make=make(params(tile)))
@@ -144,3 +148,63 @@ def test_every_tile_fits_48_kb_and_one_work_group():
     assert [(p["TH"], p["WGS"]) for p in cands] == TILES
     assert all(algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
     assert not valid({"TH": 12, "WGS": 1}) and not valid({"TH": 16, "WGS": 3})
+
+
+def network_table(tiny_tensors, tile):
+    """A tuned table putting every 3x3 layer after features.0 on wgmma_halo, its pooling fused where one follows."""
+    from vggserve.runtime.params import shape_key
+    from vggserve.weights.spec import infer_width, vgg16_spec
+
+    spec, size, table = vgg16_spec(infer_width(tiny_tensors)), 224, {}
+    for c in spec.convs:
+        table[shape_key(c.cin, c.cout, size) + ("+pool" if c.pool_after else "")] = {
+            **params(tile), **({"FUSE_POOL": 1} if c.pool_after else {})}
+        size //= 2 if c.pool_after else 1
+    return table
+
+
+@pytest.mark.parametrize("precision,tile", [("fp16", (14, 2)), ("tf32", (28, 1))])
+def test_the_whole_network_on_wgmma_halo_fuses_the_poolings_and_matches_float64(tiny_tensors, monkeypatch, precision,
+                                                                                 tile):
+    """Every 3x3 layer but features.0 on wgmma_halo through the tuned table (as the H200's), each pooling in the store
+    of the convolution before it; the FC layers on tc_gemm. Against the float64 reference."""
+    from vggserve.model.reference import reference_logits
+    from test_wgmma import model_on_wgmma
+
+    monkeypatch.setenv("VGGSERVE_WGMMA", "")  # the default: wgmma_halo needs no opt-in
+    table = {f"conv_by_batch_{precision}": {"2": network_table(tiny_tensors, tile)}}
+    x = np.random.default_rng(6).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    with model_on_wgmma(tiny_tensors, monkeypatch, precision, tables=table, every_layer=False) as model:
+        plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+        out = model.logits(x)
+    convs = [k for name, k in plan.items() if name.startswith("features.")]
+    assert len(convs) == 13 and convs[0].startswith("conv_first"), plan
+    assert all(k.startswith(f"wgmma_halo {tile[0]}x8") for k in convs[1:]), plan
+    assert sum("max-pool in the store" in k for k in convs) == 5 and not any("pool after" in n for n in plan), plan
+    assert all(plan[f"classifier.{i}"].startswith("tc_gemm") for i in (0, 3, 6)), plan
+    ref = reference_logits(tiny_tensors, x)
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+
+
+def test_a_wgmma_halo_program_that_fails_to_build_gives_way_to_the_default_with_one_logged_line(tiny_tensors,
+                                                                                              monkeypatch, caplog):
+    from vggserve.errors import KernelBuildError
+    from vggserve.model.reference import reference_logits
+    from test_wgmma import model_on_wgmma
+
+    def refuse(self, cache, env, defines):
+        raise KernelBuildError("building the PTX program of kernels/conv_wg_halo.cl failed: ptxas error (a test)")
+
+    monkeypatch.setattr(WgmmaHaloLayer, "program", refuse)
+    table = {"conv_by_batch_fp16": {"1": network_table(tiny_tensors, (14, 1))}}
+    x = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with caplog.at_level("WARNING", logger="vggserve.model"):
+        with model_on_wgmma(tiny_tensors, monkeypatch, "fp16", tables=table, every_layer=False, batch=1) as model:
+            plan = {p["name"]: p["kernel"] for p in model.kernel_plan()}
+            out = model.logits(x)
+    convs = [k for name, k in plan.items() if name.startswith("features.")][1:]
+    assert all(k.startswith("tc_gemm") and "wgmma_halo failed to build" in k for k in convs), plan
+    lines = [r.getMessage() for r in caplog.records if "wgmma_halo" in r.getMessage()]
+    assert len(lines) == 12 and all("conv_wg_halo.cl" in m for m in lines), lines  # one line per layer
+    ref = reference_logits(tiny_tensors, x)
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
