@@ -24,12 +24,12 @@ from wgmma_layers import open_device  # noqa: E402
 VARIANTS = {"full": 0, "nofence": 4, "noload": 1, "noload+nofence": 5, "nowgmma": 2}
 TILES = {"tc_wgmma": ["128x128s6k32f1", "128x128s3k64f0", "128x256s4k32f1"],
          "tc_halo_wgmma": ["8x16x128s3f0", "8x16x64s4f1"],
-         "wgmma_halo": ["28x8x128r2", "14x8x128r2", "14x8x128r3", "14x8x64r3"]}
+         "wgmma_halo": ["28x8x64r", "28x8x128r", "32x8x128r", "14x8x128r"]}
 
 
 def tiles(p: dict) -> str:
     if "WGS" in p:  # wgmma_halo (weights in registers; WG_DIAG 1 leaves out its weight and patch loads)
-        return f"{p['TH']}x8x{64 * p['WGS']}r{p.get('AHEAD', 2)}"
+        return f"{p['TH']}x8x{64 * p['WGS']}r"
     if "TH" in p:
         return f"{p['TH']}x{p['TW']}x{p['BN']}s{p['STAGES']}f{p.get('WG_INFLIGHT', 0)}"
     return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"

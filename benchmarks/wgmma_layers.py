@@ -44,7 +44,7 @@ WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma", "wgmma_halo")
 
 def tiles(p: dict) -> str:
     if "WGS" in p:  # wgmma_halo: TH x 8 pixels x 64 WGS channels, weights in registers
-        return f"{p['TH']}x8x{64 * p['WGS']}r{p.get('AHEAD', 2)}"
+        return f"{p['TH']}x8x{64 * p['WGS']}r"
     if "TH" in p:  # a halo tile: TH x TW pixels x BN channels
         return f"{p['TH']}x{p['TW']}x{p['BN']}s{p['STAGES']}f{p.get('WG_INFLIGHT', 0)}"
     return f"{p['BM']}x{p['BN']}s{p['STAGES']}k{p['KB']}f{p.get('WG_INFLIGHT', 0)}"

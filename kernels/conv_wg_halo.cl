@@ -32,9 +32,7 @@
  *   tap 0: wgmma (asynchronous), wait until at most one group runs (this warpgroup's last tap of chunk c - 1 is
  *          done), load tap 2's fragments into the register set tap 8 of chunk c - 1 used;
  *   barrier (every warpgroup is done with chunk c - 1's buffer), copy chunk c + 1's patch into it;
- *   taps 1-8: the same (wgmma of step s on register set s % WSETS, wait for tap t - 1, load step s + AHEAD into the
- *   set it used; AHEAD 2 or 3, WSETS = AHEAD + 1 sets; with 4 sets four chunks are unrolled so that the set of each
- *   tap is a constant).
+ *   taps 1-8: the same (wgmma of tap t on register set t % 3, wait for tap t - 1, load step s + 2 into set (t+2) % 3).
  * MMA_EMULATE = 1: wgmma.clh's software model (A exchanged through `xch`, B read through the descriptor's layout).
  * WG_DIAG (benchmarks/wgmma_diag.py; wgmma.clh): 1 no loads after the prologue (neither weights nor patches), 2 no
  * wgmma, 4 no proxy fence.
@@ -59,17 +57,6 @@
 #endif
 #ifndef POOL
 #define POOL 0
-#endif
-#ifndef AHEAD
-#define AHEAD 2     /* taps whose weight fragments are in flight ahead of the running one (2 or 3) */
-#endif
-#define WSETS (AHEAD + 1)            /* register sets of fragments */
-#if AHEAD == 2
-#define CUNROLL 1                    /* chunks unrolled so that (9 chunk + tap) % WSETS is a constant */
-#elif AHEAD == 3
-#define CUNROLL 4
-#else
-#error "conv_wg_halo.cl: AHEAD 2 or 3"
 #endif
 #define WARPS_M (4 * WGS)
 #define WARPS_N 1
@@ -137,43 +124,31 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         AF_[ks_][2] = v_.z;                                                                               \
         AF_[ks_][3] = v_.w;                                                                               \
     }
-    /* tap t_ of the i_-th chunk of an unrolled group (constants): its wgmma on register set (9 i_ + t_) % WSETS, the
-     * wait for the previous tap's (whose set is then free), the fragments of the step AHEAD taps on into that set */
-#define TAP(i_, t_)                                                                                       \
+    /* tap t_ (a constant) of chunk c on patch pa: its wgmma, the wait for tap t_ - 1's, step + 2's fragments */
+#define TAP(t_)                                                                                           \
     {                                                                                                     \
-        WG_STAGE_RA(acc, af[(9 * (i_) + (t_)) % WSETS], pa + ((t_) / 3) * PW + (t_) % 3);                 \
+        WG_STAGE_RA(acc, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                                  \
         WG_WAIT(acc, 1);                                                                                  \
-        if (WG_COPIES && c * 9 + (t_) + AHEAD < nsteps)                                                   \
-            LOAD_W(af[(9 * (i_) + (t_) + AHEAD) % WSETS], c * 9 + (t_) + AHEAD)                          \
-    }
-    /* chunk c = c0 + i_ (if there is one: a uniform condition) */
-#define CHUNK(i_)                                                                                         \
-    {                                                                                                     \
-        const int c = c0 + (i_);                                                                          \
-        if (c < nchunks) {                                                                                \
-            __local uint4 *pa = patch + (c & 1) * PATCH_CHUNKS;                                           \
-            WG_CP_WAIT(0);                                                                                \
-            WG_PROXY();                                                                                   \
-            barrier(CLK_LOCAL_MEM_FENCE);                                                                 \
-            TAP(i_, 0)                                                                                    \
-            barrier(CLK_LOCAL_MEM_FENCE);                                                                 \
-            if (WG_COPIES && c + 1 < nchunks) LOAD_PATCH(c + 1)                                           \
-            CP_COMMIT();                                                                                  \
-            TAP(i_, 1) TAP(i_, 2) TAP(i_, 3) TAP(i_, 4) TAP(i_, 5) TAP(i_, 6) TAP(i_, 7) TAP(i_, 8)       \
-        }                                                                                                 \
+        if (WG_COPIES && c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)         \
     }
 
     MMA_ACC(acc, 1, NJ)
-    uint af[WSETS][KSTEPS][4];
+    uint af[3][KSTEPS][4];
     LOAD_PATCH(0)
     CP_COMMIT();
-    _Pragma("unroll") for (int s = 0; s < AHEAD; ++s) LOAD_W(af[s], s)
+    LOAD_W(af[0], 0)
+    LOAD_W(af[1], 1)
     _Pragma("unroll 1")
-    for (int c0 = 0; c0 < nchunks; c0 += CUNROLL) {
-        CHUNK(0)
-#if CUNROLL == 4
-        CHUNK(1) CHUNK(2) CHUNK(3)
-#endif
+    for (int c = 0; c < nchunks; ++c) {
+        __local uint4 *pa = patch + (c & 1) * PATCH_CHUNKS;
+        WG_CP_WAIT(0);
+        WG_PROXY();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        TAP(0)
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (WG_COPIES && c + 1 < nchunks) LOAD_PATCH(c + 1)
+        CP_COMMIT();
+        TAP(1) TAP(2) TAP(3) TAP(4) TAP(5) TAP(6) TAP(7) TAP(8)
     }
     WG_WAIT(acc, 0);
 

@@ -23,12 +23,11 @@ from test_tensorcore import TC_PRECISIONS, nhwc_input, run_layer, tc_env  # noqa
 # (n, cin, cout, h, w): one image and three, channels below a chunk and past it (two and three chunks: the patch
 # buffers reused), cout not a multiple of 64 or of 8, images smaller than a block, odd sides cut by the block's edges
 SHAPES = [(1, 3, 8, 5, 7), (2, 13, 21, 6, 5), (1, 40, 70, 9, 4), (1, 70, 20, 17, 11), (3, 8, 130, 1, 1)]
-def IDS(*tile):
-    return "th{}_wg{}".format(*tile) + (f"_a{tile[2]}" if len(tile) > 2 else "")
+IDS = "th{}_wg{}".format
 
 
 def params(tile):
-    p = dict(zip(("TH", "WGS", "AHEAD"), tile), ALGO="wgmma_halo")
+    p = dict(zip(("TH", "WGS"), tile), ALGO="wgmma_halo")
     assert valid(p)
     return p
 
@@ -72,9 +71,8 @@ def test_the_patch_layout_names_its_descriptor_advance_and_the_patch_advances_by
     assert "add.s64 %wb, %wb, 16;" in plain
 
 
-# every tile at FP16; at TF32 (the same bytes, other fragments' contents) one and two warpgroups, 14 to 28 rows, 2
-# and 3 taps ahead (3: four chunks unrolled, the last group cut short: 3 chunks at FP16, 5 at TF32 for 70 channels)
-CASES = ([("fp16", t) for t in TILES] + [("tf32", t) for t in [(16, 1, 2), (28, 2, 2), (14, 1, 2), (14, 2, 3)]])
+# every tile at FP16; at TF32 (the same bytes, other fragments' contents) one and two warpgroups, 14 to 28 rows
+CASES = ([("fp16", t) for t in TILES] + [("tf32", t) for t in [(16, 1), (28, 2), (14, 1)]])
 
 
 @pytest.mark.parametrize("prec,tile", [(next(p for p in TC_PRECISIONS if p.name == n), t) for n, t in CASES],
@@ -92,7 +90,7 @@ POOL_SHAPES = [(1, 3, 8, 5, 7), (3, 13, 21, 11, 17), (2, 16, 16, 1, 3), (1, 40, 
 
 
 @pytest.mark.parametrize("prec", TC_PRECISIONS, ids=str)
-@pytest.mark.parametrize("tile", [(8, 1), (24, 2), (14, 1, 3)], ids=lambda t: IDS(*t))
+@pytest.mark.parametrize("tile", [(8, 1), (24, 2)], ids=lambda t: IDS(*t))
 @pytest.mark.parametrize("shape", POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_wgmma_halo_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, tile, shape):
     """A 2x2 window is columns 2 t4, 2 t4 + 1 of pixel tiles j, j + 1 of one lane."""
@@ -147,10 +145,9 @@ def test_every_tile_fits_48_kb_and_one_work_group():
                             tensor_cores=True, emulate_mma=False, wgmma=True)
     algo = registry.get("wgmma_halo")
     cands = algo.candidates(caps, precisions.FP16, LayerSpec("conv3x3", 512, 512, 28))
-    assert [(p["TH"], p["WGS"], p["AHEAD"]) for p in cands] == TILES
+    assert [(p["TH"], p["WGS"]) for p in cands] == TILES
     assert all(algo.local_mem(p, precisions.FP16) <= 48 * 1024 for p in cands)
-    assert not valid({"TH": 12, "WGS": 1}) and not valid({"TH": 16, "WGS": 3}) and not valid({"TH": 14, "WGS": 1,
-                                                                                              "AHEAD": 4})
+    assert not valid({"TH": 12, "WGS": 1}) and not valid({"TH": 16, "WGS": 3})
 
 
 def network_table(tiny_tensors, tile):
@@ -166,7 +163,7 @@ def network_table(tiny_tensors, tile):
     return table
 
 
-@pytest.mark.parametrize("precision,tile", [("fp16", (14, 2, 3)), ("tf32", (28, 1))])
+@pytest.mark.parametrize("precision,tile", [("fp16", (14, 2)), ("tf32", (28, 1))])
 def test_the_whole_network_on_wgmma_halo_fuses_the_poolings_and_matches_float64(tiny_tensors, monkeypatch, precision,
                                                                                  tile):
     """Every 3x3 layer but features.0 on wgmma_halo through the tuned table (as the H200's), each pooling in the store

@@ -16,13 +16,11 @@ from .tensorcore import (HALO_ROW, NeedsWgmma, OnWgmma, _TensorCoreAlgorithm, ha
 from .eightbit import LayerScales
 
 KERNEL_FILE = "conv_wg_halo.cl"
-TUNABLES = ("TH", "WGS", "AHEAD")
-DEFAULT = {"ALGO": "wgmma_halo", "TH": 14, "WGS": 2, "AHEAD": 2}
-# (TH, WGS, AHEAD): blocks of TH x 8 pixels (wgmma's N = 8 TH) for one or two warpgroups of 64 channels, the weight
-# fragments of 2 or 3 taps in flight; 28 and 14 rows divide every VGG16 image side (224 to 14), the others leave a
-# ragged last block on some. 14 rows, two warpgroups won every 3x3 layer but one on an H200 at batch 64
-TILES = [(14, 2, 2), (14, 2, 3), (14, 1, 2), (28, 1, 2), (28, 2, 2), (16, 1, 2), (14, 1, 3), (32, 1, 2), (32, 2, 2),
-         (24, 1, 2), (16, 2, 2), (8, 1, 2), (8, 2, 2)]
+TUNABLES = ("TH", "WGS")
+DEFAULT = {"ALGO": "wgmma_halo", "TH": 16, "WGS": 1}
+# (TH, WGS): blocks of TH x 8 pixels (wgmma's N = 8 TH) for one or two warpgroups of 64 channels; 28 and 14 rows
+# divide every VGG16 image side (224 to 14), the others leave a ragged last block on some
+TILES = [(16, 1), (28, 1), (28, 2), (14, 1), (14, 2), (32, 1), (32, 2), (24, 1), (16, 2), (8, 1), (8, 2)]
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
@@ -30,7 +28,7 @@ KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
 
 def valid(params: dict) -> bool:
     """conv_wg_halo.cl's #error rules."""
-    return params["TH"] in SIDES and params["WGS"] in (1, 2) and params.get("AHEAD", 2) in (2, 3)
+    return params["TH"] in SIDES and params["WGS"] in (1, 2)
 
 
 def local_mem(params: dict) -> int:
@@ -65,7 +63,7 @@ class WgmmaHaloLayer(OnWgmma):
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
                  env: BuildEnv):
         if not valid(params):
-            raise ValueError(f"{self.name} {params}: TH one of {SIDES}, WGS 1 or 2, AHEAD 2 or 3")
+            raise ValueError(f"{self.name} {params}: TH one of {SIDES}, WGS 1 or 2")
         self.p, self.layer = dict(params, TW=8), layer
         self.scales = LayerScales(precision, weight, None, None, layer.last, None)
         self.cpad = round_up(layer.cin, vec(precision))
@@ -81,8 +79,7 @@ class WgmmaHaloLayer(OnWgmma):
         self.wt = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=frags)
         self.bias = padded_bias(ctx, bias, self.npad)
         self.scale_args = ()
-        defines = {"TH": params["TH"], "WGS": params["WGS"], "AHEAD": params.get("AHEAD", 2),
-                   **layout_defines(params["TH"]),
+        defines = {"TH": params["TH"], "WGS": params["WGS"], **layout_defines(params["TH"]),
                    "TF32": int(precision.tf32), "RELU": int(layer.relu), "OUT_F32": int(layer.last),
                    "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines(params)}
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_wg_halo"))
@@ -96,7 +93,7 @@ class WgmmaHaloLayer(OnWgmma):
     def describe(self) -> str:
         p = self.p
         return (f"{self.name} {p['TH']}x8 pixels x {64 * p['WGS']} channels ({p['WGS']} warpgroups, weights in "
-                f"registers, {p.get('AHEAD', 2)} taps ahead){', 2x2 max-pool in the store' if self.layer.pool else ''}")
+                f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}")
 
 
 class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
