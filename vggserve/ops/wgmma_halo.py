@@ -17,10 +17,11 @@ from .eightbit import LayerScales
 
 KERNEL_FILE = "conv_wg_halo.cl"
 TUNABLES = ("TH", "WGS")
-DEFAULT = {"ALGO": "wgmma_halo", "TH": 16, "WGS": 1}
+DEFAULT = {"ALGO": "wgmma_halo", "TH": 14, "WGS": 2}
 # (TH, WGS): blocks of TH x 8 pixels (wgmma's N = 8 TH) for one or two warpgroups of 64 channels; 28 and 14 rows
-# divide every VGG16 image side (224 to 14), the others leave a ragged last block on some
-TILES = [(16, 1), (28, 1), (28, 2), (14, 1), (14, 2), (32, 1), (32, 2), (24, 1), (16, 2), (8, 1), (8, 2)]
+# divide every VGG16 image side (224 to 14), the others leave a ragged last block on some. 14 rows and two
+# warpgroups won every 3x3 layer but one on an H200 at batch 64 (BENCHMARKS.md, twenty-third session)
+TILES = [(14, 2), (14, 1), (28, 1), (28, 2), (16, 1), (32, 1), (32, 2), (24, 1), (16, 2), (8, 1), (8, 2)]
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
