@@ -58,18 +58,23 @@ def run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool, layer_cls
 @pytest.mark.parametrize("cfg", POOL_CONFIGS, ids=lambda c: "{}x{}x{}_w{}x{}_s{}".format(*c))
 @pytest.mark.parametrize("shape", POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, cfg, shape):
-    n, cin, cout, h, w = shape
     p = params_of(cfg)
     assert halo_valid(p) and halo_pools(p)
+    check_pool_case(tc_env, rng, prec, p, shape)
+
+
+def check_pool_case(tc_env, rng, prec, p, shape, layer_cls=HaloLayer):
+    """Random weights, bias and input of shape (n, cin, cout, h, w); the layer with its pooling fused against the same
+    tile unfused and numpy (check_fused)."""
+    n, cin, cout, h, w = shape
     weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
     bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
     x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
     cpad = -(-cin // (16 // prec.itemsize)) * (16 // prec.itemsize)
     xin = nhwc_input(x, cpad, prec)
     layer = LayerSpec("conv3x3", cin, cout, h)
-
-    fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool=True)
-    plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, pool=False)
+    fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, True, layer_cls)
+    plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, False, layer_cls)
     check_fused(fused, untouched, plain, prec, x, weight, bias)
 
 

@@ -20,8 +20,8 @@ from vggserve.ops.tensorcore import (HALO_TUNABLES, HALO_WGMMA_TILES, HALO_WGMMA
 from vggserve.runtime import caps as device_caps, ptx
 
 from clbuffers import rel_err
-from test_tc_pool import check_fused, run_halo
-from test_tensorcore import HALO_SHAPES, TC_PRECISIONS, nhwc_input, run_layer, tc_env  # noqa: F401 - the fixture
+from test_tc_pool import check_pool_case
+from test_tensorcore import HALO_SHAPES, TC_PRECISIONS, run_layer, tc_env  # noqa: F401 - the fixture
 
 KEYS = ("BM", "BN", "WARPS_M", "WARPS_N", "STAGES", "KB", "WG_INFLIGHT")
 CONFIGS = [(64, 64, 4, 1, 3, 64, 0), (128, 128, 8, 1, 2, 128, 0), (64, 256, 4, 1, 3, 32, 1), (64, 192, 4, 1, 2, 64, 0),
@@ -105,17 +105,9 @@ HALO_WG_POOL_TILES = [(8, 8, 128, 4, 1, 4, 0), (16, 8, 128, 8, 1, 3, 1)]
 def test_halo_wgmma_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, cfg, shape):
     """TW = 8 tiles pool in the store: a window's rows are g and g + 8 of one warp's fragment, as in tc_halo."""
     assert cfg in HALO_WGMMA_TILES
-    n, cin, cout, h, w = shape
     p = halo_wgmma_params(cfg)
     assert registry.get("tc_halo_wgmma").fuses_pool(p)
-    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
-    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
-    xin = nhwc_input(x, -(-cin // (16 // prec.itemsize)) * (16 // prec.itemsize), prec)
-    layer = LayerSpec("conv3x3", cin, cout, h)
-    fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, True, HaloWgmmaLayer)
-    plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, False, HaloWgmmaLayer)
-    check_fused(fused, untouched, plain, prec, x, weight, bias)
+    check_pool_case(tc_env, rng, prec, p, shape, HaloWgmmaLayer)
 
 
 def test_only_halo_wgmma_tiles_8_pixels_wide_fuse_the_pooling(tc_env):

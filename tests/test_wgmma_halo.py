@@ -17,8 +17,8 @@ from vggserve.ops.wgmma_halo import TILES, WgmmaHaloLayer, layout_defines, pack_
 from vggserve.runtime import ptx
 
 from clbuffers import rel_err
-from test_tc_pool import check_fused, run_halo
-from test_tensorcore import TC_PRECISIONS, nhwc_input, run_layer, tc_env  # noqa: F401 - the fixture
+from test_tc_pool import check_pool_case
+from test_tensorcore import TC_PRECISIONS, run_layer, tc_env  # noqa: F401 - the fixture
 
 # (n, cin, cout, h, w): one image and three, channels below a chunk and past it (two and three chunks: the patch
 # buffers reused), cout not a multiple of 64 or of 8, images smaller than a block, odd sides cut by the block's edges
@@ -94,17 +94,9 @@ POOL_SHAPES = [(1, 3, 8, 5, 7), (3, 13, 21, 11, 17), (2, 16, 16, 1, 3), (1, 40, 
 @pytest.mark.parametrize("shape", POOL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_wgmma_halo_fused_pool_matches_numpy_and_the_unfused_layer(tc_env, rng, prec, tile, shape):
     """A 2x2 window is columns 2 t4, 2 t4 + 1 of pixel tiles j, j + 1 of one lane."""
-    n, cin, cout, h, w = shape
     p = params(tile)
     assert registry.get("wgmma_halo").fuses_pool(p)
-    weight = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
-    bias = (0.1 * rng.standard_normal(cout)).astype(np.float32)
-    x = rng.standard_normal((n, cin, h, w)).astype(np.float32)
-    xin = nhwc_input(x, -(-cin // (16 // prec.itemsize)) * (16 // prec.itemsize), prec)
-    layer = LayerSpec("conv3x3", cin, cout, h)
-    fused, untouched = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, True, WgmmaHaloLayer)
-    plain, _ = run_halo(tc_env, prec, p, layer, weight, bias, xin, n, h, w, False, WgmmaHaloLayer)
-    check_fused(fused, untouched, plain, prec, x, weight, bias)
+    check_pool_case(tc_env, rng, prec, p, shape, WgmmaHaloLayer)
 
 
 def test_wgmma_halo_is_offered_by_default_where_the_device_has_wgmma(monkeypatch):
