@@ -7,7 +7,8 @@
  * Why this orientation: conv_tc_halo.cl with WGMMA = 1 copies every weight stage into local memory by cp.async, and
  * at 48 KB per work-group its copies, not its wgmma, set the pace (BENCHMARKS.md, "the wgmma engines on an NVIDIA
  * H100"). Here a warpgroup's 64 output channels are A (m64), loaded as mma.sync's A fragments (which are wgmma's
- * register fragments of A), one 16-byte load per work-item per k-step, three taps' worth in flight in registers; the
+ * register fragments of A), one 16-byte load per work-item per k-step, three taps' in registers (the running one, two
+ * ahead); the
  * block's BN = 8 TH pixels are B (wgmma's N up to 256), so each weight byte serves up to 256 pixels.
  *
  * The block is TH rows x TW = 8 columns of one image's output pixels. Its (TH + 2) x 10 input patch of a chunk of
