@@ -8,8 +8,7 @@
  * at 48 KB per work-group its copies, not its wgmma, set the pace (BENCHMARKS.md, "the wgmma engines on an NVIDIA
  * H100"). Here a warpgroup's 64 output channels are A (m64), loaded as mma.sync's A fragments (which are wgmma's
  * register fragments of A), one 16-byte load per work-item per k-step, three taps' in registers (the running one, two
- * ahead); the
- * block's BN = 8 TH pixels are B (wgmma's N up to 256), so each weight byte serves up to 256 pixels.
+ * ahead); the block's BN = 8 TH pixels are B (wgmma's N up to 256), so each weight byte serves up to 256 pixels.
  *
  * The block is TH rows x TW = 8 columns of one image's output pixels. Its (TH + 2) x 10 input patch of a chunk of
  * CK channels (64 bytes: 32 FP16, 16 TF32) is stored in 4 planes of 16-byte pieces: piece q of patch pixel pp at
