@@ -151,17 +151,20 @@ def test_every_wgmma_tile_keeps_the_kernels_shape_rules_and_fits_48_kb():
     assert not wgmma_valid(dict(zip(KEYS, (128, 128, 8, 1, 2, 64, 1))))  # a wgmma group in flight needs 3 stages
 
 
+class Device:
+    """An OpenCL device as runtime/caps.py reads it: NVIDIA's attribute query answering compute capability `cc`."""
+
+    extensions = "cl_nv_device_attribute_query"
+    max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024
+
+    def __init__(self, cc):
+        self.compute_capability_major_nv, self.compute_capability_minor_nv = cc
+
+
 @pytest.mark.parametrize("name", ["tc_wgmma", "tc_halo_wgmma"])
 def test_wgmma_is_offered_only_where_the_device_has_it(monkeypatch, name):
     """sm_90a code runs on compute capability 9.0 only; these two entries (slower than mma.sync) natively only with
     VGGSERVE_WGMMA=1; VGGSERVE_WGMMA=0 turns them off, the software model's too."""
-    class Device:
-        extensions = "cl_nv_device_attribute_query"
-        max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024
-
-        def __init__(self, cc):
-            self.compute_capability_major_nv, self.compute_capability_minor_nv = cc
-
     monkeypatch.delenv("VGGSERVE_EMULATE_MMA", raising=False)
     monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
     algo = registry.get(name)

@@ -104,13 +104,7 @@ def test_wgmma_halo_is_offered_by_default_where_the_device_has_wgmma(monkeypatch
     another GPU, off with VGGSERVE_WGMMA=0; emulated on PoCL."""
     from vggserve.ops import precision as precisions
     from vggserve.runtime import caps as device_caps
-
-    class Device:
-        extensions = "cl_nv_device_attribute_query"
-        max_compute_units, local_mem_size, max_work_group_size = 132, 48 * 1024, 1024
-
-        def __init__(self, cc):
-            self.compute_capability_major_nv, self.compute_capability_minor_nv = cc
+    from test_wgmma import Device
 
     monkeypatch.delenv("VGGSERVE_EMULATE_MMA", raising=False)
     monkeypatch.delenv("VGGSERVE_WGMMA", raising=False)
@@ -127,6 +121,11 @@ def test_wgmma_halo_is_offered_by_default_where_the_device_has_wgmma(monkeypatch
     assert old.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
     monkeypatch.setenv("VGGSERVE_WGMMA", "0")
     assert not mine.available(device_caps.of(Device((9, 0)), "gpu", "H100"), precisions.FP16)
+    pocl = Device((0, 0))
+    pocl.extensions = ""  # no NVIDIA attributes: a CPU, the software model
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    monkeypatch.delenv("VGGSERVE_WGMMA")
+    assert mine.available(device_caps.of(pocl, "cpu", "PoCL"), precisions.FP16)
 
 
 def test_every_tile_fits_48_kb_and_one_work_group():
