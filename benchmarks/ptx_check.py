@@ -16,8 +16,8 @@ byte (the machine code, so the instructions, unchanged).
 
 Columns: kernel, precision, the variant built (conv / split-K / last FC layer; POOL=1 the fused pooling; at fp8 also
 which side is e4m3), the tiles, then registers, spill bytes (stores+loads), stack frame and shared memory before ->
-after. The 8-bit programs (tc_gemm, tc_halo with FP8 / OUT_FP8 or INT8 / OUT_INT8, built by --candidates: no
-shipped table has them yet) are assembled as PTX 8.4 (the first version with mma.sync on e4m3) or 8.0 (INT8's
+after. The 8-bit programs (tc_gemm, tc_halo, wgmma_halo with FP8 / OUT_FP8 or INT8 / OUT_INT8, built by --candidates
+where no shipped table has them) are assembled as PTX 8.4 (the first version with mma.sync on e4m3) or 8.0 (INT8's
 mma.sync u8.s8); a base revision without them shows "-" before.
 """
 
@@ -83,6 +83,10 @@ def eight_bit_variants(algo: str, base: dict, precision: str = "fp8") -> list[tu
 def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
     """(label, defines) of the programs the engine builds from one tile configuration."""
     base = {**tiles, "MMA_EMULATE": 0, **({"WGMMA": 1} if algo in WGMMA_ALGOS else {})}
+    if algo == "wgmma_halo":
+        from vggserve.ops.wgmma_halo import layout_defines
+
+        base.update(layout_defines(tiles["TH"]))
     if precision in ("fp8", "int8"):
         return eight_bit_variants(algo, base, precision)
     if algo in ("tc_gemm", "tc_wgmma"):
@@ -90,10 +94,6 @@ def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
         return [("conv", conv), ("conv split-K", {**conv, "SPLITK": 1}),
                 ("fc last", {**base, "TF32": tf32, "KS": 1, "PAD": 0, "RELU": 0, "OUT_F32": 1})]
-    if algo == "wgmma_halo":
-        from vggserve.ops.wgmma_halo import layout_defines
-
-        base.update(layout_defines(tiles["TH"]))
     if algo in ("tc_halo", "tc_halo_wgmma", "wgmma_halo"):
         conv = {**base, "TF32": int(precision == "tf32"), "RELU": 1, "OUT_F32": 0, "POOL": 0}
         return [("conv", conv)] + ([("conv POOL=1", {**conv, "POOL": 1})] if pools(algo, tiles) else [])
@@ -146,7 +146,7 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
         for tile in tiles:
             p = dict(zip(tunables(algo), tile))
             if valid(p):
-                for precision in (("fp16", "tf32", "fp8", "int8") if algo in ("tc_gemm", "tc_halo") else
+                for precision in (("fp16", "tf32", "fp8", "int8") if algo in ("tc_gemm", "tc_halo", "wgmma_halo") else
                                   ("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
                     out.append((algo, precision, p))
     return out

@@ -10,8 +10,13 @@
  * register fragments of A), one 16-byte load per work-item per k-step, three taps' in registers (the running one, two
  * ahead); the block's BN = 8 TH pixels are B (wgmma's N up to 256), so each weight byte serves up to 256 pixels.
  *
+ * Precisions: FP16 and TF32 (m64nNk16 / k8, FP32 sums), FP8 (e4m3 x e4m3, m64nNk32) and INT8 (s8 weights x u8
+ * activations, m64nNk32, int32 sums, exact), the 8-bit ones scaled by cs[n] in the epilogue as conv_tc_halo.cl's
+ * (ops/eightbit.py); any layer may write 8-bit codes (OUT_FP8, OUT_INT8). Every k-step is 32 bytes whatever the type,
+ * so the layout below and the fragments are the same bytes for all four.
+ *
  * The block is TH rows x TW = 8 columns of one image's output pixels. Its (TH + 2) x 10 input patch of a chunk of
- * CK channels (64 bytes: 32 FP16, 16 TF32) is stored in 4 planes of 16-byte pieces: piece q of patch pixel pp at
+ * CK channels (64 bytes: 32 FP16, 16 TF32, 64 FP8 / INT8) is stored in 4 planes of 16-byte pieces: piece q of patch pixel pp at
  * uint4 q * PROWS + pp. Pixel rows of 8 are then core matrices: at tap (ky, kx), the 8 pixels of output row y read
  * patch pixels (y + ky) * PW + kx .. + 7, contiguous, 16 bytes apart, and row y + 1's are PW pixels further. So the
  * whole tap is one descriptor: start at pixel ky * PW + kx of the plane, SBO = PW * 16 = 160 bytes (8-pixel groups),
@@ -33,6 +38,12 @@
  *          done), load tap 2's fragments into the register set tap 8 of chunk c - 1 used;
  *   barrier (every warpgroup is done with chunk c - 1's buffer), copy chunk c + 1's patch into it;
  *   taps 1-8: the same (wgmma of tap t on register set t % 3, wait for tap t - 1, load step s + 2 into set (t+2) % 3).
+ * FP8's sums: Hopper's e4m3 wgmma keeps fewer bits than FP32 while it accumulates (measured on an H200 against exact
+ * sums: up to 4.6e-3 of the largest sum over 4,608 products; benchmarks/eightbit_sums.py). So, as CUTLASS's FP8
+ * GEMMs promote their partial sums into FP32 registers every few k-blocks, PROMOTE = 1 (FP8's default) runs each
+ * tap's two k-steps into one of two partial accumulators from zero (WG_STAGE_RA_Z) and adds it into the FP32
+ * accumulators once its wgmma is waited for, while the next tap's runs into the other; PROMOTE = 0 accumulates
+ * across the whole sum in the tensor cores (faster, less exact: benchmarks only).
  * MMA_EMULATE = 1: wgmma.clh's software model (A exchanged through `xch`, B read through the descriptor's layout).
  * WG_DIAG (benchmarks/wgmma_diag.py; wgmma.clh): 1 no loads after the prologue (neither weights nor patches), 2 no
  * wgmma, 4 no proxy fence.
@@ -58,6 +69,9 @@
 #ifndef POOL
 #define POOL 0
 #endif
+#ifndef PROMOTE
+#define PROMOTE FP8 /* FP8: each tap's sum in its own accumulators (scale-d 0), added into FP32 ones (below) */
+#endif
 #define WARPS_M (4 * WGS)
 #define WARPS_N 1
 #define THREADS (128 * WGS)
@@ -67,14 +81,14 @@
 #include "tc_halo.clh"      /* PW, PROWS, PATCH_CHUNKS, HALO_PIXEL, HALO_POOLED (TH x TW blocks) */
 #include "tc_epilogue.clh"  /* RELU: bias, ReLU, the store in channel rows, the fused pooling */
 
-#if EIGHT_BIT
-#error "conv_wg_halo.cl: FP16 or TF32"
-#endif
 #if BN != 8 * TH || (TH != 8 && TH != 14 && TH != 16 && TH != 24 && TH != 28 && TH != 32) || (WGS != 1 && WGS != 2)
 #error "conv_wg_halo.cl: TH 8, 14, 16, 24, 28 or 32 with BN = 8 TH; WGS 1 or 2"
 #endif
 #if WG_LBO != PROWS * 16 || WG_SBO != PW * 16 || WG_ADV != 2 * PROWS
 #error "conv_wg_halo.cl: WG_LBO = PROWS * 16, WG_SBO = PW * 16, WG_ADV = 2 PROWS (the patch's planes)"
+#endif
+#if PROMOTE && !FP8
+#error "conv_wg_halo.cl: PROMOTE is FP8's (the others accumulate exactly or in FP32)"
 #endif
 #define KB 64                      /* bytes of channels per chunk and per tap's wgmma stage */
 #define CHUNKS 4
@@ -88,6 +102,12 @@ __kernel __attribute__((reqd_work_group_size(THREADS, 1, 1)))
 void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels */
                   __global const uint4 *restrict wf,    /* the weights' A fragments */
                   __global const float *restrict bias,  /* 64 WGS groups_n */
+#if EIGHT_BIT
+                  __global const float *restrict cs,    /* 64 WGS groups_n: s_in * s_w[n] (ops/eightbit.py) */
+#endif
+#if OUT_EIGHT_BIT
+                  const float out_scale_inv,            /* 1 / s_out: the next layer's codes */
+#endif
                   __global out_t *restrict out,         /* NHWC, Cstore channels */
                   const int Cpad, const int CpadK, const int H, const int W, const int Cstore,
                   const int groups_n, const int tiles_x, const int tiles_per_image)
@@ -132,6 +152,23 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         if (WG_COPIES && c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)         \
     }
 
+#if PROMOTE
+    /* tap t's sum (2 k-steps, 64 products) into part0 (t even) or part1 (t odd) from zero, while the other one's,
+     * its wgmma waited for, is added into acc by the FP32 pipe: tap 8's at the next chunk's start (part0 again) */
+#define ADD_PART(P_)                                                                                      \
+    _Pragma("unroll") for (int j_ = 0; j_ < NJ; ++j_)                                                     \
+    _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) acc[0][j_][e_] += P_[0][j_][e_];
+#define TAP_P(t_, CUR_, PREV_)                                                                            \
+    {                                                                                                     \
+        WG_STAGE_RA_Z(CUR_, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                              \
+        WG_WAIT(PREV_, 1);                                                                                \
+        if ((t_) > 0) { ADD_PART(PREV_) }                                                                 \
+        if (WG_COPIES && c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)         \
+    }
+    MMA_ACC(part0, 1, NJ)
+    MMA_ACC(part1, 1, NJ)
+#endif
+
     MMA_ACC(acc, 1, NJ)
     uint af[3][KSTEPS][4];
     LOAD_PATCH(0)
@@ -144,13 +181,29 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         WG_CP_WAIT(0);
         WG_PROXY();
         barrier(CLK_LOCAL_MEM_FENCE);
+#if PROMOTE
+        WG_WAIT(part0, 0);  /* the last chunk's tap 8 (zeros at c = 0) */
+        ADD_PART(part0)
+        TAP_P(0, part0, part1)
+#else
         TAP(0)
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (WG_COPIES && c + 1 < nchunks) LOAD_PATCH(c + 1)
         CP_COMMIT();
+#if PROMOTE
+        TAP_P(1, part1, part0) TAP_P(2, part0, part1) TAP_P(3, part1, part0) TAP_P(4, part0, part1)
+        TAP_P(5, part1, part0) TAP_P(6, part0, part1) TAP_P(7, part1, part0) TAP_P(8, part0, part1)
+#else
         TAP(1) TAP(2) TAP(3) TAP(4) TAP(5) TAP(6) TAP(7) TAP(8)
+#endif
     }
+#if PROMOTE
+    WG_WAIT(part0, 0);
+    ADD_PART(part0)
+#else
     WG_WAIT(acc, 0);
+#endif
 
     const int g = lane >> 2, t4 = lane & 3;
     const int n0 = (nb * WGS + wg) * 64 + (warp & 3) * 16;

@@ -48,8 +48,9 @@ def test_int8_runs_on_tc_gemm_and_tc_halo_wherever_there_are_tensor_cores():
                               tensor_cores=True, emulate_mma=False, fp8=False)
     hopper = replace(ampere, wgmma=True, fp8=True)
     conv, fc = LayerSpec("conv3x3", 64, 64, 56), LayerSpec("fc", 4096, 1000, last=True)
-    for caps in (ampere, hopper):  # never the wgmma entries: INT8 runs on mma.sync
-        assert {a.name for a in registry.for_layer(caps, INT8, conv)} == {"tc_gemm", "tc_halo"}
+    for caps in (ampere, hopper):  # mma.sync everywhere; Hopper's wgmma_halo too (test_wgmma_eightbit.py)
+        extra = {"wgmma_halo"} if caps.wgmma else set()
+        assert {a.name for a in registry.for_layer(caps, INT8, conv)} == {"tc_gemm", "tc_halo"} | extra
         assert {a.name for a in registry.for_layer(caps, INT8, fc)} == {"tc_gemm"}
     assert registry.family_for(ampere, INT8) == "tensorcore"
     for name in ("tc_gemm", "tc_halo"):  # tiles in bytes: the same candidates as FP16

@@ -112,7 +112,7 @@ def test_wgmma_halo_is_offered_by_default_where_the_device_has_wgmma(monkeypatch
     hopper = device_caps.of(Device((9, 0)), "gpu", "H200")
     assert mine.available(hopper, precisions.FP16) and mine.available(hopper, precisions.TF32)
     assert not old.available(hopper, precisions.FP16)
-    assert not mine.available(hopper, precisions.get("fp8")) and not mine.available(hopper, precisions.get("int8"))
+    assert mine.available(hopper, precisions.get("fp8")) and mine.available(hopper, precisions.get("int8"))
     conv = LayerSpec("conv3x3", 64, 64, 56)
     assert "wgmma_halo" in {a.name for a in registry.for_layer(hopper, precisions.FP16, conv)}
     for cc in ((8, 0), (8, 9), (10, 0)):

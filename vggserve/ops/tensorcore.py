@@ -313,8 +313,8 @@ class OnWgmma:
 
 
 class NeedsWgmma:
-    """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs; FP8 runs on
-    mma.sync only (tc_gemm, tc_halo), and so does INT8. An `experimental` entry (slower than mma.sync wherever it was
+    """A registry entry whose kernels need wgmma (`Caps.wgmma`) besides what its mma.sync twin needs; FP16 and TF32
+    (wgmma_halo also runs FP8 and INT8). An `experimental` entry (slower than mma.sync wherever it was
     measured) natively needs VGGSERVE_WGMMA=1 too (`Caps.wgmma_experimental`)."""
 
     precisions = ("fp16", "tf32")

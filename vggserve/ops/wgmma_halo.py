@@ -2,7 +2,9 @@
 
 The weights are wgmma's A, loaded from global memory as mma.sync's A fragments; the pixels of a TH x 8 block are its
 N, read through a descriptor from the input patch, the only thing in local memory. Built through the driver's patched
-PTX like the other wgmma entries (tensorcore.OnWgmma), emulated on PoCL; FP16 and TF32.
+PTX like the other wgmma entries (tensorcore.OnWgmma), emulated on PoCL; FP16, TF32, and the 8-bit precisions (FP8:
+e4m3 x e4m3; INT8: s8 weights x u8 activations) with ops/eightbit.py's scales, which need wgmma's native 8-bit forms
+(mma.sync's e4m3 is emulated through FP16 on sm_90: BENCHMARKS.md, seventeenth session).
 """
 
 import numpy as np
@@ -22,6 +24,9 @@ DEFAULT = {"ALGO": "wgmma_halo", "TH": 14, "WGS": 2}
 # divide every VGG16 image side (224 to 14), the others leave a ragged last block on some. 14 rows and two
 # warpgroups won every 3x3 layer but one on an H200 at batch 64 (BENCHMARKS.md, twenty-third session)
 TILES = [(14, 2), (14, 1), (28, 1), (28, 2), (16, 1), (32, 1), (32, 2), (24, 1), (16, 2), (8, 1), (8, 2)]
+# FP8 promotes each tap's sum into FP32 accumulators (conv_wg_halo.cl, PROMOTE): three sets of accumulators, so
+# blocks past 16 rows spill (ptxas: 252 registers at 14 rows, 165 at 8; 24 rows and more spill); the smaller first
+FP8_TILES = [(14, 2), (8, 1), (8, 2), (14, 1), (16, 1), (16, 2)]
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
@@ -56,17 +61,18 @@ def pack_fragments(wt: np.ndarray, cpadk: int, itemsize: int) -> np.ndarray:
 
 
 class WgmmaHaloLayer(OnWgmma):
-    """One 3x3 convolution on conv_wg_halo.cl (NHWC, FP16 or TF32); with `layer.pool` the 2x2/2 max-pool that
-    follows is fused into the store."""
+    """One 3x3 convolution on conv_wg_halo.cl (NHWC; FP16, TF32, or FP8 / INT8 with in_scale / out_scale /
+    out_codes as tensorcore.HaloLayer); with `layer.pool` the 2x2/2 max-pool that follows is fused into the store."""
 
     name, kernel_file = "wgmma_halo", KERNEL_FILE
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv):
+                 env: BuildEnv, in_scale: float | None = None, out_scale: float | None = None,
+                 out_codes: Precision | None = None):
         if not valid(params):
             raise ValueError(f"{self.name} {params}: TH one of {SIDES}, WGS 1 or 2")
         self.p, self.layer = dict(params, TW=8), layer
-        self.scales = LayerScales(precision, weight, None, None, layer.last, None)
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         self.cpad = round_up(layer.cin, vec(precision))
         self.cpadk = round_up(self.cpad, HALO_ROW // precision.itemsize)
         self.cstore = out_channels(layer, precision, self.scales)
@@ -79,14 +85,15 @@ class WgmmaHaloLayer(OnWgmma):
         frags = pack_fragments(wt, self.cpadk, precision.itemsize)
         self.wt = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=frags)
         self.bias = padded_bias(ctx, bias, self.npad)
-        self.scale_args = ()
+        self.scale_args = self.scales.args(ctx, self.npad)
         defines = {"TH": params["TH"], "WGS": params["WGS"], **layout_defines(params["TH"]),
                    "TF32": int(precision.tf32), "RELU": int(layer.relu), "OUT_F32": int(layer.last),
-                   "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines(params)}
+                   "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines(params),
+                   **self.scales.defines, **({"PROMOTE": int(params.get("PROMOTE", 1))} if precision.fp8 else {})}
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_wg_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
-        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w)
+        return halo_enqueue(self, queue, src, (self.wt,), dst, n, h, w, self.scale_args)
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         return 2.0 * n * h * w * self.layer.cout * self.layer.cin * 9
@@ -94,12 +101,13 @@ class WgmmaHaloLayer(OnWgmma):
     def describe(self) -> str:
         p = self.p
         return (f"{self.name} {p['TH']}x8 pixels x {64 * p['WGS']} channels ({p['WGS']} warpgroups, weights in "
-                f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}")
+                f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}{self.scales.describe()}")
 
 
 class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
     name = "wgmma_halo"
     experimental = False  # offered wherever the device has wgmma (runtime/caps.py)
+    precisions = ("fp16", "tf32", "fp8", "int8")
     kinds = ("conv3x3",)
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
@@ -109,11 +117,19 @@ class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
     def work_group_size(self, params):
         return 128 * params["WGS"]
 
+    def candidates(self, caps, precision, layer):
+        if not precision.fp8:
+            return super().candidates(caps, precision, layer)
+        ps = [{"ALGO": self.name, **dict(zip(self.tile_keys, t))} for t in FP8_TILES]
+        return [p for p in ps if self.fits(p, caps, precision)]
+
     def fuses_pool(self, params):
         return valid(params)  # TH is even: a window's four values are in one lane
 
-    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None):
-        return WgmmaHaloLayer(ctx, cache, params, precision, layer, weight, bias, env)
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
+             out_scale=None, out_codes=None):
+        return WgmmaHaloLayer(ctx, cache, params, precision, layer, weight, bias, env, in_scale=in_scale,
+                              out_scale=out_scale, out_codes=out_codes)
 
 
 ALGORITHM = register(WgmmaHalo())

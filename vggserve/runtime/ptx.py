@@ -9,16 +9,20 @@ binary); every placeholder is replaced by the instructions on the same registers
 The method and the descriptor layout were established by ../shared/probes/cl_ptx_probe.py on an H100.
 
 A placeholder is `{ // SLOT_<NAME>` then one line per operand (`add.f32 %i, %i, 0f00000000;` for an accumulator,
-`xor.b64 t, %a, %b;` for the two shared-memory descriptors, `or.b32 z, %r, 0;` for a register of A's fragment,
+`xor.b64 t, %a, %b;` for the two shared-memory descriptors, `add.s32 %i, %i, 0;` for INT8's int32 accumulator, `or.b32 z, %r, 0;` for a register of A's fragment,
 `mov.b64 t, %d;` for B's descriptor alone, `mov.b32 z, %c;` for a 32-bit input) and `}`. Its name says what
 replaces it:
   WGSTAGE_N<n>_KB<b>_<F16|TF32>    fence, b / 32 x wgmma m64n<n>k16 (f16) / m64n<n>k8 (tf32), A and B from shared
                                    memory, the descriptors advanced by 256 bytes (two K-adjacent core matrices) per
                                    step, FP32 accumulate, then commit
-  WGSTAGE_RA_N<n>_KB<b>_<F16|TF32>[_ADV<a>]
+  WGSTAGE_RA_N<n>_KB<b>_<F16|TF32|E4M3|S8U8>[_ADV<a>]
                                    the same with A in registers: b / 32 steps, each taking the next 4 A registers (the
-                                   warp's 16 rows as mma.sync m16n8k16 / m16n8k8 tf32 hold them), B's descriptor
-                                   advanced by a 16-byte units per step (default 16: 256 bytes)
+                                   warp's 16 rows as mma.sync m16n8k16 / m16n8k8 tf32 / m16n8k32 hold them), B's
+                                   descriptor advanced by a 16-byte units per step (default 16: 256 bytes); E4M3:
+                                   m64n<n>k32 e4m3 x e4m3, FP32 accumulate; S8U8: m64n<n>k32 s8 (A, the weights) x u8
+                                   (B, the activations), int32 accumulate (PTX ISA 8.4: mixed integer types);
+                                   _Z: the scale word (scale-d) applies to the first step only, the later ones
+                                   accumulate (word 0: the stage's sum alone, FP8's promoted partials)
   WGWAIT_<n>                       wgmma.wait_group n: at most n groups still run (the accumulators are its
                                    operands)
   WGPROXY                          fence.proxy.async.shared::cta: what cp.async wrote is seen by wgmma (async proxy)
@@ -32,6 +36,8 @@ SLOT_WIDTHS = (8, 14, 16, 24, 28, 32)  # n8 tiles a warpgroup's accumulators spa
 SLOT_KSTEPS = (1, 2, 4)  # 32-byte k-steps of an A-in-registers stage: KB = 32, 64, 128
 SLOT = re.compile(r"\{[ \t]*// SLOT_(\w+)[ \t]*\n(.*?)\n[ \t]*\}", re.S)
 ZERO_ADD = "add.f32 %{i}, %{i}, 0f00000000;"
+INT_ADD = "add.s32 %{i}, %{i}, 0;"  # INT8's accumulators: int32 registers ("+r"), which an .s32 wgmma needs
+ACC = re.compile(r"add\.(?:f32|s32)\s+(%\w+),")
 A_REG = "or.b32 z, %{i}, 0;"
 
 
@@ -47,6 +53,7 @@ def slot_header() -> str:
              " * The placeholders that runtime/ptx.py's `patch` replaces with wgmma, for accumulators ACC_[0][NJ][4]:",
              " *   WG_ACC_OPS_<NJ>(ACC_)   the accumulators as \"+f\" operands %0 .. %(4 NJ - 1)",
              " *   WG_ACC_BODY_<NJ>        one zero add per accumulator (the placeholder's operand lines)",
+             " *   WG_IACC_OPS_<NJ>(ACC_), WG_IACC_BODY_<NJ>  the same for int32 accumulators (INT8: \"+r\", add.s32)",
              " *   WG_IN_BODY_<NJ>         the lines of the inputs that follow: descriptors %(4 NJ), %(4 NJ + 1) and",
              " *                           a 32-bit word %(4 NJ + 2)",
              " * and for A in registers (WGSTAGE_RA), S k-steps of 32 bytes:",
@@ -59,7 +66,10 @@ def slot_header() -> str:
         body = " ".join(f'"{ZERO_ADD.format(i=i)}\\n"' for i in range(4 * nj))
         k = 4 * nj
         inputs = f'"xor.b64 t, %{k}, %{k + 1};\\n" "mov.b32 z, %{k + 2};\\n"'
+        iops = ops.replace('"+f"', '"+r"')
+        ibody = " ".join(f'"{INT_ADD.format(i=i)}\\n"' for i in range(4 * nj))
         lines += [f"#define WG_ACC_OPS_{nj}(ACC_) {ops}", f"#define WG_ACC_BODY_{nj} {body}",
+                  f"#define WG_IACC_OPS_{nj}(ACC_) {iops}", f"#define WG_IACC_BODY_{nj} {ibody}",
                   f"#define WG_IN_BODY_{nj} {inputs}"]
         for steps in SLOT_KSTEPS:
             a = " ".join(f'"{A_REG.format(i=k + i)}\\n"' for i in range(4 * steps))
@@ -73,20 +83,21 @@ def slot_header() -> str:
 
 
 def to_sm90a(ptx: str) -> str:
-    """`.target sm_90a`, and a PTX ISA version that has wgmma (8.0 or later)."""
+    """`.target sm_90a`, and a PTX ISA version that has wgmma (8.0 or later; 8.4 where a wgmma mixes s8 and u8)."""
     ptx, n = re.subn(r"\.target\s+sm_\d+a?", ".target sm_90a", ptx, count=1)
     if not n:
         raise PtxPatchError("no .target line in the driver's PTX")
     v = re.search(r"\.version\s+(\d+)\.(\d+)", ptx)
     if v is None:
         raise PtxPatchError("no .version line in the driver's PTX")
-    if (int(v.group(1)), int(v.group(2))) < (8, 0):
-        ptx = ptx.replace(v.group(0), ".version 8.0", 1)
+    need = (8, 4) if ".s32.s8.u8" in ptx else (8, 0)
+    if (int(v.group(1)), int(v.group(2))) < need:
+        ptx = ptx.replace(v.group(0), ".version {}.{}".format(*need), 1)
     return ptx
 
 
 def _operands(body: str) -> tuple[list[str], tuple[str, str] | None, str | None]:
-    acc = re.findall(r"add\.f32\s+(%\w+),", body)
+    acc = ACC.findall(body)
     desc = re.search(r"xor\.b64\s+\w+,\s*(%\w+),\s*(%\w+);", body)
     word = re.search(r"mov\.b32\s+\w+,\s*(%\w+);", body)
     return acc, (desc.group(1), desc.group(2)) if desc else None, word.group(1) if word else None
@@ -116,14 +127,22 @@ def _stage(name: str, body: str) -> str:
     return "\n".join(out)
 
 
+# the A-in-registers wgmma per kind, and what follows its scale-d predicate: imm-scale-a, imm-scale-b (1: no negation)
+# and imm-trans-b (0) for f16 (no trans-a: A is in registers); tf32 and e4m3 have no transposes (K-major only);
+# integer wgmma has no scale immediates
+RA_OPS = {"F16": "m64n{n}k16.f32.f16.f16", "TF32": "m64n{n}k8.f32.tf32.tf32", "E4M3": "m64n{n}k32.f32.e4m3.e4m3",
+          "S8U8": "m64n{n}k32.s32.s8.u8"}
+RA_TAIL = {"F16": ", 1, 1, 0", "TF32": ", 1, 1", "E4M3": ", 1, 1", "S8U8": ""}
+
+
 def _stage_ra(name: str, body: str) -> str:
     """WGSTAGE_RA: wgmma with A's fragments in registers, B from shared memory through its descriptor."""
-    m = re.fullmatch(r"WGSTAGE_RA_N(\d+)_KB(\d+)_(F16|TF32)(?:_ADV(\d+))?", name)
+    m = re.fullmatch(r"WGSTAGE_RA_N(\d+)_KB(\d+)_(F16|TF32|E4M3|S8U8)(?:_ADV(\d+))?(_Z)?", name)
     if not m:
         raise PtxPatchError(f"unknown placeholder SLOT_{name}")
     n, steps, kind = int(m.group(1)), int(m.group(2)) // 32, m.group(3)
     adv = int(m.group(4) or 16)
-    acc = re.findall(r"add\.f32\s+(%\w+),", body)
+    acc = ACC.findall(body)
     a = re.findall(r"or\.b32\s+\w+,\s*(%\w+),\s*0;", body)
     desc = re.search(r"mov\.b64\s+\w+,\s*(%\w+);", body)
     one = re.search(r"mov\.b32\s+\w+,\s*(%\w+);", body)
@@ -138,10 +157,9 @@ def _stage_ra(name: str, body: str) -> str:
         frag = "{" + ", ".join(a[4 * s:4 * s + 4]) + "}"
         if s:
             out.append(f"add.s64 %wb, %wb, {adv};")
-        if kind == "F16":  # scale-d, imm-scale-a, imm-scale-b, imm-trans-b (no trans-a: A is in registers)
-            out.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {regs}, {frag}, %wb, %wp, 1, 1, 0;")
-        else:  # tf32 has no transposes
-            out.append(f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {regs}, {frag}, %wb, %wp, 1, 1;")
+        scale = "1" if s and m.group(5) else "%wp"  # _Z: the word scales the first step only, the rest add up
+        out.append(f"wgmma.mma_async.sync.aligned.{RA_OPS[kind].format(n=n)} {regs}, {frag}, %wb, {scale}"
+                   f"{RA_TAIL[kind]};")
     out += ["wgmma.commit_group.sync.aligned;", "}"]
     return "\n".join(out)
 
