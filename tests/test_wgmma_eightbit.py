@@ -238,3 +238,30 @@ def test_the_tuner_takes_fp8_codes_a_step_apart_and_refuses_a_layout_error(rng):
     # the other precisions: within tol of the largest, as before
     assert outputs_agree(precisions.INT8, f32([10, 200]), f32([11, 200]), 200.0, 1e-2)
     assert not outputs_agree(precisions.INT8, f32([10, 200]), f32([13, 200]), 200.0, 1e-2)
+
+
+# Natively, without the promotion each sum is the tensor cores' own over all its products (measured up to 1.1e-3 of
+# sum |products| over 4,608 of them, benchmarks/eightbit_sums.py --fast)
+FP8_FAST_ERROR = 2.0 ** -9
+
+
+def test_fp8_fast_accumulation_is_opt_in_and_still_matches_numpy(tc_env, rng, monkeypatch):
+    """VGGSERVE_FP8_ACCUMULATE=fast builds PROMOTE = 0 (the layer says so); fp32, the default, promotes; a table's
+    PROMOTE wins over both; another value is a one-line error. The fast layer against numpy within the tensor cores'
+    accumulation (natively) or FP32's (the software model)."""
+    from vggserve.ops.wgmma_halo import fp8_promotes
+
+    assert fp8_promotes({}) == 1 and fp8_promotes({"PROMOTE": 0}) == 0
+    monkeypatch.setenv("VGGSERVE_FP8_ACCUMULATE", "fast")
+    assert fp8_promotes({}) == 0 and fp8_promotes({"PROMOTE": 1}) == 1
+    shape = (1, 70, 40, 9, 6, 3)
+    got, y, bound, s_out, op = f8.run(tc_env, fp8_layer((8, 2)), shape, rng)
+    assert op.promote == 0 and op.describe().endswith("sums accumulated in the tensor cores (fast)")
+    if not tc_env[3].emulate_mma:
+        bound = bound * (1.0 + FP8_FAST_ERROR / ((shape[1] * 9 - 1) * 2.0 ** -24))
+    f8.check(got, y, bound, s_out, op)
+    monkeypatch.setenv("VGGSERVE_FP8_ACCUMULATE", "fp16")
+    with pytest.raises(ValueError, match="VGGSERVE_FP8_ACCUMULATE must be one of fp32, fast"):
+        fp8_promotes({})
+    monkeypatch.setenv("VGGSERVE_FP8_ACCUMULATE", "FP32")
+    assert fp8_promotes({}) == 1

@@ -7,6 +7,8 @@ e4m3 x e4m3; INT8: s8 weights x u8 activations) with ops/eightbit.py's scales, w
 (mma.sync's e4m3 is emulated through FP16 on sm_90: BENCHMARKS.md, seventeenth session).
 """
 
+import os
+
 import numpy as np
 import pyopencl as cl
 
@@ -30,6 +32,22 @@ FP8_TILES = [(14, 2), (8, 1), (8, 2), (14, 1), (16, 1), (16, 2)]
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
+
+
+ACCUMULATE_ENV = "VGGSERVE_FP8_ACCUMULATE"
+ACCUMULATE_MODES = ("fp32", "fast")
+
+
+def fp8_promotes(params: dict) -> int:
+    """conv_wg_halo.cl's PROMOTE at FP8: the table's "PROMOTE" where it names one, else 1 (each tap's sum promoted
+    into FP32 accumulators, the default) unless VGGSERVE_FP8_ACCUMULATE=fast (0: the tensor cores accumulate the
+    whole sum, as CUTLASS's FP8 "fast accumulation" kernels; BENCHMARKS.md, twenty-fourth session)."""
+    if "PROMOTE" in params:
+        return int(params["PROMOTE"])
+    mode = os.environ.get(ACCUMULATE_ENV, "").strip().lower() or "fp32"
+    if mode not in ACCUMULATE_MODES:
+        raise ValueError(f"{ACCUMULATE_ENV} must be one of {', '.join(ACCUMULATE_MODES)}, not {mode!r}")
+    return int(mode == "fp32")
 
 
 def valid(params: dict) -> bool:
@@ -89,7 +107,10 @@ class WgmmaHaloLayer(OnWgmma):
         defines = {"TH": params["TH"], "WGS": params["WGS"], **layout_defines(params["TH"]),
                    "TF32": int(precision.tf32), "RELU": int(layer.relu), "OUT_F32": int(layer.last),
                    "POOL": int(layer.pool), **env.caps.mma_define, **self.extra_defines(params),
-                   **self.scales.defines, **({"PROMOTE": int(params.get("PROMOTE", 1))} if precision.fp8 else {})}
+                   **self.scales.defines}
+        self.promote = fp8_promotes(params) if precision.fp8 else None
+        if self.promote is not None:
+            defines["PROMOTE"] = self.promote
         self.kernel = Launch(cl.Kernel(self.program(cache, env, defines), "conv_wg_halo"))
 
     def enqueue(self, queue, src, dst, n: int, h: int, w: int):
@@ -101,7 +122,8 @@ class WgmmaHaloLayer(OnWgmma):
     def describe(self) -> str:
         p = self.p
         return (f"{self.name} {p['TH']}x8 pixels x {64 * p['WGS']} channels ({p['WGS']} warpgroups, weights in "
-                f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}{self.scales.describe()}")
+                f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}{self.scales.describe()}"
+                f"{', sums accumulated in the tensor cores (fast)' if self.promote == 0 else ''}")
 
 
 class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
