@@ -110,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--algos", default=",".join(WGMMA_ALGOS), help="wgmma entries to time (default: all three)")
     ap.add_argument("--eight-bit-algos", default="tc_gemm,tc_halo,wgmma_halo",
                     help="fp8 / int8: the 8-bit entries to time (default: all three)")
+    ap.add_argument("--extra", default="", help="NAME=INT,...: set in every 8-bit candidate's parameters (e.g. "
+                    "PROMOTE=2 for wgmma_halo's FP8)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -153,6 +155,8 @@ def main(argv=None) -> int:
             if prec.eight_bit:  # the candidates' own input (codes) and output; compared with the first candidate's
                 bench, ref = LayerBench(ctx, "tensorcore", prec, layer, args.batch, rng), None
                 cands = eight_bit_candidates(registry, caps, prec, layer, args.eight_bit_algos.split(","))
+                extra = {k: int(v) for k, v in (kv.split("=") for kv in filter(None, args.extra.split(",")))}
+                cands = [(wg, {**p, **extra}) for wg, p in cands]
                 scales = EIGHT_BIT_SCALES[pname]
             else:
                 cands = [(wg, p) for wg in engines if layer.kind in wg.kinds for p in wg.candidates(caps, prec, layer)]

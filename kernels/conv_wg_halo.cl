@@ -41,9 +41,9 @@
  * FP8's sums: Hopper's e4m3 wgmma keeps fewer bits than FP32 while it accumulates (measured on an H200 against exact
  * sums: up to 4.6e-3 of the largest sum over 4,608 products; benchmarks/eightbit_sums.py). So, as CUTLASS's FP8
  * GEMMs promote their partial sums into FP32 registers every few k-blocks, PROMOTE = 1 (FP8's default) runs each
- * tap's two k-steps into one of two partial accumulators from zero (WG_STAGE_RA_Z) and adds it into the FP32
- * accumulators once its wgmma is waited for, while the next tap's runs into the other; PROMOTE = 0 accumulates
- * across the whole sum in the tensor cores (faster, less exact: benchmarks only).
+ * tap's two k-steps into partial accumulators from zero (WG_STAGE_RA_Z) and adds them into the FP32 accumulators
+ * once its wgmma is waited for; PROMOTE = 0 (VGGSERVE_FP8_ACCUMULATE=fast) accumulates across the whole sum in the
+ * tensor cores.
  * MMA_EMULATE = 1: wgmma.clh's software model (A exchanged through `xch`, B read through the descriptor's layout).
  * WG_DIAG (benchmarks/wgmma_diag.py; wgmma.clh): 1 no loads after the prologue (neither weights nor patches), 2 no
  * wgmma, 4 no proxy fence.
@@ -153,20 +153,21 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     }
 
 #if PROMOTE
-    /* tap t's sum (2 k-steps, 64 products) into part0 (t even) or part1 (t odd) from zero, while the other one's,
-     * its wgmma waited for, is added into acc by the FP32 pipe: tap 8's at the next chunk's start (part0 again) */
+    /* each tap's sum (2 k-steps, 64 products) into part0 from zero (scale-d 0), waited for at once and added into
+     * acc by the FP32 pipe; the fragments two taps ahead are loaded while it runs, and the other work-groups on the
+     * SM overlap the wait. (Two partial sets, one tap's wgmma running while the other's is added, took a third set
+     * of accumulators: 252 registers at 14-row blocks against 166, and were 26% slower: BENCHMARKS.md) */
 #define ADD_PART(P_)                                                                                      \
     _Pragma("unroll") for (int j_ = 0; j_ < NJ; ++j_)                                                     \
     _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) acc[0][j_][e_] += P_[0][j_][e_];
-#define TAP_P(t_, CUR_, PREV_)                                                                            \
+#define TAP_P(t_)                                                                                         \
     {                                                                                                     \
-        WG_STAGE_RA_Z(CUR_, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                              \
-        WG_WAIT(PREV_, 1);                                                                                \
-        if ((t_) > 0) { ADD_PART(PREV_) }                                                                 \
+        WG_STAGE_RA_Z(part0, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                             \
         if (WG_COPIES && c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)         \
+        WG_WAIT(part0, 0);                                                                                \
+        ADD_PART(part0)                                                                                   \
     }
     MMA_ACC(part0, 1, NJ)
-    MMA_ACC(part1, 1, NJ)
 #endif
 
     MMA_ACC(acc, 1, NJ)
@@ -182,9 +183,7 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         WG_PROXY();
         barrier(CLK_LOCAL_MEM_FENCE);
 #if PROMOTE
-        WG_WAIT(part0, 0);  /* the last chunk's tap 8 (zeros at c = 0) */
-        ADD_PART(part0)
-        TAP_P(0, part0, part1)
+        TAP_P(0)
 #else
         TAP(0)
 #endif
@@ -192,16 +191,12 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
         if (WG_COPIES && c + 1 < nchunks) LOAD_PATCH(c + 1)
         CP_COMMIT();
 #if PROMOTE
-        TAP_P(1, part1, part0) TAP_P(2, part0, part1) TAP_P(3, part1, part0) TAP_P(4, part0, part1)
-        TAP_P(5, part1, part0) TAP_P(6, part0, part1) TAP_P(7, part1, part0) TAP_P(8, part0, part1)
+        TAP_P(1) TAP_P(2) TAP_P(3) TAP_P(4) TAP_P(5) TAP_P(6) TAP_P(7) TAP_P(8)
 #else
         TAP(1) TAP(2) TAP(3) TAP(4) TAP(5) TAP(6) TAP(7) TAP(8)
 #endif
     }
-#if PROMOTE
-    WG_WAIT(part0, 0);
-    ADD_PART(part0)
-#else
+#if !PROMOTE
     WG_WAIT(acc, 0);
 #endif
 

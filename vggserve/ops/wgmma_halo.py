@@ -26,9 +26,10 @@ DEFAULT = {"ALGO": "wgmma_halo", "TH": 14, "WGS": 2}
 # divide every VGG16 image side (224 to 14), the others leave a ragged last block on some. 14 rows and two
 # warpgroups won every 3x3 layer but one on an H200 at batch 64 (BENCHMARKS.md, twenty-third session)
 TILES = [(14, 2), (14, 1), (28, 1), (28, 2), (16, 1), (32, 1), (32, 2), (24, 1), (16, 2), (8, 1), (8, 2)]
-# FP8 promotes each tap's sum into FP32 accumulators (conv_wg_halo.cl, PROMOTE): three sets of accumulators, so
-# blocks past 16 rows spill (ptxas: 252 registers at 14 rows, 165 at 8; 24 rows and more spill); the smaller first
-FP8_TILES = [(14, 2), (8, 1), (8, 2), (14, 1), (16, 1), (16, 2)]
+# FP8 promotes each tap's sum into FP32 accumulators (conv_wg_halo.cl, PROMOTE): two sets of accumulators, so
+# blocks past 16 rows spill (ptxas: 166 registers at 14 rows, 179 at 16; 28 rows spill); on an H200 14 rows won the
+# 512-channel layers and 8 rows (one warpgroup) the 256-channel ones (BENCHMARKS.md, twenty-fourth session)
+FP8_TILES = [(14, 2), (8, 1), (14, 1), (16, 2), (16, 1), (8, 2)]
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
