@@ -86,15 +86,6 @@ def test_fp8_wgmma_halo_exact_sums_match_numpy_to_a_tie(tc_env):
     f8.check(got, y, fp8_bound(tc_env, bound, shape) - bound, s_out, op)
 
 
-@pytest.mark.parametrize("tile", [(8, 1), (14, 2)], ids=lambda t: IDS(*t))
-def test_fp8_wgmma_halo_fused_pool_equals_pooling_the_unfused_codes(tc_env, tile):
-    n, cin, cout, h, w = shape = (1, 13, 21, 11, 17)
-    fused = f8.run(tc_env, fp8_layer(tile), (*shape, 3), np.random.default_rng(5), pool=True)
-    plain = f8.run(tc_env, fp8_layer(tile), (*shape, 3), np.random.default_rng(5))
-    codes = plain[0][:, :h // 2 * 2, :w // 2 * 2]
-    np.testing.assert_array_equal(fused[0], codes.reshape(n, h // 2, 2, w // 2, 2, -1).max(axis=(2, 4)))
-
-
 # ---- INT8 ----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: IDS(*t))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -125,11 +116,15 @@ def test_int8_wgmma_halo_stores_tc_halos_codes_bit_for_bit_past_2_to_the_24(tc_e
         np.testing.assert_array_equal(mine[0], theirs[0])
 
 
+@pytest.mark.parametrize("name", ["fp8", "int8"])
 @pytest.mark.parametrize("tile", [(8, 1), (14, 2)], ids=lambda t: IDS(*t))
-def test_int8_wgmma_halo_fused_pool_equals_pooling_the_unfused_codes(tc_env, tile):
+def test_8_bit_wgmma_halo_fused_pool_equals_pooling_the_unfused_codes(tc_env, name, tile):
+    """The max of a window's sums before the epilogue (cs[n] > 0, 1 / s_out > 0, the rounding monotonic) is the max
+    of the stored codes, byte for byte (both formats' codes order as their bytes above zero)."""
+    run, layer = (f8.run, fp8_layer) if name == "fp8" else (i8.run, int8_layer)
     n, cin, cout, h, w = shape = (1, 13, 21, 11, 17)
-    fused = i8.run(tc_env, int8_layer(tile), (*shape, 3), np.random.default_rng(5), pool=True)
-    plain = i8.run(tc_env, int8_layer(tile), (*shape, 3), np.random.default_rng(5))
+    fused = run(tc_env, layer(tile), (*shape, 3), np.random.default_rng(5), pool=True)
+    plain = run(tc_env, layer(tile), (*shape, 3), np.random.default_rng(5))
     codes = plain[0][:, :h // 2 * 2, :w // 2 * 2]
     np.testing.assert_array_equal(fused[0], codes.reshape(n, h // 2, 2, w // 2, 2, -1).max(axis=(2, 4)))
 
