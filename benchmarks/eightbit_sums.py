@@ -14,7 +14,8 @@ no ReLU), on three kinds of operands:
   random   normal activations and weights, as the network's.
 Printed per row: the largest |device - numpy| over the largest |numpy|; the largest |device - numpy| over the sum of
 the products' magnitudes (sum |products|, scaled: the unit of an accumulator's rounding, whatever the signs); and the
-share of outputs beyond FP32 accumulation's bound ((K - 1) 2^-24 sum |products|, scaled). INT8's sums are integers: any difference is an error.
+share of outputs beyond FP32 accumulation's bound ((K - 1) 2^-24 sum |products|, scaled). INT8's sums are integers:
+any difference is an error.
 """
 
 import argparse

@@ -16,11 +16,12 @@
  * so the layout below and the fragments are the same bytes for all four.
  *
  * The block is TH rows x TW = 8 columns of one image's output pixels. Its (TH + 2) x 10 input patch of a chunk of
- * CK channels (64 bytes: 32 FP16, 16 TF32, 64 FP8 / INT8) is stored in 4 planes of 16-byte pieces: piece q of patch pixel pp at
- * uint4 q * PROWS + pp. Pixel rows of 8 are then core matrices: at tap (ky, kx), the 8 pixels of output row y read
- * patch pixels (y + ky) * PW + kx .. + 7, contiguous, 16 bytes apart, and row y + 1's are PW pixels further. So the
- * whole tap is one descriptor: start at pixel ky * PW + kx of the plane, SBO = PW * 16 = 160 bytes (8-pixel groups),
- * LBO = PROWS * 16 (the next 8 channels), and a k-step (32 bytes of channels) advances it by 2 LBO (WG_ADV).
+ * CK channels (64 bytes: 32 FP16, 16 TF32, 64 FP8 / INT8) is stored in 4 planes of 16-byte pieces: piece q of patch
+ * pixel pp at uint4 q * PROWS + pp. Pixel rows of 8 are then core matrices: at tap (ky, kx), the 8 pixels of
+ * output row y read patch pixels (y + ky) * PW + kx .. + 7, contiguous, 16 bytes apart, and row y + 1's are PW
+ * pixels further. So the whole tap is one descriptor: start at pixel ky * PW + kx of the plane, SBO = PW * 16 =
+ * 160 bytes (8-pixel groups), LBO = PROWS * 16 (the next 16 bytes of channels), and a k-step (32 bytes of channels)
+ * advances it by 2 LBO (WG_ADV).
  *
  *   in:    NHWC, Cpad channels per pixel                                   in[p * Cpad + ci]
  *   wf:    the weights as A fragments (ops/wgmma_halo.py, pack_fragments): for 64-channel block m, chunk c, tap t,

@@ -9,7 +9,8 @@ binary); every placeholder is replaced by the instructions on the same registers
 The method and the descriptor layout were established by ../shared/probes/cl_ptx_probe.py on an H100.
 
 A placeholder is `{ // SLOT_<NAME>` then one line per operand (`add.f32 %i, %i, 0f00000000;` for an accumulator,
-`xor.b64 t, %a, %b;` for the two shared-memory descriptors, `add.s32 %i, %i, 0;` for INT8's int32 accumulator, `or.b32 z, %r, 0;` for a register of A's fragment,
+`xor.b64 t, %a, %b;` for the two shared-memory descriptors, `add.s32 %i, %i, 0;` for INT8's int32 accumulator,
+`or.b32 z, %r, 0;` for a register of A's fragment,
 `mov.b64 t, %d;` for B's descriptor alone, `mov.b32 z, %c;` for a 32-bit input) and `}`. Its name says what
 replaces it:
   WGSTAGE_N<n>_KB<b>_<F16|TF32>    fence, b / 32 x wgmma m64n<n>k16 (f16) / m64n<n>k8 (tf32), A and B from shared
