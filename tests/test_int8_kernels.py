@@ -313,8 +313,8 @@ def test_nhwc_int8_input_is_numpys_u8_codes(tc_env, rng):
 
 
 # ---- the tuner -----------------------------------------------------------------------------------------------------
-def test_the_tuner_times_and_checks_int8_candidates_of_tc_gemm_and_tc_halo(tmp_path, monkeypatch):
-    """`tune --precision int8`: the registry's INT8 candidates, each held to the default's u8 codes."""
+def test_the_tuner_times_and_checks_int8_candidates_of_every_tensor_core_algorithm(tmp_path, monkeypatch):
+    """`tune --precision int8`: the registry's INT8 candidates (mma.sync, wgmma), each held to the default's codes."""
     from vggserve import tuning
     from vggserve.runtime import devices as devs
     from vggserve.runtime import params as params_module
@@ -328,5 +328,5 @@ def test_the_tuner_times_and_checks_int8_candidates_of_tc_gemm_and_tc_halo(tmp_p
     shapes = [s for s in tuning.layer_shapes(batch=1, width=0.0625) if s[0] in ("32x32x14", "256x256x1")]
     winners, trials = tuning.tune(info, devs.cl_device(info), batch=1, limit=2, repeats=1, shapes=shapes,
                                   progress=lambda _: None, precision="int8")
-    assert {t.params["ALGO"] for t in trials} == {"tc_gemm", "tc_halo"} and all(t.ok for t in trials)
+    assert {t.params["ALGO"] for t in trials} == {"tc_gemm", "tc_halo", "wgmma_halo"} and all(t.ok for t in trials)
     assert set(winners) == {"32x32x14", "256x256x1"}
