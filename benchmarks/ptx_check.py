@@ -41,7 +41,7 @@ FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_wgmma": ("conv_tc.cl", "conv_
          "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"), "tc_halo_wgmma": ("conv_tc_halo.cl", "conv_tc_halo"),
          "tc_sparse24": ("conv_tc_sparse.cl", "conv_tc_sparse"),
          "tc_halo_sparse24": ("conv_tc_halo_sparse.cl", "conv_tc_halo_sparse"),
-         "wgmma_halo": ("conv_wg_halo.cl", "conv_wg_halo")}
+         "wgmma_halo": ("conv_wg_halo.cl", "conv_wg_halo"), "tc_gemv8": ("fc_eightbit_gemv.cl", "fc_eightbit_gemv")}
 
 
 WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma", "wgmma_halo")  # built with WGMMA = 1, patched and assembled for sm_90a
@@ -49,9 +49,9 @@ DENSE_ALGOS = ("tc_gemm", "tc_wgmma", "tc_halo", "tc_halo_wgmma", "wgmma_halo") 
 
 
 def tunables(algo: str) -> tuple:
-    from vggserve.ops import tensorcore, tensorcore_sparse, wgmma_halo
+    from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_sparse, wgmma_halo
 
-    return {"wgmma_halo": wgmma_halo.TUNABLES, "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
+    return {"tc_gemv8": eightbit_gemv.TUNABLES, "wgmma_halo": wgmma_halo.TUNABLES, "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
             "tc_halo_wgmma": tensorcore.HALO_WGMMA_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
             "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
@@ -68,6 +68,10 @@ def eight_bit_variants(algo: str, base: dict, precision: str = "fp8") -> list[tu
     codes in, FP16 out (before an FP16 layer); FP16 in, codes out (a first convolution that stays FP16); codes in,
     the logits; split-K; the fused pooling."""
     flag, out, c = ("INT8", "OUT_INT8", "u8") if precision == "int8" else ("FP8", "OUT_FP8", "e4m3")
+    if algo == "tc_gemv8":  # FC only: codes out, FP16 out (before classifier.6), the logits
+        fc = {**base, flag: 1, "RELU": 1}
+        return [(f"fc {c}", {**fc, out: 1}), (f"fc {c} in, fp16 out", fc),
+                (f"fc last {c} in", {**fc, "RELU": 0, "OUT_F32": 1})]
     eight = {**base, flag: 1, "TF32": 0, "RELU": 1, "OUT_F32": 0}
     if algo == "tc_gemm":
         conv = {**eight, "KS": 3, "PAD": 1, out: 1}
@@ -132,9 +136,10 @@ def shipped_configs() -> list[tuple[str, str, dict]]:
 
 def candidate_configs() -> list[tuple[str, str, dict]]:
     """Every registry candidate tile of the entries, at each precision the entry runs."""
-    from vggserve.ops import tensorcore, tensorcore_sparse, wgmma_halo
+    from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_sparse, wgmma_halo
 
     lists = {"wgmma_halo": (wgmma_halo.TILES, wgmma_halo.valid),
+             "tc_gemv8": (eightbit_gemv.TILES, eightbit_gemv.valid),
              "tc_gemm": (tensorcore.TILES, tensorcore.valid),
              "tc_wgmma": (tensorcore.WGMMA_TILES, tensorcore.wgmma_valid),
              "tc_halo": (tensorcore.HALO_TILES + tensorcore.HALO_FITTED_TILES, tensorcore.halo_valid),
@@ -146,7 +151,8 @@ def candidate_configs() -> list[tuple[str, str, dict]]:
         for tile in tiles:
             p = dict(zip(tunables(algo), tile))
             if valid(p):
-                for precision in (("fp16", "tf32", "fp8", "int8") if algo in ("tc_gemm", "tc_halo", "wgmma_halo") else
+                for precision in (("fp8", "int8") if algo == "tc_gemv8" else
+                                  ("fp16", "tf32", "fp8", "int8") if algo in ("tc_gemm", "tc_halo", "wgmma_halo") else
                                   ("fp16", "tf32") if algo in DENSE_ALGOS else ("fp16",)):
                     out.append((algo, precision, p))
     return out

@@ -132,8 +132,8 @@ def test_fp8_runs_on_tc_gemm_and_tc_halo_where_the_device_has_e4m3_tensor_cores(
     for caps in (ada, hopper):  # Hopper also wgmma_halo, natively e4m3 (test_wgmma_eightbit.py)
         extra = {"wgmma_halo"} if caps.wgmma else set()
         assert {a.name for a in registry.for_layer(caps, precisions.FP8, conv)} == {"tc_gemm", "tc_halo"} | extra
-        assert {a.name for a in registry.for_layer(caps, precisions.FP8, fc)} == {"tc_gemm"}
-    assert registry.for_layer(ampere, precisions.FP8, conv) == []
+        assert {a.name for a in registry.for_layer(caps, precisions.FP8, fc)} == {"tc_gemm", "tc_gemv8"}
+    assert registry.for_layer(ampere, precisions.FP8, conv) == registry.for_layer(ampere, precisions.FP8, fc) == []
     assert registry.family_for(ada, precisions.FP8) == "tensorcore"
     for name in ("tc_gemm", "tc_halo"):  # tiles in bytes: the same candidates at every precision
         algo = registry.get(name)

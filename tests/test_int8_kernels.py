@@ -51,7 +51,7 @@ def test_int8_runs_on_tc_gemm_and_tc_halo_wherever_there_are_tensor_cores():
     for caps in (ampere, hopper):  # mma.sync everywhere; Hopper's wgmma_halo too (test_wgmma_eightbit.py)
         extra = {"wgmma_halo"} if caps.wgmma else set()
         assert {a.name for a in registry.for_layer(caps, INT8, conv)} == {"tc_gemm", "tc_halo"} | extra
-        assert {a.name for a in registry.for_layer(caps, INT8, fc)} == {"tc_gemm"}
+        assert {a.name for a in registry.for_layer(caps, INT8, fc)} == {"tc_gemm", "tc_gemv8"}
     assert registry.family_for(ampere, INT8) == "tensorcore"
     for name in ("tc_gemm", "tc_halo"):  # tiles in bytes: the same candidates as FP16
         algo = registry.get(name)
@@ -328,5 +328,7 @@ def test_the_tuner_times_and_checks_int8_candidates_of_every_tensor_core_algorit
     shapes = [s for s in tuning.layer_shapes(batch=1, width=0.0625) if s[0] in ("32x32x14", "256x256x1")]
     winners, trials = tuning.tune(info, devs.cl_device(info), batch=1, limit=2, repeats=1, shapes=shapes,
                                   progress=lambda _: None, precision="int8")
-    assert {t.params["ALGO"] for t in trials} == {"tc_gemm", "tc_halo", "wgmma_halo"} and all(t.ok for t in trials)
+    algos = {"tc_gemm", "tc_halo", "wgmma_halo", "tc_gemv8"}  # tc_gemv8: the FC shape (256x256x1) at batch 1
+    assert {t.params["ALGO"] for t in trials} == algos and all(t.ok for t in trials)
+    assert {t.params["ALGO"] for t in trials if t.shape == "256x256x1"} == {"tc_gemm", "tc_gemv8"}
     assert set(winners) == {"32x32x14", "256x256x1"}

@@ -126,8 +126,8 @@ def register(algorithm: Algorithm) -> Algorithm:
 
 def _load_all() -> None:
     """Import every module that registers an entry (each registers itself on import)."""
-    from . import (gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_gemv, tensorcore_sparse,  # noqa: F401
-                   wgmma_halo, winograd)
+    from . import (eightbit_gemv, gemm, sparse_conv, sparse_fc, tensorcore, tensorcore_gemv,  # noqa: F401
+                   tensorcore_sparse, wgmma_halo, winograd)
 
 
 def get(name: str) -> Algorithm:

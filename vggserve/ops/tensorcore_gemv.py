@@ -12,8 +12,8 @@ nearest its largest, and runs smaller ones too), and the tuner's timings make it
 model of more than MAX_BATCH images does not run it even where a table names it (`suits`).
 
 8-bit models: the layers that stay FP16 there and are FC (classifier.6: FP16 in, float32 logits out) run it as in an
-FP16 model; it takes no 8-bit scales (`make` refuses them), and `available` is FP16 only, so the engine's 8-bit
-plans (model/vgg16.py `_choose`) give a layer that reads or writes 8-bit codes to tc_gemm.
+FP16 model; it takes no 8-bit scales (`make` refuses them), and `available` is FP16 only. A layer that reads 8-bit
+codes has its own entry, tc_gemv8 (ops/eightbit_gemv.py, one byte a weight), which an FP8 or INT8 table may name.
 """
 
 import pyopencl as cl

@@ -1,0 +1,129 @@
+"""tc_gemv8 (kernels/fc_eightbit_gemv.cl): the tensor-core family's 8-bit fully connected layers as matrix-vector
+products, for small batches. tc_gemv's counterpart at FP8 and INT8: a layer there is bound by reading its weights
+once, and classifier.0's are 103 MB of codes (205 MB at FP16), which tc_gemm reads through tiles of 128 rows that
+1 to 4 images leave nearly empty.
+
+It reads and writes what tc_gemm's 8-bit FC layers read and write (ops/eightbit.py's LayerScales: codes of x / s_in
+in, the next layer's codes, FP16 or the float32 logits out; `cpad` codes per image), so the tuner can put an 8-bit FC
+layer on it shape by shape and batch by batch. INT8's sums are exact integers, so its outputs are tc_gemm's bit for
+bit; FP8's are FP32 sums of exact products (in another order than the tensor cores').
+
+Plain OpenCL C plus two PTX instructions where the device is native (dp4a for INT8, the e4m3x2 conversion for FP8),
+each with its exact software form under MMA_EMULATE, so PoCL runs the same arithmetic. Batch: as tc_gemv, images past
+NB are further work-groups that read the weights again; `suits` keeps it to models of at most MAX_BATCH images.
+"""
+
+import pyopencl as cl
+
+from .eightbit import LayerScales
+from .launch import Launch, round_up, upload
+from .precision import Precision
+from .registry import Algorithm, BuildEnv, LayerSpec, register
+from .tensorcore import out_channels, padded_bias, tc_weights, vec
+from ..wording import count
+
+KERNEL_FILE = "fc_eightbit_gemv.cl"
+TUNABLES = ("WG", "ROWS", "NB")
+MAX_BATCH = 4  # as tc_gemv (ops/tensorcore_gemv.py): a batch-1 table's FC layers stay off larger models
+DEFAULT = {"ALGO": "tc_gemv8", "WG": 256, "ROWS": 4, "NB": 4}
+# (WG, ROWS, NB): tc_gemv's shapes, with 16 codes a piece (a work-item of 256 covers 4 KB of a row per pass); NB 1
+# and 2 for tables tuned at batch 1 or 2 (fewer registers: more work-groups resident), 4 at batch 4
+TILES = [(256, 4, 4), (256, 4, 1), (256, 2, 1), (256, 1, 1), (128, 4, 1), (128, 2, 1), (512, 4, 1), (256, 8, 1),
+         (128, 1, 1), (512, 2, 1), (64, 4, 1), (256, 2, 2), (128, 4, 2), (256, 4, 2), (128, 2, 4), (256, 8, 4)]
+
+
+def valid(params: dict) -> bool:
+    """fc_eightbit_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group."""
+    wg = params["WG"]
+    return wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1
+
+
+def local_mem(params: dict) -> int:
+    """The reduction's sums (4 bytes: int or float): ROWS x NB per work-item."""
+    return 4 * params["ROWS"] * params["NB"] * params["WG"]
+
+
+class GemvEightBitLayer:
+    """One 8-bit FC layer on fc_eightbit_gemv.cl. Input: `cpad` codes per image (the previous layer's cstore
+    channels; classifier.0: the 7 x 7 x C NHWC flatten, its weights' columns permuted by the caller as for tc_gemm);
+    output: `cstore` channels per image, as LayerScales says (codes, FP16, or float32 when `layer.last`)."""
+
+    name = "tc_gemv8"
+
+    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
+                 env: BuildEnv, cpad: int | None = None, in_scale: float | None = None,
+                 out_scale: float | None = None, out_codes: Precision | None = None):
+        if not precision.eight_bit:
+            raise ValueError(f"tc_gemv8 computes FP8 and INT8 layers, not {precision} (tc_gemv: FP16)")
+        if layer.kind != "fc" or layer.pool:
+            raise ValueError("tc_gemv8 computes fully connected layers (no pooling)")
+        if not valid(params):
+            raise ValueError(f"tc_gemv8 {params}: WG must be a power of 2, ROWS and NB at least 1")
+        self.p, self.precision, self.layer = dict(params), precision, layer
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
+        self.cpad = cpad or round_up(layer.cin, vec(precision))
+        if self.cpad % vec(precision):
+            raise ValueError(f"tc_gemv8 reads 16-byte pieces: cpad {self.cpad} is not a multiple of "
+                             f"{vec(precision)}")
+        self.cstore = out_channels(layer, precision, self.scales)
+        self.rows, self.nb, self.threads = params["ROWS"], params["NB"], params["WG"]
+        self.mpad = round_up(self.cstore, self.rows)
+        self.groups_m = self.mpad // self.rows
+        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.mpad, self.cpad, precision),
+                         precision.storage)
+        self.bias = padded_bias(ctx, bias, self.mpad)
+        self.scale_args = self.scales.args(ctx, self.mpad)  # cs, then out_scale_inv where it writes codes
+        defines = {**{k: params[k] for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
+                   **env.caps.mma_define, **self.scales.defines}
+        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_eightbit_gemv"))
+
+    def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
+        chunks = -(-n // self.nb)
+        return self.kernel(queue, (self.groups_m * self.threads, chunks), (self.threads, 1), src, self.wt, self.bias,
+                           *self.scale_args, dst, self.cpad, self.cstore, n)
+
+    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
+        return 2.0 * n * self.layer.cout * self.layer.cin
+
+    def describe(self) -> str:
+        p = self.p
+        return (f"{self.name} {count(p['ROWS'], 'row')} x {count(p['WG'], 'work-item')}, "
+                f"{count(p['NB'], 'image')} a group{self.scales.describe()}")
+
+
+class EightBitGemv(Algorithm):
+    name = "tc_gemv8"
+    family = "tensorcore"
+    kinds = ("fc",)
+    precisions = ("fp8", "int8")
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+
+    def available(self, caps, precision):
+        """Where tc_gemm runs the precision: tensor cores, and FP8's (compute capability 8.9+, whose PTX has the
+        e4m3x2 conversion) for FP8."""
+        return caps.tensor_cores and precision.name in self.precisions and (caps.fp8 or not precision.fp8)
+
+    def suits(self, max_batch: int) -> bool:
+        return max_batch <= MAX_BATCH
+
+    def default(self, caps, precision):
+        return dict(DEFAULT)
+
+    def candidates(self, caps, precision, layer):
+        out = [{"ALGO": self.name, **dict(zip(TUNABLES, t))} for t in TILES]
+        return [p for p in out if valid(p) and self.fits(p, caps, precision)]
+
+    def local_mem(self, params, precision):
+        return local_mem(params)
+
+    def work_group_size(self, params):
+        return params["WG"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
+             out_scale=None, out_codes=None):
+        return GemvEightBitLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad,
+                                 in_scale=in_scale, out_scale=out_scale, out_codes=out_codes)
+
+
+ALGORITHM = register(EightBitGemv())
