@@ -1,13 +1,15 @@
-"""VGG16's three FC layers at FP16, small batches: tc_gemm (the family's default, split K as the engine builds it)
-against every tc_gemv candidate (kernels/fc_half_gemv.cl), each checked against tc_gemm's output as the tuner does.
+"""VGG16's three FC layers at small batches: tc_gemm (the family's default, split K as the engine builds it) against
+every candidate of the matrix-vector entry, each checked against tc_gemm's output as the tuner does (outputs_agree):
+at FP16 tc_gemv (kernels/fc_half_gemv.cl), at FP8 and INT8 tc_gemv8 (kernels/fc_eightbit_gemv.cl; the layers as the
+tuner times them: 8-bit codes in and out).
 
-    python benchmarks/fc_gemv.py --device gpu [--batches 1 2 4 8] [--repeats 50]
+    python benchmarks/fc_gemv.py --device gpu [--precision fp16|fp8|int8] [--batches 1 2 4 8] [--repeats 50]
     VGGSERVE_EMULATE_MMA=1 python benchmarks/fc_gemv.py --device cpu --width 0.125 --repeats 2   # a smoke run
 
 Prints, per layer and batch: each kernel's median device ms (profiling events, first launch to last), the weights'
-bandwidth it reaches (FP16 bytes / time: the ceiling is the GPU's memory bandwidth, about 3.35 TB/s on an H100 SXM),
-its error against tc_gemm relative to the largest output, and per batch the three layers' sum with each kernel's
-best (the figure issue 25 asks about: tc_gemm 0.136 ms at batch 1 on the H100).
+bandwidth it reaches (weight bytes / time: the ceiling is the GPU's memory bandwidth, about 3.35 TB/s on an H100 SXM,
+4.8 on an H200), its error against tc_gemm relative to the largest output, and per batch the three layers' sum with
+each kernel's best (the figure issue 25 asks about: tc_gemm 0.136 ms at batch 1 on the H100).
 """
 
 import argparse
@@ -32,8 +34,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--width", type=float, default=1.0, help="VGG16's width (1.0; 0.125 for a smoke run on a CPU)")
+    ap.add_argument("--precision", default="fp16", choices=("fp16", "fp8", "int8"))
     args = ap.parse_args(argv)
-    fp16 = precisions.FP16
+    fp16 = precisions.get(args.precision)  # the precision measured (the name kept from the FP16-only version)
     info = devs.resolve(args.device)
     device = devs.cl_device(info)
     caps = device_caps.of(device, info.kind, info.label)
@@ -41,35 +44,38 @@ def main(argv=None) -> int:
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, device, progress=False)
-    gemm, gemv = registry.get("tc_gemm"), registry.get("tc_gemv")
-    print(f"{info.label}: FP16 FC layers, {args.repeats} timed runs each (median)")
+    name = "tc_gemv" if fp16.half else "tc_gemv8"
+    gemm, gemv = registry.get("tc_gemm"), registry.get(name)
+    scales = tuning.EIGHT_BIT_SCALES.get(fp16.name, {})
+    print(f"{info.label}: {fp16.name} FC layers, {args.repeats} timed runs each (median)")
     for batch in args.batches:
         env = BuildEnv(caps=caps, max_batch=batch, tables=params_for(info.kind, info.label))
-        best = {"tc_gemm": 0.0, "tc_gemv": 0.0}
+        best = {"tc_gemm": 0.0, name: 0.0}
         for key, cin, cout, size, _ in [s for s in tuning.layer_shapes(batch, args.width) if s[4] == 1]:
             layer = LayerSpec("fc", cin, cout, size)
             bench = tuning.LayerBench(ctx, "tensorcore", fp16, layer, batch, np.random.default_rng(0))
-            mb = 2 * cin * cout / 1e6
+            mb = fp16.itemsize * cin * cout / 1e6
             ref_ms, ref = tuning.time_op(queue, gemm.make(ctx, cache, gemm.default(caps, fp16), fp16, layer,
-                                                          bench.weight, bench.bias, env), bench, batch, 1, args.repeats)
+                                                          bench.weight, bench.bias, env, **scales), bench, batch, 1,
+                                         args.repeats)
             scale = max(float(np.abs(ref).max()), 1e-30)
             print(f"{key:>13s} batch {batch}: tc_gemm {ref_ms:8.4f} ms {mb / ref_ms:7.0f} GB/s")
             best["tc_gemm"] += ref_ms
             top = None
             for p in gemv.candidates(caps, fp16, layer):
-                op = gemv.make(ctx, cache, p, fp16, layer, bench.weight, bench.bias, env)
+                op = gemv.make(ctx, cache, p, fp16, layer, bench.weight, bench.bias, env, **scales)
                 ms, out = tuning.time_op(queue, op, bench, batch, 1, args.repeats)
                 err = float(np.abs(out - ref).max() / scale) if np.all(np.isfinite(out)) else float("inf")
-                ok = err < tuning.TOLERANCE["fp16"]
+                ok = tuning.outputs_agree(fp16, out, ref, scale, tuning.TOLERANCE[fp16.name])
                 print(f"{'':>13s}          {op.describe():42s} {ms:8.4f} ms {mb / ms:7.0f} GB/s  "
                       f"err {err:.1e}{'' if ok else '  WRONG'}")
                 if ok and (top is None or ms < top[0]):
                     top = (ms, op.describe())
             if top is not None:
-                best["tc_gemv"] += top[0]
-                print(f"{'':>13s}          best tc_gemv: {top[1]}, {ref_ms / top[0]:.2f}x tc_gemm")
-        print(f"batch {batch}: the FC layers take {best['tc_gemm']:.4f} ms on tc_gemm, {best['tc_gemv']:.4f} ms on "
-              "tc_gemv's best per layer")
+                best[name] += top[0]
+                print(f"{'':>13s}          best {name}: {top[1]}, {ref_ms / top[0]:.2f}x tc_gemm")
+        print(f"batch {batch}: the FC layers take {best['tc_gemm']:.4f} ms on tc_gemm, {best[name]:.4f} ms on "
+              f"{name}'s best per layer")
     return 0
 
 
