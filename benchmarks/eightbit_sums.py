@@ -2,9 +2,11 @@
 e4m3 or s8 x u8 forms (wgmma_halo) and mma.sync's (tc_halo) part from an exact sum, and by how much.
 
     python benchmarks/eightbit_sums.py --device gpu [--precisions fp8,int8] [--algos wgmma_halo,tc_halo] [--fast]
+        [--promote 2,3]
 
 At FP8, wgmma_halo promotes each tap's sum into FP32 accumulators (conv_wg_halo.cl, PROMOTE = 1); --fast also runs
-it with PROMOTE = 0 (the tensor cores accumulate the whole sum), as "wgmma_halo/fast".
+it with PROMOTE = 0 (the tensor cores accumulate the whole sum), as "wgmma_halo/fast"; --promote P,... with each
+P taps' sums promoted, as "wgmma_halo/P".
 
 Each layer is a 3x3 convolution whose output is the float32 sums (the last layer's store: y = sum * cs[n] + bias[n],
 no ReLU), on three kinds of operands:
@@ -60,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp8,int8")
     ap.add_argument("--algos", default="wgmma_halo,tc_halo")
     ap.add_argument("--fast", action="store_true", help="fp8: wgmma_halo with PROMOTE = 0 too")
+    ap.add_argument("--promote", default="", help="fp8: wgmma_halo with these PROMOTE intervals too (taps, 2 to 9)")
     args = ap.parse_args(argv)
 
     import pyopencl as cl
@@ -79,11 +82,12 @@ def main(argv=None) -> int:
     for pname in args.precisions.split(","):
         prec = precisions.get(pname)
         runs = [(name, {}) for name in args.algos.split(",")]
-        if args.fast and prec.fp8 and "wgmma_halo" in args.algos.split(","):
-            runs.append(("wgmma_halo", {"PROMOTE": 0}))
+        if prec.fp8 and "wgmma_halo" in args.algos.split(","):
+            runs += [("wgmma_halo", {"PROMOTE": 0})] if args.fast else []
+            runs += [("wgmma_halo", {"PROMOTE": int(p)}) for p in args.promote.split(",") if p]
         for name, extra in runs:
             algo = registry.get(name)
-            label = name + ("/fast" if extra else "")
+            label = name + ("" if not extra else "/fast" if extra["PROMOTE"] == 0 else f"/{extra['PROMOTE']}")
             if not algo.available(caps, prec):
                 print(f"{pname} {name}: not available here")
                 continue

@@ -80,7 +80,11 @@ def eight_bit_variants(algo: str, base: dict, precision: str = "fp8") -> list[tu
                 (f"fc {c} in, fp16 out", {**eight, "KS": 1, "PAD": 0}),
                 (f"fc last {c} in", {**eight, "KS": 1, "PAD": 0, "RELU": 0, "OUT_F32": 1})]
     conv = {**eight, out: 1, "POOL": 0}
-    return ([(f"conv {c}", conv)] + ([(f"conv {c} POOL=1", {**conv, "POOL": 1})] if pools(algo, base) else []) +
+    # wgmma_halo at FP8: each tap's sum promoted (the default), each two taps' (PROMOTE=2), none (fast)
+    promote = ([(f"conv {c} PROMOTE={p}", {**conv, "PROMOTE": p}) for p in (2, 0)]
+               if algo == "wgmma_halo" and precision == "fp8" else [])
+    return ([(f"conv {c}", conv)] + promote +
+            ([(f"conv {c} POOL=1", {**conv, "POOL": 1})] if pools(algo, base) else []) +
             [(f"conv fp16 in, {c} out", {**conv, flag: 0})])
 
 

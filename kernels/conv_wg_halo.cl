@@ -41,10 +41,12 @@
  *   taps 1-8: the same (wgmma of tap t on register set t % 3, wait for tap t - 1, load step s + 2 into set (t+2) % 3).
  * FP8's sums: Hopper's e4m3 wgmma keeps fewer bits than FP32 while it accumulates (measured on an H200 against exact
  * sums: up to 4.6e-3 of the largest sum over 4,608 products; benchmarks/eightbit_sums.py). So, as CUTLASS's FP8
- * GEMMs promote their partial sums into FP32 registers every few k-blocks, PROMOTE = 1 (FP8's default) runs each
- * tap's two k-steps into partial accumulators from zero (WG_STAGE_RA_Z) and adds them into the FP32 accumulators
- * once its wgmma is waited for; PROMOTE = 0 (VGGSERVE_FP8_ACCUMULATE=fast) accumulates across the whole sum in the
- * tensor cores.
+ * GEMMs promote their partial sums into FP32 registers every few k-blocks, PROMOTE = P >= 1 runs each group of P
+ * taps of a chunk (taps t with the same t / P; the last group of the 9 may be shorter) into partial accumulators,
+ * from zero at the group's first tap (WG_STAGE_RA_Z), and adds them into the FP32 accumulators once the group's
+ * last wgmma is waited for: 64 P products a promotion. P = 1 is FP8's default; P = 2 is CUTLASS's and DeepSeek-V3's
+ * interval (4 wgmma k-steps of 32, 128 products); PROMOTE = 0 (VGGSERVE_FP8_ACCUMULATE=fast) accumulates across the
+ * whole sum in the tensor cores.
  * MMA_EMULATE = 1: wgmma.clh's software model (A exchanged through `xch`, B read through the descriptor's layout).
  * WG_DIAG (benchmarks/wgmma_diag.py; wgmma.clh): 1 no loads after the prologue (neither weights nor patches), 2 no
  * wgmma, 4 no proxy fence.
@@ -71,7 +73,8 @@
 #define POOL 0
 #endif
 #ifndef PROMOTE
-#define PROMOTE FP8 /* FP8: each tap's sum in its own accumulators (scale-d 0), added into FP32 ones (below) */
+#define PROMOTE FP8 /* FP8: each tap's sum in its own accumulators (scale-d 0), added into FP32 ones (below); P > 1:
+                     * each P taps' */
 #endif
 #define WARPS_M (4 * WGS)
 #define WARPS_N 1
@@ -90,6 +93,9 @@
 #endif
 #if PROMOTE && !FP8
 #error "conv_wg_halo.cl: PROMOTE is FP8's (the others accumulate exactly or in FP32)"
+#endif
+#if PROMOTE < 0 || PROMOTE > 9
+#error "conv_wg_halo.cl: PROMOTE is 0 (no promotion) or 1 to 9 taps a promotion"
 #endif
 #define KB 64                      /* bytes of channels per chunk and per tap's wgmma stage */
 #define CHUNKS 4
@@ -154,20 +160,40 @@ void conv_wg_halo(__global const elem_t *restrict in,   /* NHWC, Cpad channels *
     }
 
 #if PROMOTE
-    /* each tap's sum (2 k-steps, 64 products) into part0 from zero (scale-d 0), waited for at once and added into
-     * acc by the FP32 pipe; the fragments two taps ahead are loaded while it runs, and the other work-groups on the
-     * SM overlap the wait. (Two partial sets, one tap's wgmma running while the other's is added, took a third set
-     * of accumulators: 252 registers at 14-row blocks against 166, and were 26% slower: BENCHMARKS.md) */
+    /* each group of PROMOTE taps' sum (2 k-steps, 64 products a tap) into part0, from zero (scale-d 0) at its first
+     * tap; a later tap of the group waits for the tap before it (its fragments' registers are reloaded next); after
+     * the group's last tap (t_ % PROMOTE == PROMOTE - 1, or tap 8) part0 is waited for and added into acc by the
+     * FP32 pipe. The fragments two taps ahead are loaded while a wgmma runs, and the other work-groups on the SM
+     * overlap the wait. t_ is a constant, so each tap keeps one of the two wgmma forms. (Two partial sets, one tap's
+     * wgmma running while the other's is added, took a third set of accumulators: 252 registers at 14-row blocks
+     * against 166, and were 26% slower: BENCHMARKS.md) */
 #define ADD_PART(P_)                                                                                      \
     _Pragma("unroll") for (int j_ = 0; j_ < NJ; ++j_)                                                     \
     _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) acc[0][j_][e_] += P_[0][j_][e_];
 #define TAP_P(t_)                                                                                         \
     {                                                                                                     \
-        WG_STAGE_RA_Z(part0, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                             \
+        if ((t_) % PROMOTE == 0) {                                                                        \
+            WG_STAGE_RA_Z(part0, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                         \
+        } else {                                                                                          \
+            WG_STAGE_RA(part0, af[(t_) % 3], pa + ((t_) / 3) * PW + (t_) % 3);                           \
+            WG_WAIT(part0, 1);                                                                            \
+        }                                                                                                 \
         if (WG_COPIES && c * 9 + (t_) + 2 < nsteps) LOAD_W(af[((t_) + 2) % 3], c * 9 + (t_) + 2)         \
-        WG_WAIT(part0, 0);                                                                                \
-        ADD_PART(part0)                                                                                   \
+        if ((t_) % PROMOTE == PROMOTE - 1 || (t_) == 8) {                                                 \
+            WG_WAIT(part0, 0);                                                                            \
+            ADD_PART(part0)                                                                               \
+            PIN_ACC();                                                                                    \
+        }                                                                                                 \
     }
+    /* PROMOTE > 1: the adds into acc done here, before the next wgmma into part0: an empty asm that reads and writes
+     * acc keeps the compiler from sinking them past it, which would hold a copy of part0 (clang did at PROMOTE = 2:
+     * 168 registers against 115 at 8-row blocks, ptx_check.py). PROMOTE = 1 is left as measured (with the pin clang
+     * gives it 108 registers, not 115: untried on a GPU) */
+#if MMA_EMULATE || PROMOTE == 1
+#define PIN_ACC() ((void)0)
+#else
+#define PIN_ACC() asm volatile("" : WG_ACC_OPS(acc) :: "memory")
+#endif
     MMA_ACC(part0, 1, NJ)
 #endif
 

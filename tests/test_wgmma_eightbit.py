@@ -162,6 +162,10 @@ def test_wgmma_halo_runs_both_8_bit_precisions_where_the_device_has_wgmma():
     # FP8's promoted sums take three sets of accumulators: only the blocks of up to 16 rows, which do not spill
     fp8 = algo.candidates(hopper, precisions.FP8, conv)
     assert fp8[0] == algo.default(hopper, precisions.FP8) and {p["TH"] for p in fp8} == {8, 14, 16}
+    # and the first three with each two taps promoted (CUTLASS's interval: 128 products), never unpromoted (fast)
+    paired = [p for p in fp8 if "PROMOTE" in p]
+    assert [p["PROMOTE"] for p in paired] == [2, 2, 2] and [{**p, "PROMOTE": 1} for p in paired] == [
+        {**p, "PROMOTE": 1} for p in fp8[:3]]
     assert not algo.available(replace(hopper, fp8=False), precisions.FP8)
 
 
@@ -260,3 +264,26 @@ def test_fp8_fast_accumulation_is_opt_in_and_still_matches_numpy(tc_env, rng, mo
         fp8_promotes({})
     monkeypatch.setenv("VGGSERVE_FP8_ACCUMULATE", "FP32")
     assert fp8_promotes({}) == 1
+
+
+@pytest.mark.parametrize("promote", [2, 3, 9])
+def test_fp8_sums_promoted_every_few_taps_match_numpy(tc_env, rng, promote):
+    """PROMOTE = P (a table's, the tuner's FP8 candidates with P = 2): each group of P taps of a chunk summed in the
+    tensor cores (the last group of the 9 shorter), then added into FP32; against numpy within FP32's bound (the
+    software model) or P taps' worth of the tensor cores' own accumulation (natively), on two chunks of channels;
+    the fused pooling stores the max of the unfused codes. An interval outside 0 .. 9 is refused before any build."""
+    shape = (1, 70, 40, 8, 6, 3)
+    p = {**params((8, 2)), "PROMOTE": promote}
+    make = lambda ctx, cache, prec, layer, w, b, env, s_in, s_out: WgmmaHaloLayer(  # noqa: E731
+        ctx, cache, p, prec, layer, w, b, env, in_scale=s_in, out_scale=s_out)
+    got, y, bound, s_out, op = f8.run(tc_env, make, shape, np.random.default_rng(4))
+    assert op.promote == promote and op.describe().endswith(f"sums promoted every {promote} taps")
+    if not tc_env[3].emulate_mma:
+        bound = bound * (1.0 + promote * FP8_TAP_ERROR / ((shape[1] * 9 - 1) * 2.0 ** -24))
+    f8.check(got, y, bound, s_out, op)
+    pooled, *_ = f8.run(tc_env, make, shape, np.random.default_rng(4), pool=True)
+    np.testing.assert_array_equal(pooled, got.reshape(1, 4, 2, 3, 2, -1).max(axis=(2, 4)))
+    ctx, _, cache, caps = tc_env
+    with pytest.raises(ValueError, match="PROMOTE 0 to 9"):
+        WgmmaHaloLayer(ctx, cache, {**p, "PROMOTE": 10}, precisions.FP8, LayerSpec("conv3x3", 8, 8, 8),
+                       np.zeros((8, 8, 3, 3), np.float32), np.zeros(8, np.float32), None, in_scale=1.0)

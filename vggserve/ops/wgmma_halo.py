@@ -30,6 +30,10 @@ TILES = [(14, 2), (14, 1), (28, 1), (28, 2), (16, 1), (32, 1), (32, 2), (24, 1),
 # blocks past 16 rows spill (ptxas: 166 registers at 14 rows, 179 at 16; 28 rows spill); on an H200 14 rows won the
 # 512-channel layers and 8 rows (one warpgroup) the 256-channel ones (BENCHMARKS.md, twenty-fourth session)
 FP8_TILES = [(14, 2), (8, 1), (14, 1), (16, 2), (16, 1), (8, 2)]
+# and the first three with each two taps' sums promoted (PROMOTE 2: 128 products a promotion, CUTLASS's default
+# interval of 4 k-steps of 32, and DeepSeek-V3's; 5 waits for a chunk's 9 taps instead of 9; ptxas: the same
+# registers; untimed on a GPU when written)
+FP8_PAIRED = 3
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
@@ -52,8 +56,8 @@ def fp8_promotes(params: dict) -> int:
 
 
 def valid(params: dict) -> bool:
-    """conv_wg_halo.cl's #error rules."""
-    return params["TH"] in SIDES and params["WGS"] in (1, 2)
+    """conv_wg_halo.cl's #error rules (PROMOTE, FP8's only: 0, or 1 to 9 taps a promotion)."""
+    return params["TH"] in SIDES and params["WGS"] in (1, 2) and 0 <= int(params.get("PROMOTE", 1)) <= 9
 
 
 def local_mem(params: dict) -> int:
@@ -89,7 +93,7 @@ class WgmmaHaloLayer(OnWgmma):
                  env: BuildEnv, in_scale: float | None = None, out_scale: float | None = None,
                  out_codes: Precision | None = None):
         if not valid(params):
-            raise ValueError(f"{self.name} {params}: TH one of {SIDES}, WGS 1 or 2")
+            raise ValueError(f"{self.name} {params}: TH one of {SIDES}, WGS 1 or 2, PROMOTE 0 to 9")
         self.p, self.layer = dict(params, TW=8), layer
         self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         self.cpad = round_up(layer.cin, vec(precision))
@@ -124,7 +128,8 @@ class WgmmaHaloLayer(OnWgmma):
         p = self.p
         return (f"{self.name} {p['TH']}x8 pixels x {64 * p['WGS']} channels ({p['WGS']} warpgroups, weights in "
                 f"registers){', 2x2 max-pool in the store' if self.layer.pool else ''}{self.scales.describe()}"
-                f"{', sums accumulated in the tensor cores (fast)' if self.promote == 0 else ''}")
+                f"{', sums accumulated in the tensor cores (fast)' if self.promote == 0 else ''}"
+                f"{f', sums promoted every {self.promote} taps' if self.promote and self.promote > 1 else ''}")
 
 
 class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
@@ -144,6 +149,7 @@ class WgmmaHalo(NeedsWgmma, _TensorCoreAlgorithm):
         if not precision.fp8:
             return super().candidates(caps, precision, layer)
         ps = [{"ALGO": self.name, **dict(zip(self.tile_keys, t))} for t in FP8_TILES]
+        ps += [{**p, "PROMOTE": 2} for p in ps[:FP8_PAIRED]]
         return [p for p in ps if self.fits(p, caps, precision)]
 
     def fuses_pool(self, params):
