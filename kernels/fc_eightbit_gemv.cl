@@ -68,6 +68,7 @@
 #define OUT_EIGHT_BIT (OUT_FP8 || OUT_INT8)
 
 #include "e4m3.clh"
+#include "gemv_reduce.clh"   /* GEMV_REDUCE: the work-items' sums added by a tree in local memory */
 
 #if INT8
 typedef int sum_t;
@@ -162,16 +163,7 @@ void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *r
 #endif
         }
     }
-    /* value v = b * ROWS + r of work-item t at red[v * WG + t]; a tree halves the work-items each step */
-    for (int b = 0; b < NB; ++b)
-        if (b < nb)
-            for (int r = 0; r < ROWS; ++r) red[(b * ROWS + r) * WG + lid] = acc[r][b];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = WG / 2; s > 0; s >>= 1) {
-        if (lid < s)
-            for (int v = 0; v < ROWS * nb; ++v) red[v * WG + lid] += red[v * WG + lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    GEMV_REDUCE(red, acc, lid, nb)  /* value v = b * ROWS + r of the group at red[v * WG] */
     if (lid < ROWS * nb) {
         const int b = lid / ROWS, r = lid - b * ROWS, m = m0 + r;
         if (m < Cstore) {

@@ -47,6 +47,8 @@
 #error "WG must be a power of 2"
 #endif
 
+#include "gemv_reduce.clh"   /* GEMV_REDUCE: the work-items' sums added by a tree in local memory */
+
 /* piece p (8 halves, 16-byte aligned) of a row, as floats */
 inline float8 piece(__global const half *row, int p) {
 #if LD16
@@ -100,16 +102,7 @@ void fc_half_gemv(__global const half *restrict in, __global const half *restric
             }
         }
     }
-    /* value v = b * ROWS + r of work-item t at red[v * WG + t]; a tree halves the work-items each step */
-    for (int b = 0; b < NB; ++b)
-        if (b < nb)
-            for (int r = 0; r < ROWS; ++r) red[(b * ROWS + r) * WG + lid] = acc[r][b];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = WG / 2; s > 0; s >>= 1) {
-        if (lid < s)
-            for (int v = 0; v < ROWS * nb; ++v) red[v * WG + lid] += red[v * WG + lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    GEMV_REDUCE(red, acc, lid, nb)  /* value v = b * ROWS + r of the group at red[v * WG] */
     if (lid < ROWS * nb) {
         const int b = lid / ROWS, r = lid - b * ROWS, m = m0 + r;
         if (m < Cstore) {

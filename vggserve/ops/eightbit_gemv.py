@@ -18,13 +18,14 @@ import pyopencl as cl
 from .eightbit import LayerScales
 from .launch import Launch, round_up, upload
 from .precision import Precision
-from .registry import Algorithm, BuildEnv, LayerSpec, register
+from .registry import BuildEnv, LayerSpec, register
 from .tensorcore import out_channels, padded_bias, tc_weights, vec
+from .tensorcore_gemv import MAX_BATCH as GEMV_MAX_BATCH, GemvAlgorithm
 from ..wording import count
 
 KERNEL_FILE = "fc_eightbit_gemv.cl"
 TUNABLES = ("WG", "ROWS", "NB")
-MAX_BATCH = 4  # as tc_gemv (ops/tensorcore_gemv.py): a batch-1 table's FC layers stay off larger models
+MAX_BATCH = GEMV_MAX_BATCH  # as tc_gemv (GemvAlgorithm.suits): a batch-1 table's FC layers stay off larger models
 DEFAULT = {"ALGO": "tc_gemv8", "WG": 256, "ROWS": 4, "NB": 4}
 # (WG, ROWS, NB): tc_gemv's shapes, with 16 codes a piece (a work-item of 256 covers 4 KB of a row per pass); NB 1
 # and 2 for tables tuned at batch 1 or 2 (fewer registers: more work-groups resident), 4 at batch 4
@@ -91,34 +92,18 @@ class GemvEightBitLayer:
                 f"{count(p['NB'], 'image')} a group{self.scales.describe()}")
 
 
-class EightBitGemv(Algorithm):
+class EightBitGemv(GemvAlgorithm):
     name = "tc_gemv8"
-    family = "tensorcore"
-    kinds = ("fc",)
     precisions = ("fp8", "int8")
     tunables = TUNABLES
     kernel_file = KERNEL_FILE
+    tiles, default_params = TILES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
 
     def available(self, caps, precision):
         """Where tc_gemm runs the precision: tensor cores, and FP8's (compute capability 8.9+, whose PTX has the
         e4m3x2 conversion) for FP8."""
         return caps.tensor_cores and precision.name in self.precisions and (caps.fp8 or not precision.fp8)
-
-    def suits(self, max_batch: int) -> bool:
-        return max_batch <= MAX_BATCH
-
-    def default(self, caps, precision):
-        return dict(DEFAULT)
-
-    def candidates(self, caps, precision, layer):
-        out = [{"ALGO": self.name, **dict(zip(TUNABLES, t))} for t in TILES]
-        return [p for p in out if valid(p) and self.fits(p, caps, precision)]
-
-    def local_mem(self, params, precision):
-        return local_mem(params)
-
-    def work_group_size(self, params):
-        return params["WG"]
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
              out_scale=None, out_codes=None):

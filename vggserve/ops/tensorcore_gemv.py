@@ -95,16 +95,15 @@ class GemvHalfLayer:
                 f"{count(p['NB'], 'image')} a group{load}")
 
 
-class TensorCoreGemv(Algorithm):
-    name = "tc_gemv"
+class GemvAlgorithm(Algorithm):
+    """What the matrix-vector FC entries share (tc_gemv here, tc_gemv8 in ops/eightbit_gemv.py): the tensor-core
+    family's layouts, work-groups of WG work-items summing ROWS x NB values each, models of up to MAX_BATCH images.
+    A subclass names its `tiles` (tuples in `tunables` order), `default_params`, `valid` and `local_mem_of`."""
+
     family = "tensorcore"
     kinds = ("fc",)
-    precisions = ("fp16",)
-    tunables = TUNABLES
-    kernel_file = KERNEL_FILE
-
-    def available(self, caps, precision):
-        return caps.tensor_cores and precision.name in self.precisions
+    tiles: list = []
+    default_params: dict = {}
 
     def suits(self, max_batch: int) -> bool:
         """Up to MAX_BATCH images: past it each weight feeds too many FP32 sums for the CUDA cores (H100, FC6 at
@@ -112,17 +111,29 @@ class TensorCoreGemv(Algorithm):
         return max_batch <= MAX_BATCH
 
     def default(self, caps, precision):
-        return dict(DEFAULT)
+        return dict(self.default_params)
 
     def candidates(self, caps, precision, layer):
-        out = [{"ALGO": self.name, **dict(zip(TUNABLES, t))} for t in TILES]
-        return [p for p in out if valid(p) and self.fits(p, caps, precision)]
+        out = [{"ALGO": self.name, **dict(zip(self.tunables, t))} for t in self.tiles]
+        return [p for p in out if self.valid(p) and self.fits(p, caps, precision)]
 
     def local_mem(self, params, precision):
-        return local_mem(params)
+        return self.local_mem_of(params)
 
     def work_group_size(self, params):
         return params["WG"]
+
+
+class TensorCoreGemv(GemvAlgorithm):
+    name = "tc_gemv"
+    precisions = ("fp16",)
+    tunables = TUNABLES
+    kernel_file = KERNEL_FILE
+    tiles, default_params = TILES, DEFAULT
+    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
+
+    def available(self, caps, precision):
+        return caps.tensor_cores and precision.name in self.precisions
 
     def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
              out_scale=None, out_codes=None):
