@@ -23,6 +23,17 @@
  *         e4m3_decode when MMA_EMULATE; both exact), the weights' once for all the images; every product of two
  *         e4m3 values is exact in FP32 (4 x 4 significant bits), the sums are a chain of fma in a fixed order, so the
  *         emulated and the native kernel give the same bits.
+ *
+ * TC = 1: the products on the tensor cores instead (mma.sync m16n8k32, mma.clh: u8 x s8 with int32 sums, or
+ * e4m3 x e4m3 with FP32 sums), for FP8, where the CUDA cores' conversions may bound the kernel below the memory's
+ * bandwidth. A work-group computes ROWS = 8 outputs (one n8 tile: B, the weights) for up to NB = 8 images (the rows
+ * g of A's m16 tile; rows g + 8 are zero), its WG / 32 warps each taking every (WG / 32)-th block of 64 bytes of K.
+ * Lane (g, t) loads 16 bytes of weight row m0 + g, bytes 16 t .. 16 t + 15 of the block, as its B fragments of the
+ * block's two k-steps s: b0, b1 = words 2 s, 2 s + 1. So the mma's k order within a block is not memory's: its
+ * logical byte 4 t + i is byte 16 t + 8 s + i of the block, and 16 + 4 t + i is byte 16 t + 8 s + 4 + i. A (the
+ * images' codes) is loaded in the same order, so each product pairs the same k. The sums are INT8's exact integers
+ * (the same as TC = 0) or FP32 sums in another order. The weights' rows are padded with zeros to a multiple of 64
+ * bytes (Kw); the images' bytes past Kpad read as 0. The warps' sums meet in local memory, added in warp order.
  */
 
 #ifndef WG
@@ -55,6 +66,9 @@
 #ifndef MMA_EMULATE
 #define MMA_EMULATE 0
 #endif
+#ifndef TC
+#define TC 0        /* 1: the products on the tensor cores, mma.sync (ROWS 8, NB at most 8; above) */
+#endif
 
 #if (WG & (WG - 1)) != 0 || WG < 1
 #error "WG must be a power of 2"
@@ -65,13 +79,60 @@
 #if (OUT_FP8 && INT8) || (OUT_INT8 && FP8) || (OUT_FP8 + OUT_INT8 + OUT_F32 > 1)
 #error "the codes out are the codes in; at most one output storage"
 #endif
-#define OUT_EIGHT_BIT (OUT_FP8 || OUT_INT8)
+#if TC && (ROWS != 8 || NB > 8 || WG < 32 || WG % 32)
+#error "TC = 1: ROWS 8, NB at most 8, whole warps"
+#endif
 
+#if TC
+#define TF32 0
+#define THREADS WG
+#define WARPS_M (WG / 32)
+#define WARPS_N 1
+#include "mma.clh"          /* MMA, MMA_WARPS, acc_t; e4m3.clh */
+#else
 #include "e4m3.clh"
+#define OUT_EIGHT_BIT (OUT_FP8 || OUT_INT8)
+#endif
 #include "gemv_reduce.clh"   /* GEMV_REDUCE: the work-items' sums added by a tree in local memory */
 
 #if INT8
 typedef int sum_t;
+#else
+typedef float sum_t;
+#endif
+
+/* the epilogue of output m of image (row of out) b: y = fma(sum, cs[m], bias[m]) (INT8: the int sum rounded to
+ * nearest even first), ReLU, the scale to the next layer's codes, the store's rounding */
+#if OUT_F32
+#define GEMV_OUT_T float
+#elif OUT_EIGHT_BIT
+#define GEMV_OUT_T uchar
+#else
+#define GEMV_OUT_T half
+#endif
+inline void store_out(__global GEMV_OUT_T *restrict out, sum_t sum, __global const float *restrict bias,
+                      __global const float *restrict cs, float out_scale_inv, int Cstore, int b, int m) {
+    float y = fma((float)sum, cs[m], bias[m]);
+#if RELU
+    y = y > 0.0f ? y : 0.0f;
+#endif
+    const size_t o = (size_t)b * Cstore + m;
+#if OUT_EIGHT_BIT
+    y *= out_scale_inv;
+#endif
+#if OUT_F32
+    out[o] = y;
+#elif OUT_INT8
+    out[o] = convert_uchar_sat_rte(y);
+#elif OUT_FP8
+    out[o] = (uchar)e4m3_encode(y);
+#else
+    vstore_half_rte(y, o, out);
+#endif
+}
+
+#if !TC
+#if INT8
 /* a + the four products of x's u8 bytes with w's s8 bytes (byte j with byte j) */
 inline int dot4(uint x, uint w, int a) {
 #if MMA_EMULATE
@@ -85,7 +146,6 @@ inline int dot4(uint x, uint w, int a) {
 #endif
 }
 #else
-typedef float sum_t;
 /* the four e4m3 codes of a word as floats, byte 0 in .x (exact) */
 inline float4 e4m3x4(uint w) {
 #if MMA_EMULATE
@@ -116,21 +176,18 @@ inline uint word(uint4 v, int j) {
     return j == 0 ? v.s0 : j == 1 ? v.s1 : j == 2 ? v.s2 : v.s3;
 }
 
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *restrict wt,
                       __global const float *restrict bias, __global const float *restrict cs,
 #if OUT_EIGHT_BIT
                       const float out_scale_inv,
 #endif
-#if OUT_F32
-                      __global float *restrict out,
-#elif OUT_EIGHT_BIT
-                      __global uchar *restrict out,
-#else
-                      __global half *restrict out,
-#endif
-                      const int Kpad, const int Cstore, const int n)
+                      __global GEMV_OUT_T *restrict out, const int Kpad, const int Cstore, const int n)
 {
+#if !OUT_EIGHT_BIT
+    const float out_scale_inv = 1.0f;  /* not used */
+#endif
     __local sum_t red[ROWS * NB * WG];
     const int lid = get_local_id(0);
     const int m0 = get_group_id(0) * ROWS;
@@ -165,25 +222,57 @@ void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *r
     }
     GEMV_REDUCE(red, acc, lid, nb)  /* value v = b * ROWS + r of the group at red[v * WG] */
     if (lid < ROWS * nb) {
-        const int b = lid / ROWS, r = lid - b * ROWS, m = m0 + r;
-        if (m < Cstore) {
-            float y = fma((float)red[lid * WG], cs[m], bias[m]);  /* INT8: the int sum rounded to nearest even */
-#if RELU
-            y = y > 0.0f ? y : 0.0f;
-#endif
-            const size_t o = (size_t)(b0 + b) * Cstore + m;
-#if OUT_EIGHT_BIT
-            y *= out_scale_inv;
-#endif
-#if OUT_F32
-            out[o] = y;
-#elif OUT_INT8
-            out[o] = convert_uchar_sat_rte(y);
-#elif OUT_FP8
-            out[o] = (uchar)e4m3_encode(y);
-#else
-            vstore_half_rte(y, o, out);
-#endif
-        }
+        const int b = lid / ROWS, r = lid - b * ROWS;
+        if (m0 + r < Cstore) store_out(out, red[lid * WG], bias, cs, out_scale_inv, Cstore, b0 + b, m0 + r);
     }
 }
+
+#else  /* TC */
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *restrict wt,
+                      __global const float *restrict bias, __global const float *restrict cs,
+#if OUT_EIGHT_BIT
+                      const float out_scale_inv,
+#endif
+                      __global GEMV_OUT_T *restrict out, const int Kpad, const int Cstore, const int n)
+{
+#if !OUT_EIGHT_BIT
+    const float out_scale_inv = 1.0f;  /* not used */
+#endif
+    MMA_WARPS(xch, 6)
+    __local sum_t red[WARPS_M * 64];   /* [warp][image g][output 2 t + j] */
+    const int m0 = get_group_id(0) * 8;
+    const int b0 = get_group_id(1) * NB;
+    const int nb = min(NB, n - b0);
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kw = (Kpad + 63) / 64 * 64;      /* the weights' row length */
+    const int iters = (kw / 64 + WARPS_M - 1) / WARPS_M;  /* the same count in every warp (the model's barriers) */
+    __global const uchar *wrow = wt + (size_t)(m0 + g) * kw + 16 * t4;
+    __global const uchar *xrow = in + (size_t)(b0 + g) * Kpad + 16 * t4;
+    MMA_ACC(acc, 1, 1)
+    MMA_UNROLL
+    for (int it = 0; it < iters; ++it) {
+        const int kb = (it * WARPS_M + warp) * 64;   /* this warp's block */
+        const uint4 w = kb < kw ? *(__global const uint4 *)(wrow + kb) : (uint4)(0u);
+        _Pragma("unroll") for (int s = 0; s < 2; ++s) {
+            const int k = kb + 16 * t4 + 8 * s;        /* the lane's 8 bytes of this k-step */
+            const uint2 x = g < nb && k < Kpad ? *(__global const uint2 *)(xrow + kb + 8 * s) : (uint2)(0u);
+            const uint a[4] = {x.s0, 0u, x.s1, 0u};
+            const uint b[2] = {s ? w.s2 : w.s0, s ? w.s3 : w.s1};
+            MMA(acc[0][0], a, b);
+        }
+    }
+    if (g < nb) {
+        red[warp * 64 + g * 8 + 2 * t4] = acc[0][0][0];
+        red[warp * 64 + g * 8 + 2 * t4 + 1] = acc[0][0][1];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (tid < 8 * nb) {
+        const int b = tid >> 3, r = tid & 7;
+        sum_t sum = red[tid];
+        for (int v = 1; v < WARPS_M; ++v) sum += red[v * 64 + tid];
+        if (m0 + r < Cstore) store_out(out, sum, bias, cs, out_scale_inv, Cstore, b0 + b, m0 + r);
+    }
+}
+#endif

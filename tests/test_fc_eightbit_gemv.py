@@ -5,7 +5,8 @@ On PoCL the kernel runs its two PTX instructions' exact software forms (MMA_EMUL
 decode), so the arithmetic is the GPU's. Each case is compared with the numpy models of test_int8_kernels.py (exact
 integer sums, then the epilogue) and test_fp8_kernels.py (float64 sums, FP32 accumulation's bound) on awkward sizes:
 one input and one output, K and M off the pieces and the rows, more images than a work-group sums; INT8 also against
-tc_gemm bit for bit, sums past 2^24 included; then the tiny network with its 8-bit FC layers on tc_gemv8.
+tc_gemm bit for bit, sums past 2^24 included; each both ways (TC 0: dp4a or the e4m3 decode and fma on the CUDA
+cores; TC 1: mma.sync); then the tiny network with its 8-bit FC layers on tc_gemv8.
 """
 
 import numpy as np
@@ -31,12 +32,15 @@ SHAPES = [  # (n, cin, cout, 1, 1, ks = 1)
     (5, 300, 1000, 1, 1, 1),   # 5 images: past NB 4 and 2, a second group of images; 1000 % 3 != 0
     (1, 3136, 33, 1, 1, 1),    # pieces past one pass of the work-group at WG 64 and 128
 ]
-CONFIGS = [(256, 4, 4), (64, 1, 1), (128, 3, 2)]
+# (WG, ROWS, NB, TC): 3 rows (1000 % 3 != 0), NB 2 and 4 below 5 images; TC 1: the products on mma.sync (its exact
+# software model here), one warp and four splitting K, 2 and 8 images a group
+CONFIGS = [(256, 4, 4, 0), (64, 1, 1, 0), (128, 3, 2, 0), (32, 8, 2, 1), (128, 8, 8, 1)]
 SHAPE_ID = "n{}_k{}_m{}".format
+CONFIG_ID = "wg{}_rows{}_nb{}_tc{}".format
 
 
-def params_of(wg, rows, nb):
-    return {"ALGO": "tc_gemv8", "WG": wg, "ROWS": rows, "NB": nb}
+def params_of(wg, rows, nb, tc=0):
+    return {"ALGO": "tc_gemv8", "WG": wg, "ROWS": rows, "NB": nb, "TC": tc}
 
 
 def int8_make(cfg):
@@ -53,20 +57,21 @@ def gemm_int8(*args, **kw):
 
 
 # ---- INT8 ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}".format(*c))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: CONFIG_ID(*c))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: SHAPE_ID(*s[:3]))
 def test_int8_writes_numpys_u8_codes(tc_env, rng, cfg, shape):
     got, value, window, op, _ = int8_tests.run(tc_env, int8_make(cfg), shape, rng)
     int8_tests.check_codes(got, value, window, op)
 
 
+@pytest.mark.parametrize("cfg", [(128, 3, 2, 0), (64, 8, 4, 1)], ids=lambda c: CONFIG_ID(*c))
 @pytest.mark.parametrize("out", ["int8", "fp16", "f32"])
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: SHAPE_ID(*s[:3]))
-def test_int8_equals_tc_gemm_bit_for_bit(tc_env, shape, out):
+def test_int8_equals_tc_gemm_bit_for_bit(tc_env, shape, out, cfg):
     """Both sum the same integers exactly and share the epilogue's arithmetic: the same bytes out, codes, FP16 (an
-    8-bit layer before classifier.6) or the logits (ReLU off)."""
+    8-bit layer before classifier.6) or the logits (ReLU off); on the CUDA cores (dp4a) and on mma.sync."""
     relu = out != "f32"
-    got, value, window, op, _ = int8_tests.run(tc_env, int8_make((128, 3, 2)), shape, np.random.default_rng(7),
+    got, value, window, op, _ = int8_tests.run(tc_env, int8_make(cfg), shape, np.random.default_rng(7),
                                                out=out, relu=relu)
     want, *_ = int8_tests.run(tc_env, gemm_int8, shape, np.random.default_rng(7), out=out, relu=relu)
     np.testing.assert_array_equal(got, want)
@@ -80,34 +85,37 @@ def test_int8_sums_past_2_24_are_exact(tc_env):
     """Codes near the top of u8 and weights near +127 over 3,136 inputs: sums near 10^8, where an FP32 sum would
     round; the outputs are tc_gemm's bit for bit and numpy's exact sums'."""
     shape = (2, 3136, 40, 1, 1, 1)
-    got, value, window, op, top = int8_tests.run(tc_env, int8_make((256, 4, 4)), shape, np.random.default_rng(3),
-                                                 out="f32", big=True)
-    assert top > 2 ** 24
     want, *_ = int8_tests.run(tc_env, gemm_int8, shape, np.random.default_rng(3), out="f32", big=True)
-    np.testing.assert_array_equal(got, want)
-    int8_tests.check_values(got, value, window, op, "f32")
+    for cfg in ((256, 4, 4, 0), (64, 8, 2, 1)):
+        got, value, window, op, top = int8_tests.run(tc_env, int8_make(cfg), shape, np.random.default_rng(3),
+                                                     out="f32", big=True)
+        assert top > 2 ** 24
+        np.testing.assert_array_equal(got, want)
+        int8_tests.check_values(got, value, window, op, "f32")
 
 
 # ---- FP8 -------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}".format(*c))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: CONFIG_ID(*c))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: SHAPE_ID(*s[:3]))
 def test_fp8_writes_numpys_e4m3_codes(tc_env, rng, cfg, shape):
     got, y, bound, s_out, op = fp8_tests.run(tc_env, fp8_make(cfg), shape, rng)
     fp8_tests.check(got, y, bound, s_out, op)
 
 
+@pytest.mark.parametrize("cfg", [(256, 4, 4, 0), (64, 8, 4, 1)], ids=lambda c: CONFIG_ID(*c))
 @pytest.mark.parametrize("out", ["fp16", "f32"])
 @pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: SHAPE_ID(*s[:3]))
-def test_fp8_writes_fp16_and_the_logits_within_fp32s_bound(tc_env, rng, shape, out):
+def test_fp8_writes_fp16_and_the_logits_within_fp32s_bound(tc_env, rng, shape, out, cfg):
     relu = out != "f32"
-    got, y, bound, s_out, op = fp8_tests.run(tc_env, fp8_make((256, 4, 4)), shape, rng, out=out, relu=relu)
+    got, y, bound, s_out, op = fp8_tests.run(tc_env, fp8_make(cfg), shape, rng, out=out, relu=relu)
     fp8_tests.check(got, y, bound, s_out, op, out=out, relu=relu)
 
 
-def test_fp8_integer_operands_give_exact_sums(tc_env, rng):
+@pytest.mark.parametrize("cfg", [(64, 1, 1, 0), (64, 8, 4, 1)], ids=lambda c: CONFIG_ID(*c))
+def test_fp8_integer_operands_give_exact_sums(tc_env, rng, cfg):
     """Integer e4m3 operands (activations up to 16, weight codes up to 448): every partial sum is exact in FP32
     whatever the order, so the logits are numpy's float64 value rounded once (to float32)."""
-    got, y, bound, _, op = fp8_tests.run(tc_env, fp8_make((64, 1, 1)), (3, 200, 37, 1, 1, 1), rng, out="f32",
+    got, y, bound, _, op = fp8_tests.run(tc_env, fp8_make(cfg), (3, 200, 37, 1, 1, 1), rng, out="f32",
                                          exact=True, relu=False)
     np.testing.assert_array_equal(got[..., :37].reshape(3, 37), y.reshape(3, 37).astype(np.float32))
 
@@ -132,6 +140,10 @@ def test_the_entry_is_8_bit_fc_only_where_tc_gemm_runs_the_precision(tc_env):
         assert len(cands) == sum(local_mem(p) <= caps.local_mem and p["WG"] <= caps.max_work_group
                                  for p in (params_of(*t) for t in TILES))
     assert not valid(params_of(96, 1, 1)) and not valid(params_of(64, 0, 1)) and not valid(params_of(64, 1, 0))
+    # on mma.sync: one n8 tile of outputs, at most 8 images (A's rows g), whole warps
+    assert valid(params_of(32, 8, 8, 1)) and not valid(params_of(16, 8, 1, 1))
+    assert not valid(params_of(64, 4, 1, 1)) and not valid(params_of(64, 8, 9, 1)) and not valid(params_of(64, 8, 1, 2))
+    assert {p["TC"] for p in algo.candidates(caps, INT8, fc)} == {0, 1}
     assert registry.choose({"ALGO": "tc_gemv8"}, "tensorcore", "fc") is algo
     assert registry.choose({"ALGO": "tc_gemv8"}, "tensorcore", "conv3x3").name == "tc_gemm"
     assert algo.suits(MAX_BATCH) and not algo.suits(MAX_BATCH + 1)
@@ -151,6 +163,10 @@ def test_it_refuses_other_precisions_pooling_and_a_missing_input_scale(tc_env):
         algo.make(ctx, cache, dict(DEFAULT), FP8, layer, w, b, env, cpad=24, in_scale=0.1)
     op = algo.make(ctx, cache, params_of(128, 2, 1), INT8, layer, w, b, env, in_scale=0.1, out_scale=0.2)
     assert op.describe() == "tc_gemv8 2 rows x 128 work-items, 1 image a group, u8 in, u8 out"
+    with pytest.raises(ValueError, match="with TC 1, WG at least 32, ROWS 8 and NB at most 8"):
+        algo.make(ctx, cache, params_of(128, 4, 1, 1), INT8, layer, w, b, env, in_scale=0.1)
+    op = algo.make(ctx, cache, params_of(64, 8, 2, 1), FP8, layer, w, b, env, in_scale=0.1)
+    assert op.describe() == "tc_gemv8 8 rows x 64 work-items, 2 images a group, on mma.sync, e4m3 in, fp16 out"
 
 
 # ---- the tiny network with its 8-bit FC layers on tc_gemv8 ---------------------------------------------------------
@@ -165,9 +181,10 @@ def eight_bit_fc_table(spec, prec: str, fcs: dict) -> dict:
 
 @pytest.mark.parametrize("prec", ["int8", "fp8"])
 def test_the_tiny_networks_8_bit_fc_layers_on_it_give_tc_gemms_logits(monkeypatch, prec):
-    """classifier.0 (u8 or e4m3 in, codes out; the NHWC flatten's permuted columns) and classifier.3 (codes in, FP16
-    out for classifier.6) on tc_gemv8 from an 8-bit table: INT8's logits are the tc_gemm network's bit for bit; FP8's
-    within FP32 summation order (the tensor cores sum in another order), with the same top-5."""
+    """classifier.0 (u8 or e4m3 in, codes out; the NHWC flatten's permuted columns; on mma.sync) and classifier.3
+    (codes in, FP16 out for classifier.6; on the CUDA cores) on tc_gemv8 from an 8-bit table: INT8's logits are the
+    tc_gemm network's bit for bit; FP8's within FP32 summation order (the tensor cores sum in another order), with
+    the same top-5."""
     from vggserve import VGG16
     from vggserve.engine import engine as engine_module
     from vggserve.quant.calibrate import from_histograms, observe
@@ -179,7 +196,8 @@ def test_the_tiny_networks_8_bit_fc_layers_on_it_give_tc_gemms_logits(monkeypatc
     hists, images = observe(tensors, [np.random.default_rng(11).standard_normal((2, 3, 224, 224)).astype(np.float32)])
     cal = from_histograms(hists, images, "0" * 64, "max")
     spec = vgg16_spec(infer_width(tensors))
-    table = eight_bit_fc_table(spec, prec, {"classifier.0": DEFAULT, "classifier.3": params_of(64, 2, 1)})
+    table = eight_bit_fc_table(spec, prec, {"classifier.0": params_of(64, 8, 2, 1),
+                                            "classifier.3": params_of(64, 2, 1)})
     x = np.random.default_rng(5).standard_normal((3, 3, 224, 224)).astype(np.float32)
     original, runs = engine_module.params_for, {}
     for label, extra in (("gemv8", table), ("gemm", {})):
@@ -189,7 +207,8 @@ def test_the_tiny_networks_8_bit_fc_layers_on_it_give_tc_gemms_logits(monkeypatc
     monkeypatch.setattr(engine_module, "params_for", original)
     (out, plan), (plain, plain_plan) = runs["gemv8"], runs["gemm"]
     codes = "u8" if prec == "int8" else "e4m3"
-    assert plan["classifier.0"].startswith("tc_gemv8") and f"{codes} in, {codes} out" in plan["classifier.0"], plan
+    assert plan["classifier.0"].startswith("tc_gemv8 8 rows") and "on mma.sync" in plan["classifier.0"], plan
+    assert f"{codes} in, {codes} out" in plan["classifier.0"], plan
     assert plan["classifier.3"].startswith("tc_gemv8 2 rows") and f"{codes} in, fp16 out" in plan["classifier.3"]
     assert plan["classifier.6"].startswith("tc_gemm") and all(plain_plan[f.name].startswith("tc_gemm")
                                                               for f in spec.fcs)

@@ -24,23 +24,32 @@ from .tensorcore_gemv import MAX_BATCH as GEMV_MAX_BATCH, GemvAlgorithm
 from ..wording import count
 
 KERNEL_FILE = "fc_eightbit_gemv.cl"
-TUNABLES = ("WG", "ROWS", "NB")
+TUNABLES = ("WG", "ROWS", "NB", "TC")
 MAX_BATCH = GEMV_MAX_BATCH  # as tc_gemv (GemvAlgorithm.suits): a batch-1 table's FC layers stay off larger models
-DEFAULT = {"ALGO": "tc_gemv8", "WG": 256, "ROWS": 4, "NB": 4}
-# (WG, ROWS, NB): tc_gemv's shapes, with 16 codes a piece (a work-item of 256 covers 4 KB of a row per pass); NB 1
-# and 2 for tables tuned at batch 1 or 2 (fewer registers: more work-groups resident), 4 at batch 4
-TILES = [(256, 4, 4), (256, 4, 1), (256, 2, 1), (256, 1, 1), (128, 4, 1), (128, 2, 1), (512, 4, 1), (256, 8, 1),
-         (128, 1, 1), (512, 2, 1), (64, 4, 1), (256, 2, 2), (128, 4, 2), (256, 4, 2), (128, 2, 4), (256, 8, 4)]
+DEFAULT = {"ALGO": "tc_gemv8", "WG": 256, "ROWS": 4, "NB": 4, "TC": 0}
+# (WG, ROWS, NB, TC): tc_gemv's shapes, with 16 codes a piece (a work-item of 256 covers 4 KB of a row per pass); NB
+# 1 and 2 for tables tuned at batch 1 or 2 (fewer registers: more work-groups resident), 4 at batch 4. TC 1: the
+# products on mma.sync, 8 outputs a work-group, its WG / 32 warps splitting K (the kernel's banner)
+TILES = [(256, 4, 4, 0), (256, 4, 1, 0), (256, 2, 1, 0), (256, 1, 1, 0), (128, 4, 1, 0), (128, 2, 1, 0), (512, 4, 1, 0),
+         (256, 8, 1, 0), (128, 1, 1, 0), (512, 2, 1, 0), (64, 4, 1, 0), (256, 2, 2, 0), (128, 4, 2, 0), (256, 4, 2, 0),
+         (128, 2, 4, 0), (256, 8, 4, 0),
+         (256, 8, 1, 1), (128, 8, 1, 1), (512, 8, 1, 1), (256, 8, 4, 1), (128, 8, 2, 1)]
+TC_ROWS, TC_IMAGES, TC_K = 8, 8, 64  # TC 1: outputs a work-group (one n8 tile), images at most, K block bytes
 
 
 def valid(params: dict) -> bool:
-    """fc_eightbit_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group."""
-    wg = params["WG"]
-    return wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1
+    """fc_eightbit_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group; TC 1: whole
+    warps, ROWS 8, NB at most 8."""
+    wg, tc = params["WG"], params.get("TC", 0)
+    return (wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1 and tc in (0, 1)
+            and (not tc or (wg >= 32 and params["ROWS"] == TC_ROWS and params["NB"] <= TC_IMAGES)))
 
 
 def local_mem(params: dict) -> int:
-    """The reduction's sums (4 bytes: int or float): ROWS x NB per work-item."""
+    """The reduction's sums (4 bytes: int or float): ROWS x NB per work-item; TC 1: 64 per warp (8 images x 8
+    outputs), and the software model's fragment exchange, 6 words a work-item."""
+    if params.get("TC", 0):
+        return 4 * (64 + 6 * 32) * (params["WG"] // 32)
     return 4 * params["ROWS"] * params["NB"] * params["WG"]
 
 
@@ -59,7 +68,8 @@ class GemvEightBitLayer:
         if layer.kind != "fc" or layer.pool:
             raise ValueError("tc_gemv8 computes fully connected layers (no pooling)")
         if not valid(params):
-            raise ValueError(f"tc_gemv8 {params}: WG must be a power of 2, ROWS and NB at least 1")
+            raise ValueError(f"tc_gemv8 {params}: WG must be a power of 2, ROWS and NB at least 1; with TC 1, WG "
+                             "at least 32, ROWS 8 and NB at most 8")
         self.p, self.precision, self.layer = dict(params), precision, layer
         self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         self.cpad = cpad or round_up(layer.cin, vec(precision))
@@ -68,13 +78,14 @@ class GemvEightBitLayer:
                              f"{vec(precision)}")
         self.cstore = out_channels(layer, precision, self.scales)
         self.rows, self.nb, self.threads = params["ROWS"], params["NB"], params["WG"]
+        self.tc = int(params.get("TC", 0))
         self.mpad = round_up(self.cstore, self.rows)
         self.groups_m = self.mpad // self.rows
-        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.mpad, self.cpad, precision),
-                         precision.storage)
+        kw = round_up(self.cpad, TC_K) if self.tc else self.cpad  # TC 1 reads the rows in 64-byte blocks
+        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.mpad, kw, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.mpad)
         self.scale_args = self.scales.args(ctx, self.mpad)  # cs, then out_scale_inv where it writes codes
-        defines = {**{k: params[k] for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
+        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
                    **env.caps.mma_define, **self.scales.defines}
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_eightbit_gemv"))
 
@@ -89,7 +100,7 @@ class GemvEightBitLayer:
     def describe(self) -> str:
         p = self.p
         return (f"{self.name} {count(p['ROWS'], 'row')} x {count(p['WG'], 'work-item')}, "
-                f"{count(p['NB'], 'image')} a group{self.scales.describe()}")
+                f"{count(p['NB'], 'image')} a group{', on mma.sync' if self.tc else ''}{self.scales.describe()}")
 
 
 class EightBitGemv(GemvAlgorithm):
