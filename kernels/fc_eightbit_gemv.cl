@@ -1,11 +1,13 @@
 /* fc_eightbit_gemv.cl -- the tensor-core family's 8-bit fully connected layers at small batch (tc_gemv8): matrix-vector
- * products of 8-bit codes on plain OpenCL C (no mma), bound by the weights' bandwidth: one byte a weight, half of
- * fc_half_gemv.cl's. It reads and writes what conv_tc.cl's FC layers read and write at FP8 or INT8 (ops/eightbit.py):
+ * products of 8-bit codes on the CUDA cores (TC = 0) or on mma.sync (TC = 1, below), bound by the weights' bandwidth:
+ * one byte a weight, half of fc_half_gemv.cl's. It reads and writes what conv_tc.cl's FC layers read and write at
+ * FP8 or INT8 (ops/eightbit.py):
  *
  *   INT8:  out[b, m] = act( (float)(sum_k Wq[m, k] * Xq[b, k]) * cs[m] + bias[m] )   int32 sums, exact
  *   FP8:   out[b, m] = act( (sum_k Wq[m, k] * Xq[b, k]) * cs[m] + bias[m] )          FP32 sums of exact products
  *   in:    n images of Kpad codes (u8 for INT8, e4m3 for FP8; a multiple of 16, padding 0)   in[b * Kpad + k]
  *   wt:    Mpad x Kpad codes (s8 or e4m3), k contiguous, zero past the layer's outputs and inputs   wt[m * Kpad + k]
+ *          (TC = 1: rows of Kw = Kpad rounded up to 64 bytes)
  *   bias:  Mpad floats, zero past the layer's outputs; cs: Mpad floats (s_in * s_w[m]; 1 past them)
  *   out:   n images of Cstore outputs: the next layer's codes of y * out_scale_inv (OUT_INT8: u8, OUT_FP8: e4m3),
  *          FP16, or float (OUT_F32: the logits)                                               out[b * Cstore + m]
