@@ -41,7 +41,8 @@ FILES = {"tc_gemm": ("conv_tc.cl", "conv_tc"), "tc_wgmma": ("conv_tc.cl", "conv_
          "tc_halo": ("conv_tc_halo.cl", "conv_tc_halo"), "tc_halo_wgmma": ("conv_tc_halo.cl", "conv_tc_halo"),
          "tc_sparse24": ("conv_tc_sparse.cl", "conv_tc_sparse"),
          "tc_halo_sparse24": ("conv_tc_halo_sparse.cl", "conv_tc_halo_sparse"),
-         "wgmma_halo": ("conv_wg_halo.cl", "conv_wg_halo"), "tc_gemv8": ("fc_eightbit_gemv.cl", "fc_eightbit_gemv")}
+         "wgmma_halo": ("conv_wg_halo.cl", "conv_wg_halo"), "tc_gemv8": ("fc_eightbit_gemv.cl", "fc_eightbit_gemv"),
+         "tc_gemv": ("fc_half_gemv.cl", "fc_half_gemv")}
 
 
 WGMMA_ALGOS = ("tc_wgmma", "tc_halo_wgmma", "wgmma_halo")  # built with WGMMA = 1, patched and assembled for sm_90a
@@ -49,9 +50,9 @@ DENSE_ALGOS = ("tc_gemm", "tc_wgmma", "tc_halo", "tc_halo_wgmma", "wgmma_halo") 
 
 
 def tunables(algo: str) -> tuple:
-    from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_sparse, wgmma_halo
+    from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_gemv, tensorcore_sparse, wgmma_halo
 
-    return {"tc_gemv8": eightbit_gemv.TUNABLES, "wgmma_halo": wgmma_halo.TUNABLES, "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
+    return {"tc_gemv": tensorcore_gemv.TUNABLES, "tc_gemv8": eightbit_gemv.TUNABLES, "wgmma_halo": wgmma_halo.TUNABLES, "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
             "tc_halo_wgmma": tensorcore.HALO_WGMMA_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
             "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 
@@ -97,6 +98,8 @@ def variants(algo: str, precision: str, tiles: dict) -> list[tuple[str, dict]]:
         base.update(layout_defines(tiles["TH"]))
     if precision in ("fp8", "int8"):
         return eight_bit_variants(algo, base, precision)
+    if algo == "tc_gemv":  # FC only: FP16 out, the logits
+        return [("fc", {**base, "RELU": 1}), ("fc last", {**base, "RELU": 0, "OUT_F32": 1})]
     if algo in ("tc_gemm", "tc_wgmma"):
         tf32 = int(precision == "tf32")
         conv = {**base, "TF32": tf32, "KS": 3, "PAD": 1, "RELU": 1, "OUT_F32": 0}
@@ -140,10 +143,11 @@ def shipped_configs() -> list[tuple[str, str, dict]]:
 
 def candidate_configs() -> list[tuple[str, str, dict]]:
     """Every registry candidate tile of the entries, at each precision the entry runs."""
-    from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_sparse, wgmma_halo
+    from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_gemv, tensorcore_sparse, wgmma_halo
 
     lists = {"wgmma_halo": (wgmma_halo.TILES, wgmma_halo.valid),
              "tc_gemv8": (eightbit_gemv.TILES, eightbit_gemv.valid),
+             "tc_gemv": (tensorcore_gemv.TILES, tensorcore_gemv.valid),
              "tc_gemm": (tensorcore.TILES, tensorcore.valid),
              "tc_wgmma": (tensorcore.WGMMA_TILES, tensorcore.wgmma_valid),
              "tc_halo": (tensorcore.HALO_TILES + tensorcore.HALO_FITTED_TILES, tensorcore.halo_valid),

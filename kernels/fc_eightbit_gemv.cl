@@ -28,14 +28,9 @@
  *
  * TC = 1: the products on the tensor cores instead (mma.sync m16n8k32, mma.clh: u8 x s8 with int32 sums, or
  * e4m3 x e4m3 with FP32 sums), for FP8, where the CUDA cores' conversions may bound the kernel below the memory's
- * bandwidth. A work-group computes ROWS = 8 outputs (one n8 tile: B, the weights) for up to NB = 8 images (the rows
- * g of A's m16 tile; rows g + 8 are zero), its WG / 32 warps each taking every (WG / 32)-th block of 64 bytes of K.
- * Lane (g, t) loads 16 bytes of weight row m0 + g, bytes 16 t .. 16 t + 15 of the block, as its B fragments of the
- * block's two k-steps s: b0, b1 = words 2 s, 2 s + 1. So the mma's k order within a block is not memory's: its
- * logical byte 4 t + i is byte 16 t + 8 s + i of the block, and 16 + 4 t + i is byte 16 t + 8 s + 4 + i. A (the
- * images' codes) is loaded in the same order, so each product pairs the same k. The sums are INT8's exact integers
- * (the same as TC = 0) or FP32 sums in another order. The weights' rows are padded with zeros to a multiple of 64
- * bytes (Kw); the images' bytes past Kpad read as 0. The warps' sums meet in local memory, added in warp order.
+ * bandwidth: gemv_mma.clh, a work-group of ROWS = 8 outputs for up to NB = 8 images, its WG / 32 warps splitting K,
+ * the weights loaded as B fragments with no conversion. The sums are INT8's exact integers (the same as TC = 0) or
+ * FP32 sums in another order. The warps' sums meet in local memory, added in warp order.
  */
 
 #ifndef WG
@@ -91,6 +86,7 @@
 #define WARPS_M (WG / 32)
 #define WARPS_N 1
 #include "mma.clh"          /* MMA, MMA_WARPS, acc_t; e4m3.clh */
+#include "gemv_mma.clh"     /* gemv_mma_sums: the products on mma.sync */
 #else
 #include "e4m3.clh"
 #define OUT_EIGHT_BIT (OUT_FP8 || OUT_INT8)
@@ -243,32 +239,11 @@ void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *r
     const float out_scale_inv = 1.0f;  /* not used */
 #endif
     MMA_WARPS(xch, 6)
-    __local sum_t red[WARPS_M * 64];   /* [warp][image g][output 2 t + j] */
+    __local sum_t red[WARPS_M * 64];   /* [warp][image g][output n] */
     const int m0 = get_group_id(0) * 8;
     const int b0 = get_group_id(1) * NB;
     const int nb = min(NB, n - b0);
-    const int g = lane >> 2, t4 = lane & 3;
-    const int kw = (Kpad + 63) / 64 * 64;      /* the weights' row length */
-    const int iters = (kw / 64 + WARPS_M - 1) / WARPS_M;  /* the same count in every warp (the model's barriers) */
-    __global const uchar *wrow = wt + (size_t)(m0 + g) * kw + 16 * t4;
-    __global const uchar *xrow = in + (size_t)(b0 + g) * Kpad + 16 * t4;
-    MMA_ACC(acc, 1, 1)
-    MMA_UNROLL
-    for (int it = 0; it < iters; ++it) {
-        const int kb = (it * WARPS_M + warp) * 64;   /* this warp's block */
-        const uint4 w = kb < kw ? *(__global const uint4 *)(wrow + kb) : (uint4)(0u);
-        _Pragma("unroll") for (int s = 0; s < 2; ++s) {
-            const int k = kb + 16 * t4 + 8 * s;        /* the lane's 8 bytes of this k-step */
-            const uint2 x = g < nb && k < Kpad ? *(__global const uint2 *)(xrow + kb + 8 * s) : (uint2)(0u);
-            const uint a[4] = {x.s0, 0u, x.s1, 0u};
-            const uint b[2] = {s ? w.s2 : w.s0, s ? w.s3 : w.s1};
-            MMA(acc[0][0], a, b);
-        }
-    }
-    if (g < nb) {
-        red[warp * 64 + g * 8 + 2 * t4] = acc[0][0][0];
-        red[warp * 64 + g * 8 + 2 * t4 + 1] = acc[0][0][1];
-    }
+    gemv_mma_sums(red, in + (size_t)b0 * Kpad, wt, Kpad, m0, nb, lane, warp, GEMV_MMA_XCH);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (tid < 8 * nb) {
         const int b = tid >> 3, r = tid & 7;

@@ -22,6 +22,11 @@
  * as a uint4 converted from a private copy (vload_half8 of its bytes), in case a compiler splits the first into
  * narrower loads. Images past NB are further work-groups along dimension 1 (each reads the weights again: the entry
  * is meant for n <= NB, where the weights are streamed exactly once).
+ *
+ * TC = 1: the products on the tensor cores instead (mma.sync m16n8k16, FP32 sums; gemv_mma.clh): ROWS = 8 outputs a
+ * work-group for up to NB = 8 images, its WG / 32 warps splitting K in blocks of 64 bytes, the weights loaded as B
+ * fragments with no conversion (the CUDA cores' form converts every weight to FP32); the weights' rows are then
+ * Kpad rounded up to 32 (64 bytes), zero past the inputs. The warps' FP32 sums meet in local memory, in warp order.
  */
 
 #ifndef WG
@@ -42,11 +47,25 @@
 #ifndef OUT_F32
 #define OUT_F32 0   /* 1: float outputs (the logits), else FP16 */
 #endif
+#ifndef TC
+#define TC 0        /* 1: the products on the tensor cores, mma.sync (ROWS 8, NB at most 8; above) */
+#endif
 
 #if (WG & (WG - 1)) != 0 || WG < 1
 #error "WG must be a power of 2"
 #endif
+#if TC && (ROWS != 8 || NB > 8 || WG < 32)
+#error "TC = 1: ROWS 8, NB at most 8, whole warps"
+#endif
 
+#if TC
+#define TF32 0
+#define THREADS WG
+#define WARPS_M (WG / 32)
+#define WARPS_N 1
+#include "mma.clh"          /* MMA (m16n8k16 FP16), MMA_WARPS, MMA_ACC */
+#include "gemv_mma.clh"     /* gemv_mma_sums: the products on mma.sync */
+#else
 #include "gemv_reduce.clh"   /* GEMV_REDUCE: the work-items' sums added by a tree in local memory */
 
 /* piece p (8 halves, 16-byte aligned) of a row, as floats */
@@ -118,3 +137,42 @@ void fc_half_gemv(__global const half *restrict in, __global const half *restric
         }
     }
 }
+#endif  /* !TC */
+
+#if TC
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+void fc_half_gemv(__global const half *restrict in, __global const half *restrict wt,
+                  __global const float *restrict bias,
+#if OUT_F32
+                  __global float *restrict out,
+#else
+                  __global half *restrict out,
+#endif
+                  const int Kpad, const int Cstore, const int n)
+{
+    MMA_WARPS(xch, 6)
+    __local float red[WARPS_M * 64];   /* [warp][image g][output n] */
+    const int m0 = get_group_id(0) * 8;
+    const int b0 = get_group_id(1) * NB;
+    const int nb = min(NB, n - b0);
+    gemv_mma_sums(red, (__global const uchar *)(in + (size_t)b0 * Kpad), (__global const uchar *)wt, 2 * Kpad, m0,
+                  nb, lane, warp, GEMV_MMA_XCH);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (tid < 8 * nb) {
+        const int b = tid >> 3, m = m0 + (tid & 7);
+        float y = red[tid];
+        for (int v = 1; v < WARPS_M; ++v) y += red[v * 64 + tid];
+        if (m < Cstore) {
+            y += bias[m];
+#if RELU
+            y = fmax(y, 0.0f);
+#endif
+#if OUT_F32
+            out[(size_t)(b0 + b) * Cstore + m] = y;
+#else
+            vstore_half_rte(y, (size_t)(b0 + b) * Cstore + m, out);
+#endif
+        }
+    }
+}
+#endif

@@ -26,8 +26,8 @@ FP16 = precisions.FP16
 
 
 
-def params_of(wg, rows, nb, ld16=0):
-    return {"ALGO": "tc_gemv", "WG": wg, "ROWS": rows, "NB": nb, "LD16": ld16}
+def params_of(wg, rows, nb, ld16=0, tc=0):
+    return {"ALGO": "tc_gemv", "WG": wg, "ROWS": rows, "NB": nb, "LD16": ld16, "TC": tc}
 
 
 def run_gemv(tc_env, rng, params, n, k, m, relu, last):
@@ -63,11 +63,12 @@ CASES = [  # (n, K, M, relu, last)
     (8, 3136, 33, False, False),
     (3, 1, 1000, True, True),
 ]
-# NB 4 with 8 images: two groups of images; 3 rows: 1000 % 3 != 0; both ways to load a piece
-CONFIGS = [(256, 4, 8, 0), (64, 1, 4, 0), (128, 3, 8, 1)]
+# NB 4 with 8 images: two groups of images; 3 rows: 1000 % 3 != 0; both ways to load a piece; TC 1: the products on
+# mma.sync (its exact software model here), one warp and four splitting K, 2 and 8 images a group
+CONFIGS = [(256, 4, 8, 0, 0), (64, 1, 4, 0, 0), (128, 3, 8, 1, 0), (32, 8, 2, 0, 1), (128, 8, 8, 0, 1)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}_ld16_{}".format(*c))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "wg{}_rows{}_nb{}_ld16_{}_tc{}".format(*c))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "n{}_k{}_m{}_{}_{}".format(
     c[0], c[1], c[2], "relu" if c[3] else "linear", "last" if c[4] else "inner"))
 def test_gemv_matches_float64(tc_env, rng, cfg, case):
@@ -83,10 +84,15 @@ def test_gemv_matches_float64(tc_env, rng, cfg, case):
 
 
 def test_more_images_than_a_group_sums_give_the_same_rows(tc_env):
-    """Images past NB are further work-groups: each image's outputs do not depend on the others' (bit for bit)."""
+    """Images past NB are further work-groups: each image's outputs do not depend on the others' (bit for bit), on
+    the CUDA cores and on mma.sync."""
     a, _, _ = run_gemv(tc_env, np.random.default_rng(9), params_of(64, 2, 2), 5, 100, 33, True, False)
     b, _, _ = run_gemv(tc_env, np.random.default_rng(9), params_of(64, 2, 8), 5, 100, 33, True, False)
     np.testing.assert_array_equal(a, b)
+    c, _, _ = run_gemv(tc_env, np.random.default_rng(9), params_of(64, 8, 2, tc=1), 5, 100, 33, True, False)
+    d, _, op = run_gemv(tc_env, np.random.default_rng(9), params_of(64, 8, 8, tc=1), 5, 100, 33, True, False)
+    np.testing.assert_array_equal(c, d)
+    assert op.describe() == "tc_gemv 8 rows x 64 work-items, 8 images a group, on mma.sync"
 
 
 def test_the_entry_is_fp16_fc_only_and_its_candidates_fit(tc_env):
@@ -104,6 +110,9 @@ def test_the_entry_is_fp16_fc_only_and_its_candidates_fit(tc_env):
     assert len(cands) == sum(local_mem(p) <= caps.local_mem and p["WG"] <= caps.max_work_group
                              for p in (params_of(*t) for t in TILES))
     assert not valid(params_of(96, 1, 8)) and not valid(params_of(64, 0, 8)) and not valid(params_of(64, 1, 8, 2))
+    assert valid(params_of(32, 8, 8, tc=1)) and not valid(params_of(16, 8, 1, tc=1))
+    assert not valid(params_of(64, 4, 1, tc=1)) and not valid(params_of(64, 8, 9, tc=1))
+    assert {p["TC"] for p in cands} == {0, 1}
     assert registry.choose({"ALGO": "tc_gemv"}, "tensorcore", "fc").name == "tc_gemv"
     assert registry.choose({"ALGO": "tc_gemv"}, "tensorcore", "conv3x3").name == "tc_gemm"  # no 3x3 kernel
     assert registry.choose({"ALGO": "tc_gemv"}, "portable", "fc").name == "gemm"

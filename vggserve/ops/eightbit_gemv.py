@@ -20,7 +20,8 @@ from .launch import Launch, round_up, upload
 from .precision import Precision
 from .registry import BuildEnv, LayerSpec, register
 from .tensorcore import out_channels, padded_bias, tc_weights, vec
-from .tensorcore_gemv import MAX_BATCH as GEMV_MAX_BATCH, GemvAlgorithm
+from .tensorcore_gemv import MAX_BATCH as GEMV_MAX_BATCH, TC_K, GemvAlgorithm, tc_valid
+from .tensorcore_gemv import local_mem as half_local_mem
 from ..wording import count
 
 KERNEL_FILE = "fc_eightbit_gemv.cl"
@@ -34,23 +35,18 @@ TILES = [(256, 4, 4, 0), (256, 4, 1, 0), (256, 2, 1, 0), (256, 1, 1, 0), (128, 4
          (256, 8, 1, 0), (128, 1, 1, 0), (512, 2, 1, 0), (64, 4, 1, 0), (256, 2, 2, 0), (128, 4, 2, 0), (256, 4, 2, 0),
          (128, 2, 4, 0), (256, 8, 4, 0),
          (256, 8, 1, 1), (128, 8, 1, 1), (512, 8, 1, 1), (256, 8, 4, 1), (128, 8, 2, 1)]
-TC_ROWS, TC_IMAGES, TC_K = 8, 8, 64  # TC 1: outputs a work-group (one n8 tile), images at most, K block bytes
 
 
 def valid(params: dict) -> bool:
     """fc_eightbit_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group; TC 1: whole
-    warps, ROWS 8, NB at most 8."""
-    wg, tc = params["WG"], params.get("TC", 0)
-    return (wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1 and tc in (0, 1)
-            and (not tc or (wg >= 32 and params["ROWS"] == TC_ROWS and params["NB"] <= TC_IMAGES)))
+    warps, ROWS 8, NB at most 8 (tc_gemv's)."""
+    wg = params["WG"]
+    return wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1 and tc_valid(params)
 
 
 def local_mem(params: dict) -> int:
-    """The reduction's sums (4 bytes: int or float): ROWS x NB per work-item; TC 1: 64 per warp (8 images x 8
-    outputs), and the software model's fragment exchange, 6 words a work-item."""
-    if params.get("TC", 0):
-        return 4 * (64 + 6 * 32) * (params["WG"] // 32)
-    return 4 * params["ROWS"] * params["NB"] * params["WG"]
+    """tc_gemv's (4-byte sums, int or float, the same count)."""
+    return half_local_mem(params)
 
 
 class GemvEightBitLayer:

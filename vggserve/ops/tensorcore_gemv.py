@@ -26,28 +26,42 @@ from .tensorcore import out_channels, padded_bias, tc_weights, vec
 from ..wording import count
 
 KERNEL_FILE = "fc_half_gemv.cl"
-TUNABLES = ("WG", "ROWS", "NB", "LD16")
+TUNABLES = ("WG", "ROWS", "NB", "LD16", "TC")
 MAX_BATCH = 4  # the largest batch where it beat tc_gemm on the H100 (benchmarks/fc_gemv.py; `suits`)
-DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8, "LD16": 0}
-# (WG, ROWS, NB, LD16): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more for
-# classifier.0 (ROWS 4: 1024 groups of 256, one wave of an H100's 132 SMs at 8 groups each); NB 4 and 16 for the
+DEFAULT = {"ALGO": "tc_gemv", "WG": 256, "ROWS": 4, "NB": 8, "LD16": 0, "TC": 0}
+# (WG, ROWS, NB, LD16, TC): few rows per work-group for the small layers (4096x1000: 1000 groups at ROWS 1), more
+# for classifier.0 (ROWS 4: 1024 groups of 256, one wave of an H100's 132 SMs at 8 groups each); NB 4 and 16 for the
 # register / local memory trade at the batch the table is tuned for, NB 1 and 2 for tables tuned at batch 1 or 2
-# (registers and local memory for one image: more work-groups resident); LD16 1 the other way to load a piece
-TILES = [(256, 4, 8, 0), (256, 1, 8, 0), (256, 2, 8, 0), (128, 1, 8, 0), (128, 2, 8, 0), (128, 4, 8, 0),
-         (512, 2, 8, 0), (256, 8, 4, 0), (64, 4, 8, 0), (128, 4, 16, 0), (256, 2, 4, 0), (512, 1, 4, 0),
-         (256, 4, 1, 0), (256, 8, 1, 0), (256, 1, 1, 0), (512, 4, 1, 0), (128, 2, 2, 0),
-         (256, 4, 8, 1), (256, 1, 8, 1), (128, 2, 8, 1), (128, 4, 8, 1)]
+# (registers and local memory for one image: more work-groups resident); LD16 1 the other way to load a piece; TC 1
+# the products on mma.sync (8 outputs a work-group, its WG / 32 warps splitting K; the kernel's banner)
+TILES = [(256, 4, 8, 0, 0), (256, 1, 8, 0, 0), (256, 2, 8, 0, 0), (128, 1, 8, 0, 0), (128, 2, 8, 0, 0),
+         (128, 4, 8, 0, 0), (512, 2, 8, 0, 0), (256, 8, 4, 0, 0), (64, 4, 8, 0, 0), (128, 4, 16, 0, 0),
+         (256, 2, 4, 0, 0), (512, 1, 4, 0, 0), (256, 4, 1, 0, 0), (256, 8, 1, 0, 0), (256, 1, 1, 0, 0),
+         (512, 4, 1, 0, 0), (128, 2, 2, 0, 0), (256, 4, 8, 1, 0), (256, 1, 8, 1, 0), (128, 2, 8, 1, 0),
+         (128, 4, 8, 1, 0), (256, 8, 1, 0, 1), (128, 8, 1, 0, 1), (512, 8, 1, 0, 1), (256, 8, 4, 0, 1),
+         (128, 8, 2, 0, 1)]
+TC_ROWS, TC_IMAGES, TC_K = 8, 8, 64  # TC 1: outputs a work-group (one n8 tile), images at most, K block bytes
+
+
+def tc_valid(params: dict) -> bool:
+    """TC 0, or TC 1 (the products on mma.sync, gemv_mma.clh) with whole warps, ROWS 8 and NB at most 8."""
+    tc = params.get("TC", 0)
+    return tc in (0, 1) and (not tc or (params["WG"] >= 32 and params["ROWS"] == TC_ROWS
+                                        and params["NB"] <= TC_IMAGES))
 
 
 def valid(params: dict) -> bool:
-    """fc_half_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group, LD16 0 or 1."""
+    """fc_half_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group, LD16 0 or 1, TC's."""
     wg = params["WG"]
     return (wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1
-            and params.get("LD16", 0) in (0, 1))
+            and params.get("LD16", 0) in (0, 1) and tc_valid(params))
 
 
 def local_mem(params: dict) -> int:
-    """The reduction's floats: ROWS x NB sums per work-item."""
+    """The reduction's floats: ROWS x NB sums per work-item; TC 1: 64 per warp (8 images x 8 outputs), and the
+    software model's fragment exchange, 6 words a work-item (the 8-bit entry's too)."""
+    if params.get("TC", 0):
+        return 4 * (64 + 6 * 32) * (params["WG"] // 32)
     return 4 * params["ROWS"] * params["NB"] * params["WG"]
 
 
@@ -65,7 +79,8 @@ class GemvHalfLayer:
         if layer.kind != "fc" or layer.pool:
             raise ValueError("tc_gemv computes fully connected layers (no pooling)")
         if not valid(params):
-            raise ValueError(f"tc_gemv {params}: WG must be a power of 2, ROWS and NB at least 1, LD16 0 or 1")
+            raise ValueError(f"tc_gemv {params}: WG must be a power of 2, ROWS and NB at least 1, LD16 0 or 1; with "
+                             "TC 1, WG at least 32, ROWS 8 and NB at most 8")
         self.p, self.precision, self.layer = dict(params), precision, layer
         self.scales = LayerScales(precision, weight, None, None, layer.last)  # inactive: what _stored reads
         self.cpad = cpad or round_up(layer.cin, vec(precision))
@@ -73,11 +88,14 @@ class GemvHalfLayer:
             raise ValueError(f"tc_gemv reads 16-byte pieces: cpad {self.cpad} is not a multiple of {vec(precision)}")
         self.cstore = out_channels(layer, precision, self.scales)
         self.rows, self.nb, self.threads = params["ROWS"], params["NB"], params["WG"]
+        self.tc = int(params.get("TC", 0))
         self.mpad = round_up(self.cstore, self.rows)
         self.groups_m = self.mpad // self.rows
-        self.wt = upload(ctx, tc_weights(weight, self.cpad, self.mpad, self.cpad, precision), precision.storage)
+        kw = round_up(self.cpad, TC_K // 2) if self.tc else self.cpad  # TC 1 reads the rows in 64-byte blocks
+        self.wt = upload(ctx, tc_weights(weight, self.cpad, self.mpad, kw, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.mpad)
-        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last)}
+        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
+                   **(env.caps.mma_define if self.tc else {})}
         self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_half_gemv"))
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
@@ -90,7 +108,7 @@ class GemvHalfLayer:
 
     def describe(self) -> str:
         p = self.p
-        load = ", uint4 loads" if p.get("LD16") else ""
+        load = ", on mma.sync" if self.tc else ", uint4 loads" if p.get("LD16") else ""
         return (f"{self.name} {count(p['ROWS'], 'row')} x {count(p['WG'], 'work-item')}, "
                 f"{count(p['NB'], 'image')} a group{load}")
 
