@@ -76,17 +76,8 @@
 #if (OUT_FP8 && INT8) || (OUT_INT8 && FP8) || (OUT_FP8 + OUT_INT8 + OUT_F32 > 1)
 #error "the codes out are the codes in; at most one output storage"
 #endif
-#if TC && (ROWS != 8 || NB > 8 || WG < 32 || WG % 32)
-#error "TC = 1: ROWS 8, NB at most 8, whole warps"
-#endif
-
 #if TC
-#define TF32 0
-#define THREADS WG
-#define WARPS_M (WG / 32)
-#define WARPS_N 1
-#include "mma.clh"          /* MMA, MMA_WARPS, acc_t; e4m3.clh */
-#include "gemv_mma.clh"     /* gemv_mma_sums: the products on mma.sync */
+#include "gemv_mma.clh"     /* gemv_mma_sums: the products on mma.sync (mma.clh, which includes e4m3.clh) */
 #else
 #include "e4m3.clh"
 #define OUT_EIGHT_BIT (OUT_FP8 || OUT_INT8)
@@ -175,6 +166,8 @@ inline uint word(uint4 v, int j) {
 }
 
 
+#endif  /* !TC */
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *restrict wt,
                       __global const float *restrict bias, __global const float *restrict cs,
@@ -186,6 +179,17 @@ void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *r
 #if !OUT_EIGHT_BIT
     const float out_scale_inv = 1.0f;  /* not used */
 #endif
+#if TC
+    MMA_WARPS(xch, 6)
+    __local sum_t red[WARPS_M * 64];   /* [warp][image g][output n] */
+    const int lid = tid;
+    const int m0 = get_group_id(0) * ROWS;
+    const int b0 = get_group_id(1) * NB;
+    const int nb = min(NB, n - b0);
+    gemv_mma_sums(red, in + (size_t)b0 * Kpad, wt, Kpad, m0, nb, lane, warp, GEMV_MMA_XCH);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define GEMV_SUM(v) gemv_mma_total(red, (v))
+#else
     __local sum_t red[ROWS * NB * WG];
     const int lid = get_local_id(0);
     const int m0 = get_group_id(0) * ROWS;
@@ -219,37 +223,10 @@ void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *r
         }
     }
     GEMV_REDUCE(red, acc, lid, nb)  /* value v = b * ROWS + r of the group at red[v * WG] */
+#define GEMV_SUM(v) red[(v) * WG]
+#endif
     if (lid < ROWS * nb) {
         const int b = lid / ROWS, r = lid - b * ROWS;
-        if (m0 + r < Cstore) store_out(out, red[lid * WG], bias, cs, out_scale_inv, Cstore, b0 + b, m0 + r);
+        if (m0 + r < Cstore) store_out(out, GEMV_SUM(lid), bias, cs, out_scale_inv, Cstore, b0 + b, m0 + r);
     }
 }
-
-#else  /* TC */
-
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void fc_eightbit_gemv(__global const uchar *restrict in, __global const uchar *restrict wt,
-                      __global const float *restrict bias, __global const float *restrict cs,
-#if OUT_EIGHT_BIT
-                      const float out_scale_inv,
-#endif
-                      __global GEMV_OUT_T *restrict out, const int Kpad, const int Cstore, const int n)
-{
-#if !OUT_EIGHT_BIT
-    const float out_scale_inv = 1.0f;  /* not used */
-#endif
-    MMA_WARPS(xch, 6)
-    __local sum_t red[WARPS_M * 64];   /* [warp][image g][output n] */
-    const int m0 = get_group_id(0) * 8;
-    const int b0 = get_group_id(1) * NB;
-    const int nb = min(NB, n - b0);
-    gemv_mma_sums(red, in + (size_t)b0 * Kpad, wt, Kpad, m0, nb, lane, warp, GEMV_MMA_XCH);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (tid < 8 * nb) {
-        const int b = tid >> 3, r = tid & 7;
-        sum_t sum = red[tid];
-        for (int v = 1; v < WARPS_M; ++v) sum += red[v * 64 + tid];
-        if (m0 + r < Cstore) store_out(out, sum, bias, cs, out_scale_inv, Cstore, b0 + b, m0 + r);
-    }
-}
-#endif

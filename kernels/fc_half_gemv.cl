@@ -54,17 +54,8 @@
 #if (WG & (WG - 1)) != 0 || WG < 1
 #error "WG must be a power of 2"
 #endif
-#if TC && (ROWS != 8 || NB > 8 || WG < 32)
-#error "TC = 1: ROWS 8, NB at most 8, whole warps"
-#endif
-
 #if TC
-#define TF32 0
-#define THREADS WG
-#define WARPS_M (WG / 32)
-#define WARPS_N 1
-#include "mma.clh"          /* MMA (m16n8k16 FP16), MMA_WARPS, MMA_ACC */
-#include "gemv_mma.clh"     /* gemv_mma_sums: the products on mma.sync */
+#include "gemv_mma.clh"     /* gemv_mma_sums: the products on mma.sync (m16n8k16 FP16) */
 #else
 #include "gemv_reduce.clh"   /* GEMV_REDUCE: the work-items' sums added by a tree in local memory */
 
@@ -90,6 +81,8 @@ inline float dot8(float8 w, float8 x, float a) {
     return fma(w.s7, x.s7, a);
 }
 
+#endif  /* !TC */
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void fc_half_gemv(__global const half *restrict in, __global const half *restrict wt,
                   __global const float *restrict bias,
@@ -100,6 +93,18 @@ void fc_half_gemv(__global const half *restrict in, __global const half *restric
 #endif
                   const int Kpad, const int Cstore, const int n)
 {
+#if TC
+    MMA_WARPS(xch, 6)
+    __local float red[WARPS_M * 64];   /* [warp][image g][output n] */
+    const int lid = tid;
+    const int m0 = get_group_id(0) * ROWS;
+    const int b0 = get_group_id(1) * NB;
+    const int nb = min(NB, n - b0);
+    gemv_mma_sums(red, (__global const uchar *)(in + (size_t)b0 * Kpad), (__global const uchar *)wt, 2 * Kpad, m0,
+                  nb, lane, warp, GEMV_MMA_XCH);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define GEMV_SUM(v) gemv_mma_total(red, (v))
+#else
     __local float red[ROWS * NB * WG];
     const int lid = get_local_id(0);
     const int m0 = get_group_id(0) * ROWS;
@@ -122,10 +127,12 @@ void fc_half_gemv(__global const half *restrict in, __global const half *restric
         }
     }
     GEMV_REDUCE(red, acc, lid, nb)  /* value v = b * ROWS + r of the group at red[v * WG] */
+#define GEMV_SUM(v) red[(v) * WG]
+#endif
     if (lid < ROWS * nb) {
         const int b = lid / ROWS, r = lid - b * ROWS, m = m0 + r;
         if (m < Cstore) {
-            float y = red[lid * WG] + bias[m];
+            float y = GEMV_SUM(lid) + bias[m];
 #if RELU
             y = fmax(y, 0.0f);
 #endif
@@ -137,42 +144,3 @@ void fc_half_gemv(__global const half *restrict in, __global const half *restric
         }
     }
 }
-#endif  /* !TC */
-
-#if TC
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
-void fc_half_gemv(__global const half *restrict in, __global const half *restrict wt,
-                  __global const float *restrict bias,
-#if OUT_F32
-                  __global float *restrict out,
-#else
-                  __global half *restrict out,
-#endif
-                  const int Kpad, const int Cstore, const int n)
-{
-    MMA_WARPS(xch, 6)
-    __local float red[WARPS_M * 64];   /* [warp][image g][output n] */
-    const int m0 = get_group_id(0) * 8;
-    const int b0 = get_group_id(1) * NB;
-    const int nb = min(NB, n - b0);
-    gemv_mma_sums(red, (__global const uchar *)(in + (size_t)b0 * Kpad), (__global const uchar *)wt, 2 * Kpad, m0,
-                  nb, lane, warp, GEMV_MMA_XCH);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (tid < 8 * nb) {
-        const int b = tid >> 3, m = m0 + (tid & 7);
-        float y = red[tid];
-        for (int v = 1; v < WARPS_M; ++v) y += red[v * 64 + tid];
-        if (m < Cstore) {
-            y += bias[m];
-#if RELU
-            y = fmax(y, 0.0f);
-#endif
-#if OUT_F32
-            out[(size_t)(b0 + b) * Cstore + m] = y;
-#else
-            vstore_half_rte(y, (size_t)(b0 + b) * Cstore + m, out);
-#endif
-        }
-    }
-}
-#endif
