@@ -30,10 +30,11 @@ TILES = [(14, 2), (14, 1), (28, 1), (28, 2), (16, 1), (32, 1), (32, 2), (24, 1),
 # blocks past 16 rows spill (ptxas: 166 registers at 14 rows, 179 at 16; 28 rows spill); on an H200 14 rows won the
 # 512-channel layers and 8 rows (one warpgroup) the 256-channel ones (BENCHMARKS.md, twenty-fourth session)
 FP8_TILES = [(14, 2), (8, 1), (14, 1), (16, 2), (16, 1), (8, 2)]
-# and the first three with each two taps' sums promoted (PROMOTE 2: 128 products a promotion, CUTLASS's default
+# and each with two taps' sums promoted at a time (PROMOTE 2: 128 products a promotion, CUTLASS's default
 # interval of 4 k-steps of 32, and DeepSeek-V3's; 5 waits for a chunk's 9 taps instead of 9; ptxas: the same
-# registers; untimed on a GPU when written)
-FP8_PAIRED = 3
+# registers). On an H200 at batch 64 it took four of its 3x3 layers from 1.076 to 0.979 ms, its best tile 8 rows
+# with two warpgroups, the slowest of the six with PROMOTE 1 there (BENCHMARKS.md, twenty-sixth session): so all six
+FP8_PAIRED = len(FP8_TILES)
 SIDES = (8, 14, 16, 24, 28, 32)
 PW = 10  # patch width: TW = 8 output columns and the halo
 KSTEPS = 2  # 32-byte k-steps per 64-byte chunk
