@@ -233,3 +233,36 @@ def test_tune_takes_shape_keys_and_names_the_valid_ones(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and err[-1].startswith("vggserve: error: unknown shape 1x2x3+pool at fp16")
     assert "512x512x14+pool" in err[-1] and "64x64x224+pool" in err[-1]
+
+
+def test_the_tuner_times_only_the_entries_algos_names(monkeypatch):
+    """algos (`vggserve tune --algos`): only those entries' candidates are timed; the reference is still the
+    family's default, so a winner is still checked against it."""
+    from vggserve import tuning
+    from vggserve.runtime import devices as devs
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    info = devs.resolve(TEST_DEVICE)
+    device = devs.cl_device(info)
+    shapes = [s for s in tuning.layer_shapes(batch=1, width=0.125, pooled=True) if s[0] == "64x64x14"]
+    winners, trials = tuning.tune(info, device, batch=1, limit=2, repeats=1, shapes=shapes, progress=lambda _: None,
+                                  precision="fp16", algos=["tc_halo"])
+    assert trials and {t.params["ALGO"] for t in trials} == {"tc_halo"} and all(t.ok for t in trials)
+    assert winners["64x64x14"]["ALGO"] == "tc_halo"
+
+
+@pytest.mark.parametrize("algos,message", [("tc_halo,nosuch", "--algos nosuch: no such entry computes these shapes"),
+                                           ("tc_gemv", "--algos tc_gemv: no such entry"), (" , ", "--algos names no")])
+def test_tune_refuses_algos_that_compute_none_of_the_shapes_in_one_line(monkeypatch, capsys, tmp_path, algos,
+                                                                        message):
+    from vggserve.cli import main
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    rc = main(["tune", "--device", TEST_DEVICE, "--precision", "fp16", "--batch-size", "1", "--shapes",
+               "512x512x14+pool", "--algos", algos])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and err[0].startswith("vggserve: error: ") and message in err[0], err
+    if "names no" not in message:  # the entries that do compute the shape are named
+        assert "tc_halo" in err[0] and "tc_gemm" in err[0]
+    assert not (tmp_path / "tuned.json").exists()

@@ -172,18 +172,34 @@ def select_shapes(shapes: list, only, precision: str) -> list:
     return [s for s in shapes if s[0] in only]
 
 
-def shapes_to_tune(info, device, batch: int, precision: str = "fp32", only=None) -> list:
+def shapes_to_tune(info, device, batch: int, precision: str = "fp32", only=None, algos=None) -> list:
     """What `tune` times on this device at this precision: VGG16's shapes (`layer_shapes`, "+pool" ones where the
     family can fuse the pooling), or those of them that `only` names. Refuses, before anything is timed, a precision
-    the device cannot run and a shape key that is not one of them (VggserveError)."""
+    the device cannot run, a shape key that is not one of them and registry entries (`algos`) that compute none of
+    them (VggserveError)."""
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
     precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
-    return select_shapes(layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
+    shapes = select_shapes(layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
+    if algos is not None:
+        check_algos(algos, caps, prec, shapes, info.label)
+    return shapes
+
+
+def check_algos(algos, caps, prec, shapes, label: str) -> None:
+    """Refuse, in one line, a list of registry entries of which one is unknown or computes none of these shapes."""
+    usable = set()
+    for _, cin, cout, size, ks in shapes:
+        layer = LayerSpec("conv3x3" if ks == 3 else "fc", cin, cout, size, relu=True)
+        usable.update(a.name for a in registry.for_layer(caps, prec, layer))
+    wrong = [a for a in algos if a not in usable]
+    if wrong:
+        raise VggserveError(f"--algos {','.join(wrong)}: no such entry computes these shapes at {prec.name} on "
+                            f"{label}; choose from {', '.join(sorted(usable))}")
 
 
 def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=None, progress=print,
-         winograd_too: bool = False, precision: str = "fp32", only=None) -> tuple[dict, list]:
+         winograd_too: bool = False, precision: str = "fp32", only=None, algos=None) -> tuple[dict, list]:
     """Fastest correct parameters per layer shape: ({shape key: params}, [Trial, ...]).
 
     Candidates: for each registered algorithm that computes the layer on this device at this precision, its first
@@ -192,6 +208,9 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     "ALGO" (e.g. "winograd", with "WINO_M": 4 for F(4x4); "tc_gemm"); the engine then runs that layer on it.
     only: the shape keys to tune, of `shapes` (default: VGG16's, `layer_shapes`); one that is not there is a
     VggserveError naming those that are.
+    algos: the registry entries to time (default: every one that computes the layer); a name the registry does not
+    know, or one that computes none of the shapes here, is a VggserveError naming those that do. The reference
+    (the family's default entry) is built whatever they are: it is what every candidate is checked against.
     """
     prec = precisions.get(precision)
     caps = device_caps.of(device, info.kind, info.label)
@@ -208,6 +227,8 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
     tol = TOLERANCE[prec.name]
     rng = np.random.default_rng(0)
     shapes = select_shapes(shapes or layer_shapes(batch, pooled=fusion_possible(caps, prec)), only, prec.name)
+    if algos is not None:
+        check_algos(algos, caps, prec, shapes, info.label)
     winners, trials = {}, []
     for key, cin, cout, size, ks in shapes:
         pool = key.endswith(POOL_SUFFIX)
@@ -251,7 +272,7 @@ def tune(info, device, batch: int, limit: int = 24, repeats: int = 3, shapes=Non
                 best = (ms, p)
 
         for algo in registry.for_layer(caps, prec, layer):
-            if algo.name == "winograd" and not winograd_too:
+            if (algo.name == "winograd" and not winograd_too) or (algos is not None and algo.name not in algos):
                 continue
             cands = algo.candidates(caps, prec, layer)
             for p in cands[:limit] if algo.name != "winograd" else cands:

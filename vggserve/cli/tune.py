@@ -19,6 +19,9 @@ def register(subparsers) -> None:
     p.add_argument("--shapes", default=None,
                    help="comma list of the shape keys to tune, e.g. 512x512x14+pool (default: every VGG16 shape; "
                         "CINxCOUTxSIZE, with +pool for a convolution that a pooling follows, at FP16/TF32)")
+    p.add_argument("--algos", default=None,
+                   help="comma list of the registry entries to time, e.g. wgmma_halo (default: every entry that "
+                        "computes the layer; one that computes none of the shapes is refused with those that do)")
     p.add_argument("--dry-run", action="store_true", help="report, but do not store the winners")
     p.add_argument("--json", action="store_true", help="print winners and every trial as JSON")
     add_device_args(p, batch_default=16)
@@ -38,15 +41,21 @@ def run(args) -> int:
     if args.sparse and (only is not None or args.precision not in ("fp32", "fp16")):
         raise VggserveError("--sparse times FP32 kernels, or the 2:4 ones at --precision fp16, on every VGG16 shape: "
                             f"it takes neither --shapes nor --precision {args.precision}")
+    algos = None if args.algos is None else [a.strip() for a in args.algos.split(",") if a.strip()]
+    if algos is not None and (args.sparse or not algos):
+        raise VggserveError("--algos names no entry: give a comma list of registry entries, e.g. wgmma_halo"
+                            if not algos else "--sparse times the sparse kernels: it takes no --algos")
     info = devs.resolve(args.device)
     if args.sparse:
         return _sparse(args, info)
     device = devs.cl_device(info)
-    shapes = tuning.shapes_to_tune(info, device, args.batch_size, args.precision, only)  # refused before announced
+    shapes = tuning.shapes_to_tune(info, device, args.batch_size, args.precision, only,
+                                    algos)  # refused before announced
     note(f"vggserve: tuning {info.label} at batch {args.batch_size}, {args.precision}: {count(len(shapes), 'shape')}, "
          f"{count(args.candidates, 'candidate')} per shape and algorithm")
     winners, trials = tuning.tune(info, device, args.batch_size, args.candidates, args.repeats, shapes=shapes,
-                                  progress=note, winograd_too=args.winograd, precision=args.precision)
+                                  progress=note, winograd_too=args.winograd, precision=args.precision,
+                                  algos=algos)
     if not args.dry_run:
         tuning.store(info.label, winners, args.batch_size, args.precision)
         note(f"vggserve: stored in {tuned_file()}; the engine uses them from now on")
