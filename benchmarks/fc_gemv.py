@@ -35,47 +35,55 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--width", type=float, default=1.0, help="VGG16's width (1.0; 0.125 for a smoke run on a CPU)")
     ap.add_argument("--precision", default="fp16", choices=("fp16", "fp8", "int8"))
+    ap.add_argument("--store", action="store_true",
+                    help="store each layer's fastest agreeing candidate in the tuned table (as `vggserve tune` does) "
+                         "where it beats tc_gemm")
     args = ap.parse_args(argv)
-    fp16 = precisions.get(args.precision)  # the precision measured (the name kept from the FP16-only version)
+    prec = precisions.get(args.precision)
     info = devs.resolve(args.device)
     device = devs.cl_device(info)
     caps = device_caps.of(device, info.kind, info.label)
-    precisions.check(fp16, caps.tensor_cores, info.label, fp8=caps.fp8)
+    precisions.check(prec, caps.tensor_cores, info.label, fp8=caps.fp8)
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     cache = ProgramCache(ctx, device, progress=False)
-    name = "tc_gemv" if fp16.half else "tc_gemv8"
+    name = "tc_gemv" if prec.half else "tc_gemv8"
     gemm, gemv = registry.get("tc_gemm"), registry.get(name)
-    scales = tuning.EIGHT_BIT_SCALES.get(fp16.name, {})
-    print(f"{info.label}: {fp16.name} FC layers, {args.repeats} timed runs each (median)")
+    scales = tuning.EIGHT_BIT_SCALES.get(prec.name, {})
+    print(f"{info.label}: {prec.name} FC layers, {args.repeats} timed runs each (median)")
     for batch in args.batches:
         env = BuildEnv(caps=caps, max_batch=batch, tables=params_for(info.kind, info.label))
-        best = {"tc_gemm": 0.0, name: 0.0}
+        best, winners = {"tc_gemm": 0.0, name: 0.0}, {}
         for key, cin, cout, size, _ in [s for s in tuning.layer_shapes(batch, args.width) if s[4] == 1]:
             layer = LayerSpec("fc", cin, cout, size)
-            bench = tuning.LayerBench(ctx, "tensorcore", fp16, layer, batch, np.random.default_rng(0))
-            mb = fp16.itemsize * cin * cout / 1e6
-            ref_ms, ref = tuning.time_op(queue, gemm.make(ctx, cache, gemm.default(caps, fp16), fp16, layer,
+            bench = tuning.LayerBench(ctx, "tensorcore", prec, layer, batch, np.random.default_rng(0))
+            mb = prec.itemsize * cin * cout / 1e6
+            ref_ms, ref = tuning.time_op(queue, gemm.make(ctx, cache, gemm.default(caps, prec), prec, layer,
                                                           bench.weight, bench.bias, env, **scales), bench, batch, 1,
                                          args.repeats)
             scale = max(float(np.abs(ref).max()), 1e-30)
             print(f"{key:>13s} batch {batch}: tc_gemm {ref_ms:8.4f} ms {mb / ref_ms:7.0f} GB/s")
             best["tc_gemm"] += ref_ms
             top = None
-            for p in gemv.candidates(caps, fp16, layer):
-                op = gemv.make(ctx, cache, p, fp16, layer, bench.weight, bench.bias, env, **scales)
+            for p in gemv.candidates(caps, prec, layer):
+                op = gemv.make(ctx, cache, p, prec, layer, bench.weight, bench.bias, env, **scales)
                 ms, out = tuning.time_op(queue, op, bench, batch, 1, args.repeats)
                 err = float(np.abs(out - ref).max() / scale) if np.all(np.isfinite(out)) else float("inf")
-                ok = tuning.outputs_agree(fp16, out, ref, scale, tuning.TOLERANCE[fp16.name])
+                ok = tuning.outputs_agree(prec, out, ref, scale, tuning.TOLERANCE[prec.name])
                 print(f"{'':>13s}          {op.describe():42s} {ms:8.4f} ms {mb / ms:7.0f} GB/s  "
                       f"err {err:.1e}{'' if ok else '  WRONG'}")
                 if ok and (top is None or ms < top[0]):
-                    top = (ms, op.describe())
+                    top = (ms, op.describe(), p)
+            if top is not None and top[0] < ref_ms:
+                winners[key] = top[2]
             if top is not None:
                 best[name] += top[0]
                 print(f"{'':>13s}          best {name}: {top[1]}, {ref_ms / top[0]:.2f}x tc_gemm")
         print(f"batch {batch}: the FC layers take {best['tc_gemm']:.4f} ms on tc_gemm, {best[name]:.4f} ms on "
               f"{name}'s best per layer")
+        if args.store and winners:
+            tuning.store(info.label, winners, batch, prec.name)
+            print(f"batch {batch}: stored {', '.join(f'{k} {v}' for k, v in winners.items())}")
     return 0
 
 
