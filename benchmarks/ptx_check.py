@@ -52,7 +52,8 @@ DENSE_ALGOS = ("tc_gemm", "tc_wgmma", "tc_halo", "tc_halo_wgmma", "wgmma_halo") 
 def tunables(algo: str) -> tuple:
     from vggserve.ops import eightbit_gemv, tensorcore, tensorcore_gemv, tensorcore_sparse, wgmma_halo
 
-    return {"tc_gemv": tensorcore_gemv.TUNABLES, "tc_gemv8": eightbit_gemv.TUNABLES, "wgmma_halo": wgmma_halo.TUNABLES, "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
+    return {"tc_gemv": tensorcore_gemv.TUNABLES, "tc_gemv8": eightbit_gemv.TUNABLES, "wgmma_halo": wgmma_halo.TUNABLES,
+            "tc_gemm": tensorcore.TUNABLES, "tc_wgmma": tensorcore.WGMMA_TUNABLES, "tc_halo": tensorcore.HALO_TUNABLES,
             "tc_halo_wgmma": tensorcore.HALO_WGMMA_TUNABLES, "tc_sparse24": tensorcore_sparse.TUNABLES,
             "tc_halo_sparse24": tensorcore_sparse.HALO_TUNABLES}[algo]
 

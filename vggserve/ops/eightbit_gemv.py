@@ -13,16 +13,9 @@ each with its exact software form under MMA_EMULATE, so PoCL runs the same arith
 NB are further work-groups that read the weights again; `suits` keeps it to models of at most MAX_BATCH images.
 """
 
-import pyopencl as cl
-
-from .eightbit import LayerScales
-from .launch import Launch, round_up, upload
-from .precision import Precision
-from .registry import BuildEnv, LayerSpec, register
-from .tensorcore import out_channels, padded_bias, tc_weights, vec
-from .tensorcore_gemv import MAX_BATCH as GEMV_MAX_BATCH, TC_K, GemvAlgorithm, tc_valid
-from .tensorcore_gemv import local_mem as half_local_mem
-from ..wording import count
+from .registry import register
+from .tensorcore_gemv import MAX_BATCH as GEMV_MAX_BATCH, GemvAlgorithm, GemvLayer
+from .tensorcore_gemv import local_mem as gemv_local_mem, valid as gemv_valid
 
 KERNEL_FILE = "fc_eightbit_gemv.cl"
 TUNABLES = ("WG", "ROWS", "NB", "TC")
@@ -38,65 +31,25 @@ TILES = [(256, 4, 4, 0), (256, 4, 1, 0), (256, 2, 1, 0), (256, 1, 1, 0), (128, 4
 
 
 def valid(params: dict) -> bool:
-    """fc_eightbit_gemv.cl's rules: WG a power of 2, at least one row and one image per work-group; TC 1: whole
-    warps, ROWS 8, NB at most 8 (tc_gemv's)."""
-    wg = params["WG"]
-    return wg >= 1 and wg & (wg - 1) == 0 and params["ROWS"] >= 1 and params["NB"] >= 1 and tc_valid(params)
+    """tc_gemv's rules (WG a power of 2, at least one row and one image per work-group; TC 1: whole warps, ROWS 8, NB
+    at most 8), without LD16: fc_eightbit_gemv.cl loads its 16-byte pieces one way."""
+    return "LD16" not in params and gemv_valid(params)
 
 
-def local_mem(params: dict) -> int:
-    """tc_gemv's (4-byte sums, int or float, the same count)."""
-    return half_local_mem(params)
+local_mem = gemv_local_mem  # tc_gemv's: 4-byte sums (int or float), the same count
 
 
-class GemvEightBitLayer:
-    """One 8-bit FC layer on fc_eightbit_gemv.cl. Input: `cpad` codes per image (the previous layer's cstore
-    channels; classifier.0: the 7 x 7 x C NHWC flatten, its weights' columns permuted by the caller as for tc_gemm);
-    output: `cstore` channels per image, as LayerScales says (codes, FP16, or float32 when `layer.last`)."""
+class GemvEightBitLayer(GemvLayer):
+    """One 8-bit FC layer on fc_eightbit_gemv.cl: `cpad` codes per image in; out, as LayerScales says, the next
+    layer's codes, FP16, or float32 when `layer.last`."""
 
-    name = "tc_gemv8"
+    name, kernel_file, entry, tunables = "tc_gemv8", KERNEL_FILE, "fc_eightbit_gemv", TUNABLES
+    rules = "WG must be a power of 2, ROWS and NB at least 1; with TC 1, WG at least 32, ROWS 8 and NB at most 8"
+    valid = staticmethod(valid)
 
-    def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv, cpad: int | None = None, in_scale: float | None = None,
-                 out_scale: float | None = None, out_codes: Precision | None = None):
+    def check_precision(self, precision):
         if not precision.eight_bit:
             raise ValueError(f"tc_gemv8 computes FP8 and INT8 layers, not {precision} (tc_gemv: FP16)")
-        if layer.kind != "fc" or layer.pool:
-            raise ValueError("tc_gemv8 computes fully connected layers (no pooling)")
-        if not valid(params):
-            raise ValueError(f"tc_gemv8 {params}: WG must be a power of 2, ROWS and NB at least 1; with TC 1, WG "
-                             "at least 32, ROWS 8 and NB at most 8")
-        self.p, self.precision, self.layer = dict(params), precision, layer
-        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
-        self.cpad = cpad or round_up(layer.cin, vec(precision))
-        if self.cpad % vec(precision):
-            raise ValueError(f"tc_gemv8 reads 16-byte pieces: cpad {self.cpad} is not a multiple of "
-                             f"{vec(precision)}")
-        self.cstore = out_channels(layer, precision, self.scales)
-        self.rows, self.nb, self.threads = params["ROWS"], params["NB"], params["WG"]
-        self.tc = int(params.get("TC", 0))
-        self.mpad = round_up(self.cstore, self.rows)
-        self.groups_m = self.mpad // self.rows
-        kw = round_up(self.cpad, TC_K) if self.tc else self.cpad  # TC 1 reads the rows in 64-byte blocks
-        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.mpad, kw, precision), precision.storage)
-        self.bias = padded_bias(ctx, bias, self.mpad)
-        self.scale_args = self.scales.args(ctx, self.mpad)  # cs, then out_scale_inv where it writes codes
-        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
-                   **env.caps.mma_define, **self.scales.defines}
-        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_eightbit_gemv"))
-
-    def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
-        chunks = -(-n // self.nb)
-        return self.kernel(queue, (self.groups_m * self.threads, chunks), (self.threads, 1), src, self.wt, self.bias,
-                           *self.scale_args, dst, self.cpad, self.cstore, n)
-
-    def flops(self, n: int, h: int = 1, w: int = 1) -> float:
-        return 2.0 * n * self.layer.cout * self.layer.cin
-
-    def describe(self) -> str:
-        p = self.p
-        return (f"{self.name} {count(p['ROWS'], 'row')} x {count(p['WG'], 'work-item')}, "
-                f"{count(p['NB'], 'image')} a group{', on mma.sync' if self.tc else ''}{self.scales.describe()}")
 
 
 class EightBitGemv(GemvAlgorithm):

@@ -65,43 +65,58 @@ def local_mem(params: dict) -> int:
     return 4 * params["ROWS"] * params["NB"] * params["WG"]
 
 
-class GemvHalfLayer:
-    """One FC layer on fc_half_gemv.cl. Input: `cpad` FP16 features per image (the previous layer's cstore channels;
-    classifier.0: the 7 x 7 x C NHWC flatten, its weights' columns permuted by the caller as for tc_gemm); output:
-    `cstore` channels per image, FP16, or float32 when `layer.last`."""
+class GemvLayer:
+    """One FC layer as a matrix-vector product: what tc_gemv (GemvHalfLayer) and tc_gemv8 (ops/eightbit_gemv.py)
+    share. Input: `cpad` features per image (the previous layer's cstore channels; classifier.0: the 7 x 7 x C NHWC
+    flatten, its weights' columns permuted by the caller as for tc_gemm); output: `cstore` channels per image, as
+    `scales` (ops/eightbit.py's LayerScales) says: the next layer's codes, FP16, or float32 when `layer.last`. A
+    subclass names its kernel (`kernel_file`, `entry`), `tunables`, `valid` with its `rules` in words, and the
+    precisions it takes (`check_precision`)."""
 
-    name = "tc_gemv"
+    name = kernel_file = entry = rules = ""
+    tunables: tuple = ()
+
+    @staticmethod
+    def valid(params: dict) -> bool:
+        raise NotImplementedError
+
+    def check_precision(self, precision: Precision) -> None:
+        raise NotImplementedError
 
     def __init__(self, ctx, cache, params: dict, precision: Precision, layer: LayerSpec, weight, bias,
-                 env: BuildEnv, cpad: int | None = None):
-        if not precision.half:
-            raise ValueError(f"tc_gemv computes FP16 layers, not {precision}")
+                 env: BuildEnv, cpad: int | None = None, in_scale: float | None = None,
+                 out_scale: float | None = None, out_codes: Precision | None = None):
+        self.check_precision(precision)
         if layer.kind != "fc" or layer.pool:
-            raise ValueError("tc_gemv computes fully connected layers (no pooling)")
-        if not valid(params):
-            raise ValueError(f"tc_gemv {params}: WG must be a power of 2, ROWS and NB at least 1, LD16 0 or 1; with "
-                             "TC 1, WG at least 32, ROWS 8 and NB at most 8")
+            raise ValueError(f"{self.name} computes fully connected layers (no pooling)")
+        if not self.valid(params):
+            raise ValueError(f"{self.name} {params}: {self.rules}")
         self.p, self.precision, self.layer = dict(params), precision, layer
-        self.scales = LayerScales(precision, weight, None, None, layer.last)  # inactive: what _stored reads
+        # 8-bit: the weights' codes and cs (in_scale x the weights' scales); FP16: inactive (what _stored reads)
+        self.scales = LayerScales(precision, weight, in_scale, out_scale, layer.last, out_codes)
         self.cpad = cpad or round_up(layer.cin, vec(precision))
         if self.cpad % vec(precision):
-            raise ValueError(f"tc_gemv reads 16-byte pieces: cpad {self.cpad} is not a multiple of {vec(precision)}")
+            raise ValueError(f"{self.name} reads 16-byte pieces: cpad {self.cpad} is not a multiple of "
+                             f"{vec(precision)}")
         self.cstore = out_channels(layer, precision, self.scales)
         self.rows, self.nb, self.threads = params["ROWS"], params["NB"], params["WG"]
         self.tc = int(params.get("TC", 0))
         self.mpad = round_up(self.cstore, self.rows)
         self.groups_m = self.mpad // self.rows
-        kw = round_up(self.cpad, TC_K // 2) if self.tc else self.cpad  # TC 1 reads the rows in 64-byte blocks
-        self.wt = upload(ctx, tc_weights(weight, self.cpad, self.mpad, kw, precision), precision.storage)
+        kw = round_up(self.cpad, TC_K // precision.itemsize) if self.tc else self.cpad  # TC 1: rows in 64-byte blocks
+        self.wt = upload(ctx, tc_weights(self.scales.weight, self.cpad, self.mpad, kw, precision), precision.storage)
         self.bias = padded_bias(ctx, bias, self.mpad)
-        defines = {**{k: params.get(k, 0) for k in TUNABLES}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
-                   **(env.caps.mma_define if self.tc else {})}
-        self.kernel = Launch(cl.Kernel(cache.build(KERNEL_FILE, defines), "fc_half_gemv"))
+        self.scale_args = self.scales.args(ctx, self.mpad)  # 8-bit: cs, then out_scale_inv where it writes codes
+        # mma.h's defines where the kernel uses them: TC 1, and the 8-bit kernel's dp4a / e4m3x2 (an FP16 TC 0
+        # program's source stays as it was before TC existed)
+        defines = {**{k: params.get(k, 0) for k in self.tunables}, "RELU": int(layer.relu), "OUT_F32": int(layer.last),
+                   **(env.caps.mma_define if self.tc or precision.eight_bit else {}), **self.scales.defines}
+        self.kernel = Launch(cl.Kernel(cache.build(self.kernel_file, defines), self.entry))
 
     def enqueue(self, queue, src, dst, n: int, h: int = 1, w: int = 1):
         chunks = -(-n // self.nb)
         return self.kernel(queue, (self.groups_m * self.threads, chunks), (self.threads, 1), src, self.wt, self.bias,
-                           dst, self.cpad, self.cstore, n)
+                           *self.scale_args, dst, self.cpad, self.cstore, n)
 
     def flops(self, n: int, h: int = 1, w: int = 1) -> float:
         return 2.0 * n * self.layer.cout * self.layer.cin
@@ -110,7 +125,20 @@ class GemvHalfLayer:
         p = self.p
         load = ", on mma.sync" if self.tc else ", uint4 loads" if p.get("LD16") else ""
         return (f"{self.name} {count(p['ROWS'], 'row')} x {count(p['WG'], 'work-item')}, "
-                f"{count(p['NB'], 'image')} a group{load}")
+                f"{count(p['NB'], 'image')} a group{load}{self.scales.describe()}")
+
+
+class GemvHalfLayer(GemvLayer):
+    """One FP16 FC layer on fc_half_gemv.cl: FP16 features in, FP16 or the float32 logits out."""
+
+    name, kernel_file, entry, tunables = "tc_gemv", KERNEL_FILE, "fc_half_gemv", TUNABLES
+    rules = "WG must be a power of 2, ROWS and NB at least 1, LD16 0 or 1; with TC 1, WG at least 32, ROWS 8 and NB " \
+            "at most 8"
+    valid = staticmethod(valid)
+
+    def check_precision(self, precision):
+        if not precision.half:
+            raise ValueError(f"tc_gemv computes FP16 layers, not {precision}")
 
 
 class GemvAlgorithm(Algorithm):
