@@ -32,7 +32,7 @@ TILES = [(14, 2), (14, 1), (28, 1), (28, 2), (16, 1), (32, 1), (32, 2), (24, 1),
 FP8_TILES = [(14, 2), (8, 1), (14, 1), (16, 2), (16, 1), (8, 2)]
 # and each with two taps' sums promoted at a time (PROMOTE 2: 128 products a promotion, CUTLASS's default
 # interval of 4 k-steps of 32, and DeepSeek-V3's; 5 waits for a chunk's 9 taps instead of 9; ptxas: the same
-# registers). On an H200 at batch 64 it took four of its 3x3 layers from 1.076 to 0.979 ms, its best tile 8 rows
+# registers). On an H200 at batch 64 it took four of its 3x3 layers from 1.150 to 0.979 ms, its best tile 8 rows
 # with two warpgroups, the slowest of the six with PROMOTE 1 there (BENCHMARKS.md, twenty-sixth session): so all six
 FP8_PAIRED = len(FP8_TILES)
 SIDES = (8, 14, 16, 24, 28, 32)
