@@ -1,8 +1,9 @@
-"""The front end's app alone: CPU per POST /classify (raw 64x48 JPEG) with the ASGI app called in this process, one
-request after another, no server, socket, link or decode.
+"""The front end's app alone: CPU per POST /classify (raw 64x48 JPEG; or v2 infer) with the ASGI app called in this
+process, one request after another, no server, socket, link or decode.
 
     python benchmarks/app_overhead.py                          # this checkout
     python benchmarks/app_overhead.py --tree /path/to/other    # another checkout's vggserve, for a before/after
+    python benchmarks/app_overhead.py --route v2               # POST /v2/models/vgg16/infer, one image
 
 The app is the one a front-end process serves (`create_app` with its middlewares and X-Vggserve-Frontend) over
 `vggserve.testing.backends.InstantBackend`; the scope carries what the service's connection puts in it
@@ -30,22 +31,26 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=3000, help="requests per round (default 3000)")
     p.add_argument("--rounds", type=int, default=5, help="rounds; the median is printed (default 5)")
     p.add_argument("--tree", default=str(HERE.parent), help="the checkout whose vggserve to import (default: this)")
+    p.add_argument("--route", choices=("classify", "v2"), default="classify",
+                   help="POST /classify with the raw JPEG (default), or POST /v2/models/vgg16/infer with it as binary "
+                        "tensor data (frontend_overhead.py's request)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(args.tree).resolve()))
     import uvloop
 
-    rounds, statuses = uvloop.run(measure(args.requests, args.rounds))
+    rounds, statuses = uvloop.run(measure(args.requests, args.rounds, args.route))
     median = statistics.median(rounds)
-    print(f"app overhead, POST /classify raw: {median:.3f} ms CPU per request (rounds "
+    what = "POST /classify raw" if args.route == "classify" else "POST /v2/models/vgg16/infer"
+    print(f"app overhead, {what}: {median:.3f} ms CPU per request (rounds "
           f"{', '.join(f'{r:.3f}' for r in rounds)}), statuses {statuses}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu_ms_per_request": median, "rounds": rounds,
+        Path(args.json).write_text(json.dumps({"route": args.route, "cpu_ms_per_request": median, "rounds": rounds,
                                                "statuses": statuses}, indent=2) + "\n")
     return 0
 
 
-async def measure(requests: int, rounds: int) -> tuple[list[float], dict]:
+async def measure(requests: int, rounds: int, route: str = "classify") -> tuple[list[float], dict]:
     from PIL import Image
 
     from vggserve.serving.app import create_app
@@ -63,7 +68,12 @@ async def measure(requests: int, rounds: int) -> tuple[list[float], dict]:
     service = Service(settings, backend=InstantBackend(settings, metrics), metrics=metrics)
     app = create_app(settings, service=service)
     app.add_middleware(FrontendHeaderMiddleware, value="1")
-    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"image/jpeg"), (b"content-length", b"%d" % len(jpeg))]
+    sys.path.insert(0, str(HERE))
+    from frontend_overhead import request_for
+
+    _, path, body, wanted = request_for(route, jpeg)
+    headers = [(b"host", b"127.0.0.1"), *((k.encode(), v.encode()) for k, v in wanted.items()),
+               (b"content-length", b"%d" % len(body))]
     statuses: dict[int, int] = {}
     wishes: list = []
 
@@ -73,7 +83,7 @@ async def measure(requests: int, rounds: int) -> tuple[list[float], dict]:
 
     async def one() -> None:
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/classify", "raw_path": b"/classify", "query_string": b"",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
                  "root_path": "", "headers": list(headers), "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
                  "vggserve.body_ready": lambda: True, "vggserve.client_gone": when_gone}
         sent = False
@@ -82,7 +92,7 @@ async def measure(requests: int, rounds: int) -> tuple[list[float], dict]:
             nonlocal sent
             if not sent:
                 sent = True
-                return {"type": "http.request", "body": jpeg, "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             await asyncio.Event().wait()  # the client stays
 
         async def send(message):

@@ -4,6 +4,7 @@ that takes no time.
     python benchmarks/serve_host_floor.py --http-workers 2 --duration 10
     python benchmarks/serve_host_floor.py --http-workers 8 --client-procs 4 --duration 20     # a 16-core host
     python benchmarks/serve_host_floor.py --http-workers 2 --duration 10 --size 64x48         # beside the decode
+    python benchmarks/serve_host_floor.py --http-workers 2 --duration 10 --size 64x48 --route v2   # v2 infer
     python benchmarks/serve_host_floor.py --http-workers 2 --devices 4 --size 64x48          # four engine processes
 
 `vggserve serve` runs with --http-workers front-end processes on an instant stand-in engine
@@ -83,6 +84,9 @@ def main(argv=None) -> int:
     p.add_argument("--nginx", action="store_true",
                    help="drive the service through nginx (deploy/nginx-upstream.conf, as benchmarks/nginx_front.py runs "
                         "it) instead of directly: what nginx adds to the load generator's CPU per image")
+    p.add_argument("--route", choices=("classify", "v2"), default="classify",
+                   help="one image a request: POST /classify as image/jpeg (default), or POST /v2/models/vgg16/infer "
+                        "with the image as binary tensor data")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.decode in ("gpu", "auto") and not args.weights:
@@ -109,15 +113,18 @@ def main(argv=None) -> int:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="serve-host-floor-nginx-")))
             url = stack.enter_context(nginx_front.nginx_in_front([server.port], workdir))
         result = serve_saturation.drive(url, [body], args.concurrency, args.client_procs, args.warmup,
-                                        args.duration, server_pid=server.proc.pid)
+                                        args.duration, client="raw" if args.route == "classify" else "v2",
+                                        server_pid=server.proc.pid)
         result["decoded"] = decoded_counts(server.url)
         result["through"] = "nginx" if args.nginx else "direct"
+        result["route"] = args.route
     cpu = result["cpu_ms_per_image"]
     fronts = cpu.get("other_server_processes", 0.0)
     total = fronts + cpu.get("engine_process", 0.0) + cpu.get("load_generator", 0.0)
     engine = f"the engine on {args.device}" if args.weights else "an instant device"
     print(f"serve host floor: {result['images_per_s']:.0f} images/s with {engine}"
-          f"{' through nginx' if args.nginx else ''}, --decode {args.decode}, "
+          f"{' through nginx' if args.nginx else ''}, {'v2 infer' if args.route == 'v2' else 'POST /classify'}, "
+          f"--decode {args.decode}, "
           f"{args.http_workers} "
           f"front ends, batch {args.max_batch_size} (mean {result['mean_batch']:.1f}), {args.concurrency} in "
           f"flight, statuses {result['statuses']}")

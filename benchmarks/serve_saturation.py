@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import io
 import json
 import multiprocessing as mp
@@ -240,25 +241,32 @@ def batch_ok(data: bytes) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _raw_senders(url, bodies, files, connections):
+async def _raw_senders(url, bodies, files, connections, v2=False):
     """One send() per slot, each on its own rawhttp connection: () -> (status, lower-case headers or None). Slot i
-    sends bodies[i], bodies[i + 1], ... in turn (/classify/batch: the first body `files` times)."""
+    sends bodies[i], bodies[i + 1], ... in turn (/classify/batch: the first body `files` times; v2: each body as
+    one image of POST /v2/models/vgg16/infer, frontend_overhead.py's request)."""
     from vggserve.loadtest.rawhttp import RawConnection, RawHTTPError, parse_url
 
     host, port, base = parse_url(url)
-    if files == 1:
-        path, payloads, headers = base + "/classify", bodies, {"content-type": "image/jpeg"}
+    if v2:
+        from frontend_overhead import request_for
+
+        requests = [request_for("v2", body) for body in bodies]
+        path, payloads = base + requests[0][1], [(body, headers) for _, _, body, headers in requests]
+        answered = lambda data: b'"outputs"' in data  # noqa: E731
+    elif files == 1:
+        path, payloads = base + "/classify", [(body, {"content-type": "image/jpeg"}) for body in bodies]
+        answered = lambda data: b'"predictions"' in data  # noqa: E731
     else:
         payload, content_type = multipart_body(bodies[0], files)
-        path, payloads, headers = base + "/classify/batch", [payload], {"content-type": content_type}
-    answered = (lambda data: b'"predictions"' in data) if files == 1 else batch_ok
+        path, payloads, answered = base + "/classify/batch", [(payload, {"content-type": content_type})], batch_ok
 
     def sender(conn, slot):
         turn = slot
 
         async def send():
             nonlocal turn
-            payload, turn = payloads[turn % len(payloads)], turn + 1
+            (payload, headers), turn = payloads[turn % len(payloads)], turn + 1
             try:
                 status, response_headers, data = await conn.request("POST", path, payload, headers)
             except (RawHTTPError, OSError) as exc:
@@ -332,7 +340,7 @@ async def _drive(url, bodies, files, connections, start_at, warmup, duration, cl
         await asyncio.sleep(max(0.0, end - time.time()))
         cpu["end"] = time.process_time()
 
-    senders = {"raw": _raw_senders, "httpx": _httpx_senders}[client]
+    senders = {"raw": _raw_senders, "httpx": _httpx_senders, "v2": functools.partial(_raw_senders, v2=True)}[client]
     async with senders(url, bodies, files, connections) as sends:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         await asyncio.gather(clock(), *(loop(send) for send in sends))

@@ -294,9 +294,12 @@ def test_serve_saturation_raw_client_against_the_service(tmp_path, monkeypatch):
                                       "--json", str(out)]) == 0
         batch = serve_saturation.drive(server.url, serve_saturation.synthetic_jpeg(64, 48), concurrency=2, procs=1,
                                        warmup=0.3, duration=1.5, files=3, client="raw")
+        # v2 infer with the image as binary tensor data (serve_host_floor.py --route v2): answered with "outputs"
+        v2 = serve_saturation.drive(server.url, serve_saturation.synthetic_jpeg(64, 48), concurrency=2, procs=1,
+                                    warmup=0.3, duration=1.5, client="v2")
     result = json.loads(out.read_text())
     assert result["client"] == "raw"
-    for service, files in ((result["service"], 1), (batch, 3)):
+    for service, files in ((result["service"], 1), (batch, 3), (v2, 1)):
         assert service["ok"] > 0 and service["ok"] % files == 0
         assert service["statuses"] == {"200": service["ok"] // files}
         assert service["latency_ms"]["p50"] > 0 and sum(service["images_per_frontend"]) == service["ok"]
