@@ -243,3 +243,32 @@ def test_a_table_naming_it_is_followed_only_by_models_of_a_few_images(monkeypatc
     assert plan["classifier.0"].startswith(expected), plan
     if max_batch > MAX_BATCH:
         assert f"the tuned entry is tc_gemv8, which does not pay at batch {max_batch}" in plan["classifier.0"]
+
+
+def test_fc_gemv_benchmark_stores_each_layers_winner_in_the_tuned_table(tc_env, monkeypatch, tmp_path,  # noqa: F811
+                                                                         capsys):
+    """benchmarks/fc_gemv.py --store: each FC layer's fastest candidate that agrees with tc_gemm goes into the tuned
+    table at the batch and precision measured, where it beats tc_gemm (as `vggserve tune` would store it), and
+    nothing is stored without --store."""
+    import json
+    from pathlib import Path
+
+    from vggserve import tuning
+
+    monkeypatch.setenv("VGGSERVE_EMULATE_MMA", "1")
+    monkeypatch.setenv("VGGSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fc_gemv
+
+    argv = ["--device", TEST_DEVICE, "--width", "0.125", "--repeats", "1", "--batches", "1", "--precision", "int8"]
+    assert fc_gemv.main(argv) == 0 and not (tmp_path / "tuned.json").exists()
+    assert fc_gemv.main(argv + ["--store"]) == 0
+    out = capsys.readouterr().out
+    table = next(iter(json.loads((tmp_path / "tuned.json").read_text()).values()))["conv_by_batch_int8"]["1"]
+    fcs = [s[0] for s in tuning.layer_shapes(1, 0.125) if s[4] == 1]
+    assert "batch 1: stored " in out and set(table) <= set(fcs) and table, (out, table)
+    algo = registry.get("tc_gemv8")
+    for key, params in table.items():  # each one of the entry's candidates for its layer
+        assert params["ALGO"] == "tc_gemv8" and valid(params)
+        _, cin, cout, _, _ = next(s for s in tuning.layer_shapes(1, 0.125) if s[0] == key)
+        assert params in algo.candidates(tc_env[3], precisions.INT8, LayerSpec("fc", cin, cout, 1))
