@@ -1,7 +1,7 @@
-"""VGG16's three FC layers at small batches: tc_gemm (the family's default, split K as the engine builds it) against
-every candidate of the matrix-vector entry, each checked against tc_gemm's output as the tuner does (outputs_agree):
-at FP16 tc_gemv (kernels/fc_half_gemv.cl), at FP8 and INT8 tc_gemv8 (kernels/fc_eightbit_gemv.cl; the layers as the
-tuner times them: 8-bit codes in and out).
+"""VGG16's three FC layers at small batches: tc_gemm (the tuned table's entry for the layer where it names tc_gemm,
+else the family's default; split K as the engine builds it) against every candidate of the matrix-vector entry,
+each checked against tc_gemm's output as the tuner does (outputs_agree): at FP16 tc_gemv (kernels/fc_half_gemv.cl),
+at FP8 and INT8 tc_gemv8 (kernels/fc_eightbit_gemv.cl; the layers as the tuner times them: 8-bit codes in and out).
 
     python benchmarks/fc_gemv.py --device gpu [--precision fp16|fp8|int8] [--batches 1 2 4 8] [--repeats 50]
     VGGSERVE_EMULATE_MMA=1 python benchmarks/fc_gemv.py --device cpu --width 0.125 --repeats 2   # a smoke run
@@ -24,7 +24,7 @@ from vggserve import tuning  # noqa: E402
 from vggserve.ops import precision as precisions, registry  # noqa: E402
 from vggserve.ops.registry import BuildEnv, LayerSpec  # noqa: E402
 from vggserve.runtime import caps as device_caps, devices as devs  # noqa: E402
-from vggserve.runtime.params import params_for  # noqa: E402
+from vggserve.runtime.params import conv_params_for, params_for  # noqa: E402
 from vggserve.runtime.programs import ProgramCache  # noqa: E402
 
 
@@ -58,9 +58,11 @@ def main(argv=None) -> int:
             layer = LayerSpec("fc", cin, cout, size)
             bench = tuning.LayerBench(ctx, "tensorcore", prec, layer, batch, np.random.default_rng(0))
             mb = prec.itemsize * cin * cout / 1e6
-            ref_ms, ref = tuning.time_op(queue, gemm.make(ctx, cache, gemm.default(caps, prec), prec, layer,
-                                                          bench.weight, bench.bias, env, **scales), bench, batch, 1,
-                                         args.repeats)
+            # the table's own tc_gemm entry where it has one (what --store would replace), else the default
+            tuned = conv_params_for(env.tables, cin, cout, 1, batch, prec.name, default={})
+            ref_params = tuned if tuned.get("ALGO") == "tc_gemm" else gemm.default(caps, prec)
+            ref_ms, ref = tuning.time_op(queue, gemm.make(ctx, cache, ref_params, prec, layer, bench.weight,
+                                                          bench.bias, env, **scales), bench, batch, 1, args.repeats)
             scale = max(float(np.abs(ref).max()), 1e-30)
             print(f"{key:>13s} batch {batch}: tc_gemm {ref_ms:8.4f} ms {mb / ref_ms:7.0f} GB/s")
             best["tc_gemm"] += ref_ms

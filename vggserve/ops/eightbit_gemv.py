@@ -36,7 +36,7 @@ def valid(params: dict) -> bool:
     return "LD16" not in params and gemv_valid(params)
 
 
-local_mem = gemv_local_mem  # tc_gemv's: 4-byte sums (int or float), the same count
+local_mem = gemv_local_mem  # tc_gemv's (GemvAlgorithm.local_mem): 4-byte sums, int or float, the same count
 
 
 class GemvEightBitLayer(GemvLayer):
@@ -55,20 +55,12 @@ class GemvEightBitLayer(GemvLayer):
 class EightBitGemv(GemvAlgorithm):
     name = "tc_gemv8"
     precisions = ("fp8", "int8")
-    tunables = TUNABLES
-    kernel_file = KERNEL_FILE
-    tiles, default_params = TILES, DEFAULT
-    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
+    layer_class, tiles, default_params = GemvEightBitLayer, TILES, DEFAULT
 
     def available(self, caps, precision):
         """Where tc_gemm runs the precision: tensor cores, and FP8's (compute capability 8.9+, whose PTX has the
         e4m3x2 conversion) for FP8."""
         return caps.tensor_cores and precision.name in self.precisions and (caps.fp8 or not precision.fp8)
-
-    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
-             out_scale=None, out_codes=None):
-        return GemvEightBitLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad,
-                                 in_scale=in_scale, out_scale=out_scale, out_codes=out_codes)
 
 
 ALGORITHM = register(EightBitGemv())

@@ -144,12 +144,19 @@ class GemvHalfLayer(GemvLayer):
 class GemvAlgorithm(Algorithm):
     """What the matrix-vector FC entries share (tc_gemv here, tc_gemv8 in ops/eightbit_gemv.py): the tensor-core
     family's layouts, work-groups of WG work-items summing ROWS x NB values each, models of up to MAX_BATCH images.
-    A subclass names its `tiles` (tuples in `tunables` order), `default_params`, `valid` and `local_mem_of`."""
+    A subclass names its `layer_class` (a GemvLayer: the kernel file, `tunables` and `valid` are taken from it),
+    its `tiles` (tuples in `tunables` order) and `default_params`."""
 
     family = "tensorcore"
     kinds = ("fc",)
+    layer_class: type = GemvLayer
     tiles: list = []
     default_params: dict = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        layer = cls.layer_class
+        cls.tunables, cls.kernel_file, cls.valid = layer.tunables, layer.kernel_file, staticmethod(layer.valid)
 
     def suits(self, max_batch: int) -> bool:
         """Up to MAX_BATCH images: past it each weight feeds too many FP32 sums for the CUDA cores (H100, FC6 at
@@ -164,19 +171,21 @@ class GemvAlgorithm(Algorithm):
         return [p for p in out if self.valid(p) and self.fits(p, caps, precision)]
 
     def local_mem(self, params, precision):
-        return self.local_mem_of(params)
+        return local_mem(params)
 
     def work_group_size(self, params):
         return params["WG"]
+
+    def make(self, ctx, cache, params, precision, layer, weight, bias, env, cpad=None, in_scale=None,
+             out_scale=None, out_codes=None):
+        return self.layer_class(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad,
+                                in_scale=in_scale, out_scale=out_scale, out_codes=out_codes)
 
 
 class TensorCoreGemv(GemvAlgorithm):
     name = "tc_gemv"
     precisions = ("fp16",)
-    tunables = TUNABLES
-    kernel_file = KERNEL_FILE
-    tiles, default_params = TILES, DEFAULT
-    valid, local_mem_of = staticmethod(valid), staticmethod(local_mem)
+    layer_class, tiles, default_params = GemvHalfLayer, TILES, DEFAULT
 
     def available(self, caps, precision):
         return caps.tensor_cores and precision.name in self.precisions
@@ -185,7 +194,7 @@ class TensorCoreGemv(GemvAlgorithm):
              out_scale=None, out_codes=None):
         if in_scale is not None or out_scale is not None or out_codes is not None:
             raise ValueError("tc_gemv reads and writes FP16 (or the float32 logits): it takes no 8-bit scales")
-        return GemvHalfLayer(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
+        return super().make(ctx, cache, params, precision, layer, weight, bias, env, cpad=cpad)
 
 
 ALGORITHM = register(TensorCoreGemv())
