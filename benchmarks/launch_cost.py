@@ -5,7 +5,9 @@
 1. A trivial kernel launched back to back: pyopencl's enqueue_nd_range_kernel (which makes an event) against a
    direct clEnqueueNDRangeKernel through ctypes, with an event and without one (NULL): host microseconds each.
 2. The model's streamed batch-1 submit with every pyopencl call it makes timed and counted (kernels, copies,
-   barriers, flushes, argument setting): host microseconds per submit, per call kind.
+   barriers, flushes, argument setting): host microseconds per submit, per call kind. Twice: the forward pass run
+   step by step (VGGSERVE_REPLAY=0's way), and replayed (engine/replay.py, the default), whose launches go through
+   ctypes and are counted as the plan's.
 """
 
 import argparse
@@ -79,7 +81,7 @@ def launch_micro(cl, iterations: int) -> dict:
     return out
 
 
-def submit_profile(cl, prec: str, iterations: int) -> dict:
+def submit_profile(cl, prec: str, iterations: int, replay: bool) -> dict:
     from vggserve import VGG16
     from vggserve.cli.bench import eight_bit_calibration
     from vggserve.ops import launch
@@ -90,6 +92,7 @@ def submit_profile(cl, prec: str, iterations: int) -> dict:
     if callable(calibration):
         calibration = calibration()
     model = VGG16.load(tensors, device=DEVICE, max_batch_size=1, precision=prec, calibration=calibration)
+    model.replay = replay
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
     stats = defaultdict(lambda: [0, 0.0])
     names = ["enqueue_nd_range_kernel", "enqueue_copy", "enqueue_barrier", "enqueue_marker"]
@@ -142,8 +145,9 @@ def submit_profile(cl, prec: str, iterations: int) -> dict:
             setattr(cl, n, fn)
         launch.Launch.__call__ = original_call
         cl.CommandQueue.flush = queue_flush
+    replayed = [len(p.launches) for p in model.plans._plans.values() if p is not None]
     model.close()
-    return {"img_s": round(plain_rate, 1), "host_us_per_submit": round(plain_host, 1),
+    return {"replay": replay, "replayed_launches_per_submit": replayed[0] if replayed else 0, "img_s": round(plain_rate, 1), "host_us_per_submit": round(plain_host, 1),
             "instrumented_host_us_per_submit": round(host, 1),
             "calls_per_submit": {k: {"count": round(v[0] / iterations, 2), "us_each": round(v[1] / max(1, v[0]) * 1e6, 2)}
                                  for k, v in stats.items()}}
@@ -160,8 +164,10 @@ def main():
     res = {"micro": launch_micro(cl, 2000)}
     print(json.dumps(res["micro"]), flush=True)
     for prec in args.precisions.split(","):
-        res[prec] = submit_profile(cl, prec, args.iterations)
-        print(prec, json.dumps(res[prec]), flush=True)
+        for replay in (False, True, False, True):  # in turn, twice: the host's pace drifts
+            key = f"{prec}{' replayed' if replay else ''}"
+            res.setdefault(key, []).append(submit_profile(cl, prec, args.iterations, replay))
+            print(key, json.dumps(res[key][-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

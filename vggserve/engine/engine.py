@@ -37,6 +37,7 @@ from ..runtime.programs import ProgramCache
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
 from ..wording import count
 from .lanes import MAX_LANES, Lane
+from .replay import Plans, enabled_by_default as replay_by_default
 from .staging import Pending, Slot
 
 LOGIT = np.dtype(np.float32).itemsize  # logits and probabilities are float32 whatever the precision
@@ -114,6 +115,9 @@ class Engine:
         self.resize_op = DeviceResize(self.context, cache.build("resize.cl", {}))
         self.softmax_op = Softmax(cache.build(SOFTMAX_FILE, {}), {})
         self.steps: list[Step] = []
+        # forward passes recorded once and replayed (replay.py); profiled passes (layer_times) always run the steps
+        self.replay = replay_by_default()
+        self.plans = Plans()
 
     def _allocate(self) -> None:
         """Activation, staging and output buffers for the built steps (the last one writes the logits)."""
@@ -146,7 +150,14 @@ class Engine:
 
     # ---- the forward pass ---------------------------------------------------------------------------------
     def _enqueue_forward(self, lane: Lane, src, n: int, events: list | None):
-        """Every step for n <= max_batch_size images already in `src`, on `lane`; logits end in lane.logits."""
+        """Every step for n <= max_batch_size images already in `src`, on `lane`; logits end in lane.logits: replayed
+        (replay.py) unless profiled or `replay` is off."""
+        if events is None and self.replay:
+            self.plans.run((id(lane), id(src), n), lane.queue, lambda: self._run_steps(lane, src, n, None))
+        else:
+            self._run_steps(lane, src, n, events)
+
+    def _run_steps(self, lane: Lane, src, n: int, events: list | None):
         other, queue = (lane.ping, lane.pong), lane.queue
         flip, last = 0, len(self.steps) - 1
         for i, step in enumerate(self.steps):
@@ -335,6 +346,8 @@ class Engine:
     def close(self):
         """Wait for the batches in flight and release the device buffers; the model cannot be used after it."""
         with self._lock:
+            if getattr(self, "plans", None) is not None:
+                self.plans.clear()
             for slot in getattr(self, "slots", []):
                 _collect(slot)
                 slot.release(self.queue)

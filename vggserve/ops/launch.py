@@ -1,9 +1,12 @@
 """What every host-side kernel wrapper uses: argument-caching launches, padding arithmetic and uploads."""
 
+import threading
+
 import numpy as np
 import pyopencl as cl
 
 MF = cl.mem_flags
+_recording = threading.local()  # .active: the Recording this thread's launches go to, if any
 
 
 def round_up(x: int, m: int) -> int:
@@ -31,6 +34,9 @@ class Launch:
         self.copies: list = []  # [(args, cl.Kernel)], the most recently used first
 
     def __call__(self, queue, grid, local, *args, wait_for=None):
+        recording = getattr(_recording, "active", None)
+        if recording is not None:
+            return recording.add(self, queue, grid, local, args, wait_for)
         copies = self.copies
         if copies and copies[0][0] == args:
             kernel = copies[0][1]
@@ -53,6 +59,41 @@ class Launch:
         kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
         copies.insert(0, (args, kernel))  # holding args keeps the buffers alive while a kernel refers to them
         return kernel
+
+
+class NotRecordable(RuntimeError):
+    """A launch that a recording cannot hold: on another queue, or waiting for events."""
+
+
+class Recording:
+    """The launches made on this thread while it is active (`with Recording(queue) as r:`), held instead of
+    enqueued: each as (kernel, grid, local), the kernel a copy of its own with its arguments set, so that nothing a
+    later launch sets changes it (engine/replay.py replays them). Launches return None while recording."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.launches: list = []
+        self._held: list = []  # the arguments (buffers) the kernels refer to, kept alive with them
+
+    def __enter__(self):
+        if getattr(_recording, "active", None) is not None:
+            raise NotRecordable("a recording is already active on this thread")
+        _recording.active = self
+        return self
+
+    def __exit__(self, *exc):
+        _recording.active = None
+
+    def add(self, launch: Launch, queue, grid, local, args: tuple, wait_for) -> None:
+        if queue is not self.queue:
+            raise NotRecordable(f"{launch.kernel.function_name}: launched on another queue than the recording's")
+        if wait_for:
+            raise NotRecordable(f"{launch.kernel.function_name}: waits for events, which a replay cannot hold")
+        kernel = cl.Kernel(launch.kernel.program, launch.kernel.function_name)
+        kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
+        self.launches.append((kernel, tuple(grid), None if local is None else tuple(local)))
+        self._held.append(args)
+        return None
 
 
 class PerQueue:
