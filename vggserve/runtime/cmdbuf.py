@@ -3,9 +3,10 @@ with one host call instead of one launch per kernel.
 
 pyopencl has no binding for the extension, so its entry points come from `clGetExtensionFunctionAddressForPlatform`
 of the ICD loader that pyopencl itself uses, and take pyopencl's handles (`int_ptr`). Only kernel commands are
-recorded (`clCommandNDRangeKernelKHR`, whose signature is the same in every version of the extension). A kernel's
-arguments are captured when it is recorded, as the extension specifies, so later `set_arg` calls on the same
-kernel object do not change a recorded command. On an in-order queue the recorded kernels run in their order.
+recorded (`clCommandNDRangeKernelKHR`, whose signature is the same in every version of the extension). The extension
+says a command's arguments are captured when it is recorded, but PoCL 3.1 (extension 0.9.0) reads them at each
+replay, so give every command a kernel object of its own and leave its arguments alone. On an in-order queue the
+recorded kernels run in their order.
 """
 
 import ctypes
