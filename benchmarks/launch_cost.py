@@ -131,6 +131,17 @@ def submit_profile(cl, prec: str, iterations: int, replay: bool) -> dict:
         return n / (time.perf_counter() - t), host / n * 1e6
 
     model.logits(x)
+    record_ms = None
+    if replay:  # what one recording and its plan cost the host (engine/replay.py makes one per batch size, lane
+        # and slot): the steps run into a Recording, then a kernel object with its arguments per launch
+        from vggserve.engine.replay import Plan
+
+        lane, slot = model.lanes[0], model.slots[0]
+        t = time.perf_counter()
+        with launch.Recording(lane.queue) as recording:
+            model._run_steps(lane, slot.input, 1, None)
+        Plan(recording.launches).release()
+        record_ms = round((time.perf_counter() - t) * 1e3, 3)
     plain_rate, plain_host = run(iterations)
     for n, fn in originals.items():
         setattr(cl, n, wrap(n, fn))
@@ -147,7 +158,7 @@ def submit_profile(cl, prec: str, iterations: int, replay: bool) -> dict:
         cl.CommandQueue.flush = queue_flush
     replayed = [len(p.launches) for p in model.plans._plans.values() if p is not None]
     model.close()
-    return {"replay": replay, "replayed_launches_per_submit": replayed[0] if replayed else 0, "img_s": round(plain_rate, 1), "host_us_per_submit": round(plain_host, 1),
+    return {"replay": replay, "record_ms": record_ms, "replayed_launches_per_submit": replayed[0] if replayed else 0, "img_s": round(plain_rate, 1), "host_us_per_submit": round(plain_host, 1),
             "instrumented_host_us_per_submit": round(host, 1),
             "calls_per_submit": {k: {"count": round(v[0] / iterations, 2), "us_each": round(v[1] / max(1, v[0]) * 1e6, 2)}
                                  for k, v in stats.items()}}

@@ -3,6 +3,8 @@ and order as running the steps, so the answers are bit for bit those of the step
 lane and slot; a plan is recorded once per (lane, input buffer, batch size); every launch the steps make is in it;
 profiled passes run the steps; what a recording cannot hold runs directly."""
 
+import ctypes
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -181,3 +183,60 @@ def test_plans_run_directly_what_cannot_be_recorded_and_drop_the_least_recently_
     assert (got == 2 * 11 + 22 + 33 + 2 * 1100).all()
     assert calls == [1, 2, 3, 100, 100, 100] and plans.recorded == 3 and len(plans) == 2
     assert list(plans._plans) == ["a", "c", "d"]  # "d" kept as not recordable
+
+
+def test_plans_make_their_kernels_through_ctypes_and_through_pyopencl_alike(tiny_weights_path, monkeypatch):
+    from vggserve.engine import replay
+    from vggserve.runtime import clib
+
+    x = inputs(9, [1])[0]
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=1) as model:
+        want = model.logits(x)
+        plan = next(p for p in model.plans._plans.values())
+        assert len(plan._raw) == len(plan.launches) and plan._kernels == []  # the ctypes route
+        model.plans.clear()
+
+        def refuse(*a, **k):
+            raise clib.ArgumentError("as if an argument were of another kind")
+
+        monkeypatch.setattr(clib, "kernel_with_args", refuse)
+        np.testing.assert_array_equal(model.logits(x), want)
+        plan = next(p for p in model.plans._plans.values())
+        assert plan._raw == [] and len(plan._kernels) == len(plan.launches)
+        monkeypatch.setattr(replay.clib, "enqueue_nd_range_kernel", lambda: (_ for _ in ()).throw(OSError("none")))
+        np.testing.assert_array_equal(model.logits(x), want)  # the other slot: recorded, enqueued by pyopencl
+        np.testing.assert_array_equal(model.logits(x), want)
+
+
+def test_kernel_with_args_sets_every_kind_of_argument_and_refuses_others(test_device):
+    from vggserve.runtime import clib, devices as devs
+
+    ctx = cl.Context([devs.cl_device(devs.resolve(test_device))])
+    q = cl.CommandQueue(ctx)
+    prg = cl.Program(ctx, """
+        __kernel void f(__global float *out, __global const float *in, const int n, const float scale,
+                        __local float *scratch) {
+            const int i = get_global_id(0);
+            scratch[get_local_id(0)] = in == 0 ? 1.0f : in[i];
+            barrier(CLK_LOCAL_MEM_FENCE);
+            if (i < n) out[i] = scratch[get_local_id(0)] * scale;
+        }""").build()
+    src = np.arange(8, dtype=np.float32)
+    out = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 32)
+    inp = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=src)
+    template = cl.Kernel(prg, "f")
+    for given, want in ((inp, src * 2.5), (None, np.full(8, 2.5, np.float32))):
+        handle = clib.kernel_with_args(template.program, "f", (out, given, 7, np.float32(2.5), cl.LocalMemory(32)))
+        cl.enqueue_fill_buffer(q, out, np.float32(-1), 0, 32)
+        eight = (ctypes.c_size_t * 1)(8)
+        assert clib.enqueue_nd_range_kernel()(ctypes.c_void_p(q.int_ptr), handle, 1, None, eight, eight, 0, None,
+                                              None) == 0
+        got = np.empty(8, np.float32)
+        cl.enqueue_copy(q, got, out)
+        clib.release_kernel(handle)
+        np.testing.assert_array_equal(got[:7], want[:7])
+        assert got[7] == -1.0  # i < n
+    with pytest.raises(clib.ArgumentError, match="argument 2 is a float"):
+        clib.kernel_with_args(template.program, "f", (out, inp, 7.5, np.float32(1), cl.LocalMemory(32)))
+    with pytest.raises(RuntimeError, match="clCreateKernel"):
+        clib.kernel_with_args(template.program, "no_such_kernel", ())

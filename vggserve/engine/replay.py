@@ -14,6 +14,7 @@ import ctypes
 import os
 from collections import OrderedDict
 
+import numpy as np
 import pyopencl as cl
 
 from ..ops.launch import NotRecordable, Recording
@@ -27,21 +28,43 @@ def enabled_by_default() -> bool:
 
 
 class Plan:
-    """One recorded forward pass: `enqueue(queue)` launches its kernels in order."""
+    """One recorded forward pass: `enqueue(queue)` launches its kernels in order. Each launch gets a kernel object
+    of its own with its arguments set, made through ctypes (`clib.kernel_with_args`: pyopencl's Kernel costs
+    NVIDIA's host about 0.2 ms to construct), or through pyopencl where that route is missing or an argument is of
+    another kind."""
 
-    __slots__ = ("launches", "calls")
+    __slots__ = ("launches", "calls", "_raw", "_kernels", "__weakref__")
 
     def __init__(self, launches: list):
-        self.launches = launches  # (kernel, grid, local): keeps the kernels (and through them their arguments) alive
+        self.launches = launches  # (template kernel, grid, local, args): the args keep the buffers alive
+        self._raw: list = []  # kernel handles this plan made and releases
+        self._kernels: list = []  # or pyopencl kernels
         size = ctypes.c_size_t
-        self.calls = [(ctypes.c_void_p(k.int_ptr), len(g), (size * len(g))(*g),
-                       None if lo is None else (size * len(lo))(*lo)) for k, g, lo in launches]
+        try:
+            handles = self._make_raw()
+        except (OSError, AttributeError, clib.ArgumentError):
+            handles = self._make_pyopencl()
+        self.calls = [(ctypes.c_void_p(h), len(g), (size * len(g))(*g), None if lo is None else (size * len(lo))(*lo))
+                      for h, (_, g, lo, _) in zip(handles, launches)]
+
+    def _make_raw(self) -> list:
+        for template, _, _, args in self.launches:
+            self._raw.append(clib.kernel_with_args(template.program, template.function_name, args))
+        return self._raw
+
+    def _make_pyopencl(self) -> list:
+        self.release()
+        for template, _, _, args in self.launches:
+            kernel = cl.Kernel(template.program, template.function_name)
+            kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
+            self._kernels.append(kernel)
+        return [k.int_ptr for k in self._kernels]
 
     def enqueue(self, queue) -> None:
         try:
             launch = clib.enqueue_nd_range_kernel()
         except (OSError, AttributeError):  # no ctypes route to the library: pyopencl's calls, with their events
-            for kernel, grid, local in self.launches:
+            for kernel, (_, grid, local, _) in zip(self._kernels, self.launches):
                 cl.enqueue_nd_range_kernel(queue, kernel, grid, local)
             return
         q = ctypes.c_void_p(queue.int_ptr)
@@ -50,6 +73,19 @@ class Plan:
             if code:
                 raise RuntimeError(f"clEnqueueNDRangeKernel failed with OpenCL error {code} in a replayed forward "
                                    f"pass (set {ENV}=0 to run the steps directly)")
+
+    def release(self) -> None:
+        """Release the kernel objects this plan made (OpenCL keeps those of launches still queued alive)."""
+        raw, self._raw = self._raw, []
+        for handle in raw:
+            clib.release_kernel(handle)
+        self._kernels = []
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone already
+            pass
 
 
 class Plans:

@@ -67,13 +67,13 @@ class NotRecordable(RuntimeError):
 
 class Recording:
     """The launches made on this thread while it is active (`with Recording(queue) as r:`), held instead of
-    enqueued: each as (kernel, grid, local), the kernel a copy of its own with its arguments set, so that nothing a
-    later launch sets changes it (engine/replay.py replays them). Launches return None while recording."""
+    enqueued: each as (kernel, grid, local, args), `kernel` the Launch's own (a template: whoever replays them makes a
+    kernel object of its own per launch with `args` set, so that nothing a later launch sets changes it;
+    engine/replay.py). Launches return None while recording."""
 
     def __init__(self, queue):
         self.queue = queue
         self.launches: list = []
-        self._held: list = []  # the arguments (buffers) the kernels refer to, kept alive with them
 
     def __enter__(self):
         if getattr(_recording, "active", None) is not None:
@@ -89,10 +89,7 @@ class Recording:
             raise NotRecordable(f"{launch.kernel.function_name}: launched on another queue than the recording's")
         if wait_for:
             raise NotRecordable(f"{launch.kernel.function_name}: waits for events, which a replay cannot hold")
-        kernel = cl.Kernel(launch.kernel.program, launch.kernel.function_name)
-        kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
-        self.launches.append((kernel, tuple(grid), None if local is None else tuple(local)))
-        self._held.append(args)
+        self.launches.append((launch.kernel, tuple(grid), None if local is None else tuple(local), args))
         return None
 
 

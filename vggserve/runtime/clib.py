@@ -28,3 +28,55 @@ def enqueue_nd_range_kernel():
                   ctypes.c_void_p]
     f.restype = ctypes.c_int
     return f
+
+
+class ArgumentError(TypeError):
+    """A kernel argument of a kind `set_kernel_arg` does not pass (the caller falls back to pyopencl)."""
+
+
+@functools.cache
+def _kernel_calls():
+    lib = library()
+    create, set_arg, release = lib.clCreateKernel, lib.clSetKernelArg, lib.clReleaseKernel
+    create.restype, create.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32)]
+    set_arg.restype, set_arg.argtypes = ctypes.c_int32, [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t,
+                                                         ctypes.c_void_p]
+    release.restype, release.argtypes = ctypes.c_int32, [ctypes.c_void_p]
+    return create, set_arg, release
+
+
+def kernel_with_args(program, name: str, args) -> int:
+    """A new kernel object (its raw handle) of `program`'s function `name` with `args` set: buffers (or None),
+    Python ints (as int32, as `ops.launch.Launch` passes them), numpy scalars, local memory. Without pyopencl's
+    Kernel, whose construction costs NVIDIA's host about 0.2 ms (engine/replay.py records one per launch).
+    ArgumentError for another kind of argument; RuntimeError when the library refuses."""
+    import numpy as np
+
+    create, set_arg, release = _kernel_calls()
+    err = ctypes.c_int32(0)
+    handle = create(ctypes.c_void_p(program.int_ptr), name.encode(), ctypes.byref(err))
+    if err.value != 0 or not handle:
+        raise RuntimeError(f"clCreateKernel({name}) failed with OpenCL error {err.value}")
+    try:
+        for index, value in enumerate(args):
+            if isinstance(value, cl.MemoryObjectHolder) or value is None:
+                pointer = ctypes.c_void_p(None if value is None else value.int_ptr)
+                size, where = ctypes.sizeof(pointer), ctypes.byref(pointer)
+            elif isinstance(value, cl.LocalMemory):
+                size, where = value.size, None
+            elif isinstance(value, (int, np.generic)) and not isinstance(value, bool):
+                data = (np.int32(value) if isinstance(value, int) else value).tobytes()
+                size, where = len(data), ctypes.c_char_p(data)
+            else:
+                raise ArgumentError(f"{name}: argument {index} is a {type(value).__name__}")
+            code = set_arg(handle, index, size, where)
+            if code != 0:
+                raise RuntimeError(f"clSetKernelArg({name}, {index}) failed with OpenCL error {code}")
+    except BaseException:
+        release(handle)
+        raise
+    return handle
+
+
+def release_kernel(handle: int) -> None:
+    _kernel_calls()[2](handle)
