@@ -240,3 +240,35 @@ def test_kernel_with_args_sets_every_kind_of_argument_and_refuses_others(test_de
         clib.kernel_with_args(template.program, "f", (out, inp, 7.5, np.float32(1), cl.LocalMemory(32)))
     with pytest.raises(RuntimeError, match="clCreateKernel"):
         clib.kernel_with_args(template.program, "no_such_kernel", ())
+
+
+def test_prepare_replays_records_every_size_on_every_slot_and_then_nothing_more(replayed_and_direct, monkeypatch):
+    replayed, direct = replayed_and_direct  # two lanes, two slots each, batches of up to 4
+    replayed.plans.clear()
+    before = replayed.plans.recorded
+    assert replayed.prepare_replays() == 2 * 2 * 4
+    assert replayed.prepare_replays() == 0  # all there already
+    made = replayed.plans.recorded
+    assert made - before == 16
+    for x in inputs(10, [1, 2, 3, 4, 3, 2, 1, 4, 2]):
+        np.testing.assert_array_equal(replayed.logits(x), direct.logits(x))
+    assert replayed.plans.recorded == made
+    replayed.plans.clear()
+    monkeypatch.setattr(replayed.plans, "LIMIT", 8)  # 16 would not fit: batch 1 and the full batch only
+    assert replayed.prepare_replays() == 4 * 2
+    direct_made = direct.prepare_replays()
+    assert direct_made == 0 and direct.plans.recorded == 0  # replay off: nothing recorded
+
+
+def test_a_service_workers_warm_up_records_every_batch_size(tiny_weights_path):
+    from vggserve.serving.metrics import Metrics
+    from vggserve.serving.scheduling.worker import DeviceWorker
+
+    worker = DeviceWorker("cpu", None, None, Metrics(), max_batch_size=3, max_wait_s=0, warmup=True,
+                          on_change=lambda: None, pixels=True)
+    with VGG16.load(tiny_weights_path, device=TEST_DEVICE, max_batch_size=3) as model:
+        worker._warm_up(model)
+        assert model.plans.recorded == len(model.slots) * 3 == 6
+        crops = np.random.default_rng(11).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
+        model.probabilities_from_pixels(crops)
+        assert model.plans.recorded == 6  # batch 2 was recorded at the warm-up

@@ -157,6 +157,25 @@ class Engine:
         else:
             self._run_steps(lane, src, n, events)
 
+    def prepare_replays(self) -> int:
+        """Record the forward pass of every batch size on every lane and slot now (replay.py), so that no batch of a
+        service pays a recording (0.7-0.9 ms each on an H200) when its size first comes; nothing runs on the device.
+        Only where all of them fit the plans' LIMIT, else the full batch and batch 1. Returns how many were made."""
+        if not self.replay:
+            return 0
+        sizes = range(1, self.max_batch_size + 1)
+        if len(self.slots) * len(sizes) > self.plans.LIMIT:
+            sizes = sorted({1, self.max_batch_size})
+        made = 0
+        with self._lock:
+            self._check_open()
+            for slot in self.slots:
+                lane, src = slot.lane, slot.input
+                for n in sizes:
+                    made += self.plans.record((id(lane), id(src), n), lane.queue,
+                                              lambda: self._run_steps(lane, src, n, None))
+        return made
+
     def _run_steps(self, lane: Lane, src, n: int, events: list | None):
         other, queue = (lane.ping, lane.pong), lane.queue
         flip, last = 0, len(self.steps) - 1

@@ -91,11 +91,31 @@ class Plan:
 class Plans:
     """An engine's recorded forward passes by key, the least recently used dropped past LIMIT."""
 
-    LIMIT = 128
+    LIMIT = 256  # a service at --max-batch-size 64 with 2 lanes can have every size recorded on every slot
 
     def __init__(self):
         self._plans: OrderedDict = OrderedDict()
         self.recorded = 0  # recordings made (tests and benchmarks read it)
+
+    def record(self, key, queue, steps) -> bool:
+        """Record `key`'s plan now if there is none (a warm-up: nothing is enqueued); whether one was made."""
+        if key in self._plans:
+            return False
+        try:
+            with Recording(queue) as recording:
+                steps()
+        except NotRecordable:
+            self._plans[key] = None
+            return False
+        self._keep(key, Plan(recording.launches))
+        return True
+
+    def _keep(self, key, plan) -> None:
+        plans = self._plans
+        plans[key] = plan
+        self.recorded += 1
+        while len(plans) > self.LIMIT:
+            plans.popitem(last=False)
 
     def run(self, key, queue, steps) -> None:
         """Replay `key`'s plan on `queue`, recording it first from `steps()` (which makes the launches) if there is
@@ -113,10 +133,8 @@ class Plans:
                 plans[key] = None
                 steps()
                 return
-            plan = plans[key] = Plan(recording.launches)
-            self.recorded += 1
-            while len(plans) > self.LIMIT:
-                plans.popitem(last=False)
+            plan = Plan(recording.launches)
+            self._keep(key, plan)
         else:
             plans.move_to_end(key)
         plan.enqueue(queue)

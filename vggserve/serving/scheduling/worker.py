@@ -270,3 +270,6 @@ class DeviceWorker:
             model.probabilities_from_pixels(np.zeros((self.max_batch_size, *CROP_SHAPE), dtype=np.uint8))
         else:
             model.logits(np.zeros((self.max_batch_size, *TENSOR_SHAPE), dtype=np.float32))
+        prepare = getattr(model, "prepare_replays", None)  # the engine's forward passes, every batch size recorded
+        if prepare is not None:
+            prepare()
