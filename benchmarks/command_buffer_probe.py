@@ -12,11 +12,12 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_timing import per_call_us  # noqa: E402
 
 RING = 3
 SRC = "__kernel void add1(__global float *x, const int n) { const int i = get_global_id(0); if (i < n) x[i] += 1.0f; }"
@@ -66,15 +67,6 @@ def main():
         print(json.dumps({"replay_adds": out["replay_adds"], "correct": out["replay_correct"], "event": bool(ev)}),
               flush=True)
 
-        def timed(body, iterations):
-            q.finish()
-            t = time.perf_counter()
-            for _ in range(iterations):
-                body()
-            host = (time.perf_counter() - t) / iterations * 1e6
-            q.finish()
-            return round(host, 2), round((time.perf_counter() - t) / iterations * 1e6, 2)
-
         def launches():
             for _ in range(k):
                 cl.enqueue_nd_range_kernel(q, kern, (n,), (256,))
@@ -90,8 +82,8 @@ def main():
 
         iters = max(1, args.iterations // k)
         for _ in range(2):
-            out["launches_host_us"], out["launches_with_device_us"] = timed(launches, iters)
-            out["replay_host_us"], out["replay_with_device_us"] = timed(replay, iters)
+            out["launches_host_us"], out["launches_with_device_us"] = per_call_us(q, launches, iters)
+            out["replay_host_us"], out["replay_with_device_us"] = per_call_us(q, replay, iters)
         for cb, _ in ring:
             cb.release()
         print(json.dumps({key: out[key] for key in ("launches_host_us", "launches_with_device_us", "replay_host_us",

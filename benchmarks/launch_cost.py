@@ -12,7 +12,6 @@
 
 import argparse
 import ctypes
-import glob
 import json
 import os
 import sys
@@ -22,17 +21,11 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_timing import per_call_us  # noqa: E402
 
 DEVICE = os.environ.get("LAUNCH_COST_DEVICE", "gpu")
 SRC = "__kernel void nop(__global float *x, const int n) { const int i = get_global_id(0); if (i < n) x[i] += 1.0f; }"
-
-
-def opencl_library():
-    import pyopencl
-
-    here = os.path.dirname(pyopencl.__file__)
-    found = sorted(glob.glob(os.path.join(here, "..", "pyopencl.libs", "libOpenCL*.so*")))
-    return ctypes.CDLL(found[0] if found else "libOpenCL.so.1")
 
 
 def launch_micro(cl, iterations: int) -> dict:
@@ -45,7 +38,9 @@ def launch_micro(cl, iterations: int) -> dict:
     k = cl.Kernel(prg, "nop")
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * 4096)
     k.set_args(buf, np.int32(4096))
-    lib = opencl_library()
+    from vggserve.runtime.clib import library
+
+    lib = library()
     f = lib.clEnqueueNDRangeKernel
     sz = ctypes.c_size_t
     f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.POINTER(sz), ctypes.POINTER(sz),
@@ -58,15 +53,9 @@ def launch_micro(cl, iterations: int) -> dict:
     out = {}
 
     def timed(name, body):
-        for _ in range(2):
-            q.finish()
-            t = time.perf_counter()
-            for _ in range(iterations):
-                body()
-            host = (time.perf_counter() - t) / iterations * 1e6
-            q.finish()
-            total = (time.perf_counter() - t) / iterations * 1e6
-        out[name] = {"host_us": round(host, 2), "with_device_us": round(total, 2)}
+        for _ in range(2):  # the second round is kept
+            host, total = per_call_us(q, body, iterations)
+        out[name] = {"host_us": host, "with_device_us": total}
 
     timed("pyopencl_enqueue_nd_range_kernel", lambda: cl.enqueue_nd_range_kernel(q, k, (4096,), (256,)))
     ev = ctypes.c_void_p()
