@@ -155,3 +155,30 @@ def test_read_files_times_read_source_against_the_stream_path(tmp_path, capsys):
     assert lines[0].startswith("5 files of ") and len(list(tmp_path.glob("*.jpg"))) == 5
     assert [line.split(":")[0] for line in lines[1:]] == ["read_source", "the stream path (before)"] * 2
     assert all(" us CPU, " in line and line.endswith(" us wall per file") for line in lines[1:])
+
+
+def test_command_buffer_probe_records_and_replays_where_the_device_has_the_extension(tmp_path, test_device):
+    import sys
+
+    out = tmp_path / "probe.json"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "command_buffer_probe.py"), "--device",
+                          test_device, "--kernels", "5", "--iterations", "50", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(out.read_text())
+    if got["supported"]:  # PoCL: the kernels recorded once add 5 at each replay
+        assert "cl_khr_command_buffer" in got["extensions"] and got["replay_correct"] and got["replay_adds"] == 5
+        assert got["replay_host_us"] > 0 and got["launches_host_us"] > 0
+    else:
+        assert "no cl_khr_command_buffer" in run.stdout
+
+
+def test_launch_cost_times_a_launch_with_and_without_events(test_device):
+    import pyopencl as cl
+
+    script = load_script("launch_cost")
+    script.DEVICE = test_device
+    micro = script.launch_micro(cl, 20)
+    assert set(micro) == {"pyopencl_enqueue_nd_range_kernel", "ctypes_with_event", "ctypes_no_event",
+                          "pyopencl_flush"}
+    assert all(0 < v["host_us"] <= v["with_device_us"] for v in micro.values())  # the queue drained after
