@@ -12,6 +12,9 @@ at once. A small batch fills few of a GPU's compute units and each of its layers
 the gaps (Triton's instance groups do the same with model copies; here the weights are shared). One lane (the
 default) is one forward pass at a time.
 
+A forward pass's launches are recorded once per batch size, lane and slot and replayed from then on, one C call a
+launch (replay.py): the host side of a CUDA graph, which NVIDIA's OpenCL lacks.
+
 Enqueuing is serialised by a lock; uploads run on a queue of their own. Larger inputs run in chunks of
 `max_batch_size`, each chunk's upload overlapping the previous chunk's kernels; nothing is allocated per call.
 """
