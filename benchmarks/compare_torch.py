@@ -291,7 +291,6 @@ def main():
         v_ms = float(np.median(times))
         v_stream = time_vggserve_streamed(vmodel, x, args.iterations)
         results["driver"] = vmodel.device.driver_version
-        vmodel.layer_times(x)  # the steps' first run since the replays sets their kernels' arguments: host gaps
         vl = {n: (ms, fl) for n, ms, fl in vmodel.layer_times(x)}
         # per layer, a conv with its pooling fused ("features.2+pool") is listed under the conv's name
         by_layer = {n.removesuffix("+pool"): v for n, v in vl.items()}

@@ -122,15 +122,11 @@ def submit_profile(cl, prec: str, iterations: int, replay: bool) -> dict:
     model.logits(x)
     record_ms = None
     if replay:  # what one recording and its plan cost the host (engine/replay.py makes one per batch size, lane
-        # and slot): the steps run into a Recording, then a kernel object with its arguments per launch
-        from vggserve.engine.replay import Plan
-
-        lane, slot = model.lanes[0], model.slots[0]
+        # and slot; a service's warm-up makes them all): the steps run into a Recording, a kernel object per launch
+        model.plans.clear()
         t = time.perf_counter()
-        with launch.Recording(lane.queue) as recording:
-            model._run_steps(lane, slot.input, 1, None)
-        Plan(recording.launches).release()
-        record_ms = round((time.perf_counter() - t) * 1e3, 3)
+        made = model.prepare_replays()
+        record_ms = round((time.perf_counter() - t) * 1e3 / max(1, made), 3)
     plain_rate, plain_host = run(iterations)
     for n, fn in originals.items():
         setattr(cl, n, wrap(n, fn))

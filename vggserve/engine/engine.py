@@ -156,9 +156,13 @@ class Engine:
         """Every step for n <= max_batch_size images already in `src`, on `lane`; logits end in lane.logits: replayed
         (replay.py) unless profiled or `replay` is off."""
         if events is None and self.replay:
-            self.plans.run((id(lane), id(src), n), lane.queue, lambda: self._run_steps(lane, src, n, None))
+            self.plans.run(*self._pass(lane, src, n))
         else:
             self._run_steps(lane, src, n, events)
+
+    def _pass(self, lane: Lane, src, n: int) -> tuple:
+        """A forward pass as `Plans` takes it: (key, queue, the steps that make its launches)."""
+        return (id(lane), id(src), n), lane.queue, lambda: self._run_steps(lane, src, n, None)
 
     def prepare_replays(self) -> int:
         """Record the forward pass of every batch size on every lane and slot now (replay.py), so that no batch of a
@@ -173,10 +177,8 @@ class Engine:
         with self._lock:
             self._check_open()
             for slot in self.slots:
-                lane, src = slot.lane, slot.input
                 for n in sizes:
-                    made += self.plans.record((id(lane), id(src), n), lane.queue,
-                                              lambda: self._run_steps(lane, src, n, None))
+                    made += self.plans.record(*self._pass(slot.lane, slot.input, n))
         return made
 
     def _run_steps(self, lane: Lane, src, n: int, events: list | None):
@@ -352,7 +354,10 @@ class Engine:
         return [{"name": s.name, "kernel": s.how} for s in self.steps]
 
     def layer_times(self, x: np.ndarray) -> list[tuple[str, float, float]]:
-        """One profiled forward pass: (layer name, milliseconds, flops) per kernel launch (needs profile=True)."""
+        """One profiled forward pass: (layer name, milliseconds, flops) per kernel launch (needs profile=True).
+        The steps run once unprofiled first: after replays (replay.py) their own kernels have not had their
+        arguments set, and setting them inside the profiled pass would put host time between a step's launches."""
+        self._run(x, "logits", [])
         events: list = []
         self._run(x, "logits", events)
         out = []

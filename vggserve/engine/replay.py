@@ -14,10 +14,9 @@ import ctypes
 import os
 from collections import OrderedDict
 
-import numpy as np
 import pyopencl as cl
 
-from ..ops.launch import NotRecordable, Recording
+from ..ops.launch import NotRecordable, Recording, kernel_args
 from ..runtime import clib
 
 ENV = "VGGSERVE_REPLAY"  # "0": run the steps every time (for comparison)
@@ -30,44 +29,35 @@ def enabled_by_default() -> bool:
 class Plan:
     """One recorded forward pass: `enqueue(queue)` launches its kernels in order. Each launch gets a kernel object
     of its own with its arguments set, made through ctypes (`clib.kernel_with_args`: pyopencl's Kernel costs
-    NVIDIA's host about 0.2 ms to construct), or through pyopencl where that route is missing or an argument is of
-    another kind."""
+    NVIDIA's host about 0.2 ms to construct), or through pyopencl where an argument is of another kind. OSError or
+    AttributeError where ctypes cannot reach the OpenCL library (Plans then runs the steps)."""
 
-    __slots__ = ("launches", "calls", "_raw", "_kernels", "__weakref__")
+    __slots__ = ("launches", "calls", "_launch", "_raw", "_kernels")
 
     def __init__(self, launches: list):
         self.launches = launches  # (template kernel, grid, local, args): the args keep the buffers alive
+        self._launch = clib.enqueue_nd_range_kernel()
         self._raw: list = []  # kernel handles this plan made and releases
-        self._kernels: list = []  # or pyopencl kernels
-        size = ctypes.c_size_t
+        self._kernels: list = []  # or pyopencl kernels, where an argument is of a kind ctypes is not given
         try:
-            handles = self._make_raw()
-        except (OSError, AttributeError, clib.ArgumentError):
-            handles = self._make_pyopencl()
+            handles = [self._made(clib.kernel_with_args(t.program, t.function_name, args))
+                       for t, _, _, args in launches]
+        except clib.ArgumentError:
+            self.release()
+            self._kernels = [cl.Kernel(t.program, t.function_name) for t, _, _, _ in launches]
+            for kernel, (_, _, _, args) in zip(self._kernels, launches):
+                kernel.set_args(*kernel_args(args))
+            handles = [k.int_ptr for k in self._kernels]
+        size = ctypes.c_size_t
         self.calls = [(ctypes.c_void_p(h), len(g), (size * len(g))(*g), None if lo is None else (size * len(lo))(*lo))
                       for h, (_, g, lo, _) in zip(handles, launches)]
 
-    def _make_raw(self) -> list:
-        for template, _, _, args in self.launches:
-            self._raw.append(clib.kernel_with_args(template.program, template.function_name, args))
-        return self._raw
-
-    def _make_pyopencl(self) -> list:
-        self.release()
-        for template, _, _, args in self.launches:
-            kernel = cl.Kernel(template.program, template.function_name)
-            kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
-            self._kernels.append(kernel)
-        return [k.int_ptr for k in self._kernels]
+    def _made(self, handle: int) -> int:
+        self._raw.append(handle)
+        return handle
 
     def enqueue(self, queue) -> None:
-        try:
-            launch = clib.enqueue_nd_range_kernel()
-        except (OSError, AttributeError):  # no ctypes route to the library: pyopencl's calls, with their events
-            for kernel, (_, grid, local, _) in zip(self._kernels, self.launches):
-                cl.enqueue_nd_range_kernel(queue, kernel, grid, local)
-            return
-        q = ctypes.c_void_p(queue.int_ptr)
+        launch, q = self._launch, ctypes.c_void_p(queue.int_ptr)
         for kernel, dims, grid, local in self.calls:
             code = launch(q, kernel, dims, None, grid, local, 0, None, None)
             if code:
@@ -89,7 +79,8 @@ class Plan:
 
 
 class Plans:
-    """An engine's recorded forward passes by key, the least recently used dropped past LIMIT."""
+    """An engine's recorded forward passes by key (None: known not to record), the least recently used dropped past
+    LIMIT."""
 
     LIMIT = 256  # a service at --max-batch-size 64 with 2 lanes can have every size recorded on every slot
 
@@ -99,45 +90,38 @@ class Plans:
 
     def record(self, key, queue, steps) -> bool:
         """Record `key`'s plan now if there is none (a warm-up: nothing is enqueued); whether one was made."""
-        if key in self._plans:
-            return False
-        try:
-            with Recording(queue) as recording:
-                steps()
-        except NotRecordable:
-            self._plans[key] = None
-            return False
-        self._keep(key, Plan(recording.launches))
-        return True
-
-    def _keep(self, key, plan) -> None:
-        plans = self._plans
-        plans[key] = plan
-        self.recorded += 1
-        while len(plans) > self.LIMIT:
-            plans.popitem(last=False)
+        return key not in self._plans and self._recorded(key, queue, steps) is not None
 
     def run(self, key, queue, steps) -> None:
         """Replay `key`'s plan on `queue`, recording it first from `steps()` (which makes the launches) if there is
-        none. A forward pass that cannot be recorded (ops.launch.NotRecordable) runs directly, now and after."""
+        none. A forward pass that cannot be recorded runs directly, now and after."""
         plans = self._plans
-        plan = plans.get(key)
-        if plan is None:
-            if key in plans:  # known not to record
-                steps()
-                return
-            try:
-                with Recording(queue) as recording:
-                    steps()
-            except NotRecordable:
-                plans[key] = None
-                steps()
-                return
-            plan = Plan(recording.launches)
-            self._keep(key, plan)
-        else:
+        if key in plans:
+            plan = plans[key]
             plans.move_to_end(key)
-        plan.enqueue(queue)
+        else:
+            plan = self._recorded(key, queue, steps)
+        if plan is None:
+            steps()
+        else:
+            plan.enqueue(queue)
+
+    def _recorded(self, key, queue, steps):
+        """`key`'s plan from `steps()`, kept; None (kept as well) where the pass cannot be recorded: a launch the
+        recording refuses (ops.launch.NotRecordable), or no ctypes route to the library."""
+        try:
+            with Recording(queue) as recording:
+                steps()
+            plan = Plan(recording.launches)
+        except (NotRecordable, OSError, AttributeError):
+            plan = None
+        plans = self._plans
+        plans[key] = plan
+        if plan is not None:
+            self.recorded += 1
+            while len(plans) > self.LIMIT:
+                plans.popitem(last=False)
+        return plan
 
     def clear(self) -> None:
         self._plans.clear()

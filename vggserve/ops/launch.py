@@ -6,7 +6,13 @@ import numpy as np
 import pyopencl as cl
 
 MF = cl.mem_flags
-_recording = threading.local()  # .active: the Recording this thread's launches go to, if any
+
+
+class _Recordings(threading.local):
+    active = None  # the Recording this thread's launches go to, if any
+
+
+_recording = _Recordings()
 
 
 def round_up(x: int, m: int) -> int:
@@ -34,7 +40,7 @@ class Launch:
         self.copies: list = []  # [(args, cl.Kernel)], the most recently used first
 
     def __call__(self, queue, grid, local, *args, wait_for=None):
-        recording = getattr(_recording, "active", None)
+        recording = _recording.active
         if recording is not None:
             return recording.add(self, queue, grid, local, args, wait_for)
         copies = self.copies
@@ -56,9 +62,14 @@ class Launch:
             kernel = cl.Kernel(self.kernel.program, self.kernel.function_name)
         else:
             kernel = copies.pop()[1]
-        kernel.set_args(*(np.int32(a) if isinstance(a, int) else a for a in args))
+        kernel.set_args(*kernel_args(args))
         copies.insert(0, (args, kernel))  # holding args keeps the buffers alive while a kernel refers to them
         return kernel
+
+
+def kernel_args(args: tuple):
+    """A launch's arguments as pyopencl's set_args takes them: Python ints as int32."""
+    return (np.int32(a) if isinstance(a, int) else a for a in args)
 
 
 class NotRecordable(RuntimeError):
@@ -76,7 +87,7 @@ class Recording:
         self.launches: list = []
 
     def __enter__(self):
-        if getattr(_recording, "active", None) is not None:
+        if _recording.active is not None:
             raise NotRecordable("a recording is already active on this thread")
         _recording.active = self
         return self

@@ -7,6 +7,7 @@ import functools
 import glob
 import os
 
+import numpy as np
 import pyopencl as cl
 
 
@@ -31,7 +32,7 @@ def enqueue_nd_range_kernel():
 
 
 class ArgumentError(TypeError):
-    """A kernel argument of a kind `set_kernel_arg` does not pass (the caller falls back to pyopencl)."""
+    """A kernel argument of a kind `kernel_with_args` does not pass (the caller falls back to pyopencl)."""
 
 
 @functools.cache
@@ -50,8 +51,6 @@ def kernel_with_args(program, name: str, args) -> int:
     Python ints (as int32, as `ops.launch.Launch` passes them), numpy scalars, local memory. Without pyopencl's
     Kernel, whose construction costs NVIDIA's host about 0.2 ms (engine/replay.py records one per launch).
     ArgumentError for another kind of argument; RuntimeError when the library refuses."""
-    import numpy as np
-
     create, set_arg, release = _kernel_calls()
     err = ctypes.c_int32(0)
     handle = create(ctypes.c_void_p(program.int_ptr), name.encode(), ctypes.byref(err))
