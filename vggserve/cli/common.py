@@ -24,14 +24,18 @@ def add_precision_arg(parser) -> None:
 AUTO_DECODE = "gpu where the device is a GPU, else exact"
 
 
-def add_decode_arg(parser, device: bool = False, auto: str = AUTO_DECODE) -> None:
-    """--decode; `device`: with the device JPEG decoder's modes, gpu and auto (`auto`: what auto does)."""
-    parser.add_argument("--decode", choices=("exact", "fast") + (("gpu", "auto") if device else ()), default="exact",
-                        help="exact: every pixel decoded, torchvision's preprocessing bit for bit (default); fast: "
+def add_decode_arg(parser, device: bool = False) -> None:
+    """--decode; `device`: with the device JPEG decoder's modes, gpu and auto, and auto the default (on a GPU the device decoder served 2.0-2.1x the images/s of exact in the service and 1.8x in the batch
+    job, FP16 on an H200 with 16 cores: BENCHMARKS.md, twenty-eighth session; its pixels are exact's, bit for bit)."""
+    default = "auto" if device else "exact"
+    parser.add_argument("--decode", choices=("exact", "fast") + (("gpu", "auto") if device else ()), default=default,
+                        help="exact: every pixel decoded, torchvision's preprocessing bit for bit" +
+                             ("" if device else " (default)") + "; fast: "
                              "large JPEGs decoded scaled down by 1/2, 1/4 or 1/8 in their DCT, never below what "
                              "Resize(256) needs (several times faster on phone photos; predictions agree with exact "
                              "on almost every image)" + ("; gpu: baseline JPEGs decoded on the model's OpenCL "
-                             "device, bit for bit as exact, other files as exact; auto: " + auto if device else ""))
+                             "device, bit for bit as exact, other files as exact; auto (default): " + AUTO_DECODE
+                             if device else ""))
 
 
 MAX_PIXELS_RANGE = (1, 1 << 31)  # as `serve --max-pixels` (serving/settings.py)

@@ -75,9 +75,7 @@ def register(subparsers) -> None:
                         "ends send decoded images through shared memory and the engine's kernels resize them, bit "
                         "for bit as on the CPU, at a fraction of the front ends' CPU; `cpu`: in the front ends "
                         "(default device)")
-    add_decode_arg(p, device=True, auto="on a GPU engine, each baseline JPEG is decoded in the front end while "
-                   "another of its decoding threads is idle, else sent compressed to the GPU (both bit for bit as "
-                   "exact: the CPU's spare time takes work off the GPU); off a GPU, exact")
+    add_decode_arg(p, device=True)
     p.add_argument("--decode-group", default=None, metavar="N",
                    help="with --decode gpu or auto: when the engine takes a batch to decode on its device and more "
                         "full batches are already waiting, it decodes up to N batches' JPEGs in one launch sequence, "

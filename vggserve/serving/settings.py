@@ -228,8 +228,8 @@ class Settings:
     resize_on: str = "device"
     # how uploads are decoded: "exact" (every pixel) or "fast" (large JPEGs scaled down in the DCT; vggserve.decoding),
     # "gpu" (JPEGs the device decoder takes go to the engine compressed and are decoded on its device, bit for bit as
-    # exact: serving.scheduling.devicedecode) or "auto" (where a worker's device is a GPU, such a JPEG is decoded on
-    # the CPU while a decoding thread is to spare, else on the device: serving.scheduling.decoderouter; else exact)
+    # exact: serving.scheduling.devicedecode) or "auto" (gpu where a worker's device is a GPU, else exact; `vggserve
+    # serve`'s default, not this class's: an app made in code keeps exact unless it asks)
     decode: str = "exact"
     # with --decode gpu|auto: batches whose JPEGs the engine decodes on its device at once, when that many full
     # batches are waiting (one launch sequence; 1: one batch per decode; serving.scheduling.devicedecode)

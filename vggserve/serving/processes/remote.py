@@ -11,7 +11,6 @@ from typing import Callable
 
 from ...modelinput import ModelInput
 from ..metrics import Metrics
-from ..scheduling.decoderouter import decode_router
 from ..scheduling.devicedecode import DEVICE_MODES, encoded_here, encoded_or_decoded, note_cpu
 from ..scheduling.errors import Unavailable
 from ..scheduling.imaging import decode_and_crop, decode_for_engine
@@ -38,7 +37,6 @@ class RemoteBackend:
             self.engine = EngineRouter(list(address), authkey, settings.max_queue, metrics, index, shared=shared,
                                        devices=settings.devices)
         self.pool: ThreadPoolExecutor | None = None
-        self.router = decode_router(settings.decode, settings.preprocess_threads)  # --decode auto: CPU or device
         self.on_change: Callable[[], None] = lambda: None
         self.on_all_dead: Callable[[str], None] = lambda reasons: None
 
@@ -91,18 +89,16 @@ class RemoteBackend:
     async def prepare(self, data: bytes) -> tuple[ModelInput, float]:
         """(crop or image, seconds): the engine resizes on its device when it can (images), else it gets crops, and
         normalises them. With --decode gpu|auto and an engine that decodes on its device, a JPEG it takes goes to
-        it as it is, compressed (`devicedecode`), decided on the event loop under gpu (`encoded_here`); under auto
-        only while no other decoding thread is idle (`decoderouter`)."""
+        it as it is, compressed (`devicedecode`), decided on the event loop (`encoded_here`)."""
         info = self.model_info()
         task = decode_for_engine if info.get("resizes_on_device") else decode_and_crop
         if self.settings.decode in DEVICE_MODES:
             note = note_cpu(self.metrics)
             if info.get("decodes_on_device"):
-                if self.router is None:  # --decode gpu: the JPEGs the device takes need no decoding thread
-                    taken = encoded_here(data, info.get("preprocessing", "torchvision"), self.settings.max_pixels)
-                    if taken is not None:
-                        return taken
-                task = partial(encoded_or_decoded, task=task, note=note, router=self.router)
+                taken = encoded_here(data, info.get("preprocessing", "torchvision"), self.settings.max_pixels)
+                if taken is not None:  # the JPEGs the device takes need no decoding thread
+                    return taken
+                task = partial(encoded_or_decoded, task=task, note=note)
             else:
                 note("no_device")
         return await self.run(partial(task, data, info.get("preprocessing", "torchvision"), self.settings.max_pixels,

@@ -1,10 +1,9 @@
-"""Uploads decoded on the engine's device (`vggserve serve --decode gpu|auto`), and where each file goes instead.
+"""Uploads decoded on the engine's device (`vggserve serve --decode gpu|auto`, auto the default), and where each file goes instead.
 
     front end (LocalBackend, or a front-end process's RemoteBackend), per upload, in a decoding thread:
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
-                                        as they came (under auto, only while the front end has no decoding thread
-                                        to spare: decoderouter); any other file -> decoded here as under exact
-        encoded_here(data, ...)         under gpu, first, on the event loop: the JPEGs the device takes go without
+                                        as they came; any other file -> decoded here as under exact
+        encoded_here(data, ...)         first, on the event loop: the JPEGs the device takes go without
                                         the hop to a thread; None leaves the file to encoded_or_decoded
     device worker, per decode group, before its first batch is prepared (while the device computes the previous one):
         DeviceDecoding.decode_group(model, batches, on_device, preprocessing)
@@ -30,9 +29,7 @@ the CPU.
 
 vggserve_decoded_images_total{path, reason} counts, under gpu and auto, where each upload was decoded and why:
     path=device  baseline_jpeg   decoded on the engine's device
-    path=cpu     spare_cpu       one the device takes, decoded in the front end by choice: under auto, while it has
-                                 a decoding thread (or process) to spare (serving.scheduling.decoderouter)
-                 other_format    not a JPEG (PNG, WebP, GIF, ...)
+    path=cpu     other_format    not a JPEG (PNG, WebP, GIF, ...)
                  jpeg_kind       a JPEG the device decoder does not take (progressive, arithmetic, CMYK, 12-bit, ...)
                  header          its header refused: the pixel limit, the format allowlist, a header Pillow refuses
                  stream          the device flagged its stream (corrupt or unusual): decoded, or refused, on the CPU
@@ -46,7 +43,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from contextlib import nullcontext
 
 from ...decoding import DEVICE_MODES, decodes_on_device as takes_jpegs
 from ...decoding.groups import GROUP, GROUP_BYTES, check, take
@@ -54,14 +50,12 @@ from ...errors import ImageError
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
 from ...modelinput import ENCODED, TENSOR, ModelInput, uses_device_resize
 from ...wording import count
-from .decoderouter import SPARE_CPU
 
 log = logging.getLogger("vggserve.serving")
 
 DEVICE, CPU = "device", "cpu"
 ON_DEVICE = "baseline_jpeg"
-CPU_REASONS = (SPARE_CPU, "other_format", "jpeg_kind", "header", "stream", "device_error", "no_device", "tensor_batch")
-NOT_ROUTED = nullcontext()  # --decode gpu: no router
+CPU_REASONS = ("other_format", "jpeg_kind", "header", "stream", "device_error", "no_device", "tensor_batch")
 _HEADER_REFUSALS = ("header refused", "JPEG is not an accepted format", "more pixels than the limit")
 
 
@@ -83,29 +77,25 @@ def route(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FOR
 
 
 def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, *, task,
-                       decode: str = "exact", note=None, router=None) -> tuple[ModelInput, float]:
+                       decode: str = "exact", note=None) -> tuple[ModelInput, float]:
     """In a front end's decoding thread: (the encoded input, seconds) for a file the device decodes, else `task`'s
     answer for it, `task` being the CPU path it takes today (imaging.prepare_image, decode_and_crop,
-    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`). With a `router` (--decode
-    auto, `decoderouter`), a file the device decodes is decoded here all the same while another thread is idle."""
+    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`)."""
     from ...preprocessing import check_mode
 
-    with router if router is not None else NOT_ROUTED:  # counts this thread busy
-        started = time.perf_counter()
-        check_mode(mode)  # as the CPU path does first
-        why = route(data, max_pixels, formats)
-        if why == ON_DEVICE:
-            if router is None or not router.spare():
-                return ModelInput.encoded(data), time.perf_counter() - started
-            why = SPARE_CPU
-        if note is not None:
-            note(why)
-        image, seconds = task(data, mode, max_pixels, formats, decode=decode)
-        return image, time.perf_counter() - started
+    started = time.perf_counter()
+    check_mode(mode)  # as the CPU path does first
+    why = route(data, max_pixels, formats)
+    if why == ON_DEVICE:
+        return ModelInput.encoded(data), time.perf_counter() - started
+    if note is not None:
+        note(why)
+    image, seconds = task(data, mode, max_pixels, formats, decode=decode)
+    return image, time.perf_counter() - started
 
 
 def encoded_here(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS) -> tuple[ModelInput, float] | None:
-    """Under --decode gpu (no router), on the caller's thread (a front end's event loop): (the encoded input, seconds)
+    """Under --decode gpu or auto, on the caller's thread (a front end's event loop): (the encoded input, seconds)
     when the device decoder takes `data`, else None, for `encoded_or_decoded` in a decoding thread to decode it
     there, note why and raise what the CPU path raises. Deciding costs a parse of the file's markers, less than
     the hop to a thread and back (the pool's queue and wake-up, the GIL handed over twice, the loop woken)."""
@@ -248,7 +238,13 @@ class DeviceDecoding:
     def groups_batch(self, batch: list, on_device: bool) -> bool:
         """Whether a worker may decode `batch` with more batches at once: it decodes on its device, its group is
         above 1, and the batch has JPEGs for the device (and no tensors, which keep its JPEGs on the CPU)."""
-        if self.group < 2 or not on_device:
+        return self.group >= 2 and self.on_device(batch, on_device)
+
+    @staticmethod
+    def on_device(batch: list, on_device: bool) -> bool:
+        """Whether a worker that decodes on its device (`on_device`) decodes some of `batch`'s JPEGs there: it has
+        some, and no tensors (which keep its JPEGs on the CPU)."""
+        if not on_device:
             return False
         forms = {item.input.form for item in batch}
         return ENCODED in forms and TENSOR not in forms

@@ -14,9 +14,8 @@ from ..settings import Settings, SettingsError
 from .batcher import BatchQueue
 from ...wording import count
 from .errors import Unavailable, shutting_down
-from .decoderouter import SPARE_CPU, decode_router
-from .devicedecode import (DEVICE_MODES, NOT_ROUTED, ON_DEVICE, DeviceDecoding, encoded_here, encoded_or_decoded,
-                           note_cpu, route)
+from .devicedecode import (DEVICE_MODES, ON_DEVICE, DeviceDecoding, encoded_here, encoded_or_decoded, note_cpu,
+                           route)
 from .imaging import decode_and_crop, decode_for_engine, normalize, prepare_image
 from .procpool import ProcessPool
 from .worker import DeviceWorker
@@ -54,8 +53,6 @@ class LocalBackend:
         self.procs: ProcessPool | None = None  # decoding processes when settings.preprocess_procs > 0
         self._procs_started = None  # Future of the processes' warm-up, run in the thread pool
         self.preprocess_task = decode_and_crop  # what the processes run (module-level; tests swap in their own)
-        # --decode auto: whether a JPEG the device takes is decoded by the threads (or processes) or on the device
-        self.router = decode_router(settings.decode, settings.preprocess_procs or settings.preprocess_threads)
         self.sha256 = None  # Future of the weights file's checksum, computed once in the pool
         self.stopping = False
         self.on_change: Callable[[], None] = lambda: None
@@ -179,26 +176,20 @@ class LocalBackend:
         return await self.procs.run(data, mode, self.settings.max_pixels, then=normalize)
 
     async def _for_device_decoding(self, data: bytes, mode: str) -> tuple[ModelInput, float]:
-        """A JPEG the device decoder takes as it is, compressed (`devicedecode`; under auto only while no decoding
-        thread or process is to spare: `decoderouter`); any other file as the engine's submit takes it: an image
-        (which it resizes on the device) or a crop, decoded in a thread or a process."""
+        """A JPEG the device decoder takes as it is, compressed (`devicedecode`); any other file as the engine's
+        submit takes it: an image (which it resizes on the device) or a crop, decoded in a thread or a process."""
         import asyncio
 
         loop, note = asyncio.get_running_loop(), note_cpu(self.metrics)
-        if self.router is None:  # --decode gpu: the JPEGs the device takes need no decoding thread
-            taken = encoded_here(data, mode, self.settings.max_pixels)
-            if taken is not None:
-                return taken
+        taken = encoded_here(data, mode, self.settings.max_pixels)
+        if taken is not None:  # the JPEGs the device takes need no decoding thread
+            return taken
         if self.procs is None:
-            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note,
-                           router=self.router)
+            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note)
             return await loop.run_in_executor(self.pool, task, data, mode, self.settings.max_pixels)
         started = time.perf_counter()
         why = await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
         if why == ON_DEVICE:
-            if self.router is None or not self.router.spare():
-                return ModelInput.encoded(data), time.perf_counter() - started
-            why = SPARE_CPU
+            return ModelInput.encoded(data), time.perf_counter() - started
         note(why)
-        with self.router if self.router is not None else NOT_ROUTED:  # counts a process busy
-            return await self.procs.run(data, mode, self.settings.max_pixels)  # a crop
+        return await self.procs.run(data, mode, self.settings.max_pixels)  # a crop
