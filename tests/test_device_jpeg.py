@@ -800,6 +800,26 @@ def test_decode_for_model_reuses_a_buffer_only_once_every_image_of_its_call_is_d
         assert_same(_pixels(queue, image), data)
 
 
+def test_decodes_started_ahead_answer_each_file_as_decode_for_model_and_in_their_own_buffers(cl_setup):
+    """start_decode launches a batch's decode and returns; the next batch's is launched before the first's items()
+    wait: each answers its files with Pillow's pixels (or the CPU path's answer), in a buffer of its own."""
+    from vggserve.decoding.device import JpegDecoder
+    from vggserve.decoding.device.onmodel import DeviceImage, start_decode
+    from vggserve.errors import ImageError
+
+    ctx, dev, queue = cl_setup
+    model = _OnDecoder(JpegDecoder(ctx, dev), queue)
+    first = [corpus.pillow_jpeg(corpus.picture(300, 200, i), quality=90, subsampling=2) for i in range(3)]
+    second = [corpus.pillow_jpeg(corpus.picture(257, 131, 7), quality=75, subsampling=1), b"junk"]
+    started = [start_decode(model, first), start_decode(model, second), start_decode(model, [b"junk too"])]
+    a, b, c = (s.items() for s in started)
+    assert all(isinstance(x, DeviceImage) for x in a + b[:1])
+    assert isinstance(b[1], ImageError) and isinstance(c[0], ImageError)
+    assert a[0].buffer is not b[0].buffer
+    for image, data in zip(a + b[:1], first + second[:1]):
+        assert_same(_pixels(queue, image), data)
+
+
 def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_images(cl_setup):
     from vggserve.decoding.device import JpegDecoder
     from vggserve.decoding.device.onmodel import decode_for_model

@@ -315,6 +315,12 @@ class DeviceResize:
         self._last = None  # the previous call's last event
         self._uploads = deque(maxlen=4)  # recent table uploads: their events keep the host arrays alive
 
+    @property
+    def last_upload(self):
+        """The last call's table upload, its first command: from its start to the returned event's end is that
+        call's device time (benchmarks/device_decode.py)."""
+        return self._uploads[-1] if self._uploads else None
+
     def pack(self, images, raw_bytes: int | None = None, out_slots: int | None = None) -> tuple[np.ndarray, int, int]:
         """The int32 table of one call (layout: kernels/resize.cl), the scratch pixels pass 1 writes and (variant
         quad) its work-groups. ValueError for an image the device path does not take, or (sizes given) one outside

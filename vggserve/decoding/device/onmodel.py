@@ -124,12 +124,51 @@ def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, form
     """Per file of `datas` (bytes, or contiguous uint8 buffers: `prepare`): a DeviceImage, a CPU-decoded ModelInput,
     or the ImageError the CPU path raises. `cpu(data)`: that CPU path, upright RGB pixels (a PIL image or a uint8
     array) or an ImageError (default: `decode_pixels` with these limits; the service passes its own, which makes any
-    decoder failure an ImageError)."""
-    from ...errors import ImageError
-    from ...modelinput import device_input
-    from ..decode import decode_pixels
+    decoder failure an ImageError). `start_decode(...).items()` in one call."""
+    return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu).items()
 
-    items: list = [None] * len(datas)
+
+class StartedDecode:
+    """A device decode launched by `start_decode`, not waited for: `items()` waits for it and answers every file,
+    so a caller can launch the next batch's decode before it waits for this one's."""
+
+    def __init__(self, datas, chosen, windows, kinds, run, lease, max_pixels, formats, cpu):
+        self.datas, self.chosen, self.windows, self.kinds, self.run = datas, chosen, windows, kinds, run
+        self.lease, self.max_pixels, self.formats, self.cpu = lease, max_pixels, formats, cpu
+
+    def items(self) -> list:
+        """decode_for_model's answer: waits for the device's statuses, then decodes on the CPU what it refused."""
+        from ...errors import ImageError
+        from ...modelinput import device_input
+        from ..decode import decode_pixels
+
+        datas, cpu = self.datas, self.cpu
+        items: list = [None] * len(datas)
+        if self.run is not None:
+            ok = self.run.ok()  # waits: pixels complete
+            lease = self.lease
+            for (i, _), window, kind, good in zip(self.chosen, self.windows, self.kinds, ok):
+                if good:
+                    items[i] = DeviceImage(lease.buffer, window.offset, window.width, window.height, kind,
+                                           lease=lease)
+        self.lease = self.run = None  # the DeviceImages hold the lease from here
+        for i, data in enumerate(datas):
+            if items[i] is None:
+                try:
+                    pixels = cpu(data) if cpu else decode_pixels(bytes(data), max_pixels=self.max_pixels,
+                                                                  formats=self.formats)
+                    items[i] = device_input(pixels)
+                    if not isinstance(pixels, np.ndarray):
+                        pixels.close()
+                except ImageError as exc:
+                    items[i] = exc
+        return items
+
+
+def start_decode(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
+                 cpu=None) -> StartedDecode:
+    """The host's part of `decode_for_model`: each file prepared, the device decode of those it takes launched on
+    the model's decoder queue; the StartedDecode's `items()` waits for it."""
     chosen, windows, kinds, offset = [], [], [], 0
     for i, data in enumerate(datas):
         p = prepare(data, max_pixels, formats)
@@ -140,24 +179,11 @@ def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, form
         windows.append(window)
         kinds.append(kind)
         offset += window.width * window.height * 3
+    run = lease = None
     if chosen:
         decoder, queue, lock = model.jpeg_decoder()
         lease, reads = output_pool(decoder).take(offset)
         with lock:  # the launches (the decode waits on the device for the reads of the buffer's last images); the
-            # wait for the statuses below lets another thread launch its batch meanwhile
+            # wait for the statuses in items() lets another thread launch its batch meanwhile
             run = decoder.enqueue(queue, [p for _, p in chosen], windows, lease.buffer, wait_for=reads or None)
-        ok = run.ok()  # waits: pixels complete
-        buffer = lease.buffer
-        for (i, _), window, kind, good in zip(chosen, windows, kinds, ok):
-            if good:
-                items[i] = DeviceImage(buffer, window.offset, window.width, window.height, kind, lease=lease)
-    for i, data in enumerate(datas):
-        if items[i] is None:
-            try:
-                pixels = cpu(data) if cpu else decode_pixels(bytes(data), max_pixels=max_pixels, formats=formats)
-                items[i] = device_input(pixels)
-                if not isinstance(pixels, np.ndarray):
-                    pixels.close()
-            except ImageError as exc:
-                items[i] = exc
-    return items
+    return StartedDecode(datas, chosen, windows, kinds, run, lease, max_pixels, formats, cpu)
