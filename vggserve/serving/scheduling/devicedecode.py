@@ -238,13 +238,7 @@ class DeviceDecoding:
     def groups_batch(self, batch: list, on_device: bool) -> bool:
         """Whether a worker may decode `batch` with more batches at once: it decodes on its device, its group is
         above 1, and the batch has JPEGs for the device (and no tensors, which keep its JPEGs on the CPU)."""
-        return self.group >= 2 and self.on_device(batch, on_device)
-
-    @staticmethod
-    def on_device(batch: list, on_device: bool) -> bool:
-        """Whether a worker that decodes on its device (`on_device`) decodes some of `batch`'s JPEGs there: it has
-        some, and no tensors (which keep its JPEGs on the CPU)."""
-        if not on_device:
+        if self.group < 2 or not on_device:
             return False
         forms = {item.input.form for item in batch}
         return ENCODED in forms and TENSOR not in forms

@@ -15,13 +15,11 @@ With --decode gpu a batch's JPEGs are decoded together with those of up to --dec
 already waiting (`DeviceWorker.claim_group`, one device decode: `devicedecode`): the feeder keeps the group's
 other batches, decoded and claimed, and starts them one by one, each as a batch of its own with its own slot,
 before it takes the next batch. A claimed batch's images stay withdrawable until it starts
-(`BatchQueue.start_claimed`), and its queue time and size are recorded then. After a batch decoded on the device
-(alone or as a group's last) the feeder takes the next batch as soon as it is submitted, before a slot is free (two
-batches in flight; as a busy taker, so a full batch while the device is busy), and takes the slot once the new batch
-is decoded: its decode then overlaps the network's last two batches instead of one. On an H200 at FP16 the network
-takes 4.1 ms a batch of 64 and the decode about 1.9 ms of device time, which did not fit beside one batch (in one
-process, decoding a batch ahead gave 12,504 images/s against 10,780: BENCHMARKS.md, twenty-eighth session). Without
-device decoding the order is as it was: a slot, then the next batch.
+(`BatchQueue.start_claimed`), and its queue time and size are recorded then. After a group of several batches the
+feeder takes the next batch as soon as the group's last one is submitted, before a slot is free (two batches in
+flight; as a busy taker, so a full batch), and takes the slot once the new group is decoded: a group's decode takes
+longer than one batch's, and so overlaps the network's last two batches instead of one. After a batch decoded alone
+(and always with --decode-group 1, or without device decoding) the order is as it was: a slot, then the next batch.
 
 A failure (from `submit` or from `result()`) marks the worker failed and stops the feeder; its batch, every batch
 still in flight and one the feeder took meanwhile go back to the queue for the other device workers, or, when none
@@ -98,15 +96,13 @@ class InflightRunner:
                             return
                         batch = taken_batch
                         taken = worker.note_taken(batch)
-                        # the next batch is taken before a slot is free after a batch decoded on the device (as after
-                        # a group): its decode then runs beside two batches on the device, not one
-                        early = worker.decodes_on_device(batch)
                         claimed = worker.claim_group(batch, self.max_size, self._busy)
                         group.extend([more, None] for more in claimed)  # given back, undecoded, if the decode fails
                         decoded = worker.decoded_group(self.model, batch, claimed)  # on the device, encoded uploads
                         (batch, inputs), rest = decoded[0], decoded[1:]
                         for entry, (more, more_inputs) in zip(group, rest):
                             entry[:] = more, more_inputs
+                        early = bool(claimed)
                         if late_slot and not self._slot():  # failed while this group was decoded
                             worker.requeue_or_fail(batch + self._given_up(group), self.failure)
                             return
