@@ -165,12 +165,7 @@ class DeviceDecoding:
         device by one `decode_for_model` call (or one per `group_bytes` of files: `groups.take`). A batch that also
         holds tensors decodes its JPEGs on the CPU, as alone. `settle(k, items)`: of batches[k]'s items about to be
         answered with their ImageError, those this call answers (the others' requests were answered meanwhile:
-        claimed images withdrawn); default all. `launch_group(...).finish(settle)` in one call."""
-        return self.launch_group(model, batches, on_device, preprocessing).finish(settle)
-
-    def launch_group(self, model, batches: list[list], on_device: bool, preprocessing: str) -> "LaunchedGroup":
-        """`decode_group`'s device decodes launched, not waited for (the CPU decodes it needs are done now): the
-        caller launches the next group's before it waits for this one (`LaunchedGroup.finish`)."""
+        claimed images withdrawn); default all."""
         inputs = [[item.input for item in batch] for batch in batches]
         waiting: deque = deque()  # (batch index, positions of its encoded inputs, their bytes) for the device
         for k, xs in enumerate(inputs):
@@ -182,12 +177,19 @@ class DeviceDecoding:
                 waiting.append((k, where, sum(xs[i].array.nbytes for i in where)))
                 continue
             self._decode_on_cpu(xs, where, preprocessing, "tensor_batch" if on_device else "no_device")
-        parts = []
         while waiting:
             part = take(waiting, self.group, self.group_bytes)
             datas = [inputs[k][i].array for k, where, _ in part for i in where]  # as they came (prepare copies heads)
-            parts.append((part, self._start_on_device(model, datas, len(part))))
-        return LaunchedGroup(self, batches, inputs, parts, preprocessing)
+            decoded = self._on_device(model, datas, len(part))
+            at = 0
+            for k, where, _ in part:
+                if decoded is None:
+                    self._decode_on_cpu(inputs[k], where, preprocessing, "device_error")
+                    continue
+                for i, x in zip(where, decoded[at:at + len(where)]):
+                    inputs[k][i] = x
+                at += len(where)
+        return [self._split(k, batch, xs, settle) for k, (batch, xs) in enumerate(zip(batches, inputs))]
 
     @staticmethod
     def _split(k: int, batch: list, inputs: list, settle) -> tuple[list, list]:
@@ -207,40 +209,26 @@ class DeviceDecoding:
             inputs[i] = self._on_cpu(inputs[i].array.tobytes(), preprocessing)
         self.note(CPU, reason, len(where))
 
-    def _start_on_device(self, model, datas: list, batches: int = 1):
-        """decode_for_model's decode launched (`start_decode`), or None when the decoder failed on the group
-        (logged), for `batches` batches' files."""
-        from ...decoding.device.onmodel import start_decode
+    def _on_device(self, model, datas: list, batches: int = 1) -> list | None:
+        """decode_for_model's answer (None when the decoder failed on the group: logged), for `batches` batches'
+        files."""
+        from ...decoding.device.onmodel import decode_for_model
         from .imaging import open_upload
 
         def cpu(data):
             return open_upload(bytes(data), self.max_pixels, self.formats)
 
         try:
-            return start_decode(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
+            decoded = decode_for_model(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
         except Exception:  # noqa: BLE001 - the CPU decodes them instead; the device's own failure shows in its batch
-            self._log_failure(batches, datas)
-            return None
-
-    def _finish_on_device(self, started, batches: int) -> list | None:
-        """A `_start_on_device` decode's answer (None when it failed: logged), counted."""
-        if started is None:
-            return None
-        try:
-            decoded = started.items()
-        except Exception:  # noqa: BLE001 - as at the launch
-            self._log_failure(batches, started.datas)
+            log.exception("the device JPEG decoder failed on %s of %s; decoded on the CPU instead",
+                          "a batch" if batches == 1 else f"a group of {batches} batches", count(len(datas), "image"))
             return None
         self.metrics.device_decode_batches.observe(batches)
         on_device = sum(getattr(x, "form", None) == DEVICE for x in decoded)
         self.note(DEVICE, ON_DEVICE, on_device)
         self.note(CPU, "stream", len(decoded) - on_device)
         return decoded
-
-    @staticmethod
-    def _log_failure(batches: int, datas) -> None:
-        log.exception("the device JPEG decoder failed on %s of %s; decoded on the CPU instead",
-                      "a batch" if batches == 1 else f"a group of {batches} batches", count(len(datas), "image"))
 
     @staticmethod
     def encoded_bytes(batch: list) -> int:
@@ -281,28 +269,3 @@ def hold_from_environment() -> float:
     except ValueError:
         log.warning("$%s=%r is not a number of milliseconds; no hold", HOLD_ENV, text)
         return 0.0
-
-
-class LaunchedGroup:
-    """`DeviceDecoding.launch_group`'s decodes on their way: `finish(settle)` waits for them and answers as
-    `decode_group` does."""
-
-    def __init__(self, decoding: DeviceDecoding, batches: list[list], inputs: list[list], parts: list,
-                 preprocessing: str):
-        self.decoding, self.batches, self.inputs, self.parts = decoding, batches, inputs, parts
-        self.preprocessing = preprocessing
-
-    def finish(self, settle=None) -> list[tuple[list, list]]:
-        decoding, inputs = self.decoding, self.inputs
-        for part, started in self.parts:
-            decoded = decoding._finish_on_device(started, len(part))
-            at = 0
-            for k, where, _ in part:
-                if decoded is None:
-                    decoding._decode_on_cpu(inputs[k], where, self.preprocessing, "device_error")
-                    continue
-                for i, x in zip(where, decoded[at:at + len(where)]):
-                    inputs[k][i] = x
-                at += len(where)
-        self.parts = []
-        return [decoding._split(k, batch, xs, settle) for k, (batch, xs) in enumerate(zip(self.batches, inputs))]

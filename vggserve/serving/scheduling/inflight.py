@@ -76,7 +76,6 @@ class InflightRunner:
     def _feed(self) -> None:
         worker = self.worker
         group: deque = deque()  # the claimed batches of the decode group not started yet: [batch, its inputs]
-        ahead = None  # (claimed batches, their LaunchedGroup): decoding on the device while the batch in hand waits
         early = False  # the last group had several batches: the next batch is taken before a slot is free
         try:
             while True:
@@ -87,14 +86,6 @@ class InflightRunner:
                             return  # failed: `finally` hands the group back
                         batch, inputs = worker.start_claimed(*group.popleft())
                         taken = worker.note_taken(batch) if batch else 0.0
-                    elif ahead is not None:  # its batches were claimed and their decode launched: wait for it
-                        claimed, launched = ahead
-                        ahead = None
-                        group.extend([more, None] for more in claimed)  # given back, undecoded, if it fails
-                        ahead = self._launch_ahead()  # the next ones first, so that the device always has one
-                        for entry, (more, more_inputs) in zip(group, worker.finish_group(launched, taken=False)):
-                            entry[:] = more, more_inputs
-                        continue  # started one by one, as a group's claimed batches
                     else:
                         late_slot = early
                         if not late_slot and not self._slot():
@@ -107,9 +98,7 @@ class InflightRunner:
                         taken = worker.note_taken(batch)
                         claimed = worker.claim_group(batch, self.max_size, self._busy)
                         group.extend([more, None] for more in claimed)  # given back, undecoded, if the decode fails
-                        launched = worker.launch_group(self.model, [batch, *claimed])  # on the device, encoded uploads
-                        ahead = self._launch_ahead()  # the next full batches' decode, launched before this one's wait
-                        decoded = worker.finish_group(launched, taken=True)
+                        decoded = worker.decoded_group(self.model, batch, claimed)  # on the device, encoded uploads
                         (batch, inputs), rest = decoded[0], decoded[1:]
                         for entry, (more, more_inputs) in zip(group, rest):
                             entry[:] = more, more_inputs
@@ -129,38 +118,16 @@ class InflightRunner:
                         continue
                 except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
                     self._fail(exc)
-                worker.requeue_or_fail(batch + self._given_up(group) + self._ahead_given_up(ahead),
-                                       self.failure)  # never computed
-                ahead = None
+                worker.requeue_or_fail(batch + self._given_up(group), self.failure)  # never computed
                 return
         finally:
-            if group or ahead:  # failed meanwhile (or an error the loop did not catch)
-                worker.requeue_or_fail(self._given_up(group) + self._ahead_given_up(ahead),
-                                       self.failure or RuntimeError("the feeder stopped"))
+            if group:  # failed meanwhile (or an error the loop did not catch)
+                worker.requeue_or_fail(self._given_up(group), self.failure or RuntimeError("the feeder stopped"))
 
     def _slot(self) -> bool:
         """Wait for one of the DEPTH slots (given back by the completer); False once the worker has failed."""
         self._slots.acquire()
         return self.failure is None
-
-    def _launch_ahead(self):
-        """(claimed batches, their LaunchedGroup): the full batches already waiting (up to --decode-group), their
-        device decode launched now, before the feeder waits for the batch in hand; None when none is waiting (or
-        the worker does not decode on its device). In one process on an H200 at FP16, the network with each decode
-        launched a batch ahead ran 12,426-12,504 images/s against 10,097-10,780 with each decoded just before its
-        network (BENCHMARKS.md, twenty-eighth session): the decode's launches then precede the network's, and its
-        latency-bound rounds run beside it."""
-        if self.failure is not None:
-            return None
-        claimed = self.worker.claim_ahead(self.max_size, self._busy)
-        return (claimed, self.worker.launch_group(self.model, claimed)) if claimed else None
-
-    def _ahead_given_up(self, ahead) -> list:
-        """The still-claimed images of a launched group's batches, this worker's now (its decode is left to end on
-        the device; the images go back undecoded)."""
-        if ahead is None:
-            return []
-        return [item for batch in ahead[0] for item in self.worker.queue.unclaim(batch)]
 
     def _given_up(self, group: deque) -> list:
         """The still-claimed images of the group's batches not started, in order, this worker's now (emptied)."""

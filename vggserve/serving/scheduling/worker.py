@@ -214,29 +214,12 @@ class DeviceWorker:
         """`decoded` for `batch` (taken) and the `claimed` batches, in one device decode: each batch's (items still
         to compute, their inputs), in order. A claimed image whose file the CPU path refuses is answered with its
         ImageError only while it is still claimed (its request may have been answered meanwhile)."""
-        return self.finish_group(self.launch_group(model, [batch, *claimed]), taken=True)
-
-    def launch_group(self, model, batches: list[list[Item]]):
-        """The device decode of `batches` launched, not waited for (`DeviceDecoding.launch_group`)."""
-        return self.decoding.launch_group(model, batches, bool(self.info.get("decodes_on_device")),
-                                          self.info.get("preprocessing", "torchvision"))
-
-    def finish_group(self, launched, taken: bool) -> list[tuple[list[Item], list]]:
-        """A launched group's answer, as `decoded_group`'s: its first batch this worker's when `taken`, the others
-        (all of them, else) claimed, their images refused by the CPU path answered only while still claimed."""
 
         def settle(k: int, items: list[Item]) -> list[Item]:
-            return items if k == 0 and taken else self.queue.unclaim(items)
+            return items if k == 0 else self.queue.unclaim(items)
 
-        return launched.finish(settle)
-
-    def claim_ahead(self, max_size: int, busy: Callable[[], bool]) -> list[list[Item]]:
-        """Full batches already waiting, claimed, up to --decode-group of them and GROUP_BYTES of files, whose decode
-        the feeder launches before it waits for the batch in hand (none unless this worker decodes on its device)."""
-        decoding = self.decoding
-        if not self.info.get("decodes_on_device"):
-            return []
-        return self.queue.take_more(max_size, decoding.group, busy, 0.0, decoding.encoded_bytes, decoding.group_bytes)
+        return self.decoding.decode_group(model, [batch, *claimed], bool(self.info.get("decodes_on_device")),
+                                          self.info.get("preprocessing", "torchvision"), settle)
 
     def start_claimed(self, batch: list[Item], inputs: list) -> tuple[list[Item], list]:
         """A claimed batch of a decode group starts: (its items still to compute, their inputs), without those
