@@ -246,3 +246,37 @@ def test_classify_with_the_device_jpeg_decoder_prints_what_exact_prints(tiny_wei
     assert device.stdout == exact.stdout and len(exact.stdout.splitlines()) == len(IMAGES) + len(made)
     errors = lambda r: sorted(line for line in r.stderr.splitlines() if line.startswith("vggserve: error"))  # noqa: E731
     assert errors(device) == errors(exact) and len(errors(exact)) == 2
+
+
+def test_classify_by_default_decodes_on_the_cpu_where_the_gpus_jpeg_decoder_does_not_build(tiny_weights_path,
+                                                                                          monkeypatch, capsys, caplog):
+    """`--decode auto` is the default: on a GPU whose device JPEG decoder fails to build, classify says so in one
+    line and prints what `--decode exact` prints (the model here: the test device said to be a GPU)."""
+    import dataclasses
+
+    from vggserve.cli import build_parser, classify
+    from vggserve.cli.common import load_model
+
+    def on_a_broken_gpu(*args, **kwargs):
+        model = load_model(*args, **kwargs)
+        model.device_info = dataclasses.replace(model.device_info, kind="gpu")
+
+        def broken():
+            raise RuntimeError("clBuildProgram failed: CL_BUILD_PROGRAM_FAILURE\n<the build log>")
+
+        model.jpeg_decoder = broken
+        return model
+
+    args = ["classify", "--weights", str(tiny_weights_path), "--device", TEST_DEVICE, "--json", "--top-k", "3",
+            *IMAGES]
+    assert classify.run(build_parser().parse_args([*args, "--decode", "exact"])) == 0
+    exact = capsys.readouterr().out
+    parsed = build_parser().parse_args(args)
+    assert parsed.decode == "auto"
+    monkeypatch.setattr(classify, "load_model", on_a_broken_gpu)
+    with caplog.at_level("WARNING", logger="vggserve"):
+        assert classify.run(parsed) == 0
+    assert capsys.readouterr().out == exact and exact.count("\n") == len(IMAGES)
+    warned = [r.getMessage() for r in caplog.records if "JPEG decoder" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith("(RuntimeError: clBuildProgram failed: CL_BUILD_PROGRAM_FAILURE); "
+                                                   "JPEGs are decoded on the CPU"), warned

@@ -239,10 +239,15 @@ def test_every_rank_counts_its_tokens_by_the_largest_group():
 def test_only_the_device_decoder_forms_groups():
     from types import SimpleNamespace
 
-    gpu = SimpleNamespace(jpeg_decoder=object(), device_info=SimpleNamespace(kind="gpu"))
-    cpu = SimpleNamespace(jpeg_decoder=object(), device_info=SimpleNamespace(kind="cpu"))
+    def unbuilt():
+        raise RuntimeError("clBuildProgram failed")
+
+    gpu = SimpleNamespace(jpeg_decoder=lambda: None, device_info=SimpleNamespace(kind="gpu"))
+    cpu = SimpleNamespace(jpeg_decoder=lambda: None, device_info=SimpleNamespace(kind="cpu"))
+    broken = SimpleNamespace(jpeg_decoder=unbuilt, device_info=SimpleNamespace(kind="gpu"))
     assert decode_group(gpu, "gpu") == decode_group(gpu, "auto") == decode_group(cpu, "gpu") == GROUP
     assert decode_group(cpu, "auto") == decode_group(gpu, "exact") == decode_group(gpu, "fast") == 1
+    assert decode_group(broken, "auto") == decode_group(broken, "gpu") == 1  # its decoder does not build: the CPU
     model = InstantModel(max_batch_size=2)
     assert decode_group(model, "exact") == decode_group(model, "gpu") == 1  # no device JPEG decoder on it
     runner = ChunkRunner(model, decode_threads=1, on_device=True)

@@ -238,3 +238,35 @@ def test_the_service_setting_is_checked():
     assert Settings(decode="fast").decode == "fast" and Settings().decode == "exact"
     with pytest.raises(SettingsError, match="--decode must be one of exact, fast, gpu, auto"):
         Settings(decode="quick")
+
+
+def test_the_device_decoder_is_asked_for_by_gpu_and_by_auto_on_a_gpu_and_one_that_does_not_build_is_left_out(caplog):
+    """decodes_on_device, the batch job's and classify's rule: auto (the default) asks only a GPU model; a decoder
+    that fails to build is logged once per model, and the CPU decodes instead (never an error where exact works)."""
+    from types import SimpleNamespace
+
+    from vggserve.decoding import asks_device_decoding, decodes_on_device
+
+    class Model:
+        device_name = "Stand-in GPU"
+
+        def __init__(self, kind: str, builds: bool):
+            self.device_info, self.builds, self.built = SimpleNamespace(kind=kind), builds, 0
+
+        def jpeg_decoder(self):
+            self.built += 1
+            if not self.builds:
+                raise RuntimeError("clBuildProgram failed\nthe build log")
+
+    gpu, cpu, broken = Model("gpu", True), Model("cpu", True), Model("gpu", False)
+    assert decodes_on_device(gpu, "auto") and decodes_on_device(gpu, "gpu") and gpu.built == 2
+    assert not decodes_on_device(cpu, "auto") and cpu.built == 0  # auto off a GPU: exact, nothing built
+    assert decodes_on_device(cpu, "gpu") and cpu.built == 1
+    assert not any(decodes_on_device(gpu, mode) for mode in ("exact", "fast"))
+    with caplog.at_level("WARNING", logger="vggserve"):
+        assert not decodes_on_device(broken, "auto") and not decodes_on_device(broken, "gpu")
+    assert asks_device_decoding(broken, "auto") and broken.built == 1  # tried once
+    assert [r.getMessage() for r in caplog.records] == [
+        "the device JPEG decoder could not be built on Stand-in GPU (RuntimeError: clBuildProgram failed); JPEGs are "
+        "decoded on the CPU"]
+    assert not decodes_on_device(object(), "gpu")  # no device decoder at all

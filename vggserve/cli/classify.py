@@ -20,14 +20,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..decoding import decode_input
+    from ..decoding import decode_input, decodes_on_device
     from ..distributed.pipeline import classify_decoded
     from ..errors import ImageError
     from ..modelinput import uses_device_resize
 
     model = load_model(args.weights, args.device, args.batch_size, precision=args.precision)
     on_device = uses_device_resize(model)  # the device resizes and crops, bit for bit as on the CPU
-    on_gpu = args.decode == "gpu" or (args.decode == "auto" and model.device_info.kind == "gpu")
+    on_gpu = decodes_on_device(model, args.decode)  # gpu, or auto on a GPU, where the device decoder builds
     failures = 0
     for start in range(0, len(args.images), args.batch_size):
         paths = args.images[start:start + args.batch_size]

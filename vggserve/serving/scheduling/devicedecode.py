@@ -44,7 +44,7 @@ import logging
 import time
 from collections import deque
 
-from ...decoding import DEVICE_MODES, decodes_on_device as takes_jpegs
+from ...decoding import DEVICE_MODES, asks_device_decoding, decoder_builds
 from ...decoding.groups import GROUP, GROUP_BYTES, check, take
 from ...errors import ImageError
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS
@@ -123,17 +123,11 @@ def note_cpu(metrics):
 def decodes_on_device(model, mode: str) -> bool:
     """Whether a worker with `model` decodes encoded uploads on its device under --decode `mode` (and its decoder's
     kernels are built, now, before it reports ready)."""
-    if not takes_jpegs(model, mode) or not hasattr(model, "submit"):
+    if not asks_device_decoding(model, mode) or not hasattr(model, "submit"):
         return False
     if not uses_device_resize(model):  # a device-decoded image is resized there: only where that is Pillow's
         return False
-    try:
-        model.jpeg_decoder()
-    except Exception:  # noqa: BLE001 - no device decoding is no worse than --decode exact
-        log.exception("the device JPEG decoder could not be built on %s; uploads are decoded on the CPU",
-                      getattr(model, "device_name", "the device"))
-        return False
-    return True
+    return decoder_builds(model, log)
 
 
 class DeviceDecoding:
