@@ -248,8 +248,8 @@ def test_classify_with_the_device_jpeg_decoder_prints_what_exact_prints(tiny_wei
     assert errors(device) == errors(exact) and len(errors(exact)) == 2
 
 
-def test_classify_by_default_decodes_on_the_cpu_where_the_gpus_jpeg_decoder_does_not_build(tiny_weights_path,
-                                                                                          monkeypatch, capsys, caplog):
+def test_classify_by_default_decodes_on_the_cpu_where_the_gpus_jpeg_decoder_does_not_build(
+        tiny_weights_path, monkeypatch, capsys, caplog):
     """`--decode auto` is the default: on a GPU whose device JPEG decoder fails to build, classify says so in one
     line and prints what `--decode exact` prints (the model here: the test device said to be a GPU)."""
     import dataclasses

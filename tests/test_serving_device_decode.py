@@ -208,9 +208,9 @@ def test_serve_and_classify_help_say_auto_is_the_default_and_how_it_chooses(caps
 
 
 def test_gpu_sends_a_jpeg_the_device_takes_from_the_event_loop_and_leaves_the_others_to_the_threads():
-    """Under gpu (and auto) the front end decides on its event loop (a parse of the markers): a photo the device decodes goes
-    without the hop to a decoding thread and back; a file it refuses still goes to a thread, which decodes it or
-    raises the CPU path's error, and counts why."""
+    """Under gpu (and auto) the front end decides on its event loop (a parse of the markers): a photo the device
+    decodes goes without the hop to a decoding thread and back; a file it refuses still goes to a thread, which
+    decodes it or raises the CPU path's error, and counts why."""
     from vggserve.serving.processes.inline import decodes_inline
 
     rng = np.random.default_rng(0)

@@ -25,8 +25,9 @@ AUTO_DECODE = "gpu where the device is a GPU, else exact"
 
 
 def add_decode_arg(parser, device: bool = False) -> None:
-    """--decode; `device`: with the device JPEG decoder's modes, gpu and auto, and auto the default (on a GPU the device decoder served 2.0-2.1x the images/s of exact in the service and 1.8x in the batch
-    job, FP16 on an H200 with 16 cores: BENCHMARKS.md, twenty-eighth session; its pixels are exact's, bit for bit)."""
+    """--decode; `device`: with the device JPEG decoder's modes, gpu and auto, and auto the default (on a GPU the
+    device decoder served 2.0-2.1x the images/s of exact in the service and 1.8x in the batch job, FP16 on an H200
+    with 16 cores: BENCHMARKS.md, twenty-eighth session; its pixels are exact's, bit for bit)."""
     default = "auto" if device else "exact"
     parser.add_argument("--decode", choices=("exact", "fast") + (("gpu", "auto") if device else ()), default=default,
                         help="exact: every pixel decoded, torchvision's preprocessing bit for bit" +

@@ -1,4 +1,5 @@
-"""Uploads decoded on the engine's device (`vggserve serve --decode gpu|auto`, auto the default), and where each file goes instead.
+"""Uploads decoded on the engine's device (`vggserve serve --decode gpu|auto`, auto the default), and where each
+file goes instead.
 
     front end (LocalBackend, or a front-end process's RemoteBackend), per upload, in a decoding thread:
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
