@@ -96,9 +96,9 @@ class RemoteBackend:
             note = note_cpu(self.metrics)
             if info.get("decodes_on_device"):
                 taken = encoded_here(data, info.get("preprocessing", "torchvision"), self.settings.max_pixels)
-                if taken is not None:  # the JPEGs the device takes need no decoding thread
+                if isinstance(taken, tuple):  # the JPEGs the device takes need no decoding thread
                     return taken
-                task = partial(encoded_or_decoded, task=task, note=note)
+                task = partial(encoded_or_decoded, task=task, note=note, why=taken)
             else:
                 note("no_device")
         return await self.run(partial(task, data, info.get("preprocessing", "torchvision"), self.settings.max_pixels,

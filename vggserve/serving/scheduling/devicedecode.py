@@ -5,7 +5,8 @@ file goes instead.
         encoded_or_decoded(data, ...)   a JPEG the device decoder takes -> ModelInput.encoded(data), its bytes queued
                                         as they came; any other file -> decoded here as under exact
         encoded_here(data, ...)         first, on the event loop: the JPEGs the device takes go without
-                                        the hop to a thread; None leaves the file to encoded_or_decoded
+                                        the hop to a thread; for the others it says why, and
+                                        encoded_or_decoded takes that reason instead of parsing again
     device worker, per decode group, before its first batch is prepared (while the device computes the previous one):
         DeviceDecoding.decode_group(model, batches, on_device, preprocessing)
                                         one `decode_for_model` call for the encoded images of up to --decode-group
@@ -78,15 +79,16 @@ def route(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FOR
 
 
 def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS, *, task,
-                       decode: str = "exact", note=None) -> tuple[ModelInput, float]:
+                       decode: str = "exact", note=None, why: str | None = None) -> tuple[ModelInput, float]:
     """In a front end's decoding thread: (the encoded input, seconds) for a file the device decodes, else `task`'s
     answer for it, `task` being the CPU path it takes today (imaging.prepare_image, decode_and_crop,
-    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`)."""
+    decode_for_engine), with its errors; `note(reason)` is told why first (`note_cpu`). `why`: the route that
+    `encoded_here` found on the event loop (None: found here)."""
     from ...preprocessing import check_mode
 
     started = time.perf_counter()
     check_mode(mode)  # as the CPU path does first
-    why = route(data, max_pixels, formats)
+    why = why or route(data, max_pixels, formats)
     if why == ON_DEVICE:
         return ModelInput.encoded(data), time.perf_counter() - started
     if note is not None:
@@ -95,21 +97,22 @@ def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_
     return image, time.perf_counter() - started
 
 
-def encoded_here(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_FORMATS) -> tuple[ModelInput, float] | None:
+def encoded_here(data: bytes, mode: str, max_pixels: int,
+                 formats=ALLOWED_FORMATS) -> tuple[ModelInput, float] | str | None:
     """Under --decode gpu or auto, on the caller's thread (a front end's event loop): (the encoded input, seconds)
-    when the device decoder takes `data`, else None, for `encoded_or_decoded` in a decoding thread to decode it
-    there, note why and raise what the CPU path raises. Deciding costs a parse of the file's markers, less than
-    the hop to a thread and back (the pool's queue and wake-up, the GIL handed over twice, the loop woken)."""
+    when the device decoder takes `data`; else the CPU path's reason (`route`), for `encoded_or_decoded` in a
+    decoding thread to note and decode it there; None where deciding raised, for that thread to decide again and
+    raise what the CPU path raises. Deciding costs a parse of the file's markers, less than the hop to a thread and
+    back (the pool's queue and wake-up, the GIL handed over twice, the loop woken)."""
     started = time.perf_counter()
     try:
         from ...preprocessing import check_mode
 
         check_mode(mode)
-        if route(data, max_pixels, formats) != ON_DEVICE:
-            return None
+        why = route(data, max_pixels, formats)
     except Exception:  # noqa: BLE001 - the thread's encoded_or_decoded raises it again, as the CPU path's error
         return None
-    return ModelInput.encoded(data), time.perf_counter() - started
+    return (ModelInput.encoded(data), time.perf_counter() - started) if why == ON_DEVICE else why
 
 
 def note_cpu(metrics):

@@ -182,13 +182,14 @@ class LocalBackend:
 
         loop, note = asyncio.get_running_loop(), note_cpu(self.metrics)
         taken = encoded_here(data, mode, self.settings.max_pixels)
-        if taken is not None:  # the JPEGs the device takes need no decoding thread
+        if isinstance(taken, tuple):  # the JPEGs the device takes need no decoding thread
             return taken
         if self.procs is None:
-            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note)
+            task = partial(encoded_or_decoded, task=decode_for_engine, decode=self.settings.cpu_decode, note=note,
+                           why=taken)
             return await loop.run_in_executor(self.pool, task, data, mode, self.settings.max_pixels)
         started = time.perf_counter()
-        why = await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
+        why = taken or await loop.run_in_executor(self.pool, route, data, self.settings.max_pixels)
         if why == ON_DEVICE:
             return ModelInput.encoded(data), time.perf_counter() - started
         note(why)
