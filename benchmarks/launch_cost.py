@@ -38,15 +38,11 @@ def launch_micro(cl, iterations: int) -> dict:
     k = cl.Kernel(prg, "nop")
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * 4096)
     k.set_args(buf, np.int32(4096))
-    from vggserve.runtime.clib import library
+    from vggserve.runtime.clib import enqueue_nd_range_kernel, library
 
-    lib = library()
-    f = lib.clEnqueueNDRangeKernel
+    f = enqueue_nd_range_kernel()  # the replay's own binding (engine/replay.py)
     sz = ctypes.c_size_t
-    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.POINTER(sz), ctypes.POINTER(sz),
-                  ctypes.POINTER(sz), ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-    f.restype = ctypes.c_int
-    release = lib.clReleaseEvent
+    release = library().clReleaseEvent
     release.argtypes = [ctypes.c_void_p]
     gsize, lsize = (sz * 1)(4096), (sz * 1)(256)
     qp, kp = ctypes.c_void_p(q.int_ptr), ctypes.c_void_p(k.int_ptr)
@@ -141,9 +137,10 @@ def submit_profile(cl, prec: str, iterations: int, replay: bool) -> dict:
             setattr(cl, n, fn)
         launch.Launch.__call__ = original_call
         cl.CommandQueue.flush = queue_flush
-    replayed = [len(p.launches) for p in model.plans._plans.values() if p is not None]
+    replayed = [len(p.launches) for p in model.plans.kept()]
     model.close()
-    return {"replay": replay, "record_ms": record_ms, "replayed_launches_per_submit": replayed[0] if replayed else 0, "img_s": round(plain_rate, 1), "host_us_per_submit": round(plain_host, 1),
+    return {"replay": replay, "record_ms": record_ms, "replayed_launches_per_submit": replayed[0] if replayed else 0,
+            "img_s": round(plain_rate, 1), "host_us_per_submit": round(plain_host, 1),
             "instrumented_host_us_per_submit": round(host, 1),
             "calls_per_submit": {k: {"count": round(v[0] / iterations, 2), "us_each": round(v[1] / max(1, v[0]) * 1e6, 2)}
                                  for k, v in stats.items()}}

@@ -126,5 +126,9 @@ class Plans:
     def clear(self) -> None:
         self._plans.clear()
 
+    def kept(self) -> list:
+        """The plans kept, least recently used first (not the passes known not to record)."""
+        return [p for p in self._plans.values() if p is not None]
+
     def __len__(self) -> int:
-        return sum(1 for p in self._plans.values() if p is not None)
+        return len(self.kept())

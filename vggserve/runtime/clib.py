@@ -31,6 +31,12 @@ def enqueue_nd_range_kernel():
     return f
 
 
+def check(code: int, what: str, error: type = RuntimeError) -> None:
+    """Raise `error` naming the call when an OpenCL call returned a nonzero code."""
+    if code != 0:
+        raise error(f"{what} failed with OpenCL error {code}")
+
+
 class ArgumentError(TypeError):
     """A kernel argument of a kind `kernel_with_args` does not pass (the caller falls back to pyopencl)."""
 
@@ -54,8 +60,9 @@ def kernel_with_args(program, name: str, args) -> int:
     create, set_arg, release = _kernel_calls()
     err = ctypes.c_int32(0)
     handle = create(ctypes.c_void_p(program.int_ptr), name.encode(), ctypes.byref(err))
-    if err.value != 0 or not handle:
-        raise RuntimeError(f"clCreateKernel({name}) failed with OpenCL error {err.value}")
+    check(err.value, f"clCreateKernel({name})")
+    if not handle:
+        raise RuntimeError(f"clCreateKernel({name}) returned no kernel")
     try:
         for index, value in enumerate(args):
             if isinstance(value, cl.MemoryObjectHolder) or value is None:
@@ -68,9 +75,7 @@ def kernel_with_args(program, name: str, args) -> int:
                 size, where = len(data), ctypes.c_char_p(data)
             else:
                 raise ArgumentError(f"{name}: argument {index} is a {type(value).__name__}")
-            code = set_arg(handle, index, size, where)
-            if code != 0:
-                raise RuntimeError(f"clSetKernelArg({name}, {index}) failed with OpenCL error {code}")
+            check(set_arg(handle, index, size, where), f"clSetKernelArg({name}, {index})")
     except BaseException:
         release(handle)
         raise

@@ -10,10 +10,11 @@ recorded kernels run in their order.
 """
 
 import ctypes
+import functools
 
 import pyopencl as cl
 
-from .clib import library as _library
+from .clib import check, library as _library
 
 EXTENSION = "cl_khr_command_buffer"
 DEVICE_CAPABILITIES = 0x12A9  # CL_DEVICE_COMMAND_BUFFER_CAPABILITIES_KHR
@@ -35,6 +36,9 @@ class CommandBufferError(RuntimeError):
     pass
 
 
+_check = functools.partial(check, error=CommandBufferError)
+
+
 def extension_versions(device) -> dict:
     """The device's extensions that name command buffers, each with its version ("major.minor.patch"), or None
     where the driver does not report versions."""
@@ -48,11 +52,6 @@ def extension_versions(device) -> dict:
     except Exception:  # pre-3.0 drivers; the names are enough
         pass
     return {n: versions.get(n) for n in names}
-
-
-def _check(code: int, what: str) -> None:
-    if code != 0:
-        raise CommandBufferError(f"{what} failed with OpenCL error {code}")
 
 
 class Api:
@@ -116,7 +115,8 @@ class Recording:
         self.count += 1
 
     def finish(self) -> "CommandBuffer":
-        _check(self.api.f["clFinalizeCommandBufferKHR"](self.handle), "clFinalizeCommandBufferKHR")
+        code = self.api.f["clFinalizeCommandBufferKHR"](self.handle)
+        _check(code, "clFinalizeCommandBufferKHR")
         return CommandBuffer(self.api, self.handle, self.count, self._held)
 
     def abandon(self) -> None:
