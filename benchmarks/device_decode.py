@@ -406,14 +406,17 @@ def compare_variants(ctx, dev, cache, queue, batches, crop_windows, tuning) -> d
     return out
 
 
-def streamed_network(model, groups, make, seconds: float) -> tuple[float, float]:
+def streamed_network(model, groups, make, seconds: float, then=None) -> tuple[float, float]:
     """(images/s, this process's CPU ms per image) of `model.submit(make(group), "logits")` over `groups` again and
-    again for `seconds` (at least once through), two batches in flight."""
+    again for `seconds` (at least once through), two batches in flight. `then(i)`: called after group i's submit,
+    before the results of the group before it are waited for."""
     pending, n = [], 0
     t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds or n == 0:
-        for g in groups:
+        for i, g in enumerate(groups):
             pending.append(model.submit(make(g), "logits"))
+            if then is not None:
+                then(i)
             if len(pending) > 1:
                 pending.pop(0).result()
             n += len(g)
@@ -444,9 +447,13 @@ def network(args, files) -> dict:
 
     group = max(1, args.group)
 
+    def position(g) -> int:
+        """g's index in groups (by identity: the corpus repeats its files, so groups may be equal)"""
+        return next(k for k, x in enumerate(groups) if x is g)
+
     def device_decoded(g, state={}):
         """batch g's inputs, from one decode_for_model call per `group` batches (the first batch's asks for all)"""
-        i = next(k for k, x in enumerate(groups) if x is g)
+        i = position(g)
         first = i - i % group
         if state.get("first") != first:
             state["first"] = first
@@ -455,40 +462,27 @@ def network(args, files) -> dict:
         return state["items"][at:at + b]
 
     def ahead(seconds: float) -> tuple[float, float]:
-        """images/s and CPU ms per image with each batch's decode launched before the previous batch's is waited
-        for (start_decode), two network batches in flight"""
-        pending, n, started = [], 0, start_decode(model, groups[0])
-        t0, c0 = time.perf_counter(), time.process_time()
-        while time.perf_counter() - t0 < seconds or n == 0:
-            for i in range(len(groups)):
-                following = start_decode(model, groups[(i + 1) % len(groups)])
-                pending.append(model.submit(started.items(), "logits"))
-                started = following
-                if len(pending) > 1:
-                    pending.pop(0).result()
-                n += b
-        for p in pending:
-            p.result()
-        started.items()
-        return n / (time.perf_counter() - t0), (time.process_time() - c0) * 1e3 / n
+        """each batch's decode launched (start_decode) before the previous batch's is waited for and submitted"""
+        started = {"next": start_decode(model, groups[0])}
+
+        def make(g):
+            following = start_decode(model, groups[(position(g) + 1) % len(groups)])
+            items, started["next"] = started["next"].items(), following
+            return items
+
+        rate = streamed_network(model, groups, make, seconds)
+        started["next"].items()
+        return rate
 
     def early(seconds: float) -> tuple[float, float]:
-        """images/s and CPU ms per image in the service feeder's early-take order: batch k + 1 decoded (launched and
-        waited for) right after batch k is submitted, with batches k - 1 and k on the device, then submitted once
-        batch k - 1's results are in"""
-        pending, n = [], 0
-        items = decode_for_model(model, groups[0])
-        t0, c0 = time.perf_counter(), time.process_time()
-        while time.perf_counter() - t0 < seconds or n == 0:
-            for i in range(len(groups)):
-                pending.append(model.submit(items, "logits"))
-                items = decode_for_model(model, groups[(i + 1) % len(groups)])
-                if len(pending) > 1:
-                    pending.pop(0).result()
-                n += b
-        for p in pending:
-            p.result()
-        return n / (time.perf_counter() - t0), (time.process_time() - c0) * 1e3 / n
+        """the service feeder's early-take order: batch k + 1 decoded (launched and waited for) right after batch k is
+        submitted, with batches k - 1 and k on the device, then submitted once batch k - 1's results are in"""
+        decoded = {"next": decode_for_model(model, groups[0])}
+
+        def then(i):
+            decoded["next"] = decode_for_model(model, groups[(i + 1) % len(groups)])
+
+        return streamed_network(model, groups, lambda g: decoded["next"], seconds, then)
 
     out = {}
     out["engine_images_per_s"], _ = stream(lambda g: crops)
