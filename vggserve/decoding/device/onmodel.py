@@ -128,13 +128,20 @@ def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, form
     return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu).items()
 
 
+@dataclass(eq=False)
 class StartedDecode:
     """A device decode launched by `start_decode`, not waited for: `items()` waits for it and answers every file,
     so a caller can launch the next batch's decode before it waits for this one's."""
 
-    def __init__(self, datas, chosen, windows, kinds, run, lease, max_pixels, formats, cpu):
-        self.datas, self.chosen, self.windows, self.kinds, self.run = datas, chosen, windows, kinds, run
-        self.lease, self.max_pixels, self.formats, self.cpu = lease, max_pixels, formats, cpu
+    datas: list
+    chosen: list  # (index in datas, Prepared) of the files the device decodes
+    windows: list  # their Windows, and kinds (IMAGE or CROP), in the same order
+    kinds: list
+    run: object  # the decoder's Run, None when the device decodes none
+    lease: object  # the output buffer's _Lease, until items() hands it to the DeviceImages
+    max_pixels: int
+    formats: object
+    cpu: object
 
     def items(self) -> list:
         """decode_for_model's answer: waits for the device's statuses, then decodes on the CPU what it refused."""
