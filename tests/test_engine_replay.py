@@ -174,6 +174,7 @@ def test_plans_run_directly_what_cannot_be_recorded_and_drop_the_least_recently_
 
     for key, v in (("a", 1), ("b", 2), ("a", 1), ("c", 3)):  # "b" is dropped when "c" comes
         plans.run(key, q, lambda v=v: steps(v))
+    q.finish()  # the two queues add into one buffer: "c" must land before "d" starts on the other queue
     plans.run("d", q, lambda: steps(100, where=other))  # not recordable: run directly, now and after
     other.finish()
     plans.run("d", q, lambda: steps(100, where=other))
