@@ -193,14 +193,29 @@ def _v2_error(exc: BaseException) -> ApiError:
     return error
 
 
-def _timeout_ms(request: Request, timeout_us: int | None) -> float | None:
-    """The request's own deadline in milliseconds: `parameters.timeout`, else X-Request-Timeout-Ms, else None."""
+_HEADER_LENGTH_KEY, _TIMEOUT_KEY = HEADER_LENGTH.lower().encode(), b"x-request-timeout-ms"
+
+
+def _headers(scope) -> tuple[str | None, str | None]:
+    """(Inference-Header-Content-Length, X-Request-Timeout-Ms), the first of each as Starlette's `headers.get`
+    gives it, from one pass over the request's headers."""
+    length = timeout = None
+    for name, value in scope["headers"]:
+        if name == _HEADER_LENGTH_KEY and length is None:
+            length = value.decode("latin-1")
+        elif name == _TIMEOUT_KEY and timeout is None:
+            timeout = value.decode("latin-1")
+    return length, timeout
+
+
+def _timeout_ms(header: str | None, timeout_us: int | None) -> float | None:
+    """The request's own deadline in milliseconds: `parameters.timeout`, else X-Request-Timeout-Ms (`header`), else
+    None."""
     if timeout_us is not None:
         ms = timeout_us / 1000.0
+    elif header is None:
+        return None
     else:
-        header = request.headers.get("x-request-timeout-ms")
-        if header is None:
-            return None
         try:
             ms = float(int(header))
         except ValueError:
@@ -209,6 +224,10 @@ def _timeout_ms(request: Request, timeout_us: int | None) -> float | None:
         raise ApiError(400, "invalid_request", f"the timeout must be above 0 and at most {MAX_TIMEOUT_MS} ms "
                        f"({MAX_TIMEOUT_MS * 1000} microseconds in `parameters.timeout`)")
     return ms
+
+
+def _stacked(rows: list[np.ndarray]) -> np.ndarray:
+    return rows[0][None] if len(rows) == 1 else np.stack(rows)
 
 
 _INFER_BODY = {"requestBody": {"required": True, "description": (
@@ -237,11 +256,12 @@ async def infer(request: Request, model: str, version: str | None = None):
     _check_model(card, model, version)
     service.ensure_accepting()
     body = await inflated_body(request, service.settings.max_body_bytes)
+    header_length, timeout_header = _headers(request.scope)
     try:
-        parsed = parse_request(*split_body(body, request.headers.get(HEADER_LENGTH)), card, service.settings.max_files)
+        parsed = parse_request(*split_body(body, header_length), card, service.settings.max_files)
     except V2RequestError as exc:
         raise ApiError(400, "invalid_request", str(exc)) from None
-    timeout_ms = _timeout_ms(request, parsed.timeout_us)
+    timeout_ms = _timeout_ms(timeout_header, parsed.timeout_us)
     deadline = deadline_for(service, started, None) if timeout_ms is None else started + timeout_ms / 1000.0
     sources = parsed.images or [ModelInput.tensor(row) for row in parsed.tensor]
     want_logits = any(o.name == "logits" for o in parsed.outputs)
@@ -253,11 +273,10 @@ async def infer(request: Request, model: str, version: str | None = None):
         error = _v2_error(exc)
         where = f"{parsed.input_name} {index} of the batch: " if parsed.batch > 1 else ""
         raise ApiError(error.status, error.code, where + error.message, error.headers)
-    computed = {"probabilities": np.stack([r.outcome.probabilities for r in results])}
-    if want_logits:
-        computed["logits"] = np.stack([r.outcome.logits for r in results])
-    tensors = [(o, classifications(computed[o.name], o.classes) if o.classes else computed[o.name])
-               for o in parsed.outputs]
+    tensors = []
+    for o in parsed.outputs:
+        rows = [r.outcome.logits if o.name == "logits" else r.outcome.probabilities for r in results]
+        tensors.append((o, classifications(rows, o.classes) if o.classes else _stacked(rows)))
     payload, header_length = encode_response(card.name, card.version, parsed.id, tensors)
     if header_length is None:
         return Response(payload, media_type="application/json")

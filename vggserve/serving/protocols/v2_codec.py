@@ -18,8 +18,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
+from json.encoder import encode_basestring_ascii as _string  # a str as json.dumps writes it
 
 import numpy as np
 
@@ -78,9 +79,11 @@ def _json_object(text: bytes) -> dict:
     return request
 
 
-def _parameters(obj: dict, where: str) -> dict:
+def _parameters(obj: dict, what: str, name=None) -> dict:
+    """`obj`'s parameters; the message names `what` (and `name`, when given) only when they are wrong."""
     params = obj.get("parameters") or {}
     if not isinstance(params, dict):
+        where = what if name is None else f"{what} {name!r}"
         raise V2RequestError(f"`parameters` of {where} must be an object")
     return params
 
@@ -106,8 +109,8 @@ def _shape(spec_shape: tuple, shape, name: str, max_batch: int) -> int:
     """The batch size of a request shape that matches the declared one (-1: the batch)."""
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise V2RequestError(f"input {name!r}: `shape` must be a list of integers, got {shape!r}")
-    want = "[" + ", ".join("N" if d == -1 else str(d) for d in spec_shape) + "]"
-    if len(shape) != len(spec_shape) or any(d != s for d, s in zip(shape[1:], spec_shape[1:])):
+    if len(shape) != len(spec_shape) or (len(shape) > 1 and any(d != s for d, s in zip(shape[1:], spec_shape[1:]))):
+        want = "[" + ", ".join("N" if d == -1 else str(d) for d in spec_shape) + "]"
         raise V2RequestError(f"input {name!r} has shape {shape}; it takes {want}")
     if not 1 <= shape[0] <= max_batch:
         raise V2RequestError(f"input {name!r} has a batch of {shape[0]}; send 1 to {max_batch} per request "
@@ -117,17 +120,17 @@ def _shape(spec_shape: tuple, shape, name: str, max_batch: int) -> int:
 
 def _bytes_elements(raw: bytes, count: int, name: str) -> list[bytes]:
     """BYTES elements from the binary extension's encoding: a 4-byte little-endian length before each."""
-    out, offset = [], 0
+    out, offset, end = [], 0, len(raw)
     for i in range(count):
-        if offset + 4 > len(raw):
+        if offset + 4 > end:
             raise V2RequestError(f"input {name!r}: binary data ends before element {i} of {count}")
-        (length,) = struct.unpack_from("<I", raw, offset)
+        length = int.from_bytes(raw[offset:offset + 4], "little")
         offset += 4
-        if offset + length > len(raw):
+        if offset + length > end:
             raise V2RequestError(f"input {name!r}: element {i} claims {length} bytes, past the end of its data")
         out.append(raw[offset:offset + length])
         offset += length
-    if offset != len(raw):
+    if offset != end:
         raise V2RequestError(f"input {name!r}: {len(raw) - offset} bytes left after its {count} elements")
     return out
 
@@ -186,7 +189,7 @@ def parse_request(json_part: bytes, binary: bytes, card: ModelCard, max_batch: i
     if given.get("datatype") != spec.datatype:
         raise V2RequestError(f"input {name!r} has datatype {given.get('datatype')!r}; it takes {spec.datatype}")
     batch = _shape(spec.shape, given.get("shape"), name, max_batch)
-    in_params = _parameters(given, f"input {name!r}")
+    in_params = _parameters(given, "input", name)
     size = in_params.get("binary_data_size")
     raw = None
     if size is not None:
@@ -229,7 +232,7 @@ def _outputs(outputs, binary_default: bool, card: ModelCard) -> list[RequestedOu
             name = requested.get("name") if isinstance(requested, dict) else requested
             raise V2RequestError(f"unknown output {name!r}; {card.name} gives "
                                  + " and ".join(f"{t.name!r}" for t in card.outputs))
-        params = _parameters(requested, f"output {requested['name']!r}")
+        params = _parameters(requested, "output", requested["name"])
         classes = params.get("classification", 0)  # absent: the tensor itself; given, it must be a count
         if "classification" in params and (not isinstance(classes, int) or isinstance(classes, bool)
                                            or not 1 <= classes <= card.classes):
@@ -239,37 +242,54 @@ def _outputs(outputs, binary_default: bool, card: ModelCard) -> list[RequestedOu
     return out
 
 
-def classifications(rows: np.ndarray, k: int) -> np.ndarray:
-    """BYTES [N, k] strings "score:index:label", the k highest scores of each row first."""
-    labels = imagenet_labels()
-    return np.array([[f"{p:g}:{i}:{labels[i]}".encode() for i, p in zip(top.tolist(), row[top].tolist())]
-                     for row, top in ((row, top_k_row(row, k)) for row in rows)], dtype=object)
+def classifications(rows, k: int) -> list[list[bytes]]:
+    """BYTES [N, k] as N lists of k strings "score:index:label", the k highest scores of each row first. `rows` is
+    an (N, classes) array or a list of N rows."""
+    labels = _label_bytes()
+    out = []
+    for row in rows:
+        top = top_k_row(row, k).tolist()
+        out.append([b"%g:%d:%s" % (p, i, labels[i]) for i, p in zip(top, row[top].tolist())])
+    return out
 
 
-def encode_bytes(elements: np.ndarray) -> bytes:
-    return b"".join(struct.pack("<I", len(e)) + e for e in elements.reshape(-1))
+@lru_cache(maxsize=1)
+def _label_bytes() -> tuple[bytes, ...]:
+    return tuple(label.encode() for label in imagenet_labels())
 
 
-def encode_response(model: str, version: str, request_id: str | None, tensors: list[tuple[RequestedOutput, np.ndarray]]
+def encode_bytes(rows: list[list[bytes]]) -> bytes:
+    """The binary extension's BYTES encoding of rows of bytes: a 4-byte little-endian length before each element."""
+    return b"".join(len(e).to_bytes(4, "little") + e for row in rows for e in row)
+
+
+_JSON = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=) builds an encoder per call
+
+
+def encode_response(model: str, version: str, request_id: str | None, tensors: list[tuple[RequestedOutput, object]]
                     ) -> tuple[bytes, int | None]:
-    """(the response body, the JSON part's length when binary data follows it, else None)."""
-    outputs, binary = [], []
-    for requested, array in tensors:
-        datatype = "BYTES" if array.dtype == object else "FP32"
-        entry = {"name": requested.name, "datatype": datatype, "shape": list(array.shape)}
+    """(the response body, the JSON part's length when binary data follows it, else None). Each tensor is an FP32
+    array, or rows of bytes (`classifications`): BYTES [N, k]. The JSON is written piece by piece, as
+    json.dumps(separators=(",", ":")) writes the same object, without building it first."""
+    head = ['{"model_name":', _string(model), ',"model_version":', _string(version)]
+    if request_id is not None:
+        head += [',"id":', _string(request_id)]
+    head.append(',"outputs":[')
+    binary = []
+    for n, (requested, array) in enumerate(tensors):
+        strings = isinstance(array, list)
+        shape = [len(array), len(array[0])] if strings else list(array.shape)
+        head += ["," if n else "", '{"name":', _string(requested.name), ',"datatype":',
+                 '"BYTES"' if strings else '"FP32"', ',"shape":[', ",".join(map(str, shape)), "]"]
         if requested.binary:
-            data = encode_bytes(array) if datatype == "BYTES" else np.ascontiguousarray(array, "<f4").tobytes()
-            entry["parameters"] = {"binary_data_size": len(data)}
+            data = encode_bytes(array) if strings else np.ascontiguousarray(array, "<f4").tobytes()
+            head.append(',"parameters":{"binary_data_size":%d}}' % len(data))
             binary.append(data)
         else:
-            entry["data"] = ([e.decode() for e in array.reshape(-1)] if datatype == "BYTES"
-                             else array.reshape(-1).tolist())
-        outputs.append(entry)
-    response = {"model_name": model, "model_version": version}
-    if request_id is not None:
-        response["id"] = request_id
-    response["outputs"] = outputs
-    head = json.dumps(response, separators=(",", ":")).encode()
+            head += [',"data":[', ",".join([_string(e.decode()) for row in array for e in row]), "]}"] if strings else \
+                [',"data":', _JSON(array.reshape(-1).tolist()), "}"]
+    head.append("]}")
+    text = "".join(head).encode()
     if not binary:
-        return head, None
-    return head + b"".join(binary), len(head)
+        return text, None
+    return text + b"".join(binary), len(text)
