@@ -133,6 +133,8 @@ def main(argv=None) -> int:
           f"{cpu.get('load_generator', 0.0):.2f}; all {total:.2f}: 8,000 images/s would take {8 * total:.1f} cores")
     print("engine process's busiest threads, CPU ms per image: " + ", ".join(
         f"{name} {ms:.2f}" for name, ms in result["engine_threads_cpu_ms_per_image"]))
+    print("front ends' threads, CPU ms per image: " + ", ".join(
+        f"{name} {ms:.3f}" for name, ms in result["frontend_threads_cpu_ms_per_image"]))
     if result["decoded"]:
         print("decoded: " + ", ".join(f"{where} {n:.0f}" for where, n in sorted(result["decoded"].items())))
     if args.json:

@@ -194,6 +194,16 @@ def busiest_threads(before: dict, after: dict, images: float, top: int = 6) -> l
     return [[name, round(1000 * seconds / images, 3)] for name, seconds in spent[:top]]
 
 
+def threads_by_name(before: dict, after: dict, images: float) -> list[list]:
+    """[[thread name, CPU ms per image], ...], busiest first, of several processes' threads ({pid: thread_cpu(pid)}
+    before and after), summed by name: the front ends' event loops, link threads and decoding threads."""
+    spent: dict[str, float] = {}
+    for pid, threads in after.items():
+        for tid, (name, cpu) in threads.items():
+            spent[name] = spent.get(name, 0.0) + cpu - before.get(pid, {}).get(tid, (name, 0.0))[1]
+    return [[name, round(1000 * seconds / images, 3)] for name, seconds in sorted(spent.items(), key=lambda e: -e[1])]
+
+
 def engine_images_per_second(weights: str, device: str, batch: int, seconds: float,
                              precision: str | None = None) -> tuple[float, str, float]:
     """(images/s of VGG16.logits at `batch` on one device, one batch at a time as `vggserve bench` times it, the
@@ -387,9 +397,11 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     time.sleep(max(0.0, start_at + warmup - time.time()))
     before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads0 = thread_cpu(server_pid) if server_pid else {}
+    fronts0 = {pid: thread_cpu(pid) for pid in cpu0 if pid != server_pid}
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads1 = thread_cpu(server_pid) if server_pid else {}
+    fronts1 = {pid: thread_cpu(pid) for pid in fronts0}
     (images0, batches0, decode0, decoded0, grouped0, groups0) = before
     (images1, batches1, decode1, decoded1, grouped1, groups1) = after
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
@@ -413,6 +425,8 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
         cpu_ms["other_server_processes"] = 1000 * sum(v for pid, v in spent.items() if pid != server_pid) / images
     return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses, "cpu_ms_per_image": cpu_ms,
             "engine_threads_cpu_ms_per_image": busiest_threads(threads0, threads1, images),
+            # the other server processes' (front ends') threads, summed by name over the processes
+            "frontend_threads_cpu_ms_per_image": threads_by_name(fronts0, fronts1, images),
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
             # batches per device decode (--decode gpu|auto), None where the engine decoded none on its device
             "mean_decode_group": (grouped1 - grouped0) / (groups1 - groups0) if groups1 > groups0 else None,
