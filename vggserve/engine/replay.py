@@ -130,5 +130,9 @@ class Plans:
         """The plans kept, least recently used first (not the passes known not to record)."""
         return [p for p in self._plans.values() if p is not None]
 
+    def keys(self) -> list:
+        """Every key known, least recently used first, those known not to record among them."""
+        return list(self._plans)
+
     def __len__(self) -> int:
         return len(self.kept())
