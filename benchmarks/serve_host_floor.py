@@ -17,10 +17,17 @@ that carries over to a larger host: cores needed = images/s x CPU ms per image /
 
     python benchmarks/serve_host_floor.py --weights W --device gpu --decode gpu --http-workers 8 --duration 20
 
-With --weights the real engine serves instead (on --device; images/s is then the device's), which --decode gpu
-needs: its front ends send the JPEGs compressed and the engine decodes them on its device, so the front ends' CPU
-per image is that of the header parse, not of the decode. Compare with --decode exact on the same machine; the
-line "decoded:" says where the images were decoded (vggserve_decoded_images_total).
+With --weights the real engine serves instead (on --device; images/s is then the device's). With --decode gpu its
+front ends send the JPEGs compressed and the engine decodes them on its device, so the front ends' CPU per image is
+that of the header parse, not of the decode. Compare with --decode exact on the same machine; the line "decoded:"
+says where the images were decoded (vggserve_decoded_images_total).
+
+    python benchmarks/serve_host_floor.py --http-workers 2 --duration 10 --decode gpu      # no GPU: a stand-in
+
+Without --weights, --decode gpu serves the instant stand-in as an engine that decodes on its device: its worker tells
+the front ends so, and 'decodes' every JPEG they send into one blank crop, at once. The front ends then do what they
+do in front of a GPU under --decode gpu or auto (the default there): parse each JPEG's header (`encoded_here`) and
+send it compressed. Their CPU per image is the figure; the engine process's is not the real decoder's.
 """
 
 from __future__ import annotations
@@ -46,6 +53,20 @@ from vggserve.testing.models import InstantModels
 settings = Settings(port=PORT, devices=("cpu",) * DEVICES, http_workers=FRONTS, max_batch_size=BATCH, max_wait_ms=WAIT,
                     max_queue=QUEUE, decode=DECODE, preprocess_threads=THREADS,
                     engine_processes="per-device" if DEVICES > 1 else "auto")
+if DECODE == "gpu":  # the stand-in decoder (the module's docstring)
+    import numpy as np
+    from vggserve.modelinput import ModelInput
+    from vggserve.serving.scheduling import devicedecode, worker
+
+    crop = ModelInput.crop(np.zeros((224, 224, 3), np.uint8))
+
+    def stand_in(self, model, datas, batches=1):
+        self.note("device", "baseline_jpeg", len(datas))  # counted as the decoder counts them (no capitals here:
+        # the placeholders above are replaced in this text)
+        return [crop] * len(datas)
+
+    worker.decodes_on_device = lambda model, mode: True
+    devicedecode.DeviceDecoding._on_device = stand_in
 sys.exit(run_server(settings, InstantModels(BATCH), log_level="warning"))
 """
 
@@ -74,7 +95,8 @@ def main(argv=None) -> int:
     p.add_argument("--preprocess-threads", type=int, default=None,
                    help="decoding threads per front end (default: the server's)")
     p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default="exact",
-                   help="the server's --decode (gpu and auto need --weights: the instant stand-in decodes nothing)")
+                   help="the server's --decode (auto needs --weights; gpu without --weights: a stand-in decoder that "
+                        "takes no time, for the front ends' CPU in front of a GPU)")
     p.add_argument("--weights", default=None, help="serve the real engine with these weights on --device instead of "
                    "the instant stand-in")
     p.add_argument("--device", default="gpu", help="the engine's device with --weights (default gpu)")
@@ -89,8 +111,11 @@ def main(argv=None) -> int:
                         "with the image as binary tensor data")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    if args.decode in ("gpu", "auto") and not args.weights:
-        p.error(f"--decode {args.decode} needs --weights: only the real engine decodes on its device")
+    if args.decode == "auto" and not args.weights:
+        p.error("--decode auto needs --weights (off a GPU it is exact); --decode gpu without --weights serves a "
+                "stand-in decoder")
+    if args.decode == "gpu" and not args.weights and args.devices > 1:
+        p.error("the stand-in decoder (--decode gpu without --weights) serves one device: its engine is this process")
     from vggserve.testing.servers import ServerProcess
 
     queue = max(256, 2 * args.concurrency) * args.http_workers

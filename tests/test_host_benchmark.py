@@ -79,6 +79,27 @@ def test_the_services_host_floor_measures_each_process_on_an_instant_engine(tmp_
     assert {"load_generator", "engine_process", "other_server_processes"} <= set(result["cpu_ms_per_image"])
     assert any(name.startswith("device-") for name, _ in result["engine_threads_cpu_ms_per_image"])
     assert "CPU ms per image: front ends" in done.stdout
+    threads = dict(result["frontend_threads_cpu_ms_per_image"])
+    assert any("link-reader" in name for name in threads) and max(threads.values()) > 0
+
+
+def test_the_host_floor_stands_in_for_the_device_decoder_so_front_ends_send_jpegs_compressed(tmp_path):
+    """--decode gpu without --weights: the instant engine says it decodes on its device; every JPEG reaches it
+    compressed and is counted as decoded there, and nothing is decoded in the front ends."""
+    out = tmp_path / "floor.json"
+    script = str(REPO / "benchmarks" / "serve_host_floor.py")
+    done = subprocess.run([sys.executable, script, "--decode", "gpu", "--http-workers", "2", "--concurrency", "8",
+                           "--duration", "2", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] > 0 and set(result["statuses"]) == {"200"}
+    decoded = result["decoded"]
+    assert decoded["device/baseline_jpeg"] >= result["ok"]
+    assert all(n == 0 for where, n in decoded.items() if where != "device/baseline_jpeg"), decoded
+    refused = subprocess.run([sys.executable, script, "--decode", "gpu", "--devices", "2"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "serves one device" in refused.stderr
 
 
 def test_the_engine_links_benchmark_measures_the_engine_process_with_simulated_front_ends(tmp_path):
@@ -138,8 +159,8 @@ def test_the_services_host_floor_runs_the_engine_with_device_decoding(tmp_path, 
     from conftest import TEST_DEVICE
 
     script = str(REPO / "benchmarks" / "serve_host_floor.py")
-    refused = subprocess.run([sys.executable, script, "--decode", "gpu"], capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "--decode gpu needs --weights" in refused.stderr
+    refused = subprocess.run([sys.executable, script, "--decode", "auto"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--decode auto needs --weights" in refused.stderr
     out = tmp_path / "floor.json"
     done = subprocess.run([sys.executable, script, "--weights", str(tiny_weights_path), "--device", TEST_DEVICE,
                            "--decode", "gpu", "--http-workers", "2", "--max-batch-size", "4", "--concurrency", "4",
