@@ -109,7 +109,7 @@ def _shape(spec_shape: tuple, shape, name: str, max_batch: int) -> int:
     """The batch size of a request shape that matches the declared one (-1: the batch)."""
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise V2RequestError(f"input {name!r}: `shape` must be a list of integers, got {shape!r}")
-    if len(shape) != len(spec_shape) or (len(shape) > 1 and any(d != s for d, s in zip(shape[1:], spec_shape[1:]))):
+    if len(shape) != len(spec_shape) or any(d != s for d, s in zip(shape[1:], spec_shape[1:])):
         want = "[" + ", ".join("N" if d == -1 else str(d) for d in spec_shape) + "]"
         raise V2RequestError(f"input {name!r} has shape {shape}; it takes {want}")
     if not 1 <= shape[0] <= max_batch:
@@ -285,9 +285,10 @@ def encode_response(model: str, version: str, request_id: str | None, tensors: l
             data = encode_bytes(array) if strings else np.ascontiguousarray(array, "<f4").tobytes()
             head.append(',"parameters":{"binary_data_size":%d}}' % len(data))
             binary.append(data)
+        elif strings:
+            head += [',"data":[', ",".join([_string(e.decode()) for row in array for e in row]), "]}"]
         else:
-            head += [',"data":[', ",".join([_string(e.decode()) for row in array for e in row]), "]}"] if strings else \
-                [',"data":', _JSON(array.reshape(-1).tolist()), "}"]
+            head += [',"data":', _JSON(array.reshape(-1).tolist()), "}"]
     head.append("]}")
     text = "".join(head).encode()
     if not binary:
