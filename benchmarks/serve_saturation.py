@@ -359,8 +359,8 @@ async def _drive(url, bodies, files, connections, start_at, warmup, duration, cl
 
 
 def batch_stats(url: str) -> tuple[float, ...]:
-    """(images, batches, decode seconds, images decoded, batches decoded on the device, device decodes) the server
-    has counted so far, from /metrics."""
+    """(images, batches, decode seconds, images decoded, batches decoded on the device, device decodes, the batches'
+    device seconds, time.monotonic() of the reading) the server has counted so far, from /metrics."""
     import httpx
 
     from vggserve.loadtest.metrics import Snapshot
@@ -370,7 +370,8 @@ def batch_stats(url: str) -> tuple[float, ...]:
                                                           "vggserve_preprocess_seconds_sum",
                                                           "vggserve_preprocess_seconds_count",
                                                           "vggserve_device_decode_batches_sum",
-                                                          "vggserve_device_decode_batches_count"))
+                                                          "vggserve_device_decode_batches_count",
+                                                          "vggserve_inference_seconds_sum")) + (time.monotonic(),)
 
 
 def server_preprocessing(url: str) -> dict:
@@ -402,8 +403,8 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads1 = thread_cpu(server_pid) if server_pid else {}
     fronts1 = {pid: thread_cpu(pid) for pid in fronts0}
-    (images0, batches0, decode0, decoded0, grouped0, groups0) = before
-    (images1, batches1, decode1, decoded1, grouped1, groups1) = after
+    (images0, batches0, decode0, decoded0, grouped0, groups0, busy0, read0) = before
+    (images1, batches1, decode1, decoded1, grouped1, groups1, busy1, read1) = after
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
@@ -430,6 +431,9 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
             # batches per device decode (--decode gpu|auto), None where the engine decoded none on its device
             "mean_decode_group": (grouped1 - grouped0) / (groups1 - groups0) if groups1 > groups0 else None,
+            # the batches' device time (vggserve_inference_seconds: from a batch's submit, or its lane's previous
+            # batch's end, to its results) per second of the window: 1.0 is one device never without a batch
+            "device_busy": (busy1 - busy0) / max(1e-9, read1 - read0),
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
                            for q in ("p50", "p90", "p99")}}
@@ -515,6 +519,7 @@ def main(argv=None) -> int:
     group = service.get("mean_decode_group")
     print(f"service : {service['images_per_s']:9.1f} images/s, mean batch {service['mean_batch']:.1f}, "
           + (f"mean decode group {group:.2f} batches, " if group is not None else "") +
+          f"device busy {service['device_busy']:.2f} s/s, " +
           f"{concurrency} in flight from {procs} {args.client} client processes; "
           f"preprocess threads {out['preprocess_threads']}, "
           f"processes {out['preprocess_procs']}; HTTP front ends {out['http_workers']} (images each "

@@ -303,6 +303,7 @@ def test_serve_saturation_raw_client_against_the_service(tmp_path, monkeypatch):
         assert service["ok"] > 0 and service["ok"] % files == 0
         assert service["statuses"] == {"200": service["ok"] // files}
         assert service["latency_ms"]["p50"] > 0 and sum(service["images_per_frontend"]) == service["ok"]
+        assert 0 < service["device_busy"] < 1.5  # one device: its batches' seconds per second of the window
 
 
 def test_serve_saturation_raw_client_refuses_https_before_it_starts(monkeypatch, capsys):
