@@ -431,8 +431,9 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
             # batches per device decode (--decode gpu|auto), None where the engine decoded none on its device
             "mean_decode_group": (grouped1 - grouped0) / (groups1 - groups0) if groups1 > groups0 else None,
-            # the batches' device time (vggserve_inference_seconds: from a batch's submit, or its lane's previous
-            # batch's end, to its results) per second of the window: 1.0 is one device never without a batch
+            # the network's device time (vggserve_inference_seconds: from a batch's submit, or its lane's previous
+            # batch's end, to its results; a device decode, on a queue of its own, is not in it) per second of the
+            # window: 1.0 is one device never without a batch of the network
             "device_busy": (busy1 - busy0) / max(1e-9, read1 - read0),
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
