@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from serve_saturation import thread_cpu  # noqa: E402
+from serve_saturation import thread_cpu, thread_spent  # noqa: E402
 
 ROLES = (("-reader", "link readers"), ("-writer", "link writers"), ("vggserve-inflight-", "completers"),
          ("vggserve-device-", "feeders"), ("", "other"))
@@ -173,10 +173,9 @@ def by_role(before: dict, after: dict, names: dict, images: int) -> list[list]:
     """[[role, CPU ms per image], ...] of this process's threads between two thread_cpu readings, by the role their
     Python name ({native id: name}) tells (ROLES)."""
     spent = dict.fromkeys((role for _, role in ROLES), 0.0)
-    for tid, (name, cpu) in after.items():
+    for tid, name, seconds in thread_spent(before, after):
         name = names.get(tid, name)
-        role = next(role for part, role in ROLES if part in name)
-        spent[role] += cpu - before.get(tid, (name, 0.0))[1]
+        spent[next(role for part, role in ROLES if part in name)] += seconds
     return [[role, round(1000 * seconds / images, 3)] for role, seconds in spent.items()]
 
 

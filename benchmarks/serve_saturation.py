@@ -185,13 +185,18 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     return threads
 
 
+def thread_spent(before: dict, after: dict) -> list[tuple[int, str, float]]:
+    """(thread id, name, CPU seconds) each thread of one process spent between two thread_cpu readings (a thread
+    born meanwhile: all it has)."""
+    return [(tid, name, cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in after.items()]
+
+
 def busiest_threads(before: dict, after: dict, images: float, top: int = 6) -> list[list]:
     """[[thread name, CPU ms per image], ...] of the `top` threads that spent the most between two thread_cpu
     readings: one thread near 1000 / (ms per image) images/s is a process's ceiling (the GIL, or a driver that
     spins while it waits for the device)."""
-    spent = [(name, cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in after.items()]
-    spent.sort(key=lambda entry: -entry[1])
-    return [[name, round(1000 * seconds / images, 3)] for name, seconds in spent[:top]]
+    spent = sorted(thread_spent(before, after), key=lambda entry: -entry[2])
+    return [[name, round(1000 * seconds / images, 3)] for _, name, seconds in spent[:top]]
 
 
 def threads_by_name(before: dict, after: dict, images: float) -> list[list]:
@@ -199,8 +204,8 @@ def threads_by_name(before: dict, after: dict, images: float) -> list[list]:
     before and after), summed by name: the front ends' event loops, link threads and decoding threads."""
     spent: dict[str, float] = {}
     for pid, threads in after.items():
-        for tid, (name, cpu) in threads.items():
-            spent[name] = spent.get(name, 0.0) + cpu - before.get(pid, {}).get(tid, (name, 0.0))[1]
+        for _, name, seconds in thread_spent(before.get(pid, {}), threads):
+            spent[name] = spent.get(name, 0.0) + seconds
     return [[name, round(1000 * seconds / images, 3)] for name, seconds in sorted(spent.items(), key=lambda e: -e[1])]
 
 
@@ -397,12 +402,11 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
         w.start()
     time.sleep(max(0.0, start_at + warmup - time.time()))
     before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
-    threads0 = thread_cpu(server_pid) if server_pid else {}
-    fronts0 = {pid: thread_cpu(pid) for pid in cpu0 if pid != server_pid}
+    threads0 = {pid: thread_cpu(pid) for pid in cpu0}  # every server process's threads: the engine's, the front ends'
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
-    threads1 = thread_cpu(server_pid) if server_pid else {}
-    fronts1 = {pid: thread_cpu(pid) for pid in fronts0}
+    threads1 = {pid: thread_cpu(pid) for pid in threads0}
+    fronts0, fronts1 = ({pid: t for pid, t in threads.items() if pid != server_pid} for threads in (threads0, threads1))
     (images0, batches0, decode0, decoded0, grouped0, groups0, busy0, read0) = before
     (images1, batches1, decode1, decoded1, grouped1, groups1, busy1, read1) = after
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
@@ -425,7 +429,8 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
         cpu_ms["engine_process"] = 1000 * spent.get(server_pid, 0.0) / images
         cpu_ms["other_server_processes"] = 1000 * sum(v for pid, v in spent.items() if pid != server_pid) / images
     return {"images_per_s": ok / duration, "ok": ok, "statuses": statuses, "cpu_ms_per_image": cpu_ms,
-            "engine_threads_cpu_ms_per_image": busiest_threads(threads0, threads1, images),
+            "engine_threads_cpu_ms_per_image": busiest_threads(threads0.get(server_pid, {}),
+                                                               threads1.get(server_pid, {}), images),
             # the other server processes' (front ends') threads, summed by name over the processes
             "frontend_threads_cpu_ms_per_image": threads_by_name(fronts0, fronts1, images),
             "mean_batch": (images1 - images0) / max(1.0, batches1 - batches0),
