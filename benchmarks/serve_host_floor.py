@@ -54,19 +54,9 @@ settings = Settings(port=PORT, devices=("cpu",) * DEVICES, http_workers=FRONTS, 
                     max_queue=QUEUE, decode=DECODE, preprocess_threads=THREADS,
                     engine_processes="per-device" if DEVICES > 1 else "auto")
 if DECODE == "gpu":  # the stand-in decoder (the module's docstring)
-    import numpy as np
-    from vggserve.modelinput import ModelInput
-    from vggserve.serving.scheduling import devicedecode, worker
+    from vggserve.testing.decoding import stand_in_device_decoder
 
-    crop = ModelInput.crop(np.zeros((224, 224, 3), np.uint8))
-
-    def stand_in(self, model, datas, batches=1):
-        self.note("device", "baseline_jpeg", len(datas))  # counted as the decoder counts them (no capitals here:
-        # the placeholders above are replaced in this text)
-        return [crop] * len(datas)
-
-    worker.decodes_on_device = lambda model, mode: True
-    devicedecode.DeviceDecoding._on_device = stand_in
+    stand_in_device_decoder()
 sys.exit(run_server(settings, InstantModels(BATCH), log_level="warning"))
 """
 

@@ -1,4 +1,5 @@
-"""A decode task for benchmarks of the consumer's side of the decode processes (`DecodeJob(task=REPLAY)`).
+"""Stand-in decoders for benchmarks of the host's side: a decode task for the consumer's side of the decode processes
+(`DecodeJob(task=REPLAY)`), and `stand_in_device_decoder` for a service's front ends in front of a GPU.
 
 `replay` decodes the first source a process is sent, as the real task does, and answers every later source with a
 copy of that model input (a benchmark's images are all alike: 500x375 JPEGs): it is copied into a fresh block of
@@ -16,7 +17,7 @@ import time
 import numpy as np
 
 from ..decoding.worker import decode_task
-from ..modelinput import ModelInput
+from ..modelinput import CROP_SHAPE, ModelInput
 
 REPLAY = "vggserve.testing.decoding:replay"
 #: environment variable: milliseconds each replayed image takes in wall time (asleep: no CPU), to stand in for the
@@ -40,3 +41,20 @@ def replay(source, job, allocate, clock):
             return first
         np.copyto(block, first.array)
     return ModelInput(first.form, block)
+
+
+def stand_in_device_decoder() -> None:
+    """In this process (a service's engine process), from now on: every device worker says it decodes on its device,
+    so the front ends send JPEGs compressed, and 'decodes' each into one blank crop at once, counted as the device
+    decoder counts. The front ends then do what they do in front of a GPU under --decode gpu, on any machine
+    (`benchmarks/serve_host_floor.py --decode gpu` without --weights); the engine's own work is not the decoder's."""
+    from ..serving.scheduling import devicedecode, worker
+
+    crop = ModelInput.crop(np.zeros(CROP_SHAPE, np.uint8))
+
+    def decoded(self, model, datas, batches=1):
+        self.note(devicedecode.DEVICE, devicedecode.ON_DEVICE, len(datas))
+        return [crop] * len(datas)
+
+    worker.decodes_on_device = lambda model, mode: True
+    devicedecode.DeviceDecoding._on_device = decoded
