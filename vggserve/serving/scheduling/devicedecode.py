@@ -87,8 +87,9 @@ def encoded_or_decoded(data: bytes, mode: str, max_pixels: int, formats=ALLOWED_
     from ...preprocessing import check_mode
 
     started = time.perf_counter()
-    check_mode(mode)  # as the CPU path does first
-    why = why or route(data, max_pixels, formats)
+    if why is None:  # else encoded_here has checked the mode and found the route
+        check_mode(mode)  # as the CPU path does first
+        why = route(data, max_pixels, formats)
     if why == ON_DEVICE:
         return ModelInput.encoded(data), time.perf_counter() - started
     if note is not None:
