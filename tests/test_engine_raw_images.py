@@ -31,6 +31,7 @@ def test_raw_images_and_crops_give_the_probabilities_of_the_cpu_crops(model, spl
     from vggserve.runtime import hostcopy
 
     monkeypatch.setattr(hostcopy, "MIN_SPLIT", split_bytes)  # the staging copies dealt over threads, or not
+    monkeypatch.setattr(hostcopy, "MIN_PAIR", split_bytes)
     images = pictures()
     batch = [raw_rgb(img) for img in images]
     batch.insert(3, np.ascontiguousarray(center_crop(images[0])))  # a crop among the raw images

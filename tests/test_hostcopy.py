@@ -40,6 +40,7 @@ def images(count: int, seed: int = 0) -> list[np.ndarray]:
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 32])
 def test_copy_many_packs_images_as_copyto_does(count, monkeypatch):
     monkeypatch.setattr(hostcopy, "MIN_SPLIT", 1)  # deal even the small ones over the threads
+    monkeypatch.setattr(hostcopy, "MIN_PAIR", 1)
     srcs = images(count, count)
     packed = np.full(sum(x.nbytes for x in srcs) + 5, 9, np.uint8)
     offsets = np.cumsum([0] + [x.nbytes for x in srcs])
@@ -74,3 +75,16 @@ def test_copy_many_of_a_small_batch_stays_on_the_calling_thread(monkeypatch):
     dsts = [np.empty_like(x) for x in srcs]
     hostcopy.copy_many(list(zip(dsts, srcs)))
     assert all(np.array_equal(d, s) for d, s in zip(dsts, srcs))
+
+
+def test_copy_many_of_many_small_pieces_stays_on_the_calling_thread_however_large_in_all(monkeypatch):
+    """A batch's compressed JPEGs (64 x 66 KB, past MIN_SPLIT in all): each copy would take the GIL back on a
+    copying thread, so they are copied here."""
+    monkeypatch.setattr(hostcopy, "_executor", lambda: pytest.fail("small pieces went to the threads"))
+    monkeypatch.setattr(hostcopy, "_threads", lambda: 4)
+    srcs = [np.full(66_586, i, np.uint8) for i in range(64)]
+    assert sum(x.nbytes for x in srcs) >= hostcopy.MIN_SPLIT
+    out = np.zeros(66_586 * 64 + 3, np.uint8)
+    hostcopy.copy_many([(out[i * 66_586:(i + 1) * 66_586], x) for i, x in enumerate(srcs)])
+    np.testing.assert_array_equal(out[:-3], np.repeat(np.arange(64, dtype=np.uint8), 66_586))
+    assert not out[-3:].any()

@@ -4,6 +4,11 @@ One core copies at about 7 GB/s on the H100's host, so a batch of 64 float32 inp
 thread: longer than the DMA that follows it, and in the way of two batches in flight. numpy lets go of the GIL
 while it copies, so a few threads copy in parallel: one array split along its first axis (`copy_into`), or a
 batch given as many images, each to its own place (`copy_many`: 32 decoded 500x375 photos are 18 MB).
+
+Many small pieces (a batch's compressed JPEGs: 64 x 66 KB) stay on the calling thread however many bytes they add
+up to. Each copy lets go of the GIL and takes it back, and in a busy engine process a copying thread waits for it
+each time: 64 such copies over the threads took twice as long as on the calling thread with two busy Python
+threads beside them, and the device worker waited for them (0.7 ms per batch on an H200 host, BENCHMARKS.md).
 """
 
 import os
@@ -13,6 +18,7 @@ import numpy as np
 
 THREADS = 4            # at most this many copying threads (never more than the cores)
 MIN_SPLIT = 4 << 20    # bytes below which one thread copies (a thread hop costs more than it saves)
+MIN_PAIR = 256 << 10   # mean bytes per pair below which one thread copies, whatever the total
 
 _pool = None
 _lock = threading.Lock()
@@ -44,10 +50,10 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
 
 def copy_many(pairs: list) -> None:
     """dst[...] = src for each (dst, src) in `pairs` (as np.copyto), the pairs dealt over the copying threads in runs
-    of about equal bytes when they add up to a large copy."""
+    of about equal bytes when they add up to a large copy of large pieces."""
     threads = _threads()
     total = sum(src.nbytes for _, src in pairs)
-    if total < MIN_SPLIT or threads == 1 or len(pairs) < 2:
+    if total < MIN_SPLIT or threads == 1 or len(pairs) < 2 or total < MIN_PAIR * len(pairs):
         for dst, src in pairs:
             np.copyto(dst, src)
         return
