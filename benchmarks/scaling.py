@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "through nginx each request costs the load generator about 4x its CPU direct, so 8 of them "
                         "cap four FP16 instances")
     p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
-                   help="the job's, the services' and the instances' --decode (default: theirs, exact)")
+                   help="the job's, the services' and the instances' --decode (default: theirs, auto: gpu on a GPU)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, 2 devices, 8 images, batch 2, 5 s runs: checks that everything runs, measures nothing")
     p.add_argument("--workdir", default=None, help="JPEGs, outputs and nginx's files (default: a temp dir)")
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
                   f"{every['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
     print(f"\nScaling over {args.gpus} {'CPU stand-ins (--smoke)' if args.smoke else 'GPUs'}: batch size "
           f"{args.batch_size}, {args.images} JPEGs for the batch job, {args.duration:g} s per service run, "
-          f"--decode {args.decode or 'exact'}\n")
+          f"--decode {args.decode or 'auto (theirs)'}\n")
     print(table(rows, args.gpus))
     for note in notes:
         print(f"\n{note}")

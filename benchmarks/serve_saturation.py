@@ -76,8 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-mix", choices=("single", "photo"), default="single",
                    help="single: --image every time; photo: 1 in 8 a 12 MP JPEG, 1 in 8 a 2 MP one, the rest 500x375")
     p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
-                   help="server's --decode (default: exact; gpu: the front ends send JPEGs compressed, the engine decodes "
-                        "them on its device)")
+                   help="server's --decode (default: the server's, auto: gpu on a GPU; gpu: the front ends send JPEGs "
+                        "compressed, the engine decodes them on its device)")
     p.add_argument("--decode-group", type=int, default=None, metavar="N",
                    help="server's --decode-group (with --decode gpu or auto: batches per device decode at most; "
                         "default: the server's, 4)")
@@ -469,7 +469,7 @@ def main(argv=None) -> int:
     else:
         bodies = [Path(args.image).read_bytes() if args.image else synthetic_jpeg()]
     out = {"device": args.device, "batch_size": batch, "concurrency": concurrency, "client_procs": procs,
-           "resize_on": args.resize_on or "device", "image_mix": args.image_mix, "decode": args.decode or "exact",
+           "resize_on": args.resize_on or "device", "image_mix": args.image_mix, "decode": args.decode or "auto",
            "decode_group": args.decode_group, "lanes": args.lanes,
            "precision": args.precision,
            "client": args.client,
