@@ -127,12 +127,15 @@ def service_run(args, weights: str, workdir: Path, precision: str, devices: int)
                                          weights=weights, device=device)}
 
 
-def instance_frontends(instances: int, cpus: int | None = None) -> int:
-    """Front ends of each of `instances` services on one host: `--http-workers auto`'s half of the cores, shared out
-    (each instance alone would take half the host's cores, and G of them would oversubscribe it G times)."""
-    import os
+def instance_frontends(instances: int, cpus: int | None = None, decode: str | None = None) -> int:
+    """Front ends of each of `instances` services on one host, one device each: what `--http-workers auto` picks on
+    its share of the cores (each instance alone would count the whole host, and G of them would oversubscribe it G
+    times; bound to its share with `taskset`, an instance picks this itself). `decode`: the instances' --decode
+    (None: theirs, auto)."""
+    from vggserve.serving.settings import auto_http_workers, host_cores
 
-    return max(1, ((cpus or os.cpu_count() or 2) // 2) // instances)
+    share = max(1, (cpus or host_cores()) // instances)
+    return auto_http_workers(share, 1, decode or "auto")
 
 
 def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -> dict:
@@ -146,7 +149,7 @@ def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -
             serve = ["--weights", weights, "--device", instance(i), "--max-batch-size", str(args.batch_size),
                      "--max-queue", queue, "--precision", precision, "--log-level", "warning"]
             if args.http_workers or not args.smoke:  # G instances share the host: each its share of the front ends
-                serve += ["--http-workers", str(args.http_workers or instance_frontends(devices))]
+                serve += ["--http-workers", str(args.http_workers or instance_frontends(devices, decode=args.decode))]
             if args.decode:
                 serve += ["--decode", args.decode]
             servers.append(ServerProcess.serve_cli(serve).start())

@@ -153,6 +153,19 @@ def test_the_scaling_table_runs_end_to_end_in_smoke_mode(tiny_weights_path, tmp_
     assert len(table) == 2 + 6 and all(line.count("|") == 6 and line.endswith("x |") for line in table[2:])
 
 
+def test_the_scaling_tables_instances_behind_nginx_get_what_auto_picks_on_their_share_of_the_cores():
+    """Each of G instances on one host: `--http-workers auto` on the host's cores divided by G (device decoding: at
+    most FRONTS_FIRST each), so the one-instance run gets what `vggserve serve --device gpu:0` picks alone."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import scaling
+    from vggserve.serving.settings import FRONTS_FIRST
+
+    assert [scaling.instance_frontends(g, 32, "exact") for g in (1, 2, 4)] == [16, 8, 4]
+    assert [scaling.instance_frontends(g, 32, "gpu") for g in (1, 2, 4)] == [FRONTS_FIRST, FRONTS_FIRST, 4]
+    assert scaling.instance_frontends(2, 32) == scaling.instance_frontends(2, 32, "auto") == FRONTS_FIRST
+    assert scaling.instance_frontends(8, 4, "exact") == 1
+
+
 def test_the_services_host_floor_runs_the_engine_with_device_decoding(tmp_path, tiny_weights_path):
     """--weights with --decode gpu: the real engine (here on the test device) decodes the JPEGs the front ends sent
     compressed, and the benchmark says so; --decode gpu on the instant stand-in, which decodes nothing, is refused."""
