@@ -24,7 +24,9 @@
    window is printed, from /metrics). CPU per image is measured over the window from /proc: the server's engine
    process, its other processes (HTTP front ends) and the load generator's processes; and the front ends' decode
    time (wall seconds in their threads, from /metrics); and the engine process's busiest threads (one near a full
-   core is that process's ceiling: its GIL, or a driver thread spinning while it waits for the device).
+   core is that process's ceiling: its GIL, or a driver thread spinning while it waits for the device). --gil also
+   samples each engine process's GIL holders with py-spy in the window (gil_sampling.py): the share of the time
+   its GIL was held, by thread and function; near 1.0 is a process bound by its GIL.
    --precision is passed to the engine timing and to the server where this build's model accepts it.
 3. Prints both, their ratios (the target is >= 0.90 of the one-batch-at-a-time figure), the mean batch size the server formed in the window (from
    /metrics) and client latency percentiles, with the client; --json FILE writes the same as JSON. Exit status
@@ -49,6 +51,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gil_sampling  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -90,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lanes", type=int, default=None, metavar="N",
                    help="the server's --lanes (forward passes at once per device; default: the server's, 1)")
     p.add_argument("--skip-engine", action="store_true", help="do not time the engine")
+    p.add_argument("--gil", action="store_true",
+                   help="sample each engine process's GIL holders with py-spy during the measured window "
+                        "(gil_sampling.py; py-spy on PATH, allowed to read other processes)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
     p.add_argument("--require", type=float, default=None, help="exit 1 if service/engine is below this ratio")
     return p.parse_args(argv)
@@ -389,7 +397,7 @@ def server_preprocessing(url: str) -> dict:
 
 
 def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: float, duration: float,
-          files: int = 1, client: str = "raw", server_pid: int | None = None) -> dict:
+          files: int = 1, client: str = "raw", server_pid: int | None = None, gil: bool = False) -> dict:
     bodies = [bodies] if isinstance(bodies, bytes) else bodies
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -403,12 +411,19 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     time.sleep(max(0.0, start_at + warmup - time.time()))
     before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads0 = {pid: thread_cpu(pid) for pid in cpu0}  # every server process's threads: the engine's, the front ends'
+    sampler = None
+    if gil and server_pid:  # within the window: py-spy's whole seconds, ending before the load does
+        sampler = gil_sampling.GilSampler.start(gil_sampling.engine_pids(server_pid), max(1, int(0.8 * duration)))
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads1 = {pid: thread_cpu(pid) for pid in threads0}
     fronts0, fronts1 = ({pid: t for pid, t in threads.items() if pid != server_pid} for threads in (threads0, threads1))
     (images0, batches0, decode0, decoded0, grouped0, groups0, busy0, read0) = before
     (images1, batches1, decode1, decoded1, grouped1, groups1, busy1, read1) = after
+    gil_held = None
+    if gil and server_pid:
+        missing = {server_pid: {"error": "py-spy is not on PATH (pip install py-spy)"}}
+        gil_held = sampler.result() if sampler else missing
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
@@ -440,6 +455,8 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
             # batch's end, to its results; a device decode, on a queue of its own, is not in it) per second of the
             # window: 1.0 is one device never without a batch of the network
             "device_busy": (busy1 - busy0) / max(1e-9, read1 - read0),
+            # --gil: per engine process (the server's first), the share of the window its GIL was held, and where
+            "gil": None if gil_held is None else [{"pid": pid, **r} for pid, r in gil_held.items()],
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
                            for q in ("p50", "p90", "p99")}}
@@ -518,7 +535,8 @@ def main(argv=None) -> int:
             server.wait_ready(600)
             out.update(server_preprocessing(server.url))
             out["service"] = drive(server.url, bodies, concurrency, procs, args.warmup, args.duration,
-                                   args.files_per_request, args.client, server_pid=server.proc.pid)
+                                   args.files_per_request, args.client, server_pid=server.proc.pid,
+                                   gil=args.gil)
 
     service = out["service"]
     lat = service["latency_ms"]
@@ -537,6 +555,9 @@ def main(argv=None) -> int:
     if service["engine_threads_cpu_ms_per_image"]:
         print("threads : the engine process's busiest, CPU ms per image: " + ", ".join(
             f"{name} {ms:.2f}" for name, ms in service["engine_threads_cpu_ms_per_image"]), flush=True)
+    if service["gil"] is not None:
+        print("gil     : share of the window each engine process held its GIL: "
+              + gil_sampling.summary({r["pid"]: r for r in service["gil"]}), flush=True)
     if "engine_images_per_s" in out:
         out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
         out["ratio_to_streamed"] = service["images_per_s"] / out["engine_streamed_images_per_s"]
