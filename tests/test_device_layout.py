@@ -177,6 +177,24 @@ def test_packing_into_given_memory_places_the_files_bytes_there(prepared):
     assert batch.data.tobytes() == b"".join(f.data for f in prepared)
 
 
+@pytest.mark.parametrize("pair_bytes", [1, 1 << 40], ids=["over the copying threads", "in one call here"])
+def test_the_files_bytes_of_every_kind_are_joined_the_same_either_way(pair_bytes, monkeypatch):
+    """tables._joined: small pieces (a batch's compressed photos) in one np.concatenate on this thread, large ones
+    by hostcopy.copy_many; bytes, memoryviews and uint8 arrays alike, and nothing past them touched."""
+    from vggserve.decoding.device import tables
+    from vggserve.runtime import hostcopy
+
+    monkeypatch.setattr(hostcopy, "MIN_SPLIT", 1)
+    monkeypatch.setattr(hostcopy, "MIN_PAIR", pair_bytes)
+    rng = np.random.default_rng(1)
+    raw = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (1, 7, 66_586, 3, 1000)]
+    datas = [raw[0], memoryview(raw[1]), np.frombuffer(raw[2], np.uint8), bytearray(raw[3]), raw[4]]
+    memory = np.full(sum(map(len, raw)) + 16, 0xAB, np.uint8)
+    joined = tables._joined(datas, sum(map(len, raw)), lambda nbytes: memory)
+    assert np.shares_memory(joined, memory) and joined.tobytes() == b"".join(raw)
+    assert (memory[len(joined):] == 0xAB).all()
+
+
 def test_equal_tables_parsed_apart_are_stored_once(prepared, monkeypatch):
     first = prepare(prepared[0].data)
     PARSE._dht.cache_clear()
