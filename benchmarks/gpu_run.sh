@@ -45,8 +45,9 @@ set -u
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-tests tune compare bench winograd serve loadtest}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-# carried tools that are no wheels: .whl/bin (py-spy, for serve_saturation.py --gil), .whl/nginx (an nginx and the
-# libraries it links, with a wrapper setting LD_LIBRARY_PATH, for scaling.py's nginx rows)
+# carried tools that are no wheels (benchmarks/carry_tools.sh copies them there): .whl/bin (py-spy, for
+# serve_saturation.py --gil), .whl/nginx (an nginx and the libraries it links, with a wrapper setting
+# LD_LIBRARY_PATH, for scaling.py's nginx rows)
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PWD/.whl/bin:$PWD/.whl/nginx:$PATH
 mkdir -p /tmp/icd && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 export OCL_ICD_VENDORS=/tmp/icd VGGSERVE_CACHE_DIR=/tmp/vgcache
