@@ -6,7 +6,7 @@ while it copies, so a few threads copy in parallel: one array split along its fi
 batch given as many images, each to its own place (`copy_many`: 32 decoded 500x375 photos are 18 MB).
 
 Many small pieces (a batch's compressed JPEGs: 64 x 66 KB) stay on the calling thread however many bytes they add
-up to. Each copy lets go of the GIL and takes it back, and in a busy engine process a copying thread waits for it
+up to (`join_into`, when they go back to back, copies them with one call). Each copy lets go of the GIL and takes it back, and in a busy engine process a copying thread waits for it
 each time: 64 such copies over the threads took twice as long as on the calling thread with two busy Python
 threads beside them, and the device worker waited for them (0.7 ms per batch on an H200 host, BENCHMARKS.md).
 """
@@ -46,6 +46,19 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
         return
     step = -(-dst.shape[0] // _threads())
     copy_many([(dst[s:s + step], src[s:s + step]) for s in range(0, dst.shape[0], step)])
+
+
+def join_into(out: np.ndarray, srcs: list) -> None:
+    """The one-dimensional arrays `srcs` back to back into `out`, which is exactly as long: small pieces (below
+    MIN_PAIR on average) by one np.concatenate on the calling thread, large ones through `copy_many`."""
+    if sum(src.nbytes for src in srcs) < MIN_PAIR * len(srcs):
+        np.concatenate(srcs, out=out)
+        return
+    pairs, at = [], 0
+    for src in srcs:
+        pairs.append((out[at:at + src.size], src))
+        at += src.size
+    copy_many(pairs)
 
 
 def copy_many(pairs: list) -> None:

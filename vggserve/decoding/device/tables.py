@@ -274,17 +274,10 @@ def _joined(datas: list[bytes], total: int, place=None) -> np.ndarray:
     """The files back to back in one uint8 array (of `place(total)` when given, else a new one)."""
     if place is None:
         return np.frombuffer(b"".join(datas), np.uint8)
-    from ...runtime.hostcopy import MIN_PAIR, copy_many
+    from ...runtime.hostcopy import join_into
 
     out = place(total)[:total]
-    if total < MIN_PAIR * len(datas):  # small pieces (compressed photos): one call copies them all, on this thread
-        np.concatenate([np.frombuffer(data, np.uint8) for data in datas], out=out)
-        return out
-    pairs, at = [], 0
-    for data in datas:
-        pairs.append((out[at:at + len(data)], np.frombuffer(data, np.uint8)))
-        at += len(data)
-    copy_many(pairs)  # a few threads for a large batch (numpy copies without the GIL)
+    join_into(out, [np.frombuffer(data, np.uint8) for data in datas])  # large files over the copying threads
     return out
 
 
