@@ -1,9 +1,10 @@
 """How much of the time each engine process holds its GIL under load, and in what: py-spy, sampling only the threads
 that hold the GIL (`py-spy record --gil --nonblocking`), beside a measured window.
 
-    sampler = GilSampler.start(engine_pids(server_pid), seconds=3)    # None where py-spy is not on PATH
+    sampler = GilSampler.start(engine_pids(server_pid, tree), seconds=3)  # None where py-spy is not on PATH
     ...                                                              # the load goes on meanwhile
-    sampler.result()   # {pid: {"held": 0.57, "top": [["decode_for_model", 0.48], ...]} or {"error": "..."}}
+    sampler.result()   # [{"pid": P, "held": 0.57, "threads": ..., "top": [["decode_for_model", 0.48], ...]}
+                       #  or {"pid": P, "error": "..."}, the server's first]
 
 An engine process is the server's own (engine 0) and each `vggserve.serving.processes.engine_process` below it
 (`--engine-processes per-device`). Held near 1.0 is a process bound by its GIL; `top` gives each function's share of
@@ -23,33 +24,16 @@ RATE = 250  # samples per second
 ENGINE_MODULE = "vggserve.serving.processes.engine_process"
 
 
-def engine_pids(server_pid: int, proc: str = "/proc") -> list[int]:
-    """The server process and the engine processes below it (their command line names ENGINE_MODULE), in pid
-    order after the server's."""
-    parents, found = {}, []
-    for entry in Path(proc).iterdir():
-        if not entry.name.isdigit():
-            continue
+def engine_pids(server_pid: int, tree, proc: str = "/proc") -> list[int]:
+    """The server process and the engine processes of its process tree `tree` (pids; serve_saturation's
+    process_tree_cpu reads it), those whose command line names ENGINE_MODULE, in pid order after the server's."""
+    def engine(pid: int) -> bool:
         try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
-        if ENGINE_MODULE in cmdline:
-            found.append(pid)
+            return ENGINE_MODULE.encode() in (Path(proc) / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # gone meanwhile
+            return False
 
-    def below(pid: int) -> bool:
-        seen = set()
-        while pid in parents and pid not in seen:
-            seen.add(pid)
-            pid = parents[pid]
-            if pid == server_pid:
-                return True
-        return False
-
-    return [server_pid] + sorted(p for p in found if below(p))
+    return [server_pid] + sorted(pid for pid in tree if pid != server_pid and engine(pid))
 
 
 def held(raw: str, seconds: float, rate: int = RATE, top: int = 8) -> dict:
@@ -78,15 +62,16 @@ def held(raw: str, seconds: float, rate: int = RATE, top: int = 8) -> dict:
 
 
 class GilSampler:
-    """py-spy recording the GIL holders of each of `pids` for `seconds`, in the background."""
+    """py-spy recording the GIL holders of each of `pids` for `seconds` (whole seconds, at least 1: py-spy's), in the
+    background."""
 
     def __init__(self, binary: str, pids: list[int], seconds: float, rate: int = RATE):
-        self.seconds, self.rate = seconds, rate
+        self.seconds, self.rate = max(1, round(seconds)), rate
         self._dir = tempfile.TemporaryDirectory(prefix="vggserve-gil-")
         self._runs = {}
         for pid in pids:
             out = Path(self._dir.name) / f"{pid}.txt"
-            command = [binary, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate",
+            command = [binary, "record", "--pid", str(pid), "--duration", str(self.seconds), "--rate",
                        str(rate), "--gil", "--threads", "--nonblocking", "--format", "raw", "--output", str(out)]
             self._runs[pid] = (subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
                                out)
@@ -97,9 +82,10 @@ class GilSampler:
         binary = binary or shutil.which("py-spy")
         return cls(binary, pids, seconds, rate) if binary else None
 
-    def result(self) -> dict:
-        """{pid: held()'s figures, or {"error": py-spy's last line}}, once every recording has ended."""
-        results = {}
+    def result(self) -> list[dict]:
+        """[{"pid": pid, held()'s figures, or "error": py-spy's last line}, ...] in the order of `pids`, once every
+        recording has ended."""
+        results = []
         for pid, (proc, out) in self._runs.items():
             try:
                 _, err = proc.communicate(timeout=self.seconds + 60)
@@ -107,19 +93,20 @@ class GilSampler:
                 proc.kill()
                 _, err = proc.communicate()
             if proc.returncode == 0 and out.exists():
-                results[pid] = held(out.read_text(), max(1, round(self.seconds)), self.rate)
+                results.append({"pid": pid, **held(out.read_text(), self.seconds, self.rate)})
             else:
                 lines = [line.strip() for line in (err or "").splitlines() if line.strip()]
-                results[pid] = {"error": lines[-1] if lines else f"py-spy exited with status {proc.returncode}"}
+                results.append({"pid": pid,
+                                "error": lines[-1] if lines else f"py-spy exited with status {proc.returncode}"})
         self._dir.cleanup()
         return results
 
 
-def summary(results: dict, threads: int = 2, top: int = 3) -> str:
-    """One line: each engine process's GIL share, its busiest threads and functions there, or why it was not
-    measured."""
+def summary(results: list[dict], threads: int = 2, top: int = 3) -> str:
+    """One line: each engine process's GIL share (GilSampler.result's records, in order), its busiest threads and
+    functions there, or why it was not measured."""
     parts = []
-    for index, r in enumerate(results.values()):
+    for index, r in enumerate(results):
         if "error" in r:
             parts.append(f"engine {index} not measured ({r['error']})")
             continue

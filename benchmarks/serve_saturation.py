@@ -411,19 +411,17 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     time.sleep(max(0.0, start_at + warmup - time.time()))
     before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads0 = {pid: thread_cpu(pid) for pid in cpu0}  # every server process's threads: the engine's, the front ends'
-    sampler = None
-    if gil and server_pid:  # within the window: py-spy's whole seconds, ending before the load does
-        sampler = gil_sampling.GilSampler.start(gil_sampling.engine_pids(server_pid), max(1, int(0.8 * duration)))
+    sampling = gil and server_pid  # within the window: py-spy's whole seconds, ending before the load does
+    sampler = gil_sampling.GilSampler.start(gil_sampling.engine_pids(server_pid, cpu0), int(0.8 * duration)) \
+        if sampling else None
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads1 = {pid: thread_cpu(pid) for pid in threads0}
     fronts0, fronts1 = ({pid: t for pid, t in threads.items() if pid != server_pid} for threads in (threads0, threads1))
     (images0, batches0, decode0, decoded0, grouped0, groups0, busy0, read0) = before
     (images1, batches1, decode1, decoded1, grouped1, groups1, busy1, read1) = after
-    gil_held = None
-    if gil and server_pid:
-        missing = {server_pid: {"error": "py-spy is not on PATH (pip install py-spy)"}}
-        gil_held = sampler.result() if sampler else missing
+    missing = [{"pid": server_pid, "error": "py-spy is not on PATH (pip install py-spy)"}]
+    gil_held = (sampler.result() if sampler else missing) if sampling else None
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
@@ -456,7 +454,7 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
             # window: 1.0 is one device never without a batch of the network
             "device_busy": (busy1 - busy0) / max(1e-9, read1 - read0),
             # --gil: per engine process (the server's first), the share of the window its GIL was held, and where
-            "gil": None if gil_held is None else [{"pid": pid, **r} for pid, r in gil_held.items()],
+            "gil": gil_held,
             "images_per_frontend": sorted(frontends.values(), reverse=True),
             "latency_ms": {q: float(np.percentile(latencies, int(q[1:]))) if len(latencies) else None
                            for q in ("p50", "p90", "p99")}}
@@ -557,7 +555,7 @@ def main(argv=None) -> int:
             f"{name} {ms:.2f}" for name, ms in service["engine_threads_cpu_ms_per_image"]), flush=True)
     if service["gil"] is not None:
         print("gil     : share of the window each engine process held its GIL: "
-              + gil_sampling.summary({r["pid"]: r for r in service["gil"]}), flush=True)
+              + gil_sampling.summary(service["gil"]), flush=True)
     if "engine_images_per_s" in out:
         out["ratio"] = service["images_per_s"] / out["engine_images_per_s"]
         out["ratio_to_streamed"] = service["images_per_s"] / out["engine_streamed_images_per_s"]
