@@ -425,15 +425,14 @@ def test_waiting_batches_are_decoded_as_a_group_and_each_answered_as_its_own_bat
     items = submit_encoded(queue, datas)  # five full batches wait before the worker starts
     worker = start_decoding_worker("fake-groups", model, queue, metrics, group)
     wait_until(lambda: len(model.submitted) == 2, "two batches submitted")
-    assert len(queue) == (2 if group == 4 else 6)  # batches 0-3 decoded as one group: 2 and 3 claimed, waiting
+    # group 4: batches 0-3 decoded as one group, 2 and 3 claimed, waiting; group 1: batch 2 taken and decoded early,
+    # waiting for a slot
+    assert len(queue) == (2 if group == 4 else 4)
     model.release(0, 1)
     wait_until(lambda: len(model.submitted) == 4, "batches 2 and 3 submitted")
-    if group == 4:  # after a group of several, batch 4 is taken and decoded with two batches still in flight
-        wait_until(lambda: crops_for_device_decodes == [8, 2], "batch 4 decoded early")
-        assert len(queue) == 0
-    else:  # as before groups: the next batch waits for a slot
-        time.sleep(0.2)
-        assert crops_for_device_decodes == [2] * 4 and len(queue) == 2
+    # after a batch or group decoded on the device, batch 4 is taken and decoded with two batches still in flight
+    wait_until(lambda: crops_for_device_decodes == calls, "batch 4 decoded early")
+    assert len(queue) == 0
     assert model.in_flight == 2 and len(model.submitted) == 4
     model.release(*range(2, 5))
     outcomes = [item.future.result(timeout=TIMEOUT) for item in items]

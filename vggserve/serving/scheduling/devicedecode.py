@@ -235,9 +235,15 @@ class DeviceDecoding:
         return sum(item.input.array.nbytes for item in batch if item.input.form == ENCODED)
 
     def groups_batch(self, batch: list, on_device: bool) -> bool:
-        """Whether a worker may decode `batch` with more batches at once: it decodes on its device, its group is
-        above 1, and the batch has JPEGs for the device (and no tensors, which keep its JPEGs on the CPU)."""
-        if self.group < 2 or not on_device:
+        """Whether a worker may decode `batch` with more batches at once: its group is above 1 and the batch goes to
+        the device decoder (`for_device`)."""
+        return self.group >= 2 and self.for_device(batch, on_device)
+
+    @staticmethod
+    def for_device(batch: list, on_device: bool) -> bool:
+        """Whether `batch`'s JPEGs go to the device decoder: the worker decodes on its device, and the batch has
+        JPEGs and no tensors (which keep its JPEGs on the CPU)."""
+        if not on_device:
             return False
         forms = {item.input.form for item in batch}
         return ENCODED in forms and TENSOR not in forms

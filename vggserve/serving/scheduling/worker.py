@@ -210,6 +210,11 @@ class DeviceWorker:
         return self.queue.take_more(max_size, decoding.group - 1, busy, decoding.hold_s, decoding.encoded_bytes,
                                     decoding.group_bytes - decoding.encoded_bytes(batch))
 
+    def decodes_ahead(self, batch: list[Item]) -> bool:
+        """Whether the in-flight runner takes the batch after `batch` before a slot is free (its decode then overlaps
+        the device's two batches in flight): `batch` went to the device decoder."""
+        return self.decoding.for_device(batch, bool(self.info.get("decodes_on_device")))
+
     def decoded_group(self, model, batch: list[Item], claimed: list[list[Item]]) -> list[tuple[list[Item], list]]:
         """`decoded` for `batch` (taken) and the `claimed` batches, in one device decode: each batch's (items still
         to compute, their inputs), in order. A claimed image whose file the CPU path refuses is answered with its
