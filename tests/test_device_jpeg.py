@@ -760,30 +760,6 @@ def test_logits_through_the_device_decoder_are_the_cpu_decodes_exactly(tiny_tens
     assert np.array_equal(model.submit(again, "logits").result(), want[:5])
 
 
-def test_provisional_images_classify_as_the_cpu_decodes_and_say_afterwards_which_streams_were_unusual(
-        tiny_tensors, test_device):
-    """StartedDecode.provisional: no wait for the device; the engine's reads wait for the decode there, and each
-    image's exact() says afterwards whether its stream was usual (a file cut in its scan is not)."""
-    from vggserve.decoding.device.onmodel import DeviceImage, start_decode
-    from vggserve.model.vgg16 import VGG16
-    from vggserve.modelinput import device_input
-
-    model = VGG16(tiny_tensors, device=test_device, max_batch_size=8)
-    good = [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=90, subsampling=s)
-            for w, h, s in [(300, 200, 2), (224, 224, 1), (97, 301, 0)]]
-    cut = good[0][:len(good[0]) // 2]
-    items = start_decode(model, [good[0], cut, good[1], good[2]]).provisional()
-    assert all(isinstance(x, DeviceImage) and x.ready is not None for x in items)
-    got = model.submit(items, "logits").result()
-    assert [x.exact() for x in items] == [True, False, True, True]
-    want = model.submit([device_input(decode_pixels(d)) for d in good], "logits").result()
-    assert np.array_equal(got[[0, 2, 3]], want)
-    # decode_for_model waits instead: an exact image is final, with neither event nor verdict
-    waited = start_decode(model, good).items()
-    assert all(x.ready is None and x.exact is None for x in waited)
-    assert np.array_equal(model.submit(waited, "logits").result(), want)
-
-
 class _OnDecoder:
     """A stand-in model for decode_for_model: its decoder, queue and lock."""
 

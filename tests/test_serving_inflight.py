@@ -376,7 +376,6 @@ def crops_for_device_decodes(monkeypatch):
         return [decode_and_crop(bytes(d), "torchvision", 1 << 30)[0] for d in datas]
 
     monkeypatch.setattr(onmodel, "decode_for_model", decode)
-    monkeypatch.setattr(onmodel, "decode_provisionally", decode)
     return calls
 
 

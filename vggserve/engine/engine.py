@@ -251,18 +251,17 @@ class Engine:
 
     def _place_device_images(self, queue, slot, items: list, events) -> None:
         """Device-decoded inputs (decoding.device.onmodel.DeviceImage) into the slot's crops: images resized from
-        their buffers, crops copied, each at its index of the batch, after the decodes of provisional ones."""
+        their buffers, crops copied, each at its index of the batch."""
         crop_bytes = INPUT_SIZE * INPUT_SIZE * 3
         by_buffer: dict = {}
-        ready = list({id(d.ready): d.ready for _, d in items if d.ready is not None}.values()) or None
         for index, d in items:
             if d.kind == "crop":
                 d.read_by(cl.enqueue_copy(queue, slot.pixels, d.buffer, byte_count=crop_bytes,
-                                          src_offset=d.offset, dst_offset=index * crop_bytes, wait_for=ready))
+                                          src_offset=d.offset, dst_offset=index * crop_bytes))
             else:
                 by_buffer.setdefault(id(d.buffer), (d, []))[1].append((d.offset, d.width, d.height, index))
         for d, placed in by_buffer.values():  # the images of one buffer share its lease: one note of the read
-            ev = self.resize_op.enqueue(queue, d.buffer, placed, slot.pixels, wait_for=ready)
+            ev = self.resize_op.enqueue(queue, d.buffer, placed, slot.pixels)
             d.read_by(ev)
             if events is not None:
                 events.append(("resize", ev, 0.0))

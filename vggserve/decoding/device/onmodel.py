@@ -8,10 +8,6 @@ call (an image that Resize(256) changes), or straight its 224 x 224 centre crop 
 other file goes the CPU way, `decode_pixels` + `device_input`, with its results and errors; so does a JPEG whose
 stream the device found unusual.
 
-`start_decode(...).provisional()` answers without waiting for the device: every file it decodes becomes a
-DeviceImage at once, whose readers wait for its `ready` event on the device, and whose `exact()` says later whether
-its stream was usual. The service's engine submits a batch that way, and decodes on the CPU what turns out unusual.
-
 The calls' buffers come from a pool per decoder (`OutputPool`): a fresh buffer per batch cost the host more than the
 whole decode's launches (the release of 36 MB of written memory: 2.9 ms per batch of 64 photos on PoCL). A buffer
 goes back to the pool once the last DeviceImage of its call is dropped; whoever enqueues a read of a DeviceImage's
@@ -51,11 +47,6 @@ class DeviceImage:
     form: str = "device"  # what a batch's inputs are asked for (modelinput.prepare_batch, pipeline)
     needs_resize: bool = True  # such a batch goes to submit as a list
     lease: object = None  # the pool's _Lease of `buffer` (None: a buffer of the caller's own)
-    # a provisional image (`StartedDecode.provisional`): the event after which its pixels are complete, for the
-    # commands that read them to wait for on the device, and `exact()`, which says (waiting for the decode's
-    # statuses) whether they are Pillow's; None for an image whose decode was already found exact
-    ready: object = None
-    exact: object = None
 
     def read_by(self, event) -> None:
         """Note a command that reads these pixels (its event): the buffer's next decode waits for it."""
@@ -137,12 +128,6 @@ def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, form
     return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu).items()
 
 
-def decode_provisionally(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
-                         cpu=None) -> list:
-    """decode_for_model's answer without waiting for the device: `start_decode(...).provisional()` in one call."""
-    return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu).provisional()
-
-
 @dataclass(eq=False)
 class StartedDecode:
     """A device decode launched by `start_decode`, not waited for: `items()` waits for it and answers every file,
@@ -160,7 +145,12 @@ class StartedDecode:
 
     def items(self) -> list:
         """decode_for_model's answer: waits for the device's statuses, then decodes on the CPU what it refused."""
-        items: list = [None] * len(self.datas)
+        from ...errors import ImageError
+        from ...modelinput import device_input
+        from ..decode import decode_pixels
+
+        datas, cpu = self.datas, self.cpu
+        items: list = [None] * len(datas)
         if self.run is not None:
             ok = self.run.ok()  # waits: pixels complete
             lease = self.lease
@@ -169,29 +159,6 @@ class StartedDecode:
                     items[i] = DeviceImage(lease.buffer, window.offset, window.width, window.height, kind,
                                            lease=lease)
         self.lease = self.run = None  # the DeviceImages hold the lease from here
-        return self._on_cpu(items)
-
-    def provisional(self) -> list:
-        """decode_for_model's answer without waiting for the device: a DeviceImage for every file the device decodes,
-        whose `ready` event the commands that read its pixels wait for, and whose `exact()` says, once the decode
-        is done, whether the device found its stream usual (else its pixels are not Pillow's, and the caller
-        decodes that file again on the CPU); the other files decoded on the CPU now, as `items` does."""
-        items: list = [None] * len(self.datas)
-        if self.run is not None:
-            lease, verdicts = self.lease, _Verdicts(self.run)
-            for j, ((i, _), window, kind) in enumerate(zip(self.chosen, self.windows, self.kinds)):
-                items[i] = DeviceImage(lease.buffer, window.offset, window.width, window.height, kind, lease=lease,
-                                       ready=self.run.done, exact=verdicts.at(j))
-        self.lease = self.run = None
-        return self._on_cpu(items)
-
-    def _on_cpu(self, items: list) -> list:
-        """`items` with each file not yet answered (None) decoded on the CPU: a ModelInput, or its ImageError."""
-        from ...errors import ImageError
-        from ...modelinput import device_input
-        from ..decode import decode_pixels
-
-        datas, cpu = self.datas, self.cpu
         for i, data in enumerate(datas):
             if items[i] is None:
                 try:
@@ -203,23 +170,6 @@ class StartedDecode:
                 except ImageError as exc:
                     items[i] = exc
         return items
-
-
-class _Verdicts:
-    """A provisional decode's statuses, waited for and read once, by whichever image asks first."""
-
-    def __init__(self, run):
-        self._run, self._ok, self._lock = run, None, threading.Lock()
-
-    def at(self, j: int):
-        """`exact()` of the run's file j."""
-        return lambda: self.ok()[j]
-
-    def ok(self) -> list[bool]:
-        with self._lock:
-            if self._ok is None:
-                self._ok, self._run = self._run.ok(), None
-            return self._ok
 
 
 def start_decode(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,

@@ -13,12 +13,7 @@ file goes instead.
                                         batches (GROUP_BYTES of files at most: `decoding.groups`), answers split
                                         back per batch; one whose stream the device flags is decoded on the CPU,
                                         with the CPU path's pixels or its ImageError, which answers that image
-                                        alone; `decode(model, batch, ...)` is a group of one batch. The in-flight
-                                        runner decodes with provisional=True: the device decode is launched, not
-                                        waited for, and the network's first reads of the pixels wait for it on the
-                                        device; once the batch has run, `redo` finds the images whose stream the
-                                        device flagged, which go back to the queue with the CPU path's crop (or are
-                                        answered with its ImageError) while the others' rows stand
+                                        alone; `decode(model, batch, ...)` is a group of one batch
 
 A group forms only from batches already waiting when the worker takes its next batch (`BatchQueue.take_more`: full
 batches, claimed; `inflight` runs them through the network one by one), so a lone request is never held back for
@@ -164,13 +159,12 @@ class DeviceDecoding:
         return self.decode_group(model, [batch], on_device, preprocessing)[0]
 
     def decode_group(self, model, batches: list[list], on_device: bool, preprocessing: str,
-                     settle=None, provisional: bool = False) -> list[tuple[list, list]]:
+                     settle=None) -> list[tuple[list, list]]:
         """`decode` for each of `batches` (its answer, in order), the encoded images of all of them decoded on the
         device by one `decode_for_model` call (or one per `group_bytes` of files: `groups.take`). A batch that also
         holds tensors decodes its JPEGs on the CPU, as alone. `settle(k, items)`: of batches[k]'s items about to be
         answered with their ImageError, those this call answers (the others' requests were answered meanwhile:
-        claimed images withdrawn); default all. `provisional`: the device decode is not waited for
-        (`StartedDecode.provisional`): its images are checked once their batch has run (`redo`)."""
+        claimed images withdrawn); default all."""
         inputs = [[item.input for item in batch] for batch in batches]
         waiting: deque = deque()  # (batch index, positions of its encoded inputs, their bytes) for the device
         for k, xs in enumerate(inputs):
@@ -185,7 +179,7 @@ class DeviceDecoding:
         while waiting:
             part = take(waiting, self.group, self.group_bytes)
             datas = [inputs[k][i].array for k, where, _ in part for i in where]  # as they came (prepare copies heads)
-            decoded = self._on_device(model, datas, len(part), provisional)
+            decoded = self._on_device(model, datas, len(part))
             at = 0
             for k, where, _ in part:
                 if decoded is None:
@@ -214,50 +208,26 @@ class DeviceDecoding:
             inputs[i] = self._on_cpu(inputs[i].array.tobytes(), preprocessing)
         self.note(CPU, reason, len(where))
 
-    def _on_device(self, model, datas: list, batches: int = 1, provisional: bool = False) -> list | None:
+    def _on_device(self, model, datas: list, batches: int = 1) -> list | None:
         """decode_for_model's answer (None when the decoder failed on the group: logged), for `batches` batches'
-        files; `provisional`: StartedDecode.provisional's, its device images counted by `redo`."""
-        from ...decoding.device import onmodel
+        files."""
+        from ...decoding.device.onmodel import decode_for_model
         from .imaging import open_upload
 
         def cpu(data):
             return open_upload(bytes(data), self.max_pixels, self.formats)
 
-        limits = {"max_pixels": self.max_pixels, "formats": self.formats, "cpu": cpu}
         try:
-            if provisional:
-                decoded = onmodel.decode_provisionally(model, datas, **limits)
-            else:
-                decoded = onmodel.decode_for_model(model, datas, **limits)
+            decoded = decode_for_model(model, datas, max_pixels=self.max_pixels, formats=self.formats, cpu=cpu)
         except Exception:  # noqa: BLE001 - the CPU decodes them instead; the device's own failure shows in its batch
             log.exception("the device JPEG decoder failed on %s of %s; decoded on the CPU instead",
                           "a batch" if batches == 1 else f"a group of {batches} batches", count(len(datas), "image"))
             return None
         self.metrics.device_decode_batches.observe(batches)
         on_device = sum(getattr(x, "form", None) == DEVICE for x in decoded)
-        if not provisional:
-            self.note(DEVICE, ON_DEVICE, on_device)
+        self.note(DEVICE, ON_DEVICE, on_device)
         self.note(CPU, "stream", len(decoded) - on_device)
         return decoded
-
-    def redo(self, batch: list, inputs: list, preprocessing: str) -> list[int]:
-        """Once a batch submitted with provisional device images has run: the positions of those whose stream the
-        device found unusual (their rows are not Pillow's), each such item's input replaced by the CPU path's crop,
-        or answered with the CPU path's ImageError (its future then done), for the caller to compute again. Counts
-        the batch's device images by outcome."""
-        checked = [(i, x.exact()) for i, x in enumerate(inputs) if getattr(x, "exact", None) is not None]
-        bad = [i for i, exact in checked if not exact]
-        self.note(DEVICE, ON_DEVICE, len(checked) - len(bad))
-        self.note(CPU, "stream", len(bad))
-        for i in bad:
-            item = batch[i]
-            x = self._on_cpu(item.input.array.tobytes(), preprocessing)
-            if isinstance(x, ImageError):
-                if not item.future.done():
-                    item.future.set_exception(x)
-            else:
-                item.input = x
-        return bad
 
     @staticmethod
     def encoded_bytes(batch: list) -> int:

@@ -51,7 +51,7 @@ class InflightRunner:
         # the device counts as busy only once every lane has a batch
         self.lanes = max(1, int(getattr(model, "lane_count", 1)))
         self._slots = threading.Semaphore(DEPTH * self.lanes)
-        self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, inputs, pending, want, ...); None: end
+        self._handoff: queue.SimpleQueue = queue.SimpleQueue()  # (batch, pending, want, taken, submitted); None: end
         self._lock = threading.Lock()
         self.failure: BaseException | None = None  # the first failure; nothing is computed after it
         self._on_device = 0  # batches submitted whose results are not in yet
@@ -117,7 +117,7 @@ class InflightRunner:
                         pending = self.model.submit(worker.prepare(batch, inputs), want)
                         with self._lock:
                             self._on_device += 1
-                        self._handoff.put((batch, inputs, pending, want, taken, submitted))
+                        self._handoff.put((batch, pending, want, taken, submitted))
                         continue
                 except BaseException as exc:  # noqa: BLE001 - the batch must be answered, whatever went wrong
                     self._fail(exc)
@@ -142,7 +142,7 @@ class InflightRunner:
         name_this_thread()
         worker = self.worker
         while (entry := self._handoff.get()) is not None:
-            batch, inputs, pending, want, taken, submitted = entry
+            batch, pending, want, taken, submitted = entry
             probs, seconds = None, 0.0
             lane, self._completed = self._completed % self.lanes, self._completed + 1
             try:
@@ -157,9 +157,7 @@ class InflightRunner:
                 self._slots.release()
             try:
                 if self.failure is None:
-                    batch, probs = worker.redo_decodes(batch, inputs, probs)
-                    if batch:
-                        worker.resolve(batch, probs, want, taken, seconds)
+                    worker.resolve(batch, probs, want, taken, seconds)
             except BaseException as exc:  # noqa: BLE001
                 self._fail(exc)
             if self.failure is not None:

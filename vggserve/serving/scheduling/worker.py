@@ -218,29 +218,13 @@ class DeviceWorker:
     def decoded_group(self, model, batch: list[Item], claimed: list[list[Item]]) -> list[tuple[list[Item], list]]:
         """`decoded` for `batch` (taken) and the `claimed` batches, in one device decode: each batch's (items still
         to compute, their inputs), in order. A claimed image whose file the CPU path refuses is answered with its
-        ImageError only while it is still claimed (its request may have been answered meanwhile). The device decode
-        is not waited for: each batch's rows are checked by `redo_decodes` once it has run."""
+        ImageError only while it is still claimed (its request may have been answered meanwhile)."""
 
         def settle(k: int, items: list[Item]) -> list[Item]:
             return items if k == 0 else self.queue.unclaim(items)
 
         return self.decoding.decode_group(model, [batch, *claimed], bool(self.info.get("decodes_on_device")),
-                                          self.info.get("preprocessing", "torchvision"), settle, provisional=True)
-
-    def redo_decodes(self, batch: list[Item], inputs: list, rows: np.ndarray) -> tuple[list[Item], np.ndarray]:
-        """A batch from `decoded_group` has run: (its items whose rows stand, those rows). An image whose stream the
-        device found unusual (its row is not Pillow's) goes back to the front of the queue with the CPU path's crop
-        as its input, or is answered with the CPU path's ImageError."""
-        bad = self.decoding.redo(batch, inputs, self.info.get("preprocessing", "torchvision"))
-        if not bad:
-            return batch, rows
-        again = [batch[i] for i in bad if not batch[i].future.done()]
-        if again and not self.queue.hand_back(again):  # this worker has left the queue: shutting down or failed
-            error = InferenceFailed(self.label, RuntimeError("the device found its JPEG stream unusual"))
-            for item in again:
-                item.future.set_exception(error)
-        keep = sorted(set(range(len(batch))) - set(bad))
-        return [batch[i] for i in keep], rows[keep]
+                                          self.info.get("preprocessing", "torchvision"), settle)
 
     def start_claimed(self, batch: list[Item], inputs: list) -> tuple[list[Item], list]:
         """A claimed batch of a decode group starts: (its items still to compute, their inputs), without those
