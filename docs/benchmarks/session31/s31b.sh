@@ -1,0 +1,23 @@
+# call 2 of session 31 (nvidia-h200-x2): provisional decode (this tree, 46ebb20) against early take alone (492380f) and 92a1403, in turn
+set -u
+mkdir -p /tmp/old /tmp/s1 && tar -xf .whl/old.tar -C /tmp/old && tar -xf .whl/s1.tar -C /tmp/s1
+NEW=$PWD
+echo "=== GPU tests of the provisional path"
+VGGSERVE_TEST_DEVICE=gpu timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_device_jpeg.py -k "provisional or logits_through" 2>&1 | tail -2
+serve() {  # $1 tag, $2 tree, $3 device, $4 concurrency
+  echo "=== $1: service fp16 --decode gpu --device $3, $4 in flight"
+  (cd $2 && PYTHONPATH=/tmp/site:$2 timeout 70 python3 benchmarks/serve_saturation.py --weights $VGGSERVE_WEIGHTS \
+    --device $3 --decode gpu --precision fp16 --max-batch-size 64 --concurrency $4 --duration 8 --warmup 3 \
+    --skip-engine --json "$OUT/serve-$1.json" > "$OUT/serve-$1.txt" 2>&1); echo "rc $?"
+  grep -E '^(service|cpu|threads)' "$OUT/serve-$1.txt" | cut -c1-400
+}
+serve new-one1 $NEW gpu 256
+serve s1-one1 /tmp/s1 gpu 256
+serve old-one1 /tmp/old gpu 256
+serve new-all1 $NEW all 512
+serve s1-all1 /tmp/s1 all 512
+serve old-all1 /tmp/old all 512
+serve old-one2 /tmp/old gpu 256
+serve new-one2 $NEW gpu 256
+serve old-all2 /tmp/old all 512
+serve new-all2 $NEW all 512
