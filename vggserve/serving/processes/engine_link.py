@@ -2,8 +2,9 @@
 of it: `RemoteQueue`, which the request pipeline uses in place of the engine's BatchQueue.
 
 A link is one authenticated Unix-socket connection (`multiprocessing.connection`). Each side sends lists of
-messages: the engine's writer threads several at a time when they queue up; a front end's event loop those of one
-turn of the loop, written by the loop itself (`DirectLink`). A message is a tuple whose first element names it:
+messages, written by the thread that sends them (`DirectLink`): a front end's event loop those of one turn of the
+loop, the engine each batch's answers from the device worker's completer thread; a writer thread only takes over
+what the socket cannot take at once. A message is a tuple whose first element names it:
 
     front end -> engine
         ("hello", index, pid, arena)               who is connecting, and the name of its shared-memory arena
