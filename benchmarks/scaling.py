@@ -12,7 +12,10 @@ For each precision of --precisions (default fp32,fp16), on G = --gpus devices:
 - nginx: deploy/nginx-upstream.conf (nginx_front.py) in front of one `vggserve serve --device gpu:0` against G
   instances, `--device gpu:i` each, driven the same way through nginx.
 Prints a Markdown table: images/s with one device, with G, and their ratio (G / one); --json FILE writes the table's
-rows and every run's own figures. Without nginx on the machine the nginx rows are left out, with a note.
+rows and every run's own figures. --rounds N measures each row N times, one device and G in turn (one, G; G, one;
+...), and gives the medians: the images/s of each, and the ratio of the pairs measured back to back. On a shared or
+virtual machine one run's figure moves 10-20% from run to run (BENCHMARKS.md, thirty-first session), more than
+the targets' margins; a pair in turn shares the machine's state, and a median of pairs is what compares. Without nginx on the machine the nginx rows are left out, with a note.
 --smoke: the same on the CPU with tiny settings (every "GPU" is the CPU device: --device cpu for each rank and
 instance, `cpu,cpu` for the service's "all"), so CI runs it end to end; its ratios say nothing of GPUs.
 """
@@ -55,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "cap four FP16 instances")
     p.add_argument("--decode", choices=("exact", "fast", "gpu", "auto"), default=None,
                    help="the job's, the services' and the instances' --decode (default: theirs, auto: gpu on a GPU)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each row this many times, one device and all in turn, and report the medians "
+                        "(default 1)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, 2 devices, 8 images, batch 2, 5 s runs: checks that everything runs, measures nothing")
     p.add_argument("--workdir", default=None, help="JPEGs, outputs and nginx's files (default: a temp dir)")
@@ -163,18 +169,41 @@ def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -
             server.stop()
 
 
-def row(run: str, precision: str, one: dict, every: dict, g: int) -> dict:
-    ratio = every["images_per_s"] / one["images_per_s"] if one["images_per_s"] else 0.0
-    return {"run": run, "what": WHAT[run].format(g=g), "precision": precision, "one_images_per_s": one["images_per_s"],
-            "all_images_per_s": every["images_per_s"], "ratio": ratio, "one": one, "all": every}
+def row(run: str, precision: str, ones: list[dict], everys: list[dict], g: int) -> dict:
+    """A table row from its rounds: the median images/s of one device and of G, and the median of the rounds'
+    ratios (each round's two runs measured back to back); `one` and `all` are the rounds' own figures (a dict for
+    one round, as before rounds, else a list)."""
+    from statistics import median
+
+    ratios = [e["images_per_s"] / o["images_per_s"] if o["images_per_s"] else 0.0 for o, e in zip(ones, everys)]
+    single = len(ones) == 1
+    return {"run": run, "what": WHAT[run].format(g=g), "precision": precision,
+            "one_images_per_s": median(o["images_per_s"] for o in ones),
+            "all_images_per_s": median(e["images_per_s"] for e in everys), "ratio": median(ratios),
+            "rounds": len(ones), "ratios": ratios, "one": ones[0] if single else ones,
+            "all": everys[0] if single else everys}
+
+
+def in_turn(rounds: int) -> list[int]:
+    """The order of one round's runs, round after round: 1 then G, then G then 1, ... (drift over the call cancels
+    out of the medians): [0, 1, 1, 0, 0, 1, ...] with 0 for one device and 1 for G."""
+    return [k for r in range(rounds) for k in ((0, 1) if r % 2 == 0 else (1, 0))]
 
 
 def table(rows: list[dict], g: int) -> str:
-    lines = [f"| run | precision | 1 device, images/s | {g} devices, images/s | {g} / 1 |",
-             "|---|---|---:|---:|---:|"]
+    rounds = max((r.get("rounds", 1) for r in rows), default=1)
+    if rounds == 1:
+        lines = [f"| run | precision | 1 device, images/s | {g} devices, images/s | {g} / 1 |",
+                 "|---|---|---:|---:|---:|"]
+    else:
+        lines = [f"| run | precision | 1 device, images/s (median) | {g} devices, images/s (median) | {g} / 1 (median "
+                 f"of {rounds} rounds in turn) | each round's {g} / 1 |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['what']} | {r['precision']} | {r['one_images_per_s']:.1f} | {r['all_images_per_s']:.1f} | "
-                     f"{r['ratio']:.2f}x |")
+        line = (f"| {r['what']} | {r['precision']} | {r['one_images_per_s']:.1f} | {r['all_images_per_s']:.1f} | "
+                f"{r['ratio']:.2f}x |")
+        if rounds > 1:
+            line += " " + ", ".join(f"{x:.2f}x" for x in r.get("ratios", [r["ratio"]])) + " |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -184,6 +213,9 @@ def main(argv=None) -> int:
 
     if args.gpus is None:
         args.gpus = gpu_count()
+    if args.rounds < 1:
+        print(f"scaling: --rounds is 1 or more, not {args.rounds}", file=sys.stderr)
+        return 2
     if args.gpus < 2:
         print(f"scaling: {args.gpus} GPU{'s' if args.gpus != 1 else ''} usable here; pass --gpus G (2 or more) on a "
               "machine with G GPUs, or --smoke to try it on the CPU", file=sys.stderr)
@@ -204,20 +236,23 @@ def main(argv=None) -> int:
     rows = []
     for precision in [p.strip() for p in args.precisions.split(",") if p.strip()]:
         for run in runs:
-            one = measure[run](args, weights, workdir, precision, 1)
-            every = measure[run](args, weights, workdir, precision, args.gpus)
-            rows.append(row(run, precision, one, every, args.gpus))
-            print(f"scaling: {rows[-1]['what']}, {precision}: {one['images_per_s']:.1f} -> "
-                  f"{every['images_per_s']:.1f} images/s", file=sys.stderr, flush=True)
+            runs_of: tuple[list, list] = ([], [])  # one device's rounds, G devices' rounds
+            for k in in_turn(args.rounds):
+                runs_of[k].append(measure[run](args, weights, workdir, precision, args.gpus if k else 1))
+            rows.append(row(run, precision, *runs_of, args.gpus))
+            each = "; ".join(f"{o['images_per_s']:.1f} -> {e['images_per_s']:.1f}" for o, e in zip(*runs_of))
+            print(f"scaling: {rows[-1]['what']}, {precision}: {each} images/s", file=sys.stderr, flush=True)
     print(f"\nScaling over {args.gpus} {'CPU stand-ins (--smoke)' if args.smoke else 'GPUs'}: batch size "
           f"{args.batch_size}, {args.images} JPEGs for the batch job, {args.duration:g} s per service run, "
-          f"--decode {args.decode or 'auto (theirs)'}\n")
+          f"--decode {args.decode or 'auto (theirs)'}"
+          f"{f', {args.rounds} rounds in turn' if args.rounds > 1 else ''}\n")
     print(table(rows, args.gpus))
     for note in notes:
         print(f"\n{note}")
     if args.json:
         Path(args.json).write_text(json.dumps({"gpus": args.gpus, "smoke": args.smoke, "batch_size": args.batch_size,
-                                               "images": args.images, "duration_s": args.duration, "notes": notes,
+                                               "images": args.images, "duration_s": args.duration,
+                                               "rounds": args.rounds, "notes": notes,
                                                "rows": rows}, indent=2) + "\n")
     return 0
 

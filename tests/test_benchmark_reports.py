@@ -182,3 +182,39 @@ def test_launch_cost_times_a_launch_with_and_without_events(test_device):
     assert set(micro) == {"pyopencl_enqueue_nd_range_kernel", "ctypes_with_event", "ctypes_no_event",
                           "pyopencl_flush"}
     assert all(0 < v["host_us"] <= v["with_device_us"] for v in micro.values())  # the queue drained after
+
+
+def test_scaling_rounds_alternate_one_device_and_all_and_report_medians(tmp_path, monkeypatch, capsys):
+    """scaling.py --rounds 3: each row measured 1, G; G, 1; 1, G (drift over a call cancels), its images/s the
+    medians of each side and its ratio the median of the rounds' back-to-back ratios, every round in the JSON."""
+    scaling = load_script("scaling")
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    monkeypatch.setattr("vggserve.weights.find_weights", lambda given: Path(given))
+    figures = {("batch", 1): [100.0, 80.0, 90.0], ("batch", 2): [190.0, 150.0, 200.0],
+               ("service", 1): [50.0, 60.0, 40.0], ("service", 2): [95.0, 100.0, 90.0]}
+    calls = []
+
+    def fake(run):
+        def measure(args, weights, workdir, precision, devices):
+            calls.append((run, precision, devices))
+            done = sum(1 for c in calls if c[0] == run and c[1] == precision and c[2] == devices)
+            return {"images_per_s": figures[(run, devices)][done - 1]}
+        return measure
+
+    monkeypatch.setattr(scaling, "batch_run", fake("batch"))
+    monkeypatch.setattr(scaling, "service_run", fake("service"))
+    out = tmp_path / "scaling.json"
+    assert scaling.main(["--gpus", "2", "--runs", "batch,service", "--precisions", "fp16", "--rounds", "3",
+                         "--weights", str(weights), "--workdir", str(tmp_path / "work"), "--json", str(out)]) == 0
+    assert [c[2] for c in calls if c[0] == "batch"] == [1, 2, 2, 1, 1, 2]
+    result = json.loads(out.read_text())
+    assert result["rounds"] == 3
+    batch, service = result["rows"]
+    assert (batch["one_images_per_s"], batch["all_images_per_s"]) == (90.0, 190.0)
+    assert batch["ratios"] == [1.9, 150.0 / 80.0, 200.0 / 90.0] and batch["ratio"] == 1.9
+    assert service["ratios"] == [1.9, 100.0 / 60.0, 2.25] and service["ratio"] == 1.9
+    assert [r["images_per_s"] for r in batch["all"]] == [190.0, 150.0, 200.0]
+    table = capsys.readouterr().out
+    assert "median of 3 rounds in turn" in table and "| 1.90x | 1.90x, 1.88x, 2.22x |" in table
+    assert scaling.main(["--gpus", "2", "--rounds", "0"]) == 2
