@@ -376,3 +376,31 @@ def test_a_long_head_is_not_kept(monkeypatch):
     long_head = a[:2] + b"\xff\xed" + (pad + 2).to_bytes(2, "big") + bytes(pad) + a[2:]
     assert parse(long_head).scan_start > pad and PARSE._heads == ()
     assert parse(a) and len(PARSE._heads) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_runs_verdicts_are_each_files_first_flagged_segment_or_its_idct(seed):
+    """Run.ok and Run.reasons against the rule, one segment at a time: a file is bad when any of its segments or its
+    IDCT has a nonzero status; its reason is the IDCT's code, else its first flagged segment's, else 0. Files of no
+    segment at all, one file, and none flagged."""
+    from types import SimpleNamespace
+
+    from vggserve.decoding.device.decoder import Run
+
+    rng = np.random.default_rng(seed)
+    files = int(rng.integers(1, 9))
+    seg_image = np.sort(rng.integers(0, files, int(rng.integers(0, 40)))).astype(np.int32)
+    nseg = seg_image.size
+    status = np.zeros(nseg + files, np.int32)
+    if seed:  # seed 0: nothing flagged
+        flagged = rng.random(status.size) < 0.2
+        status[flagged] = rng.integers(1, 9, int(flagged.sum()))
+    batch = SimpleNamespace(seg=np.zeros((nseg, SEG), np.int32), img=np.zeros((files, IMG), np.int32),
+                            seg_image=seg_image)
+    run = Run(batch, status, None, None, None, np.zeros(nseg, np.int32), _kept=True)
+    want_reasons = status[nseg:].tolist()
+    for image, code in zip(seg_image.tolist(), status[:nseg].tolist()):
+        if code and not want_reasons[image]:
+            want_reasons[image] = code
+    assert run.reasons() == want_reasons
+    assert run.ok() == [code == 0 for code in want_reasons]
