@@ -43,7 +43,6 @@ import itertools
 import logging
 import os
 import pickle
-import queue
 import socket
 import threading
 import time
@@ -67,12 +66,14 @@ log = logging.getLogger("vggserve.serving")
 
 AUTHKEY_BYTES = 32
 PROTOCOL = pickle.HIGHEST_PROTOCOL  # 5: arrays (inline pixels) pickle without an extra copy
-_STOP = object()
 
 
-class Link:
-    """One end of a connection: `send` queues a message for the writer thread; the reader thread hands each list of
-    messages received to `on_messages`, and calls `on_close` once when the connection ends (either side)."""
+class DirectLink:
+    """One end of a connection. Messages are written by the thread that sends them, without a writer thread's
+    wake-up: pickled and handed to the socket at once without waiting (MSG_DONTWAIT). What the socket cannot take at
+    once (the other side is behind) is left to the writer thread, and later messages queue behind it, in order. The
+    frames are `multiprocessing.connection`'s, as the other end reads. The reader thread hands each list of messages
+    received to `on_messages`, and calls `on_close` once when the connection ends (either side)."""
 
     def __init__(self, conn: Connection, on_messages: Callable[[list], None], on_close: Callable[[], None],
                  name: str):
@@ -80,78 +81,16 @@ class Link:
         self.on_messages = on_messages
         self.on_close = on_close
         self.name = name
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = threading.Event()
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self._backlog: deque = deque()  # frames (or what is left of one) for the writer thread, in order
+        self._wake = threading.Condition(threading.Lock())
         self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
         self._writer = threading.Thread(target=self._write, name=f"{name}-writer", daemon=True)
 
     def start(self) -> None:
         self._writer.start()
         self._reader.start()
-
-    def send(self, message: tuple) -> None:
-        if not self._closed.is_set():
-            self._outbox.put(message)
-
-    def close(self) -> None:
-        """End the connection: the other side sees it closed, and so does this side's reader."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._outbox.put(_STOP)
-        try:  # shutdown (not close) wakes a reader blocked in recv
-            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def _write(self) -> None:
-        name_this_thread()
-        while True:
-            message = self._outbox.get()
-            batch = []
-            while message is not _STOP:
-                batch.append(message)
-                if self._outbox.empty():
-                    break
-                message = self._outbox.get()
-            if batch:
-                try:  # plain pickle at its highest protocol: Connection.send's ForkingPickler costs more per message
-                    self.conn.send_bytes(pickle.dumps(batch, PROTOCOL))
-                except (OSError, ValueError):
-                    self.close()
-                    return
-            if message is _STOP:
-                return
-
-    def _read(self) -> None:
-        name_this_thread()
-        try:
-            while True:
-                self.on_messages(pickle.loads(self.conn.recv_bytes()))
-        except (EOFError, OSError):
-            pass
-        except Exception:  # noqa: BLE001 - a bad message ends the link, loudly
-            log.exception("%s: unexpected failure reading the link", self.name)
-        finally:
-            self.close()
-            self._writer.join(5)
-            self.conn.close()
-            self.on_close()
-
-
-class DirectLink(Link):
-    """A Link whose messages are written by the thread that sends them, without a writer thread's wake-up: pickled
-    and handed to the socket at once without waiting (MSG_DONTWAIT), so a front end's event loop sends its submits
-    itself. What the socket cannot take at once (the engine is behind) is left to the writer thread, and later
-    messages queue behind it, in order. The frames are `multiprocessing.connection`'s, as the other end reads."""
-
-    def __init__(self, conn: Connection, on_messages: Callable[[list], None], on_close: Callable[[], None],
-                 name: str):
-        super().__init__(conn, on_messages, on_close, name)
-        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
-        self._backlog: deque = deque()  # frames (or what is left of one) for the writer thread, in order
-        self._wake = threading.Condition(threading.Lock())
 
     def send(self, message: tuple) -> None:
         self.send_many([message])
@@ -178,7 +117,15 @@ class DirectLink(Link):
         self.close()
 
     def close(self) -> None:
-        super().close()
+        """End the connection: the other side sees it closed, and so do this side's reader and writer."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:  # shutdown (not close) wakes a reader blocked in recv
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         with self._wake:  # the writer, waiting for a backlog, sees the link closed
             self._wake.notify()
 
@@ -202,6 +149,21 @@ class DirectLink(Link):
         finally:
             with self._wake:  # not while a sender holds the socket
                 self._sock.close()
+
+    def _read(self) -> None:
+        name_this_thread()
+        try:
+            while True:
+                self.on_messages(pickle.loads(self.conn.recv_bytes()))
+        except (EOFError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - a bad message ends the link, loudly
+            log.exception("%s: unexpected failure reading the link", self.name)
+        finally:
+            self.close()
+            self._writer.join(5)
+            self.conn.close()
+            self.on_close()
 
 
 def _frame(payload: bytes) -> bytes:
