@@ -234,11 +234,6 @@ class DeviceDecoding:
         """The encoded files' bytes of a batch's items (what `groups.GROUP_BYTES` bounds)."""
         return sum(item.input.array.nbytes for item in batch if item.input.form == ENCODED)
 
-    def groups_batch(self, batch: list, on_device: bool) -> bool:
-        """Whether a worker may decode `batch` with more batches at once: its group is above 1 and the batch goes to
-        the device decoder (`for_device`)."""
-        return self.group >= 2 and self.for_device(batch, on_device)
-
     @staticmethod
     def for_device(batch: list, on_device: bool) -> bool:
         """Whether `batch`'s JPEGs go to the device decoder: the worker decodes on its device, and the batch has

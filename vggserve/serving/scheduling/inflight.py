@@ -98,8 +98,8 @@ class InflightRunner:
                             return
                         batch = taken_batch
                         taken = worker.note_taken(batch)
-                        ahead = worker.decodes_ahead(batch)
-                        claimed = worker.claim_group(batch, self.max_size, self._busy)
+                        ahead = worker.to_device_decoder(batch)
+                        claimed = worker.claim_group(batch, self.max_size, self._busy) if ahead else []
                         group.extend([more, None] for more in claimed)  # given back, undecoded, if the decode fails
                         decoded = worker.decoded_group(self.model, batch, claimed)  # on the device, encoded uploads
                         (batch, inputs), rest = decoded[0], decoded[1:]

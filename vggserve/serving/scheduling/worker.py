@@ -200,20 +200,20 @@ class DeviceWorker:
         return self.decoding.decode(model, batch, bool(self.info.get("decodes_on_device")),
                                     self.info.get("preprocessing", "torchvision"))
 
+    def to_device_decoder(self, batch: list[Item]) -> bool:
+        """Whether `batch`'s JPEGs go to this worker's device decoder (`DeviceDecoding.for_device`): the in-flight
+        runner then decodes it with a group (`claim_group`) and takes the next batch before a slot is free."""
+        return self.decoding.for_device(batch, bool(self.info.get("decodes_on_device")))
+
     def claim_group(self, batch: list[Item], max_size: int, busy: Callable[[], bool]) -> list[list[Item]]:
-        """The batches to decode on the device together with `batch`, just taken: full batches already waiting,
-        claimed (`BatchQueue.take_more`), up to --decode-group batches and GROUP_BYTES of files in all; none unless
-        `batch` is one this worker decodes on its device (`DeviceDecoding.groups_batch`)."""
+        """The batches to decode on the device together with `batch`, just taken, one that goes to the device decoder
+        (`to_device_decoder`): full batches already waiting, claimed (`BatchQueue.take_more`), up to --decode-group
+        batches and GROUP_BYTES of files in all."""
         decoding = self.decoding
-        if not decoding.groups_batch(batch, bool(self.info.get("decodes_on_device"))):
+        if decoding.group < 2:
             return []
         return self.queue.take_more(max_size, decoding.group - 1, busy, decoding.hold_s, decoding.encoded_bytes,
                                     decoding.group_bytes - decoding.encoded_bytes(batch))
-
-    def decodes_ahead(self, batch: list[Item]) -> bool:
-        """Whether the in-flight runner takes the batch after `batch` before a slot is free (its decode then overlaps
-        the device's two batches in flight): `batch` went to the device decoder."""
-        return self.decoding.for_device(batch, bool(self.info.get("decodes_on_device")))
 
     def decoded_group(self, model, batch: list[Item], claimed: list[list[Item]]) -> list[tuple[list[Item], list]]:
         """`decoded` for `batch` (taken) and the `claimed` batches, in one device decode: each batch's (items still
