@@ -6,9 +6,10 @@ while it copies, so a few threads copy in parallel: one array split along its fi
 batch given as many images, each to its own place (`copy_many`: 32 decoded 500x375 photos are 18 MB).
 
 Many small pieces (a batch's compressed JPEGs: 64 x 66 KB) stay on the calling thread however many bytes they add
-up to (`join_into`, when they go back to back, copies them with one call). Each copy lets go of the GIL and takes it back, and in a busy engine process a copying thread waits for it
-each time: 64 such copies over the threads took twice as long as on the calling thread with two busy Python
-threads beside them, and the device worker waited for them (0.7 ms per batch on an H200 host, BENCHMARKS.md).
+up to (`small_pieces`; `join_into`, when they go back to back, copies them with one call). Each copy lets go of the
+GIL and takes it back, and in a busy engine process a copying thread waits for it each time: 64 such copies over the
+threads took twice as long as on the calling thread with two busy Python threads beside them, and the device worker
+waited for them (0.7 ms per batch on an H200 host, BENCHMARKS.md).
 """
 
 import os
@@ -30,12 +31,18 @@ def _executor():
         if _pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _pool = ThreadPoolExecutor(max(1, min(THREADS, os.cpu_count() or 1)), thread_name_prefix="vggserve-copy")
+            _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="vggserve-copy")
         return _pool
 
 
 def _threads() -> int:
     return max(1, min(THREADS, os.cpu_count() or 1))
+
+
+def small_pieces(nbytes: int, pieces: int) -> bool:
+    """Whether `pieces` pieces of `nbytes` in all stay on the calling thread whatever their total: below MIN_PAIR
+    bytes each on average."""
+    return nbytes < MIN_PAIR * pieces
 
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
@@ -51,7 +58,7 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
 def join_into(out: np.ndarray, srcs: list) -> None:
     """The one-dimensional arrays `srcs` back to back into `out`, which is exactly as long: small pieces (below
     MIN_PAIR on average) by one np.concatenate on the calling thread, large ones through `copy_many`."""
-    if sum(src.nbytes for src in srcs) < MIN_PAIR * len(srcs):
+    if small_pieces(sum(src.nbytes for src in srcs), len(srcs)):
         np.concatenate(srcs, out=out)
         return
     pairs, at = [], 0
@@ -66,7 +73,7 @@ def copy_many(pairs: list) -> None:
     of about equal bytes when they add up to a large copy of large pieces."""
     threads = _threads()
     total = sum(src.nbytes for _, src in pairs)
-    if total < MIN_SPLIT or threads == 1 or len(pairs) < 2 or total < MIN_PAIR * len(pairs):
+    if total < MIN_SPLIT or threads == 1 or len(pairs) < 2 or small_pieces(total, len(pairs)):
         for dst, src in pairs:
             np.copyto(dst, src)
         return
