@@ -171,17 +171,16 @@ def nginx_run(args, weights: str, workdir: Path, precision: str, devices: int) -
 
 def row(run: str, precision: str, ones: list[dict], everys: list[dict], g: int) -> dict:
     """A table row from its rounds: the median images/s of one device and of G, and the median of the rounds'
-    ratios (each round's two runs measured back to back); `one` and `all` are the rounds' own figures (a dict for
-    one round, as before rounds, else a list)."""
+    ratios (each round's two runs measured back to back); `one` and `all` are the first round's own figures, and
+    `later_rounds` each later round's, as {"one": ..., "all": ...} (none with one round)."""
     from statistics import median
 
     ratios = [e["images_per_s"] / o["images_per_s"] if o["images_per_s"] else 0.0 for o, e in zip(ones, everys)]
-    single = len(ones) == 1
     return {"run": run, "what": WHAT[run].format(g=g), "precision": precision,
             "one_images_per_s": median(o["images_per_s"] for o in ones),
             "all_images_per_s": median(e["images_per_s"] for e in everys), "ratio": median(ratios),
-            "rounds": len(ones), "ratios": ratios, "one": ones[0] if single else ones,
-            "all": everys[0] if single else everys}
+            "rounds": len(ones), "ratios": ratios, "one": ones[0], "all": everys[0],
+            "later_rounds": [{"one": o, "all": e} for o, e in zip(ones[1:], everys[1:])]}
 
 
 def in_turn(rounds: int) -> list[int]:

@@ -214,7 +214,8 @@ def test_scaling_rounds_alternate_one_device_and_all_and_report_medians(tmp_path
     assert (batch["one_images_per_s"], batch["all_images_per_s"]) == (90.0, 190.0)
     assert batch["ratios"] == [1.9, 150.0 / 80.0, 200.0 / 90.0] and batch["ratio"] == 1.9
     assert service["ratios"] == [1.9, 100.0 / 60.0, 2.25] and service["ratio"] == 1.9
-    assert [r["images_per_s"] for r in batch["all"]] == [190.0, 150.0, 200.0]
+    rounds = [batch] + batch["later_rounds"]
+    assert [r["all"]["images_per_s"] for r in rounds] == [190.0, 150.0, 200.0]
     table = capsys.readouterr().out
     assert "median of 3 rounds in turn" in table and "| 1.90x | 1.90x, 1.88x, 2.22x |" in table
     assert scaling.main(["--gpus", "2", "--rounds", "0"]) == 2
