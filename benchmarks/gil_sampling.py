@@ -1,10 +1,11 @@
 """How much of the time each engine process holds its GIL under load, and in what: py-spy, sampling only the threads
 that hold the GIL (`py-spy record --gil --nonblocking`), beside a measured window.
 
-    sampler = GilSampler.start(engine_pids(server_pid, tree), seconds=3)  # None where py-spy is not on PATH
+    sampler = GilSampler.start(engine_pids(server_pid, tree), seconds=3)
     ...                                                              # the load goes on meanwhile
     sampler.result()   # [{"pid": P, "held": 0.57, "threads": ..., "top": [["decode_for_model", 0.48], ...]}
-                       #  or {"pid": P, "error": "..."}, the server's first]
+                       #  or {"pid": P, "error": "..."}, the server's first; where py-spy is not on PATH, one
+                       #  record saying so]
 
 An engine process is the server's own (engine 0) and each `vggserve.serving.processes.engine_process` below it
 (`--engine-processes per-device`). Held near 1.0 is a process bound by its GIL; `top` gives each function's share of
@@ -65,11 +66,12 @@ class GilSampler:
     """py-spy recording the GIL holders of each of `pids` for `seconds` (whole seconds, at least 1: py-spy's), in the
     background."""
 
-    def __init__(self, binary: str, pids: list[int], seconds: float, rate: int = RATE):
+    def __init__(self, binary: str | None, pids: list[int], seconds: float, rate: int = RATE):
         self.seconds, self.rate = max(1, round(seconds)), rate
+        self._missing = None if binary else {"pid": pids[0], "error": "py-spy is not on PATH (pip install py-spy)"}
         self._dir = tempfile.TemporaryDirectory(prefix="vggserve-gil-")
         self._runs = {}
-        for pid in pids:
+        for pid in pids if binary else ():
             out = Path(self._dir.name) / f"{pid}.txt"
             command = [binary, "record", "--pid", str(pid), "--duration", str(self.seconds), "--rate",
                        str(rate), "--gil", "--threads", "--nonblocking", "--format", "raw", "--output", str(out)]
@@ -77,15 +79,15 @@ class GilSampler:
                                out)
 
     @classmethod
-    def start(cls, pids: list[int], seconds: float, binary: str | None = None, rate: int = RATE) -> "GilSampler | None":
-        """A sampler of `pids`, or None where py-spy (`binary`, else py-spy on PATH) is not there."""
-        binary = binary or shutil.which("py-spy")
-        return cls(binary, pids, seconds, rate) if binary else None
+    def start(cls, pids: list[int], seconds: float, binary: str | None = None, rate: int = RATE) -> "GilSampler":
+        """A sampler of `pids` with py-spy (`binary`, else py-spy on PATH); where there is none, its result says
+        so."""
+        return cls(binary or shutil.which("py-spy"), pids, seconds, rate)
 
     def result(self) -> list[dict]:
         """[{"pid": pid, held()'s figures, or "error": py-spy's last line}, ...] in the order of `pids`, once every
         recording has ended."""
-        results = []
+        results = [self._missing] if self._missing else []
         for pid, (proc, out) in self._runs.items():
             try:
                 _, err = proc.communicate(timeout=self.seconds + 60)

@@ -411,17 +411,16 @@ def drive(url: str, bodies: list[bytes], concurrency: int, procs: int, warmup: f
     time.sleep(max(0.0, start_at + warmup - time.time()))
     before, cpu0 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads0 = {pid: thread_cpu(pid) for pid in cpu0}  # every server process's threads: the engine's, the front ends'
-    sampling = gil and server_pid  # within the window: py-spy's whole seconds, ending before the load does
+    # within the window: py-spy's whole seconds, ending before the load does
     sampler = gil_sampling.GilSampler.start(gil_sampling.engine_pids(server_pid, cpu0), int(0.8 * duration)) \
-        if sampling else None
+        if gil and server_pid else None
     time.sleep(max(0.0, start_at + warmup + duration - time.time()))
     after, cpu1 = batch_stats(url), process_tree_cpu(server_pid) if server_pid else {}
     threads1 = {pid: thread_cpu(pid) for pid in threads0}
     fronts0, fronts1 = ({pid: t for pid, t in threads.items() if pid != server_pid} for threads in (threads0, threads1))
     (images0, batches0, decode0, decoded0, grouped0, groups0, busy0, read0) = before
     (images1, batches1, decode1, decoded1, grouped1, groups1, busy1, read1) = after
-    missing = [{"pid": server_pid, "error": "py-spy is not on PATH (pip install py-spy)"}]
-    gil_held = (sampler.result() if sampler else missing) if sampling else None
+    gil_held = sampler.result() if sampler else None
     parts = [results.get(timeout=warmup + duration + 300) for _ in workers]
     for w in workers:
         w.join(timeout=60)
