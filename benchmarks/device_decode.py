@@ -86,10 +86,6 @@ def main() -> None:
     ap.add_argument("--no-resume", action="store_true",
                     help="a chunk decoding again from a new entry decodes whole, not stopping where it meets its last "
                          "decode at a checkpoint (the same exits; to measure what resuming saves)")
-    ap.add_argument("--loop-from", type=int, default=None, metavar="R",
-                    help="the first synchronisation round run by jpeg_sync_loop, every later one in the same launch "
-                         "(default: the decoder's LOOP_FROM; --rounds or more, e.g. 99: a launch per round, as before "
-                         "the loop; for every decoder of the process, --network's included)")
     ap.add_argument("--variants", action="store_true",
                     help="also time each kernel variant's colour and resize on the same batches, and check they "
                          "write the same bytes")
@@ -114,10 +110,6 @@ def main() -> None:
         import vggserve.decoding.device.decoder as decoder_module
 
         decoder_module.RESUME = False
-    if args.loop_from is not None:
-        import vggserve.decoding.device.decoder as decoder_module
-
-        decoder_module.LOOP_FROM = args.loop_from
 
     from vggserve.decoding import decode_pixels
     from vggserve.decoding.device import JpegDecoder, Window, prepare
@@ -269,13 +261,10 @@ def main() -> None:
     print("device ms per batch of %d (%d per launch sequence): " % (b, group)
           + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
     rounds = kernels.get("sync", [])
-    launches = min(decoder.loop_from + 1, decoder.rounds)  # the rounds' launches per sequence
-    res["loop_from"] = decoder.loop_from if decoder.loop_from < decoder.rounds else None
     if rounds and decoder.rounds:
-        by_round = np.array([(e.profile.end - e.profile.start) * 1e-6 for e in rounds]).reshape(-1, launches)
+        by_round = np.array([(e.profile.end - e.profile.start) * 1e-6 for e in rounds]).reshape(-1, decoder.rounds)
         res["sync_round_ms"] = by_round.mean(axis=0).round(4).tolist()
-        looped = f", the last launch rounds {decoder.loop_from}+ looped" if res["loop_from"] is not None else ""
-        print(f"sync rounds, ms each launch (a launch sequence of {group} batches{looped}): "
+        print(f"sync rounds, ms each (a launch sequence of {group} batches): "
               + " ".join(f"{v:.3f}" for v in res["sync_round_ms"]))
     first = min(e.profile.start for evs in kernels.values() for e in evs[:1])
     res["device_span_ms_first_batch"] = (kernels["colour"][0].profile.end - first) * 1e-6

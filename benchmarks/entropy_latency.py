@@ -40,19 +40,14 @@ def _function(src: str, start: str) -> str:
 
 def local_tables(src: str) -> tuple[str, str]:
     """(source, kernel name) of the variant whose rounds read the work-group's first chunk's tables from local
-    memory: je_symbol, je_run, je_sync_chunk and jpeg_sync copied with their table pointers in __local."""
+    memory: je_symbol, je_run and jpeg_sync copied with their table pointers in __local."""
     sym = _function(src, "inline int je_symbol(").replace("je_symbol(", "je_symbol_l(").replace(
         "__global const int *t", "__local const int *t")
     run = _function(src, "inline int je_run(").replace("je_run(", "je_run_l(").replace("je_symbol(", "je_symbol_l(")
     for name in ("*tab", "*tdc = tab", "*t = dc"):
         run = run.replace(f"__global const int {name}", f"__local const int {name}")
-    one = _function(src, "inline int je_sync_chunk(").replace("je_sync_chunk(", "je_sync_chunk_l(").replace(
-        "je_run(", "je_run_l(").replace("const int resume)\n{", "const int resume, __local const int *lt)\n{", 1)
-    one = one.replace(
-        "je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);",
-        "je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]); m.dc0 = 0; m.ac0 = 1; m.dc1 = m.dc2 = 2; m.ac1 = m.ac2 = 3;")
-    one = one.replace("je_run_l(data, s[2], tab,", "je_run_l(data, s[2], lt,")
-    sync = _function(src, "__kernel void jpeg_sync(").replace("jpeg_sync(", "jpeg_sync_l(")
+    sync = _function(src, "__kernel void jpeg_sync(").replace("jpeg_sync(", "jpeg_sync_l(").replace("je_run(",
+                                                                                                    "je_run_l(")
     load = """
     __local int lt[4 * JH_TAB];
     {
@@ -66,10 +61,12 @@ def local_tables(src: str) -> tuple[str, str]:
     }
     const int j = get_global_id(0);"""
     sync = sync.replace("\n    const int j = get_global_id(0);", load, 1).replace(
-        "je_sync_chunk(", "je_sync_chunk_l(").replace("ckpt, resume);", "ckpt, resume, lt);")
-    if one.count("je_run_l(data, s[2], lt,") != 2 or "resume, lt)" not in sync or "__local const int *lt" not in one:
+        "je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);",
+        "je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]); m.dc0 = 0; m.ac0 = 1; m.dc1 = m.dc2 = 2; m.ac1 = m.ac2 = 3;")
+    sync = sync.replace("je_run_l(data, s[2], tab,", "je_run_l(data, s[2], lt,")
+    if sync.count("je_run_l(data, s[2], lt,") != 2:
         raise SystemExit("--local-tables: jpeg_sync no longer has the shape this variant rewrites")
-    return src + "\n" + sym + "\n" + run + "\n" + one + "\n" + sync, "jpeg_sync_l"
+    return src + "\n" + sym + "\n" + run + "\n" + sync, "jpeg_sync_l"
 
 
 def counting(src: str) -> str:

@@ -363,15 +363,14 @@ __kernel void jpeg_multi(__global const int *meta, const int tab_at, const int n
     multi[g] = (je_multi_t)(at ? (uint)at | ((uint)adv << 5) | ((uint)eob << 11) | ((uint)last << 12) : 0u);
 }
 
-/* round `round` of the synchronisation for chunk j (jpeg_sync's work-item, and each chunk of jpeg_sync_loop's
- * work-group): returns whether its exit (p, u, k, valid) differs from the round before's (0 in round 0, which has
- * none to differ from) */
-inline int je_sync_chunk(const int j, __global const uchar *data, __global const int *meta, const int seg_at,
-                         const int img_at, const int comp_at, const int tab_at, __global const int *chunk,
-                         __global const int *prev, __global int *next, __global int *used, __global int *settled,
-                         const int round, const int last_round, const int lookback,
-                         __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume)
+__kernel void jpeg_sync(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
+                        const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
+                        __global const int *prev, __global int *next, __global int *used, __global int *settled,
+                        const int round, const int last_round, const int lookback,
+                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume)
 {
+    const int j = get_global_id(0);
+    if (j >= nchunks) return;
     __global const int *seg = meta + seg_at;
     __global const int *ch = chunk + j * JE_CHUNK_INTS;
     __global const int *s = seg + ch[0] * JH_SEG;
@@ -390,7 +389,7 @@ inline int je_sync_chunk(const int j, __global const uchar *data, __global const
         }
         if (first || (in[0] == pos * 8 + bit && in[1] == u && in[2] == k && in[3] == valid)) {
             for (int i = 0; i < JE_STATE; ++i) o[i] = prev[j * JE_STATE + i];
-            return 0;
+            return;
         }
     }
     __global const int *img = meta + img_at, *comp = meta + comp_at, *tab = meta + tab_at;
@@ -420,60 +419,10 @@ inline int je_sync_chunk(const int j, __global const uchar *data, __global const
                again ? prev + j * JE_STATE : 0);
     }
     const int p = pos * 8 + bit;
-    const int changed = round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
-                                      prev[j * JE_STATE + 2] != k || prev[j * JE_STATE + 7] != valid);
-    if (round == last_round && changed)
+    if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
+                                             prev[j * JE_STATE + 2] != k || prev[j * JE_STATE + 7] != valid))
         settled[ch[0]] = 0;
     o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = d0; o[5] = d1; o[6] = d2; o[7] = valid;
-    return changed;
-}
-
-/* one round for every chunk of the batch, a work-item each (decoder.py launches it once per round) */
-__kernel void jpeg_sync(__global const uchar *data, __global const int *meta, const int seg_at, const int img_at,
-                        const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
-                        __global const int *prev, __global int *next, __global int *used, __global int *settled,
-                        const int round, const int last_round, const int lookback,
-                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume)
-{
-    const int j = get_global_id(0);
-    if (j >= nchunks) return;
-    je_sync_chunk(j, data, meta, seg_at, img_at, comp_at, tab_at, chunk, prev, next, used, settled, round, last_round,
-                  lookback, multi, multi_on, ckpt, resume);
-}
-
-/* rounds first_round .. last_round in one launch, a work-group per segment: its work-items take the segment's
- * chunks in turn, and a work-group barrier separates the rounds (a chunk's entry is the exit of the chunk before it
- * in its own segment, so segments never wait for each other). Round r reads the state buffer that round r - 1
- * wrote: `states` is the pair jpeg_sync alternates, round r writing states[r % 2]. A segment stops after a round
- * that changed no exit and wrote states[last_round % 2] (the round after one that changes nothing copies every
- * chunk's exit, so at most one such round is run past it): its exits, used entries and checkpoints are then those
- * that every later round would leave, and `settled` says what it says after the per-round launches. */
-__kernel void jpeg_sync_loop(__global const uchar *data, __global const int *meta, const int seg_at,
-                             const int img_at, const int comp_at, const int tab_at, __global const int *chunk,
-                             __global int *states0, __global int *states1, __global int *used,
-                             __global int *settled, const int first_round, const int last_round, const int lookback,
-                             __global const je_multi_t *multi, const int multi_on, __global int *ckpt,
-                             const int resume)
-{
-    __local int changed;
-    const int lid = get_local_id(0), wg = get_local_size(0);
-    __global const int *s = meta + seg_at + get_group_id(0) * JH_SEG;
-    const int c0 = s[6], c1 = s[6] + s[7];
-    for (int r = first_round; r <= last_round; ++r) {
-        if (lid == 0) changed = 0;
-        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-        __global int *next = (r & 1) ? states1 : states0;
-        __global const int *prev = (r & 1) ? states0 : states1;
-        int mine = 0;
-        for (int j = c0 + lid; j < c1; j += wg)
-            mine |= je_sync_chunk(j, data, meta, seg_at, img_at, comp_at, tab_at, chunk, prev, next, used, settled, r,
-                                  last_round, lookback, multi, multi_on, ckpt, resume);
-        if (mine) changed = 1;
-        barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-        const int stop = r > 0 && !changed && (r & 1) == (last_round & 1);
-        barrier(CLK_LOCAL_MEM_FENCE);  /* every work-item has read `changed` before it is cleared */
-        if (stop) break;
-    }
 }
 
 /* jpeg_prefix_*: each chunk's entry (first block, DC predictors) as exclusive prefix sums of the blocks and DC sums

@@ -703,48 +703,6 @@ def test_chunks_that_resume_their_last_decode_leave_the_exits_and_checkpoints_of
                                   checkpoints=checkpoints), queue, good)
 
 
-@pytest.mark.parametrize("chunk_bytes, rounds, lookback, loop_from, loop_wg",
-                         [(8, 2, 0, 1, 512), (8, 12, 0, 0, 32), (37, 5, None, 1, 64), (128, 6, None, 2, 512),
-                          (64, 9, 300, 1, 32), (16, 20, 0, 1, 512)])
-def test_rounds_looped_in_one_launch_leave_the_exits_and_checkpoints_of_a_launch_per_round(
-        cl_setup, chunk_bytes, rounds, lookback, loop_from, loop_wg):
-    """jpeg_sync_loop (the rounds from `loop_from` on in one launch, a work-group per segment stopping once its
-    segment settles) against a launch per round: every exit, entry used, settled flag, status and checkpoint is the
-    same, on good files (restart intervals, long scans in small chunks: several chunks per work-item and round when
-    the work-group is small) and on hostile ones (segments that never settle in few rounds), and the pixels are
-    Pillow's."""
-    from vggserve.decoding.device import JpegDecoder
-
-    ctx, dev, queue = cl_setup
-    good = [d for _, d in corpus.pillow_corpus()[::3]]
-    good += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, optimize=o,
-                                restart_marker_blocks=r)
-             for w, h, s, q, o, r in [(320, 240, 2, 95, False, 0), (99, 201, 1, 40, True, 5),
-                                      (250, 17, 0, 100, False, 0), (64, 64, 2, 90, False, 1)]]
-    datas = good + [d for _, d in hostile_inputs() if prepare(d)]
-    states = []
-    for looped in (True, False):
-        decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
-                              loop_from=loop_from if looped else rounds)
-        decoder.loop_wg = min(decoder.loop_wg, loop_wg)
-        got = sync_states(decoder, queue, datas)
-        assert len(decoder.events["sync"]) == (loop_from + 1 if looped else rounds)
-        states.append(got + (checkpoints_of(decoder, queue, got[0].shape[0]),))
-    assert not states[0][2].all() or rounds == 20  # some segment left unsettled in few rounds: the flag is compared
-    for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons", "checkpoints"), *states):
-        assert np.array_equal(a, b), name
-    decoded_as_pillow(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
-                                  loop_from=loop_from), queue, good)
-
-
-def test_the_looped_rounds_work_group_covers_the_longest_segment_within_its_bounds():
-    from vggserve.decoding.device.decoder import loop_group_size
-
-    assert [loop_group_size(c, 512) for c in (1, 2, 32, 33, 64, 65, 400, 512, 513, 9000)] == \
-        [32, 32, 32, 64, 64, 128, 512, 512, 512, 512]
-    assert loop_group_size(400, 256) == 256 and loop_group_size(3, 16) == 16
-
-
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder

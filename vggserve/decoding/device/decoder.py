@@ -47,11 +47,6 @@ CHECKPOINTS = 3
 # a chunk decoding again from a new entry stops at the first checkpoint where it meets its last decode's state, and
 # takes that decode's exit (False: every such chunk decodes whole, as before; benchmarks/device_decode.py --no-resume)
 RESUME = True
-# the rounds from this one on run in one launch (jpeg_sync_loop), a work-group per segment looping over the rounds
-# until the segment settles, in place of a launch per round; rounds before it (round 0, whose every chunk decodes,
-# spread over the whole device) are a launch each. ROUNDS or more: a launch per round, as before.
-LOOP_FROM = 1
-LOOP_WG = 512  # jpeg_sync_loop's largest work-group: a segment of up to this many chunks takes each round in one pass
 MULTI_BITS = 14  # jpeg_entropy.cl's JE_MULTI: index bits of a Huffman table's multi-symbol table
 MULTI_ENTRIES = 1 << MULTI_BITS  # its entries (uint16)
 CHECKPOINT_INTS = 6  # jpeg_entropy.cl's JE_CK: ints per checkpoint
@@ -69,7 +64,6 @@ _COLOR = (None, None, _I, _I, None, _I, _I)
 _COLOR_QUAD = (None, None, _I, _I, None, _I)
 _SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I, None, _I)
 _MULTI = (None, _I, _I, None)
-_LOOP = (None, None, _I, _I, _I, _I, None, None, None, None, None, _I, _I, _I, None, _I, None, _I)
 _PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
 _DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None, None)
 
@@ -220,8 +214,7 @@ class JpegDecoder:
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
                  long_chunk_bytes: int | None = None,
                  rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad",
-                 multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None,
-                 loop_from: int | None = None):
+                 multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). long_chunk_bytes: the chunks of segments of
         LONG_SEGMENT_BYTES or more (None: LONG_CHUNK_BYTES with the default chunk_bytes, chunk_bytes with another;
@@ -232,8 +225,7 @@ class JpegDecoder:
         same exits, slower: kept to measure the difference); None: MULTI. checkpoints: the states each chunk's
         decode records, where the decoding pass splits the chunk into checkpoints + 1 parts (0: whole chunks).
         resume: a chunk decoding again stops where it meets its last decode at a checkpoint (the same exits; None:
-        RESUME). loop_from: the first round run by jpeg_sync_loop, a work-group per segment, all the later rounds in
-        one launch (None: LOOP_FROM; `rounds` or more: a launch per round); the same exits either way."""
+        RESUME)."""
         from ...runtime.programs import ProgramCache
 
         if kernels not in KERNELS:
@@ -249,9 +241,6 @@ class JpegDecoder:
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
         self.multi = MULTI if multi is None else bool(multi)
         self.resume = RESUME if resume is None else bool(resume)
-        self.loop_from = LOOP_FROM if loop_from is None else int(loop_from)
-        if self.loop_from < 0:
-            raise ValueError(f"loop_from must be a round (0 or more), got {loop_from}")
         if not 0 <= checkpoints <= 15:
             raise ValueError(f"checkpoints must be 0 to 15, got {checkpoints}")
         self.checkpoints = checkpoints
@@ -267,15 +256,12 @@ class JpegDecoder:
         self.k_color = cl.Kernel(programs[2], "jpeg_color" if kernels == "item" else "jpeg_color_quad")
         self.k_sync = cl.Kernel(programs[3], "jpeg_sync")
         self.k_multi = cl.Kernel(programs[3], "jpeg_multi")
-        self.k_loop = cl.Kernel(programs[3], "jpeg_sync_loop")
-        fits = self.k_loop.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device)
-        self.loop_wg = max(1, min(LOOP_WG, 1 << (int(fits).bit_length() - 1)))  # a power of two the device runs
         self.k_prefix = [cl.Kernel(programs[3], name)
                          for name in ("jpeg_prefix_groups", "jpeg_prefix_totals", "jpeg_prefix_entry")]
         self.k_decode = cl.Kernel(programs[3], "jpeg_decode")
         for kernel, scalars in ((self.k_huffman, _HUFFMAN), (self.k_idct, _IDCT),
                                 (self.k_color, _COLOR if kernels == "item" else _COLOR_QUAD),
-                                (self.k_sync, _SYNC), (self.k_multi, _MULTI), (self.k_loop, _LOOP), *zip(self.k_prefix, _PREFIX),
+                                (self.k_sync, _SYNC), (self.k_multi, _MULTI), *zip(self.k_prefix, _PREFIX),
                                 (self.k_decode, _DECODE)):
             kernel.set_scalar_arg_dtypes(scalars)
         mf = cl.mem_flags
@@ -354,18 +340,10 @@ class JpegDecoder:
         # the rounds differ in three arguments; with the scalars declared, setting all of them (1.3 us) costs less
         # than setting one int through Kernel.set_arg, and pyopencl's call path costs more than a direct launch
         k, sync = self.k_sync, self.events.setdefault("sync", [])
-        last_round = self.rounds - 1
-        for r in range(min(self.loop_from, self.rounds)):
+        for r in range(self.rounds):
             k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
-                       r, last_round, self.lookback, multi, int(self.multi), ckpt, int(self.resume))
+                       r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt, int(self.resume))
             sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
-        if self.loop_from < self.rounds:  # the other rounds in one launch, a work-group per segment
-            nseg = batch.seg.shape[0]
-            loop_wg = loop_group_size(int(batch.seg[:, 7].max()), self.loop_wg)
-            self.k_loop.set_args(data_buf, meta_buf, *tables, chunk_buf, states[0], states[1], used, settled,
-                                 self.loop_from, last_round, self.lookback, multi, int(self.multi), ckpt,
-                                 int(self.resume))
-            sync.append(cl.enqueue_nd_range_kernel(queue, self.k_loop, (nseg * loop_wg,), (loop_wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
         self._launch("decode", queue, self.k_decode, n * (self.checkpoints + 1), data_buf, meta_buf, *tables,
@@ -423,12 +401,6 @@ def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes, array) ->
     for p, a, size in zip(parts, at, sizes):
         meta[a:a + size] = p.reshape(-1)
     return batch, meta, at, pixels
-
-
-def loop_group_size(chunks: int, largest: int) -> int:
-    """jpeg_sync_loop's work-group for a batch whose longest segment has `chunks` chunks: the power of two that
-    covers them, 32 (a warp) at least and `largest` at most (past it, each work-item takes several chunks a round)."""
-    return min(largest, max(32, 1 << max(0, chunks - 1).bit_length()))
 
 
 def color_tiles(win: np.ndarray) -> int:
