@@ -109,13 +109,26 @@ def decode_on_device(datas, device="auto", *, max_pixels: int = DEFAULT_MAX_PIXE
     return Decoded(items, paths, reasons)
 
 
+_arenas = threading.local()
+
+
+def _file_arena():
+    """This thread's FileArena: decode_inputs reads its paths into it, and nothing it answers refers to it."""
+    arena = getattr(_arenas, "arena", None)
+    if arena is None:
+        from ...filearena import FileArena
+
+        arena = _arenas.arena = FileArena()
+    return arena
+
+
 def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
     """`decoding.decode_input`'s answer for each of `sources` (paths or bytes), with the JPEGs decoded on `model`'s
     device and left there (`onmodel.DeviceImage`, resized and cropped in place by its submit): [(input, None) or
-    (None, (reason, exception type))], in order. Used by `classify --decode gpu`. A model that does not resize on
+    (None, (reason, exception type))], in order. Used by `classify --decode gpu` and the batch job's device decoder.
+    Paths are read into the calling thread's FileArena (no fresh bytes per file). A model that does not resize on
     its device (`on_device` False) gets the decoded pixels as tensors, prepared here."""
     from ...errors import ImageError
-    from ...images import read_source
     from ...modelinput import ModelInput
     from ...preprocessing import preprocess
     from ..decode import decode_input, problem_of
@@ -123,12 +136,12 @@ def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
 
     out: list = [None] * len(sources)
     datas, where = [], []
-    for i, source in enumerate(sources):
-        try:
-            datas.append(read_source(source)[0])
+    for i, got in enumerate(_file_arena().read(sources)):  # views of this thread's arena, done with on return
+        if isinstance(got, ImageError):
+            out[i] = (None, problem_of(got))
+        else:
+            datas.append(got)
             where.append(i)
-        except ImageError as exc:
-            out[i] = (None, problem_of(exc))
     if not datas:
         return out
     if on_device:

@@ -1,0 +1,81 @@
+"""FileArena: a call's files read back to back into one reused buffer, with read_source's bytes and errors."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+from vggserve.errors import ImageError
+from vggserve.filearena import FileArena
+from vggserve.images import read_source
+
+
+def answer(source):
+    try:
+        return read_source(source)[0]
+    except ImageError as exc:
+        return exc
+
+
+def same(got, want, name):
+    if isinstance(want, ImageError):
+        assert isinstance(got, ImageError), name
+        assert (type(got), str(got), got.code) == (type(want), str(want), want.code), name
+    else:
+        assert bytes(got) == want, name
+
+
+def test_files_of_every_size_read_as_read_source_reads_them_through_a_growing_arena(tmp_path):
+    rng = np.random.default_rng(0)
+    sizes = [1, 7, 65536, 65537, 3000, 1 << 20, 5, (3 << 20) + 11, 2]
+    paths = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"f{i}.bin"
+        path.write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+        paths.append(str(path))
+    arena = FileArena(first_bytes=1 << 16)  # outgrown several times within one call
+    got = arena.read(paths)
+    assert arena.nbytes >= 3 << 20
+    for path, g in zip(paths, got):
+        assert isinstance(g, np.ndarray) and g.dtype == np.uint8
+        same(g, read_source(path)[0], path)
+    grown = arena.nbytes
+    again = arena.read(paths[:4])  # the next call reuses the grown buffer from its start
+    assert arena.nbytes == grown
+    for path, g in zip(paths, again):
+        same(g, read_source(path)[0], path)
+    assert np.shares_memory(again[0], arena._buf)
+
+
+def test_other_sources_and_unreadable_paths_get_read_sources_bytes_or_error(tmp_path):
+    good = tmp_path / "good.jpg"
+    good.write_bytes(b"\xff\xd8 not really a jpeg")
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    sources = [str(good), str(tmp_path / "missing.jpg"), str(empty), str(folder), b"raw bytes",
+               io.BytesIO(b"a stream"), good]
+    got = FileArena().read(sources)
+    assert len(got) == len(sources)
+    for source, g in zip(sources, got):
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+        same(g, answer(source), repr(source))
+    assert isinstance(got[1], ImageError) and isinstance(got[2], ImageError) and isinstance(got[3], ImageError)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_pipe_is_read_by_read_source_as_before(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(b"piped bytes"))
+    writer.start()
+    got = FileArena().read([str(fifo)])
+    writer.join(5)
+    same(got[0], b"piped bytes", "pipe")
