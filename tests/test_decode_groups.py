@@ -134,15 +134,15 @@ def test_the_device_about_to_starve_makes_the_held_chunks_due_counting_those_bei
     gate = threading.Event()
     decode = Decode(gate)
     decoder = decoder_for(decode, ahead=STARVE_BELOW - 1)
-    first = decoder.start(chunk("c0"))  # 2 ahead + 0 decoding: due at once, and held in its decode
+    first = decoder.start(chunk("c0"))  # one short of STARVE_BELOW ahead, none decoding: due at once, held
     while not decode.calls:  # taken by a thread (the starve rule)
         threading.Event().wait(0.001)
     second = decoder.start(chunk("c1"))
-    assert decoder.due() is None  # 2 ahead + 1 being decoded: the device has enough
+    assert decoder.due() is None  # one short ahead + 1 being decoded: the device has enough
     gate.set()
-    answers(first)  # decoded: now 3 ahead, still enough
+    answers(first)  # decoded: now STARVE_BELOW ahead, still enough
     assert decoder.due() is None and not second.done()
-    decoder.ahead(STARVE_BELOW - 1)  # the device took one: 2 ahead, nothing decoding
+    decoder.ahead(STARVE_BELOW - 1)  # the device took one: one short ahead, nothing decoding
     assert len(answers(second)) == 2
     assert decoder.groups == [1, 1] and decoder.due_counts == {"starve": 2}
     decoder.close()
@@ -203,13 +203,13 @@ def test_the_group_stats_count_decodes_chunks_and_reasons():
 
 # ---- tokens --------------------------------------------------------------------------------------------------------
 
-def test_rank_tokens_add_a_group_where_groups_form(monkeypatch):
+def test_rank_tokens_add_two_groups_where_groups_form(monkeypatch):
     monkeypatch.delenv("VGGSERVE_BATCH_TOKENS", raising=False)
     assert rank_tokens(1) == rank_tokens(1, 1) == TOKENS == 5  # CPU decoders: as before
     assert rank_tokens(3, 1) == SHARED_TOKENS == 12
-    assert rank_tokens(1, GROUP) == 9  # one on the device, four decoded ahead, four gathering
-    assert rank_tokens(2, GROUP) == rank_tokens(8, GROUP) == 16
-    assert rank_tokens(1, 2) == 7
+    assert rank_tokens(1, GROUP) == 13  # on the device and decoded ahead, a group decoding, a group gathering
+    assert rank_tokens(2, GROUP) == rank_tokens(8, GROUP) == 20
+    assert rank_tokens(1, 2) == 9
     monkeypatch.setenv("VGGSERVE_BATCH_TOKENS", "6")
     assert rank_tokens(1, GROUP) == rank_tokens(4, GROUP) == 6  # the setting wins, for every rank alike
 

@@ -23,8 +23,8 @@ kept the device busy about 0.73 of the time, with five 0.93 (`benchmarks/batch_h
 --device-ms`, which stands in for both with sleeps; BENCHMARKS.md).
 
 With `--decode gpu` a rank's device decoder decodes several chunks at once (decoding.device.chunks), holding
-chunks back while a group gathers, so its ranks hold a group more (`rank_tokens(ranks, group)`, the group agreed
-by every rank: 9 for one rank, 16 for several). More chunks in flight change nothing in what is recorded: rank 0
+chunks back while a group gathers and decodes a group at a time, so its ranks hold two groups more
+(`rank_tokens(ranks, group)`, the group agreed by every rank: 13 for one rank, 20 for several). More chunks in flight change nothing in what is recorded: rank 0
 writes a chunk's lines when its report comes, a rank ends only once each of its chunks is reported, and a job that
 is stopped redoes on its rerun the chunks that were in flight (a few more of them).
 
@@ -53,11 +53,12 @@ SHARED_TOKENS = 12
 def rank_tokens(ranks: int = 1, group: int = 1) -> int:
     """Tokens per rank in a job of `ranks` ranks whose ranks decode up to `group` chunks at once (agreed_group):
     TOKENS for one rank, SHARED_TOKENS for several (a chunk's round trip through rank 0 takes longer than rank 0's
-    own), and `group` more where groups form (group > 1, `--decode gpu`): the rank's device decoder holds up to a
-    group's chunks back while they gather, on top of those it has decoded ahead (one rank: one chunk on the device,
-    four decoded ahead, four gathering, 9; several: 16). $VGGSERVE_BATCH_TOKENS sets it (2 or more; every rank must
-    see the same value, as mpirun passes the environment on)."""
-    default = (TOKENS if ranks <= 1 else SHARED_TOKENS) + (group if group > 1 else 0)
+    own), and two groups more where groups form (group > 1, `--decode gpu`): the rank's device decoder holds up to a
+    group's chunks back while they gather, while the group before them is decoded, on top of those it keeps decoded
+    ahead (decoding.device.chunks.STARVE_BELOW; one rank: 13, several: 20; 13 ran one rank 17-24% faster than 9 on an
+    H200 at FP16, with the starve rule at five: BENCHMARKS.md, thirty-second session). $VGGSERVE_BATCH_TOKENS sets it
+    (2 or more; every rank must see the same value, as mpirun passes the environment on)."""
+    default = (TOKENS if ranks <= 1 else SHARED_TOKENS) + (2 * group if group > 1 else 0)
     try:
         return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", default)))
     except ValueError:

@@ -38,9 +38,12 @@ from ..threads import ThreadDecoding
 
 THREADS = 2
 # Decoded chunks (not yet computed, those being decoded included) below which the waiting ones are decoded at once:
-# the device computes one chunk and has the next staged, so with three ready the network has at least a chunk's
-# time before it could wait, and a group being held costs nothing.
-STARVE_BELOW = 3
+# the device computes one chunk and has the next staged, and a group's decode (its host work on one thread, 256 files
+# read, parsed and laid out, then its kernels among the network's) takes longer than three chunks of the network at
+# FP16 on an H200, so with three the device waited for decodes. With five (and the tokens that hold them,
+# workqueue.rank_tokens), one rank ran 11,350-11,933 images/s against 9,507-10,853 with three, in turn
+# (BENCHMARKS.md, thirty-second session).
+STARVE_BELOW = 5
 # The longest a chunk waits for others to form a group: a few batches' device time at FP16 on an H100 (64 images
 # of VGG16 take about 20 ms), a small share of what a batch job of any size takes.
 HOLD_S = 0.1
