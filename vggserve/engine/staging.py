@@ -14,7 +14,6 @@ import pyopencl as cl
 
 from ..weights.spec import INPUT_SIZE, NUM_CLASSES
 from ..ops.resize import place_images
-from ..runtime import waits
 from ..runtime.hostcopy import copy_into, copy_many
 
 MF = cl.mem_flags
@@ -127,7 +126,7 @@ class Pending:
     def result(self) -> np.ndarray:
         with self._lock:
             if self._out is None:
-                waits.wait(self._event)  # sleeping between status checks, not spinning a core
+                self._event.wait()
                 self._out = self._slot.host_out[:self._n].copy()
                 if self._slot.pending is self:
                     self._slot.pending = None

@@ -23,7 +23,6 @@ from PIL import Image
 
 from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, _accepted_formats, exif_orientation, open_checked
 from ...ops.launch import round_up
-from ...runtime import waits
 from .exif import pillow_view
 from .parse import HEAD_BYTES, Frame, Refusal, parse
 from .staging import Grown, StagingRing
@@ -180,7 +179,7 @@ class Run:
         batch's `enqueue` taking the slot again."""
         with self._keeping:
             if not self._kept:
-                waits.wait(self.read)  # sleeping between status checks, not spinning a core
+                self.read.wait()
                 mapped = (self.status, self.parallel)
                 self.status, self.parallel, self._kept = self.status.copy(), self.parallel.copy(), True
                 for array in mapped:
