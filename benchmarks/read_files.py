@@ -1,5 +1,8 @@
-"""CPU per file of reading inputs whole: `vggserve.images.read_source` (how the batch job, the device decoder and the
-calibration read every input path) against the stream path it took before, on copies of one 500x375 JPEG.
+"""CPU per file of reading inputs whole: `vggserve.images.read_source` (how the batch job's CPU decoders and the
+calibration read every input path) against the stream path it took before, on copies of one 500x375 JPEG; then
+the same files read a group at a time, each group's bytes held until the group is read, as the batch job's device
+decoder reads a decode group (--group files; 4 chunks of 64 by default): read_source's fresh bytes per file against
+`vggserve.filearena.FileArena`, one reused buffer (what `decoding.device.decode_inputs` uses).
 
     python3 benchmarks/read_files.py                       # 2,000 copies of a 500x375 q90 JPEG in a temp dir
     python3 benchmarks/read_files.py --files 20000 --dir /dev/shm/reads
@@ -32,11 +35,13 @@ def main(argv=None) -> None:
     import numpy as np
     from PIL import Image
 
+    from vggserve.filearena import FileArena
     from vggserve.images import read_source
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--dir", default=None, help="where the copies go (default: a temp dir)")
+    p.add_argument("--group", type=int, default=256, help="files per group in the grouped ways (default 256)")
     args = p.parse_args(argv)
     folder = Path(args.dir or tempfile.mkdtemp(prefix="vggserve-reads-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -49,11 +54,16 @@ def main(argv=None) -> None:
     for path in paths:
         path.write_bytes(buf.getvalue())
     print(f"{args.files} files of {len(buf.getvalue()):,} bytes in {folder}")
+    groups = [paths[i:i + args.group] for i in range(0, len(paths), max(1, args.group))]
+    arena = FileArena()
+    ways = (("read_source", lambda: [read_source(q)[0] for q in paths]),
+            ("the stream path (before)", lambda: [stream_path(q) for q in paths]),
+            (f"read_source, {args.group} at a time", lambda: [[read_source(q)[0] for q in g] for g in groups]),
+            (f"FileArena.read, {args.group} at a time", lambda: [arena.read(g) for g in groups]))
     for _ in range(2):
-        for name, read in (("read_source", lambda q: read_source(q)[0]), ("the stream path (before)", stream_path)):
+        for name, read in ways:
             cpu, wall = time.process_time(), time.perf_counter()
-            for path in paths:
-                read(path)
+            read()
             n = len(paths)
             print(f"{name}: {(time.process_time() - cpu) / n * 1e6:.1f} us CPU, "
                   f"{(time.perf_counter() - wall) / n * 1e6:.1f} us wall per file", flush=True)

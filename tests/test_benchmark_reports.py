@@ -149,11 +149,12 @@ def test_engines_side_by_side_runs_one_process_per_device_alone_then_together():
     assert abs(float(summary.group(3)) - sum(r[1] for r in together)) < 0.11
 
 
-def test_read_files_times_read_source_against_the_stream_path(tmp_path, capsys):
-    load_script("read_files").main(["--files", "5", "--dir", str(tmp_path)])
+def test_read_files_times_read_source_against_the_stream_path_and_the_arena(tmp_path, capsys):
+    load_script("read_files").main(["--files", "5", "--dir", str(tmp_path), "--group", "2"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("5 files of ") and len(list(tmp_path.glob("*.jpg"))) == 5
-    assert [line.split(":")[0] for line in lines[1:]] == ["read_source", "the stream path (before)"] * 2
+    assert [line.split(":")[0] for line in lines[1:]] == ["read_source", "the stream path (before)",
+                                                          "read_source, 2 at a time", "FileArena.read, 2 at a time"] * 2
     assert all(" us CPU, " in line and line.endswith(" us wall per file") for line in lines[1:])
 
 
