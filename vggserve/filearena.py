@@ -22,6 +22,7 @@ import stat
 
 import numpy as np
 
+from .errors import ImageError
 from .images import read_source
 
 # the first buffer's bytes; it grows to what one call needs (twice the last size, at least), then stays
@@ -51,11 +52,7 @@ class FileArena:
             if got is None:
                 try:
                     got = read_source(source)[0]
-                except Exception as exc:  # noqa: BLE001 - read_source's ImageError, answered in its place
-                    from .errors import ImageError
-
-                    if not isinstance(exc, ImageError):
-                        raise
+                except ImageError as exc:  # answered in its place, as decode_inputs answers it
                     got = exc
             out.append(got)
         return out

@@ -24,9 +24,10 @@ kept the device busy about 0.73 of the time, with five 0.93 (`benchmarks/batch_h
 
 With `--decode gpu` a rank's device decoder decodes several chunks at once (decoding.device.chunks), holding
 chunks back while a group gathers and decodes a group at a time, so its ranks hold two groups more
-(`rank_tokens(ranks, group)`, the group agreed by every rank: 13 for one rank, 20 for several). More chunks in flight change nothing in what is recorded: rank 0
-writes a chunk's lines when its report comes, a rank ends only once each of its chunks is reported, and a job that
-is stopped redoes on its rerun the chunks that were in flight (a few more of them).
+(`rank_tokens(ranks, group)`, the group agreed by every rank: 13 for one rank, 20 for several). More chunks in
+flight change nothing in what is recorded: rank 0 writes a chunk's lines when its report comes, a rank ends only
+once each of its chunks is reported, and a job that is stopped redoes on its rerun the chunks that were in flight
+(a few more of them).
 
 Chunks hold `chunk_size(...)` paths: the batch size, or fewer for a small job, so that it is still spread over
 every rank (3 images over 2 ranks are 3 chunks of one image).
@@ -55,9 +56,10 @@ def rank_tokens(ranks: int = 1, group: int = 1) -> int:
     TOKENS for one rank, SHARED_TOKENS for several (a chunk's round trip through rank 0 takes longer than rank 0's
     own), and two groups more where groups form (group > 1, `--decode gpu`): the rank's device decoder holds up to a
     group's chunks back while they gather, while the group before them is decoded, on top of those it keeps decoded
-    ahead (decoding.device.chunks.STARVE_BELOW; one rank: 13, several: 20; 13 ran one rank 17-24% faster than 9 on an
-    H200 at FP16, with the starve rule at five: BENCHMARKS.md, thirty-second session). $VGGSERVE_BATCH_TOKENS sets it
-    (2 or more; every rank must see the same value, as mpirun passes the environment on)."""
+    ahead (decoding.device.chunks.STARVE_BELOW; one rank: 13, several: 20; with the starve rule at five, one rank ran
+    11,350-11,933 images/s on an H200 at FP16 against 9,507-10,853 with 9 tokens and the rule at three, in turn:
+    BENCHMARKS.md, thirty-second session). $VGGSERVE_BATCH_TOKENS sets it (2 or more; every rank must see the same
+    value, as mpirun passes the environment on)."""
     default = (TOKENS if ranks <= 1 else SHARED_TOKENS) + (2 * group if group > 1 else 0)
     try:
         return max(2, int(os.environ.get("VGGSERVE_BATCH_TOKENS", default)))
