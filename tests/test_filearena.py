@@ -79,3 +79,18 @@ def test_a_pipe_is_read_by_read_source_as_before(tmp_path):
     got = FileArena().read([str(fifo)])
     writer.join(5)
     same(got[0], b"piped bytes", "pipe")
+
+
+def test_a_file_larger_than_the_kept_buffer_is_read_into_one_of_its_own(tmp_path, monkeypatch):
+    import vggserve.filearena as filearena
+
+    monkeypatch.setattr(filearena, "FIRST_BYTES", 1 << 12)
+    monkeypatch.setattr(filearena, "KEEP_BYTES", 1 << 16)
+    small, huge = tmp_path / "small.bin", tmp_path / "huge.bin"
+    small.write_bytes(b"s" * 3000)
+    huge.write_bytes(bytes(range(256)) * 1024)  # 256 KB: four times what is kept
+    arena = FileArena(first_bytes=1 << 12)
+    got = arena.read([str(small), str(huge), str(small)])
+    assert [bytes(g) for g in got] == [small.read_bytes(), huge.read_bytes(), small.read_bytes()]
+    assert arena.nbytes <= 1 << 16  # the huge file's buffer is not kept for the next call
+    assert [bytes(g) for g in arena.read([str(small)])] == [small.read_bytes()]

@@ -27,6 +27,10 @@ from .images import read_source
 
 # the first buffer's bytes; it grows to what one call needs (twice the last size, at least), then stays
 FIRST_BYTES = 8 << 20
+# the largest buffer kept for the next call: a decode group is 24 MB of files at most (decoding.groups.GROUP_BYTES);
+# a file larger than this (a huge image, or some other large file among the inputs) is read into a buffer of its
+# own, freed with its view
+KEEP_BYTES = 64 << 20
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -58,10 +62,12 @@ class FileArena:
         return out
 
     def _grown(self, buf: np.ndarray, need: int) -> np.ndarray:
-        """A fresh buffer of at least `need` bytes (the arena's from now on); views of the old one keep it alive."""
-        size = max(need, 2 * buf.nbytes, FIRST_BYTES)
-        self._buf = np.empty(size, np.uint8)
-        return self._buf
+        """A fresh buffer of at least `need` bytes, the arena's from now on unless it is larger than KEEP_BYTES;
+        views of the old one keep it alive."""
+        fresh = np.empty(max(need, min(2 * buf.nbytes, KEEP_BYTES), FIRST_BYTES), np.uint8)
+        if fresh.nbytes <= KEEP_BYTES:
+            self._buf = fresh
+        return fresh
 
     def _read_file(self, path, buf: np.ndarray, at: int):
         """(view or None, buffer, next free byte): a regular, non-empty file that reads as stat saw it, else None.
