@@ -5,6 +5,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -220,3 +222,41 @@ def test_scaling_rounds_alternate_one_device_and_all_and_report_medians(tmp_path
     table = capsys.readouterr().out
     assert "median of 3 rounds in turn" in table and "| 1.90x | 1.90x, 1.88x, 2.22x |" in table
     assert scaling.main(["--gpus", "2", "--rounds", "0"]) == 2
+
+
+def test_in_turn_runs_every_variant_each_round_in_alternating_order_with_medians_and_ratios(tmp_path, capsys):
+    in_turn = load_script("in_turn")
+    trace = tmp_path / "order.txt"
+    counter = tmp_path / "count.txt"
+    code = in_turn.main([
+        "--rounds", "3", "--pattern", r"rate: ([\d,.]+) images/s", "--log-dir", str(tmp_path / "logs"),
+        "--json", str(tmp_path / "out.json"),
+        # the first variant's figure grows each run: 1,000, 2,000, 3,000
+        "--run", f"a=echo a >> {trace}; echo x >> {counter}; echo \"rate: $(wc -l < {counter}),000 images/s\"",
+        "--run", f"b=echo b >> {trace}; echo 'rate: 1,500.5 images/s'",
+        "--run", f"c=echo c >> {trace}; echo 'no figure here'"])
+    assert code == 1  # c never gave a figure
+    assert trace.read_text().split() == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    result = json.loads((tmp_path / "out.json").read_text())
+    a, b, c = (result["variants"][n] for n in "abc")
+    assert a["figures"] == [1000.0, 2000.0, 3000.0] and a["median"] == 2000.0
+    assert b["figures"] == [1500.5] * 3 and b["median_ratio"] == pytest.approx(1500.5 / 2000.0)
+    assert b["round_ratios"] == pytest.approx([1.5005, 1500.5 / 2000, 1500.5 / 3000])
+    assert c["figures"] == [None] * 3 and c["median"] is None
+    out = capsys.readouterr().out
+    assert "round 2 c: failed (exit 0, no figure)" in out and "| b | 1,500.5 | 1,500.5 | 1,500.5 | 1,500.5 |" in out
+    assert (tmp_path / "logs" / "b-2.txt").read_text() == "rate: 1,500.5 images/s\n"
+
+
+def test_in_turn_reads_a_json_key_from_each_runs_own_file_and_refuses_bad_runs(tmp_path, capsys):
+    in_turn = load_script("in_turn")
+    write = "python3 -c \"import json, sys; json.dump({'rows': [{'v': 7.25}]}, open(sys.argv[1], 'w'))\" {json}"
+    assert in_turn.main(["--rounds", "2", "--json-key", "rows.0.v", "--log-dir", str(tmp_path), "--run",
+                         f"j={write}", "--run", "slow=sleep 5", "--timeout", "0.5"]) == 1
+    out = capsys.readouterr().out
+    assert "round 1 j: 7.2" in out and "round 2 slow: failed (exit 124)" in out
+    assert (tmp_path / "j-2.json").exists()
+    assert in_turn.main(["--pattern", "x", "--run", "no command"]) == 2
+    assert in_turn.main(["--pattern", "(", "--run", "a=true"]) == 2
+    assert in_turn.main(["--pattern", "x", "--run", "a=true", "--run", "a=false"]) == 2
+    assert "--run takes NAME=COMMAND" in capsys.readouterr().err
