@@ -7,8 +7,9 @@ staging and decoded before the next group is read).
     ...                                # use them; the next arena.read may overwrite them
 
 Reading a 76 KB JPEG into a fresh `bytes` object (`images.read_source`) costs its page faults as well as the copy:
-58 against 13 us of CPU per file on a 2-core VM (BENCHMARKS.md, thirty-second session). Here the memory is written
-once and reused, so each file costs the system calls and the kernel's copy alone.
+54.4 against 19.6 us of CPU per file with 256 files held at a time, on a 2-core VM (`benchmarks/read_files.py`;
+BENCHMARKS.md, thirty-second session). Here the memory is written once and reused, so each file costs the system
+calls and the kernel's copy alone.
 
 What is read is what `images.read_source` reads: every byte of a regular, non-empty file. Any other source (bytes,
 a file object, a path that is missing, empty, a directory or a pipe, a file that grew while it was read) is left to
@@ -18,12 +19,11 @@ a file object, a path that is missing, empty, a directory or a pipe, a file that
 from __future__ import annotations
 
 import os
-import stat
 
 import numpy as np
 
 from .errors import ImageError
-from .images import read_source
+from .images import open_regular_file, read_source
 
 # the first buffer's bytes; it grows to what one call needs (twice the last size, at least), then stays
 FIRST_BYTES = 8 << 20
@@ -31,7 +31,6 @@ FIRST_BYTES = 8 << 20
 # a file larger than this (a huge image, or some other large file among the inputs) is read into a buffer of its
 # own, freed with its view
 KEEP_BYTES = 64 << 20
-_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 class FileArena:
@@ -70,19 +69,12 @@ class FileArena:
         return fresh
 
     def _read_file(self, path, buf: np.ndarray, at: int):
-        """(view or None, buffer, next free byte): a regular, non-empty file that reads as stat saw it, else None.
-        Four system calls, as read_source's: stat (nothing else is opened), open, one read, close."""
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
+        """(view or None, buffer, next free byte): a regular, non-empty file (`images.open_regular_file`) that reads
+        as stat saw it, else None. Four system calls, as read_source's: stat, open, one read, close."""
+        opened = open_regular_file(path)
+        if opened is None:
             return None, buf, at
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode) or size == 0:
-            return None, buf, at
-        try:
-            fd = os.open(path, _FLAGS)
-        except OSError:
-            return None, buf, at
+        fd, size = opened
         try:
             if buf.nbytes - at < size + 1:
                 buf, at = self._grown(buf, size + 1), 0

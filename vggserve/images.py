@@ -104,12 +104,10 @@ def read_source(source: Source) -> tuple[bytes, str]:
         return (stream.getvalue() if isinstance(stream, io.BytesIO) else stream.read()), where
 
 
-def _read_regular_file(path) -> bytes | None:
-    """Every byte of a regular, non-empty file in four system calls (stat, open, read, close), or None for anything
-    else: a path that is missing, unreadable, empty, a directory or a pipe, which `_binary_stream` then reads or
-    refuses with its messages. The stream path's buffered file object, seeks and fstat cost half as much again per
-    file (42-46 against 26-30 us of CPU for a 76 KB JPEG on a 2-core VM: benchmarks/read_files.py), and the batch
-    job reads every input here."""
+def open_regular_file(path) -> tuple[int, int] | None:
+    """(a read-only file descriptor, the size stat gave) of a regular, non-empty file, in two system calls (stat,
+    then open: nothing else is opened), or None for anything else: a path that is missing, unreadable, empty, a
+    directory or a pipe. The caller closes the descriptor."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -117,18 +115,29 @@ def _read_regular_file(path) -> bytes | None:
     if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), st.st_size
     except OSError:
         return None
+
+
+def _read_regular_file(path) -> bytes | None:
+    """Every byte of a regular, non-empty file in four system calls (stat, open, read, close), or None for anything
+    else (`open_regular_file`), which `_binary_stream` then reads or refuses with its messages. The stream path's
+    buffered file object, seeks and fstat cost half as much again per file (42-46 against 26-30 us of CPU for a 76 KB
+    JPEG on a 2-core VM: benchmarks/read_files.py), and the batch job's CPU decoders read every input here."""
+    opened = open_regular_file(path)
+    if opened is None:
+        return None
+    fd, size = opened
     try:
         chunks, got = [], 0
         while True:  # one read where the file is as stat saw it; a file that changed since is read to its end
-            chunk = os.read(fd, st.st_size + 1 - got if got <= st.st_size else 1 << 20)
+            chunk = os.read(fd, size + 1 - got if got <= size else 1 << 20)
             if not chunk:
                 break
             chunks.append(chunk)
             got += len(chunk)
-            if got == st.st_size:
+            if got == size:
                 break
     except OSError:
         return None
