@@ -35,6 +35,7 @@ sys.path.insert(0, str(HERE.parent))
 import batch_scaling  # noqa: E402
 import nginx_front  # noqa: E402
 import serve_saturation  # noqa: E402
+from in_turn import order as in_turn_order  # noqa: E402
 
 RUNS = ("batch", "service", "nginx")
 WHAT = {"batch": "batch job, mpiexec -n 1 vs -n {g}", "service": "service, --device gpu vs --device all",
@@ -185,8 +186,9 @@ def row(run: str, precision: str, ones: list[dict], everys: list[dict], g: int) 
 
 def in_turn(rounds: int) -> list[int]:
     """The order of one round's runs, round after round: 1 then G, then G then 1, ... (drift over the call cancels
-    out of the medians): [0, 1, 1, 0, 0, 1, ...] with 0 for one device and 1 for G."""
-    return [k for r in range(rounds) for k in ((0, 1) if r % 2 == 0 else (1, 0))]
+    out of the medians; in_turn.py's order for two variants): [0, 1, 1, 0, 0, 1, ...] with 0 for one device and 1
+    for G."""
+    return [k for turn in in_turn_order(2, rounds) for k in turn]
 
 
 def table(rows: list[dict], g: int) -> str:
