@@ -194,16 +194,24 @@ class DeviceWorker:
         """What the batch computes: "logits" when one of its images asks for them, else "probabilities"."""
         return "logits" if any(item.want_logits for item in batch) else "probabilities"
 
+    @property
+    def _decodes_on_device(self) -> bool:
+        """Whether the loaded model decodes JPEGs on its device (its info, once loaded)."""
+        return bool(self.info.get("decodes_on_device"))
+
+    @property
+    def _preprocessing(self) -> str:
+        return self.info.get("preprocessing", "torchvision")
+
     def decoded(self, model, batch: list[Item]) -> tuple[list[Item], list]:
         """(the items still to compute, their inputs): the batch's encoded uploads decoded (`devicedecode`), each
         the CPU path refuses answered with its ImageError."""
-        return self.decoding.decode(model, batch, bool(self.info.get("decodes_on_device")),
-                                    self.info.get("preprocessing", "torchvision"))
+        return self.decoding.decode(model, batch, self._decodes_on_device, self._preprocessing)
 
     def to_device_decoder(self, batch: list[Item]) -> bool:
         """Whether `batch`'s JPEGs go to this worker's device decoder (`DeviceDecoding.for_device`): the in-flight
         runner then decodes it with a group (`claim_group`) and takes the next batch before a slot is free."""
-        return self.decoding.for_device(batch, bool(self.info.get("decodes_on_device")))
+        return self.decoding.for_device(batch, self._decodes_on_device)
 
     def claim_group(self, batch: list[Item], max_size: int, busy: Callable[[], bool]) -> list[list[Item]]:
         """The batches to decode on the device together with `batch`, just taken, one that goes to the device decoder
@@ -223,8 +231,8 @@ class DeviceWorker:
         def settle(k: int, items: list[Item]) -> list[Item]:
             return items if k == 0 else self.queue.unclaim(items)
 
-        return self.decoding.decode_group(model, [batch, *claimed], bool(self.info.get("decodes_on_device")),
-                                          self.info.get("preprocessing", "torchvision"), settle)
+        return self.decoding.decode_group(model, [batch, *claimed], self._decodes_on_device, self._preprocessing,
+                                          settle)
 
     def start_claimed(self, batch: list[Item], inputs: list) -> tuple[list[Item], list]:
         """A claimed batch of a decode group starts: (its items still to compute, their inputs), without those
@@ -237,8 +245,8 @@ class DeviceWorker:
         """The model's argument for the batch (`modelinput.prepare_batch`; `inputs`: the items' inputs as `decoded`
         gave them), counting the images the device resizes."""
         inputs = [item.input for item in batch] if inputs is None else inputs
-        argument = prepare_batch(inputs, self.info.get("preprocessing", "torchvision"),
-                                 resizes=bool(self.info.get("resizes_on_device") or self.info.get("decodes_on_device")),
+        argument = prepare_batch(inputs, self._preprocessing,
+                                 resizes=bool(self.info.get("resizes_on_device")) or self._decodes_on_device,
                                  takes_pixels=self._model_takes_pixels)
         if isinstance(argument, list):
             self.metrics.device_resized.inc(sum(x.needs_resize for x in argument))
