@@ -99,17 +99,20 @@ def summary(names: list[str], figures: list[list[float | None]]) -> dict:
 
 
 def table(names: list[str], result: dict, rounds: int) -> str:
-    def fmt(x, suffix=""):
-        return "failed" if x is None else f"{x:,.1f}{suffix}" if not suffix else f"{x:.3f}{suffix}"
+    def figure(x):
+        return "failed" if x is None else f"{x:,.1f}"
+
+    def ratio(x):
+        return "failed" if x is None else f"{x:.3f}x"
 
     head = ["variant"] + [f"round {r + 1}" for r in range(rounds)] + ["median", f"median / {names[0]}'s",
                                                                       f"each round / {names[0]}'s"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (rounds + 2) + "|---|"]
     for name in names:
         v = result["variants"][name]
-        lines.append("| " + " | ".join([name] + [fmt(f) for f in v["figures"]] + [fmt(v["median"]),
-                                       fmt(v["median_ratio"], "x"), ", ".join(fmt(x, "x") for x in v["round_ratios"])])
-                     + " |")
+        cells = [name, *map(figure, v["figures"]), figure(v["median"]), ratio(v["median_ratio"]),
+                 ", ".join(map(ratio, v["round_ratios"]))]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
