@@ -834,15 +834,93 @@ def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_image
     del items
     seen, enqueue = [], decoder.enqueue
 
-    def spy(queue, files, windows, out, wait_for=None):
+    def spy(queue, files, windows, out, wait_for=None, staged=None):
         seen.append(list(wait_for or []))
         read.set_status(cl.command_execution_status.COMPLETE)
-        return enqueue(queue, files, windows, out, wait_for=wait_for)
+        return enqueue(queue, files, windows, out, wait_for=wait_for, staged=staged)
 
     decoder.enqueue = spy
     again = decode_for_model(model, datas)
     assert seen == [[read]]
     assert_same(_pixels(queue, again[0]), datas[0])
+
+
+def test_files_read_into_pinned_memory_are_uploaded_from_where_they_lie_with_the_cpu_paths_answers(cl_setup,
+                                                                                                    tmp_path):
+    """decode_inputs reads paths into this thread's pinned FileArena and the decoder uploads them from there (no
+    copy into its staging): the same answers as the CPU path for JPEGs (one with an EXIF orientation), a PNG and a
+    junk file; a call with a source that is not a file (bytes) copies the files as before, with the same answers."""
+    from vggserve.decoding import decode_input
+    from vggserve.decoding.device import JpegDecoder, _file_arena, decode_inputs
+    from vggserve.decoding.device.onmodel import DeviceImage, window_for
+
+    ctx, dev, queue = cl_setup
+    decoder = JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3)
+    model = _OnDecoder(decoder, queue)
+    runs, enqueue = [], decoder.enqueue
+
+    def spy(*args, **kwargs):
+        runs.append(enqueue(*args, **kwargs))
+        return runs[-1]
+
+    decoder.enqueue = spy
+    datas = [corpus.pillow_jpeg(corpus.picture(w, h, i), quality=70 + i, subsampling=i % 3)
+             for i, (w, h) in enumerate([(300, 200), (1, 1), (257, 131), (64, 480)])]
+    datas.insert(2, with_exif_orientation(datas[0], 6))
+    png = io.BytesIO()
+    Image.fromarray(corpus.picture(90, 70, 3)).save(png, "PNG")
+    datas += [png.getvalue(), b"junk, not an image"]
+    paths = []
+    for i, data in enumerate(datas):
+        paths.append(tmp_path / f"f{i}.img")
+        paths[-1].write_bytes(data)
+    devices = 0
+    for sources in ([str(p) for p in paths], [str(p) for p in paths[:3]] + [datas[3]], [str(p) for p in paths]):
+        got = decode_inputs(sources, model, "torchvision", True)
+        for source, (item, problem) in zip(sources, got):
+            want, want_problem = decode_input(source, "torchvision", on_device=True, catch=ImageError)
+            assert problem == want_problem, source
+            if isinstance(item, DeviceImage):  # its window of the CPU path's pixels, bit for bit
+                data = source if isinstance(source, bytes) else open(source, "rb").read()
+                window, _ = window_for(prepare(data), 0)
+                pixels = np.asarray(decode_pixels(data))
+                box = pixels[window.y0:window.y0 + window.height, window.x0:window.x0 + window.width]
+                assert np.array_equal(_pixels(queue, item), box), source
+                devices += 1
+    assert [run.batch.staged for run in runs] == [True, False, True]
+    assert devices == 5 + 4 + 5
+    arena = _file_arena(decoder)
+    assert len(arena.reads) == 1  # the last upload from it, which its next read waits for
+    assert np.shares_memory(runs[-1].batch.data, arena.buffer)
+
+
+def test_a_batch_packed_from_staged_memory_is_a_span_of_it_only_when_every_file_lies_in_it():
+    from vggserve.decoding.device.tables import SPAN_SLACK, Batch
+
+    datas = [corpus.pillow_jpeg(corpus.picture(40 + 9 * i, 30 + 5 * i, i), subsampling=i % 3) for i in range(3)]
+    frames = [prepare(d).frame for d in datas]
+    copied = Batch.pack(frames, datas)
+    staged = np.zeros(sum(map(len, datas)) * (SPAN_SLACK + 2), np.uint8)
+    at, views = 7, []
+    for d in datas:  # back to back, with a gap that the span uploads too
+        staged[at:at + len(d)] = np.frombuffer(d, np.uint8)
+        views.append(staged[at:at + len(d)])
+        at += len(d) + 100
+    batch = Batch.pack(frames, views, staged=staged)
+    assert batch.staged and not copied.staged and np.shares_memory(batch.data, staged)
+    for name in ("seg", "img", "comp", "plane"):
+        if name != "seg":
+            assert np.array_equal(getattr(batch, name), getattr(copied, name)), name
+    for i, d in enumerate(datas):  # each segment's bytes are its file's scan, wherever the file lies
+        for b, c in ((batch, i), (copied, i)):
+            lo, hi = b.seg[c, 1], b.seg[c, 2]
+            assert bytes(b.data[lo:hi]) == d[frames[i].scan_start:], (i, b.staged)
+    elsewhere = views[:2] + [np.frombuffer(datas[2], np.uint8).copy()]
+    assert not Batch.pack(frames, elsewhere, staged=staged).staged
+    assert not Batch.pack(frames, views[:2] + [datas[2]], staged=staged).staged  # bytes: not in it
+    far = staged.size - len(datas[2])  # the third file far from the others: the span would be mostly other bytes
+    staged[far:] = np.frombuffer(datas[2], np.uint8)
+    assert not Batch.pack(frames, views[:2] + [staged[far:]], staged=staged).staged
 
 
 # ---- the batch job's chunks, decoded on the device in groups ----------------------------------------------------

@@ -94,3 +94,40 @@ def test_a_file_larger_than_the_kept_buffer_is_read_into_one_of_its_own(tmp_path
     assert [bytes(g) for g in got] == [small.read_bytes(), huge.read_bytes(), small.read_bytes()]
     assert arena.nbytes <= 1 << 16  # the huge file's buffer is not kept for the next call
     assert [bytes(g) for g in arena.read([str(small)])] == [small.read_bytes()]
+
+
+def test_kept_buffers_come_from_the_callers_allocator_and_a_read_waits_for_what_reads_the_arena(tmp_path,
+                                                                                              monkeypatch):
+    import vggserve.filearena as filearena
+
+    monkeypatch.setattr(filearena, "KEEP_BYTES", 1 << 16)
+    made, order = [], []
+
+    def allocate(nbytes):
+        made.append(nbytes)
+        return np.zeros(nbytes, np.uint8)
+
+    class Pending:  # a command still reading the arena: the next read waits for it first
+        def wait(self):
+            order.append("waited")
+
+    small, large, huge = tmp_path / "s.bin", tmp_path / "l.bin", tmp_path / "h.bin"
+    small.write_bytes(b"s" * 100)
+    large.write_bytes(b"l" * 5000)
+    huge.write_bytes(b"h" * (1 << 17))  # past KEEP_BYTES: a plain buffer of its own, not the allocator's
+    arena = FileArena(first_bytes=1 << 10, allocate=allocate)
+    assert arena.nbytes == 0 and arena.buffer is None and made == []  # nothing made before the first read
+    got = arena.read([str(small), str(large), str(huge)])
+    assert [bytes(g) for g in got] == [p.read_bytes() for p in (small, large, huge)]
+    assert made == [1 << 10, 5001]  # the first buffer, then one that fits the large file and one byte more
+    assert np.shares_memory(got[1], arena.buffer) and not np.shares_memory(got[2], arena.buffer)
+    arena.reads.append(Pending())
+    real = filearena.os.readv
+
+    def readv(fd, bufs):
+        order.append("read")
+        return real(fd, bufs)
+
+    monkeypatch.setattr(filearena.os, "readv", readv)
+    assert bytes(arena.read([str(small)])[0]) == small.read_bytes()
+    assert order == ["waited", "read"] and arena.reads == []

@@ -11,6 +11,10 @@ Reading a 76 KB JPEG into a fresh `bytes` object (`images.read_source`) costs it
 BENCHMARKS.md, thirty-second session). Here the memory is written once and reused, so each file costs the system
 calls and the kernel's copy alone.
 
+An arena may take its buffers from an `allocate(nbytes)` of the caller's (the device decoder's is pinned memory its
+uploads read straight from, with no copy into staging first: `decoding.device.decode_inputs`). Whoever enqueues a
+command that reads the arena's memory appends its event to `reads`; the next `read` waits for those first.
+
 What is read is what `images.read_source` reads: every byte of a regular, non-empty file. Any other source (bytes,
 a file object, a path that is missing, empty, a directory or a pipe, a file that grew while it was read) is left to
 `read_source` itself, whose bytes or ImageError then stand in that place.
@@ -33,20 +37,38 @@ FIRST_BYTES = 8 << 20
 KEEP_BYTES = 64 << 20
 
 
+def _plain(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)
+
+
 class FileArena:
     """One thread's buffer for reading files; not for use by two threads at once."""
 
-    def __init__(self, first_bytes: int = FIRST_BYTES):
-        self._buf = np.empty(max(1, first_bytes), np.uint8)
+    def __init__(self, first_bytes: int = FIRST_BYTES, allocate=None):
+        """allocate(nbytes): a uint8 array of nbytes for the arena's kept buffers (default: np.empty); a buffer
+        larger than KEEP_BYTES, used for one call, is always np.empty's."""
+        self._allocate = allocate or _plain
+        self._first = max(1, first_bytes)
+        self._buf = None  # made by the first read
+        self.reads: list = []  # events (anything with wait()) of commands still reading the arena's memory
 
     @property
     def nbytes(self) -> int:
-        return self._buf.nbytes
+        return 0 if self._buf is None else self._buf.nbytes
+
+    @property
+    def buffer(self) -> np.ndarray | None:
+        """The buffer the last `read` ended in (its views lie in it unless it was outgrown meanwhile)."""
+        return self._buf
 
     def read(self, sources) -> list:
         """Per source: a uint8 array (a view of the arena) of a regular file's bytes, or what `read_source` answers
         for any other source (its bytes), or the ImageError it raises. The views stay valid until the next `read`
         (a buffer outgrown meanwhile stays alive as long as a view of it does)."""
+        while self.reads:  # the memory is written again only once what reads it is done
+            self.reads.pop().wait()
+        if self._buf is None:
+            self._buf = self._allocate(self._first)
         out, buf, at = [], self._buf, 0
         for source in sources:
             got = None
@@ -63,10 +85,11 @@ class FileArena:
     def _grown(self, buf: np.ndarray, need: int) -> np.ndarray:
         """A fresh buffer of at least `need` bytes, the arena's from now on unless it is larger than KEEP_BYTES;
         views of the old one keep it alive."""
-        fresh = np.empty(max(need, min(2 * buf.nbytes, KEEP_BYTES), FIRST_BYTES), np.uint8)
-        if fresh.nbytes <= KEEP_BYTES:
-            self._buf = fresh
-        return fresh
+        size = max(need, min(2 * buf.nbytes, KEEP_BYTES), self._first)
+        if size > KEEP_BYTES:
+            return _plain(size)
+        self._buf = self._allocate(size)
+        return self._buf
 
     def _read_file(self, path, buf: np.ndarray, at: int):
         """(view or None, buffer, next free byte): a regular, non-empty file (`images.open_regular_file`) that reads

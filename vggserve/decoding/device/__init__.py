@@ -20,6 +20,7 @@ Stages, one module or kernel file each, in libjpeg-turbo's layout:
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pyopencl as cl
@@ -112,13 +113,25 @@ def decode_on_device(datas, device="auto", *, max_pixels: int = DEFAULT_MAX_PIXE
 _arenas = threading.local()
 
 
-def _file_arena():
-    """This thread's FileArena: decode_inputs reads its paths into it, and nothing it answers refers to it."""
-    arena = getattr(_arenas, "arena", None)
-    if arena is None:
-        from ...filearena import FileArena
+def _file_arena(decoder=None):
+    """This thread's FileArena: decode_inputs reads its paths into it, and nothing it answers refers to it. With
+    a JpegDecoder: this thread's arena of pinned memory of its context (`staging.pinned_arena`), which its uploads
+    read from as it is."""
+    if decoder is None:
+        arena = getattr(_arenas, "arena", None)
+        if arena is None:
+            from ...filearena import FileArena
 
-        arena = _arenas.arena = FileArena()
+            arena = _arenas.arena = FileArena()
+        return arena
+    pinned = getattr(_arenas, "pinned", None)
+    if pinned is None:
+        pinned = _arenas.pinned = weakref.WeakKeyDictionary()
+    arena = pinned.get(decoder)
+    if arena is None:
+        from .staging import pinned_arena
+
+        arena = pinned[decoder] = pinned_arena(decoder.context)
     return arena
 
 
@@ -136,7 +149,8 @@ def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
 
     out: list = [None] * len(sources)
     datas, where = [], []
-    for i, got in enumerate(_file_arena().read(sources)):  # views of this thread's arena, done with on return
+    arena = _file_arena(model.jpeg_decoder()[0] if on_device else None)
+    for i, got in enumerate(arena.read(sources)):  # views of this thread's arena, done with on return
         if isinstance(got, ImageError):
             out[i] = (None, problem_of(got))
         else:
@@ -145,7 +159,7 @@ def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
     if not datas:
         return out
     if on_device:
-        items = decode_for_model(model, datas, **limits)
+        items = decode_for_model(model, datas, staged=arena, **limits)
     else:
         items = [x if isinstance(x, Exception) else ModelInput.tensor(preprocess(x, mode))
                  for x in decode_on_device(datas, model, **limits)]

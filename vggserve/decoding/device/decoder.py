@@ -110,8 +110,10 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
     Pillow reads them (exif.py), or by Pillow itself where that reading is not certain of Pillow's answer.
 
     `data` may be any contiguous uint8 buffer (a numpy array, a memoryview): its markers are then parsed from a
-    copy of its first HEAD_BYTES alone, and the file is kept as it is, not copied, unless it has APP1/APP2 segments
-    or is refused (then `data` is read as bytes, whole, as before: the same Frame, reasons and orientation)."""
+    copy of its first HEAD_BYTES alone, or from a bytes copy of the whole file where it has APP1/APP2 segments or is
+    refused (the same Frame, reasons and orientation as from bytes). The Prepared keeps `data` as it was given,
+    not a copy (the batch job's files stay where they were read: `Batch.pack`'s `staged`)."""
+    given = data
     if type(data) is bytes:
         frame = parse(data)
     else:
@@ -141,7 +143,7 @@ def prepare(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_F
         restarts = find_restarts(data, frame)
         if restarts is None:
             return Refusal("restart markers out of order")
-    return Prepared(data, frame, restarts, orientation if 1 <= orientation <= 8 else 1)
+    return Prepared(given, frame, restarts, orientation if 1 <= orientation <= 8 else 1)
 
 
 def _taken_without_pillow(data: bytes, frame: Frame, max_pixels: int, formats) -> int | None:
@@ -280,16 +282,19 @@ class JpegDecoder:
         self._sums = Grown(context, mf.READ_WRITE)
         self._staging = StagingRing(context)  # pinned host memory the uploads read, a slot per batch in flight
 
-    def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None) -> Run:
+    def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None, staged=None) -> Run:
         """Decode `files` into `out` (a device buffer) at their `windows`: upload, entropy decoding, IDCT, upsampling
-        and colour, one launch each; the statuses are read back without blocking (Run.ok waits for them)."""
+        and colour, one launch each; the statuses are read back without blocking (Run.ok waits for them).
+        `staged`: where the files' bytes may already lie in pinned memory (a FileArena of `pinned_arena`'s: its
+        `buffer`, and its `reads`, to which the upload's event goes when it reads from there)."""
         if not files:
             raise ValueError("a device decode needs at least one file")
         slot = self._staging.next()
         self.events = {}
         chunking = (self.chunk_bytes, self.long_chunk_bytes) if self.rounds else 0
         batch, meta, at, pixels = lay_out(files, windows, chunking,
-                                          lambda role, nbytes, dtype=np.uint8: slot.array(queue, role, nbytes, dtype))
+                                          lambda role, nbytes, dtype=np.uint8: slot.array(queue, role, nbytes, dtype),
+                                          None if staged is None else staged.buffer)
         nseg, nimg, nplanes = batch.seg.shape[0], batch.img.shape[0], batch.plane.shape[0]
         data_buf = self._data.get(batch.data.nbytes + 16)
         meta_buf = self._meta.get(meta.nbytes)
@@ -299,6 +304,8 @@ class JpegDecoder:
         # one in-order queue: each command follows the one before, so no event lists are passed between them
         slot.reads = [cl.enqueue_copy(queue, data_buf, batch.data, is_blocking=False, wait_for=wait_for),
                       cl.enqueue_copy(queue, meta_buf, meta, is_blocking=False, wait_for=wait_for)]
+        if batch.staged:  # the files' bytes uploaded from the arena they were read into: its next read waits
+            staged.reads.append(slot.reads[0])
         cl.enqueue_fill_buffer(queue, status_buf, np.int32(0), 0, 4 * (nseg + nimg))
         settled = slot.device("settled", 4 * nseg)
         cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg)
@@ -381,13 +388,14 @@ class JpegDecoder:
         return event
 
 
-def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes, array) -> tuple:
+def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes, array, staged=None) -> tuple:
     """The host's layout of a batch: (Batch, its meta table, where each part of the meta starts, pixels). The
     parts are seg, img, comp, tab, plane, quant and the window table, back to back. `chunk_bytes`: the chunks'
     bytes, or (bytes, bytes of a segment of LONG_SEGMENT_BYTES or more); 0 leaves the segments unchunked.
-    `array(role, nbytes, dtype=uint8)`: staging memory ("data", "meta") to write them into."""
+    `array(role, nbytes, dtype=uint8)`: staging memory ("data", "meta") to write them into; `staged`: a uint8
+    array the files may already lie in (Batch.pack)."""
     batch = Batch.pack([f.frame for f in files], [f.data for f in files], [f.restarts for f in files],
-                       place=lambda nbytes: array("data", nbytes + 16))
+                       place=lambda nbytes: array("data", nbytes + 16), staged=staged)
     if chunk_bytes:
         size, long_size = chunk_bytes if isinstance(chunk_bytes, tuple) else (chunk_bytes, chunk_bytes)
         batch.chunked(size, long_size, LONG_SEGMENT_BYTES)

@@ -120,12 +120,13 @@ def window_for(p: Prepared, offset: int) -> tuple[Window, str]:
 
 
 def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
-                     cpu=None) -> list:
+                     cpu=None, staged=None) -> list:
     """Per file of `datas` (bytes, or contiguous uint8 buffers: `prepare`): a DeviceImage, a CPU-decoded ModelInput,
     or the ImageError the CPU path raises. `cpu(data)`: that CPU path, upright RGB pixels (a PIL image or a uint8
     array) or an ImageError (default: `decode_pixels` with these limits; the service passes its own, which makes any
-    decoder failure an ImageError). `start_decode(...).items()` in one call."""
-    return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu).items()
+    decoder failure an ImageError). `staged`: the pinned FileArena `datas` were read into, if they were
+    (`JpegDecoder.enqueue`). `start_decode(...).items()` in one call."""
+    return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu, staged=staged).items()
 
 
 @dataclass(eq=False)
@@ -173,7 +174,7 @@ class StartedDecode:
 
 
 def start_decode(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
-                 cpu=None) -> StartedDecode:
+                 cpu=None, staged=None) -> StartedDecode:
     """The host's part of `decode_for_model`: each file prepared, the device decode of those it takes launched on
     the model's decoder queue; the StartedDecode's `items()` waits for it."""
     chosen, windows, kinds, offset = [], [], [], 0
@@ -192,5 +193,6 @@ def start_decode(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=
         lease, reads = output_pool(decoder).take(offset)
         with lock:  # the launches (the decode waits on the device for the reads of the buffer's last images); the
             # wait for the statuses in items() lets another thread launch its batch meanwhile
-            run = decoder.enqueue(queue, [p for _, p in chosen], windows, lease.buffer, wait_for=reads or None)
+            run = decoder.enqueue(queue, [p for _, p in chosen], windows, lease.buffer, wait_for=reads or None,
+                                  staged=staged)
     return StartedDecode(datas, chosen, windows, kinds, run, lease, max_pixels, formats, cpu)

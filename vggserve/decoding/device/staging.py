@@ -35,6 +35,23 @@ class _Pinned:
             self.buffer, self.array = None, np.zeros(0, np.uint8)
 
 
+def pinned_arena(context):
+    """A FileArena whose buffers are pinned memory of `context` (mapped ALLOC_HOST_PTR buffers, unmapped when the
+    last view of one is dropped): the decoder uploads files read into it from where they lie
+    (`JpegDecoder.enqueue`'s `staged`), without copying them into a slot first."""
+    from ...filearena import FileArena
+
+    queue = cl.CommandQueue(context)  # its own: a map on the decoder's queue would wait for every decode before it
+
+    def allocate(nbytes: int) -> np.ndarray:
+        buffer = cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+        array, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.WRITE, 0, (nbytes,), np.uint8,
+                                         is_blocking=True)
+        return array
+
+    return FileArena(allocate=allocate)
+
+
 class Grown:
     """A device buffer that grows to the largest size asked for (by half again at least, so it rarely moves)."""
 

@@ -108,6 +108,7 @@ class Batch:
     blocks: int
     chunk: np.ndarray | None = None  # jpeg_entropy.cl's chunks (segment, first byte, end byte, 0), after chunked()
     size: np.ndarray | None = None  # int64 (width, height) of each image as stored (before its EXIF orientation)
+    staged: bool = False  # `data` is a span of the caller's staged memory (Batch.pack's `staged`), not a copy
 
     def chunked(self, size: int, long_size: int | None = None, long_from: int | None = None) -> None:
         """Cut every segment into chunks of `size` bytes for jpeg_entropy.cl (seg[:, 6:8] = first chunk, count);
@@ -138,10 +139,13 @@ class Batch:
         chunk[:, 3] = 0
 
     @classmethod
-    def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None) -> "Batch":
+    def pack(cls, frames: list[Frame], datas: list[bytes], restarts: list | None = None, place=None,
+             staged=None) -> "Batch":
         """restarts[i]: the byte offsets (within file i) of its restart markers, in order, when it has a restart
         interval (`find_restarts`). `place(nbytes)`: where the files' bytes go (a uint8 array of at least nbytes,
-        e.g. pinned staging memory); a fresh array by default.
+        e.g. pinned staging memory); a fresh array by default. `staged`: a uint8 array the files may already lie in
+        (the pinned memory a FileArena read them into): when every file does, and they fill most of the span they
+        lie in (`in_place`), the batch's data is that span of it as it is, not a copy (`Batch.staged` True).
 
         Files of the same headers but their size (one `Frame.header`: parse.py caches it) form a group, whose
         tables are looked up once; every row comes from its group's Template and its file's size, with array
@@ -157,15 +161,17 @@ class Batch:
         files = np.array([(f.width, f.height, f.scan_start, f.restart_interval) for f in frames],
                          np.int64).reshape(n, 4)
         nbytes = np.array([len(d) for d in datas], np.int64)
+        span = in_place(datas, nbytes, staged)
         hmax, vmax = gmax[group, 0], gmax[group, 1]
         mcus_x, mcus_y = -(-files[:, 0] // (8 * hmax)), -(-files[:, 1] // (8 * vmax))
         ncomp = gcount[group]
-        comp0, byte0 = _starts(ncomp), _starts(nbytes)
+        comp0 = _starts(ncomp)
+        byte0 = _starts(nbytes) if span is None else span[2]
         owner = np.repeat(np.arange(n), ncomp)  # the file of each component
         spec = grows[(_starts(gcount)[group] - comp0)[owner] + np.arange(owner.size)]  # its row in its group's
         comp, plane, nblocks = _component_rows(spec, owner, files[owner, 0], files[owner, 1], hmax[owner],
                                                vmax[owner], mcus_x[owner], mcus_y[owner])
-        total = int(nbytes.sum())
+        total = int(nbytes.sum()) if span is None else span[1] - span[0]
         if max(total, 64 * nblocks) >= 1 << 31:  # the kernels' tables hold int32 offsets
             from ...wording import count
 
@@ -174,8 +180,9 @@ class Batch:
         img = np.zeros((n, IMG), np.int32)
         img[:, 0], img[:, 1], img[:, 2] = mcus_x, ncomp, comp0
         seg = _segments(files, restarts, nbytes, byte0, mcus_x * mcus_y)
-        return cls(_joined(datas, total, place), seg, img, comp, tab, plane, quant, seg[:, 0].copy(), 64 * nblocks,
-                   nblocks, size=files[:, :2])
+        data = _joined(datas, total, place) if span is None else staged[span[0]:span[1]]
+        return cls(data, seg, img, comp, tab, plane, quant, seg[:, 0].copy(), 64 * nblocks, nblocks,
+                   size=files[:, :2], staged=span is not None)
 
 
 def _component_rows(spec, owner, width, height, hmax, vmax, mcus_x, mcus_y) -> tuple:
@@ -268,6 +275,26 @@ def _segments(files: np.ndarray, restarts, nbytes, byte0, mcus) -> np.ndarray:
     seg[:, 4] = np.where(ri > 0, np.minimum(ri, mcus[owner] - first), mcus[owner])
     seg[:, 5] = last
     return seg
+
+
+# the most bytes a staged span may hold per byte of its files (the rest: files the device does not decode, uploaded
+# with them); past this, the files are copied together as any others
+SPAN_SLACK = 2
+
+
+def in_place(datas: list, nbytes: np.ndarray, staged) -> tuple | None:
+    """(start, end, each file's offset from start) of the span of `staged` (a uint8 array) that holds all of
+    `datas`, when every one is a numpy array lying in it and the span is at most SPAN_SLACK times their bytes; else
+    None."""
+    if staged is None or not datas or any(type(d) is not np.ndarray or d.dtype != np.uint8 or not d.flags.c_contiguous
+                                          for d in datas):
+        return None
+    base = staged.__array_interface__["data"][0]
+    at = np.array([d.__array_interface__["data"][0] for d in datas], np.int64) - base
+    lo, hi = int(at.min()), int((at + nbytes).max())
+    if lo < 0 or hi > staged.nbytes or hi - lo > SPAN_SLACK * int(nbytes.sum()) + 64:
+        return None
+    return lo, hi, at - lo
 
 
 def _joined(datas: list[bytes], total: int, place=None) -> np.ndarray:
