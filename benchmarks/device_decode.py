@@ -461,17 +461,27 @@ def network(args, files) -> dict:
         at = (i - first) * b
         return state["items"][at:at + b]
 
+    firsts = list(range(0, len(groups), group))  # each launch sequence's first batch
+
+    def files_from(first: int) -> list:
+        return [f for x in groups[first:first + group] for f in x]
+
     def ahead(seconds: float) -> tuple[float, float]:
-        """each batch's decode launched (start_decode) before the previous batch's is waited for and submitted"""
-        started = {"next": start_decode(model, groups[0])}
+        """each launch sequence's decode (`group` batches) launched (start_decode) before the previous one's is
+        waited for and its first batch submitted"""
+        state = {"next": start_decode(model, files_from(0)), "first": None, "items": None}
 
         def make(g):
-            following = start_decode(model, groups[(position(g) + 1) % len(groups)])
-            items, started["next"] = started["next"].items(), following
-            return items
+            i = position(g)
+            first = i - i % group
+            if state["first"] != first:
+                following = start_decode(model, files_from(firsts[(firsts.index(first) + 1) % len(firsts)]))
+                state["items"], state["next"], state["first"] = state["next"].items(), following, first
+            at = (i - first) * b
+            return state["items"][at:at + b]
 
         rate = streamed_network(model, groups, make, seconds)
-        started["next"].items()
+        state["next"].items()
         return rate
 
     def early(seconds: float) -> tuple[float, float]:
@@ -487,11 +497,12 @@ def network(args, files) -> dict:
     out = {}
     out["engine_images_per_s"], _ = stream(lambda g: crops)
     out["device_decode_network_images_per_s"], out["device_decode_network_cpu_ms"] = stream(device_decoded)
+    ahead(0.2)
+    out["decode_ahead_network_images_per_s"], out["decode_ahead_network_cpu_ms"] = ahead(args.seconds)
+    print(f"device decode launched a launch sequence ({group} batches) ahead + network: "
+          f"{out['decode_ahead_network_images_per_s']:,.0f} images/s ({out['decode_ahead_network_cpu_ms']:.3f} ms CPU "
+          f"per image)")
     if group == 1:
-        ahead(0.2)
-        out["decode_ahead_network_images_per_s"], out["decode_ahead_network_cpu_ms"] = ahead(args.seconds)
-        print(f"device decode launched a batch ahead + network: {out['decode_ahead_network_images_per_s']:,.0f} "
-              f"images/s ({out['decode_ahead_network_cpu_ms']:.3f} ms CPU per image)")
         early(0.2)
         out["decode_early_network_images_per_s"], out["decode_early_network_cpu_ms"] = early(args.seconds)
         print(f"device decode of the next batch after each submit (the service's early take) + network: "
