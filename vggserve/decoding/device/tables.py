@@ -289,8 +289,8 @@ def in_place(datas: list, nbytes: np.ndarray, staged) -> tuple | None:
     if staged is None or not datas or any(type(d) is not np.ndarray or d.dtype != np.uint8 or not d.flags.c_contiguous
                                           for d in datas):
         return None
-    base = staged.__array_interface__["data"][0]
-    at = np.array([d.__array_interface__["data"][0] for d in datas], np.int64) - base
+    base = staged.ctypes.data
+    at = np.array([d.ctypes.data for d in datas], np.int64) - base  # (ctypes.data: 1.0 us, __array_interface__ 1.8)
     lo, hi = int(at.min()), int((at + nbytes).max())
     if lo < 0 or hi > staged.nbytes or hi - lo > SPAN_SLACK * int(nbytes.sum()) + 64:
         return None
