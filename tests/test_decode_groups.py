@@ -320,10 +320,6 @@ def test_the_summary_prints_each_ranks_decode_groups():
     text = format_summary(summary)
     assert ("  rank 0 decode_groups: 3 decodes, 2.67 chunks per decode; due: full 1, end 1, starve 1, timeout 0"
             in text.splitlines())
-    stats[0]["decode_groups"]["launched"] = {"rank": 2, "own": 1}
-    text = format_summary(summarize(stats, ranks, 1.0, 0.5, 0, "out.jsonl", "out.errors.jsonl"))
-    assert ("  rank 0 decode_groups: 3 decodes, 2.67 chunks per decode; due: full 1, end 1, starve 1, timeout 0; "
-            "launched by the rank 2, by their decode thread 1" in text.splitlines())
     assert "rank 1 decode_groups" not in text
 
 
@@ -354,10 +350,7 @@ def test_a_batch_job_decoding_on_the_device_writes_every_result_and_forms_groups
     groups = json.loads(summary_path.read_text())["ranks"][0]["decode_groups"]
     assert groups["chunks_per_decode"] > 1 and sum(groups["due"].values()) == groups["decodes"], groups
     assert 12 / GROUP <= groups["decodes"] < 12
-    # every decode launched once, the rank's thread launching them before its submits (it waits for the first)
-    launched = groups["launched"]
-    assert launched["rank"] + launched["own"] == groups["decodes"] and launched["rank"] >= 1, groups
-    assert "rank 0 decode_groups: " in done.stdout and "launched by the rank " in done.stdout
+    assert "rank 0 decode_groups: " in done.stdout
 
 
 @pytest.mark.mpi

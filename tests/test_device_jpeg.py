@@ -832,14 +832,14 @@ def test_a_reused_buffer_is_decoded_into_after_the_reads_noted_on_its_last_image
     read = cl.UserEvent(ctx)  # a read of the pixels that another queue has not run yet
     items[0].read_by(read)
     del items
-    seen, launch = [], decoder.launch
+    seen, enqueue = [], decoder.enqueue
 
-    def spy(staged, out, wait_for=None):
+    def spy(queue, files, windows, out, wait_for=None, staged=None):
         seen.append(list(wait_for or []))
         read.set_status(cl.command_execution_status.COMPLETE)
-        return launch(staged, out, wait_for=wait_for)
+        return enqueue(queue, files, windows, out, wait_for=wait_for, staged=staged)
 
-    decoder.launch = spy
+    decoder.enqueue = spy
     again = decode_for_model(model, datas)
     assert seen == [[read]]
     assert_same(_pixels(queue, again[0]), datas[0])
@@ -857,13 +857,13 @@ def test_files_read_into_pinned_memory_are_uploaded_from_where_they_lie_with_the
     ctx, dev, queue = cl_setup
     decoder = JpegDecoder(ctx, dev, chunk_bytes=64, rounds=3)
     model = _OnDecoder(decoder, queue)
-    runs, launch = [], decoder.launch
+    runs, enqueue = [], decoder.enqueue
 
     def spy(*args, **kwargs):
-        runs.append(launch(*args, **kwargs))
+        runs.append(enqueue(*args, **kwargs))
         return runs[-1]
 
-    decoder.launch = spy
+    decoder.enqueue = spy
     datas = [corpus.pillow_jpeg(corpus.picture(w, h, i), quality=70 + i, subsampling=i % 3)
              for i, (w, h) in enumerate([(300, 200), (1, 1), (257, 131), (64, 480)])]
     datas.insert(2, with_exif_orientation(datas[0], 6))

@@ -320,26 +320,16 @@ class ChunkRunner:
         chunk larger than max_batch_size, one of its own) is waited for here, so that the wait counts as one for
         the device (`waits`) rather than vanishing into the submit."""
         pending = []
-        before = getattr(self.decoder, "before_submit", None)  # a device decoder's launches go first
         for batch in _batches(self.model, pixels):
             if len(self._slots) == self.SLOTS:
                 with self.waits("device"):
                     self._wait(self._slots[0])
-            if before is not None:
-                before()
             pending.append(self.model.submit(batch, "probabilities"))
             self._slots.append(pending[-1])
         return pending
 
     def _decoded(self, chunk: _Chunk) -> list:
         with self.waits("decode"):
-            launching = getattr(self.decoder, "wait_decoded", None)  # a device decoder hands its launches here
-            if launching is not None:
-                idle, decoding = self.idle, chunk.decoding
-                while idle is not None and not decoding.done() and idle():  # a worker's reports move meanwhile
-                    self.decoder.before_submit()
-                    time.sleep(IDLE_POLL_S)
-                launching(decoding)
             return self._wait(chunk.decoding)
 
     def _wait(self, thing):

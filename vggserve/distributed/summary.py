@@ -14,10 +14,8 @@ Summary dict layout:
                 "wait_ms_per_image",           # {"device", "decode", "chunks"}: wall ms per image its runner waited
                 "decode_processes", "decode_restarts",
                 "decode_groups",               # with --decode gpu: {"decodes", "chunks_per_decode" (mean),
-                                               #  "due": {"full", "end", "starve", "timeout": decodes} (the
-                                               #  rule that made each group due; decoding.device.chunks),
-                                               #  "launched": {"rank", "own": launches} (by the rank's thread,
-                                               #  by their decode thread: launches.py)}, else {}
+                                               #  "due": {"full", "end", "starve", "timeout": decodes}} (the
+                                               #  rule that made each group due; decoding.device.chunks), else {}
                 "host_share"},                 # {"cores", "host_cores", "local_ranks", "decode_processes",
                                                #  "decode_threads", "copy_threads"}: what the rank sized from its
                                                #  share of its host (distributed.cores.HostShare)
@@ -107,10 +105,8 @@ def format_stages(stages: dict[str, float]) -> str:
 def format_groups(groups: dict) -> str:
     """"40 decodes, 3.20 chunks per decode; due: full 30, end 1, starve 9, timeout 0" from a rank's decode_groups."""
     due = ", ".join(f"{reason} {n}" for reason, n in groups.get("due", {}).items())
-    launched = groups.get("launched")
-    by = f"; launched by the rank {launched['rank']}, by their decode thread {launched['own']}" if launched else ""
     return (f"{count(groups['decodes'], 'decode')}, {count(groups['chunks_per_decode'], 'chunk', spec='.2f')} per "
-            f"decode; due: {due}{by}")
+            f"decode; due: {due}")
 
 
 def _decoding(entry: dict) -> str:

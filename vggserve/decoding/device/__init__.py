@@ -135,13 +135,12 @@ def _file_arena(decoder=None):
     return arena
 
 
-def decode_inputs(sources, model, mode: str, on_device: bool, launcher=None, **limits) -> list:
+def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
     """`decoding.decode_input`'s answer for each of `sources` (paths or bytes), with the JPEGs decoded on `model`'s
     device and left there (`onmodel.DeviceImage`, resized and cropped in place by its submit): [(input, None) or
     (None, (reason, exception type))], in order. Used by `classify --decode gpu` and the batch job's device decoder.
     Paths are read into the calling thread's FileArena (no fresh bytes per file). A model that does not resize on
-    its device (`on_device` False) gets the decoded pixels as tensors, prepared here. `launcher`: who enqueues
-    the device decode (`onmodel.start_decode`)."""
+    its device (`on_device` False) gets the decoded pixels as tensors, prepared here."""
     from ...errors import ImageError
     from ...modelinput import ModelInput
     from ...preprocessing import preprocess
@@ -160,7 +159,7 @@ def decode_inputs(sources, model, mode: str, on_device: bool, launcher=None, **l
     if not datas:
         return out
     if on_device:
-        items = decode_for_model(model, datas, staged=arena, launcher=launcher, **limits)
+        items = decode_for_model(model, datas, staged=arena, **limits)
     else:
         items = [x if isinstance(x, Exception) else ModelInput.tensor(preprocess(x, mode))
                  for x in decode_on_device(datas, model, **limits)]

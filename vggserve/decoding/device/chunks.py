@@ -35,7 +35,6 @@ from concurrent.futures import Future
 from ..groups import GROUP, GROUP_BYTES, check, source_bytes, take
 from ..stages import StageClock
 from ..threads import ThreadDecoding
-from .launches import Launches
 
 THREADS = 2
 # Decoded chunks (not yet computed, those being decoded included) below which the waiting ones are decoded at once:
@@ -69,7 +68,6 @@ class DeviceChunkDecoder:
         self.groups: list[int] = []  # chunks per device decode, in the order they were taken (benchmarks, tests)
         self.due_counts: Counter = Counter()  # decodes by the rule that made them due (REASONS)
         self._decode = decode or self._decode_inputs
-        self.launches = Launches()  # the decodes' launches, enqueued by the rank's thread (launches.py)
         self._now = clock
         self._waiting: deque = deque()  # (sources, future, arrived, bytes) of chunks started and not yet taken
         self._ahead = 0  # decoded chunks queued ahead of the device: the runner's count, plus those decoded since
@@ -112,29 +110,17 @@ class DeviceChunkDecoder:
         with self._cond:
             self._cond.notify_all()
 
-    def before_submit(self) -> None:
-        """The runner is about to submit a network batch: the decodes' launches handed over go first."""
-        self.launches.run_waiting()
-
-    def wait_decoded(self, decoding) -> None:
-        """Until `decoding` (a chunk of this decoder's) is done, run the launches handed over meanwhile (its own
-        group's among them)."""
-        self.launches.wait(decoding.done)
-
     def due(self) -> str | None:
         """The rule that makes a group due now (one of REASONS), or None while none does."""
         with self._cond:
             return self._due()
 
     def group_stats(self) -> dict:
-        """{"decodes", "chunks_per_decode" (mean), "due": {reason: decodes}, "launched": {"rank", "own": launches}}:
-        the summary's decode_groups ("launched": launches the rank's thread enqueued, and those enqueued by their
-        decode thread after Launches.handoff_s)."""
+        """{"decodes", "chunks_per_decode" (mean), "due": {reason: decodes}}: the summary's decode_groups."""
         with self._cond:
             decodes, chunks = len(self.groups), sum(self.groups)
             return {"decodes": decodes, "chunks_per_decode": round(chunks / decodes, 3) if decodes else 0.0,
-                    "due": {reason: self.due_counts[reason] for reason in REASONS},
-                    "launched": {"rank": self.launches.taken, "own": self.launches.own}}
+                    "due": {reason: self.due_counts[reason] for reason in REASONS}}
 
     # ---- the decode threads ---------------------------------------------------------------------------------------
 
@@ -204,13 +190,11 @@ class DeviceChunkDecoder:
             else:
                 whole.set_result(answers[at:at + len(chunk)])
             at += len(chunk)
-        self.launches.wake()  # a runner waiting for one of these chunks (wait_decoded)
 
     def _decode_inputs(self, sources: list) -> list:
         from . import decode_inputs
 
-        return decode_inputs(sources, self.model, self.job.mode, self.job.on_device, launcher=self.launches,
-                             **self.job.limits)
+        return decode_inputs(sources, self.model, self.job.mode, self.job.on_device, **self.job.limits)
 
     def release(self, decoding) -> None:
         """Nothing to give back: device images are freed with their last reference."""

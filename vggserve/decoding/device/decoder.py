@@ -162,19 +162,6 @@ def _taken_without_pillow(data: bytes, frame: Frame, max_pixels: int, formats) -
     return seen[1] if taken else None
 
 
-@dataclass(eq=False)
-class Staged:
-    """A batch laid out in a staging slot (`JpegDecoder.stage`), waiting for its `launch`."""
-
-    queue: object
-    slot: object
-    batch: Batch
-    meta: np.ndarray
-    at: list
-    pixels: int
-    arena: object  # the FileArena its files' bytes are uploaded from as they lie (None: they were copied)
-
-
 @dataclass
 class Run:
     """One enqueued batch: `ok()` waits for the statuses and says, per file, whether its pixels are exact."""
@@ -299,29 +286,15 @@ class JpegDecoder:
         """Decode `files` into `out` (a device buffer) at their `windows`: upload, entropy decoding, IDCT, upsampling
         and colour, one launch each; the statuses are read back without blocking (Run.ok waits for them).
         `staged`: where the files' bytes may already lie in pinned memory (a FileArena of `pinned_arena`'s: its
-        `buffer`, and its `reads`, to which the upload's event goes when it reads from there). `stage` then
-        `launch`, in one call."""
-        return self.launch(self.stage(queue, files, windows, staged), out, wait_for)
-
-    def stage(self, queue, files: list[Prepared], windows: list[Window], staged=None) -> "Staged":
-        """The host's part of `enqueue`: a staging slot taken, the batch laid out into it (or found in `staged`);
-        nothing is enqueued. `launch` it before staging SLOTS - 1 more on this decoder: the slot is taken again
-        after that."""
+        `buffer`, and its `reads`, to which the upload's event goes when it reads from there)."""
         if not files:
             raise ValueError("a device decode needs at least one file")
         slot = self._staging.next()
+        self.events = {}
         chunking = (self.chunk_bytes, self.long_chunk_bytes) if self.rounds else 0
         batch, meta, at, pixels = lay_out(files, windows, chunking,
                                           lambda role, nbytes, dtype=np.uint8: slot.array(queue, role, nbytes, dtype),
                                           None if staged is None else staged.buffer)
-        return Staged(queue, slot, batch, meta, at, pixels, staged if batch.staged else None)
-
-    def launch(self, staged: "Staged", out, wait_for=None) -> Run:
-        """The device's part of `enqueue`: a staged batch's uploads and kernels on its queue (a few launches' worth
-        of host work, with no layout)."""
-        queue, slot, batch, meta, at, pixels = (staged.queue, staged.slot, staged.batch, staged.meta, staged.at,
-                                                staged.pixels)
-        self.events = {}
         nseg, nimg, nplanes = batch.seg.shape[0], batch.img.shape[0], batch.plane.shape[0]
         data_buf = self._data.get(batch.data.nbytes + 16)
         meta_buf = self._meta.get(meta.nbytes)
@@ -331,8 +304,8 @@ class JpegDecoder:
         # one in-order queue: each command follows the one before, so no event lists are passed between them
         slot.reads = [cl.enqueue_copy(queue, data_buf, batch.data, is_blocking=False, wait_for=wait_for),
                       cl.enqueue_copy(queue, meta_buf, meta, is_blocking=False, wait_for=wait_for)]
-        if staged.arena is not None:  # the files' bytes uploaded from the arena they were read into: its next read
-            staged.arena.reads.append(slot.reads[0])  # waits for this
+        if batch.staged:  # the files' bytes uploaded from the arena they were read into: its next read waits
+            staged.reads.append(slot.reads[0])
         cl.enqueue_fill_buffer(queue, status_buf, np.int32(0), 0, 4 * (nseg + nimg))
         settled = slot.device("settled", 4 * nseg)
         cl.enqueue_fill_buffer(queue, settled, np.int32(1 if self.rounds else 0), 0, 4 * nseg)

@@ -120,14 +120,13 @@ def window_for(p: Prepared, offset: int) -> tuple[Window, str]:
 
 
 def decode_for_model(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
-                     cpu=None, staged=None, launcher=None) -> list:
+                     cpu=None, staged=None) -> list:
     """Per file of `datas` (bytes, or contiguous uint8 buffers: `prepare`): a DeviceImage, a CPU-decoded ModelInput,
     or the ImageError the CPU path raises. `cpu(data)`: that CPU path, upright RGB pixels (a PIL image or a uint8
     array) or an ImageError (default: `decode_pixels` with these limits; the service passes its own, which makes any
     decoder failure an ImageError). `staged`: the pinned FileArena `datas` were read into, if they were
-    (`JpegDecoder.enqueue`); `launcher`: see start_decode. `start_decode(...).items()` in one call."""
-    return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu, staged=staged,
-                        launcher=launcher).items()
+    (`JpegDecoder.enqueue`). `start_decode(...).items()` in one call."""
+    return start_decode(model, datas, max_pixels=max_pixels, formats=formats, cpu=cpu, staged=staged).items()
 
 
 @dataclass(eq=False)
@@ -175,11 +174,9 @@ class StartedDecode:
 
 
 def start_decode(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=ALLOWED_FORMATS,
-                 cpu=None, staged=None, launcher=None) -> StartedDecode:
+                 cpu=None, staged=None) -> StartedDecode:
     """The host's part of `decode_for_model`: each file prepared, the device decode of those it takes launched on
-    the model's decoder queue; the StartedDecode's `items()` waits for it. `launcher(launch)`: runs `launch()` (the
-    decode's uploads and kernels, laid out already) and returns its Run, on whichever thread it chooses (the batch
-    job's rank launches it just before a network batch: `chunks.Launches`); default: here."""
+    the model's decoder queue; the StartedDecode's `items()` waits for it."""
     chosen, windows, kinds, offset = [], [], [], 0
     for i, data in enumerate(datas):
         p = prepare(data, max_pixels, formats)
@@ -194,13 +191,8 @@ def start_decode(model, datas, *, max_pixels: int = DEFAULT_MAX_PIXELS, formats=
     if chosen:
         decoder, queue, lock = model.jpeg_decoder()
         lease, reads = output_pool(decoder).take(offset)
-        with lock:  # the layout into a staging slot
-            ready = decoder.stage(queue, [p for _, p in chosen], windows, staged)
-
-        def launch():
-            with lock:  # the launches (the decode waits on the device for the reads of the buffer's last images);
-                # the wait for the statuses in items() lets another thread launch its batch meanwhile
-                return decoder.launch(ready, lease.buffer, wait_for=reads or None)
-
-        run = launcher(launch) if launcher is not None else launch()
+        with lock:  # the launches (the decode waits on the device for the reads of the buffer's last images); the
+            # wait for the statuses in items() lets another thread launch its batch meanwhile
+            run = decoder.enqueue(queue, [p for _, p in chosen], windows, lease.buffer, wait_for=reads or None,
+                                  staged=staged)
     return StartedDecode(datas, chosen, windows, kinds, run, lease, max_pixels, formats, cpu)
