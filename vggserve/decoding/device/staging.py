@@ -14,6 +14,16 @@ import pyopencl as cl
 SLOTS = 3
 
 
+def pinned_array(context, queue, nbytes: int) -> tuple:
+    """(ALLOC_HOST_PTR buffer of nbytes, its uint8 array mapped for reading and writing on `queue`, blocking): host
+    memory the driver DMAs from directly. The map is undone by `array.base.release(queue)`, or when the last view
+    of the array is dropped."""
+    buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+    array, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0, (nbytes,), np.uint8,
+                                     is_blocking=True)
+    return buffer, array
+
+
 class _Pinned:
     """One growing pinned array (an ALLOC_HOST_PTR buffer kept mapped: the driver DMAs from it directly)."""
 
@@ -24,9 +34,7 @@ class _Pinned:
         if nbytes > self.array.size:
             size = max(nbytes, self.array.size + self.array.size // 2, 1 << 16)
             self.close(queue)
-            self.buffer = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size)
-            self.array, _ = cl.enqueue_map_buffer(queue, self.buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                                  (size,), np.uint8, is_blocking=True)
+            self.buffer, self.array = pinned_array(self.context, queue, size)
         return self.array[:nbytes]
 
     def close(self, queue) -> None:
@@ -43,13 +51,7 @@ def pinned_arena(context):
 
     queue = cl.CommandQueue(context)  # its own: a map on the decoder's queue would wait for every decode before it
 
-    def allocate(nbytes: int) -> np.ndarray:
-        buffer = cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
-        array, _ = cl.enqueue_map_buffer(queue, buffer, cl.map_flags.WRITE, 0, (nbytes,), np.uint8,
-                                         is_blocking=True)
-        return array
-
-    return FileArena(allocate=allocate)
+    return FileArena(allocate=lambda nbytes: pinned_array(context, queue, nbytes)[1])
 
 
 class Grown:
