@@ -1,6 +1,6 @@
 """Input files read back to back into one reused buffer, for callers that read many files per call and are done with
-their bytes when the call returns (the batch job's device decoder: a group's JPEGs are parsed, copied into pinned
-staging and decoded before the next group is read).
+their bytes when the call returns (the batch job's device decoder: a group's JPEGs are parsed, uploaded and
+decoded before the next group is read).
 
     arena = FileArena()
     datas = arena.read(paths)          # per path: a uint8 view of its bytes, in the arena
