@@ -451,20 +451,21 @@ def network(args, files) -> dict:
         """g's index in groups (by identity: the corpus repeats its files, so groups may be equal)"""
         return next(k for k, x in enumerate(groups) if x is g)
 
+    firsts = list(range(0, len(groups), group))  # each launch sequence's first batch
+
+    def files_from(first: int) -> list:
+        """the files of the launch sequence whose first batch is groups[first]"""
+        return [f for x in groups[first:first + group] for f in x]
+
     def device_decoded(g, state={}):
         """batch g's inputs, from one decode_for_model call per `group` batches (the first batch's asks for all)"""
         i = position(g)
         first = i - i % group
         if state.get("first") != first:
             state["first"] = first
-            state["items"] = decode_for_model(model, [f for x in groups[first:first + group] for f in x])
+            state["items"] = decode_for_model(model, files_from(first))
         at = (i - first) * b
         return state["items"][at:at + b]
-
-    firsts = list(range(0, len(groups), group))  # each launch sequence's first batch
-
-    def files_from(first: int) -> list:
-        return [f for x in groups[first:first + group] for f in x]
 
     def ahead(seconds: float) -> tuple[float, float]:
         """each launch sequence's decode (`group` batches) launched (start_decode) before the previous one's is
