@@ -84,7 +84,6 @@ def test_a_pipe_is_read_by_read_source_as_before(tmp_path):
 def test_a_file_larger_than_the_kept_buffer_is_read_into_one_of_its_own(tmp_path, monkeypatch):
     import vggserve.filearena as filearena
 
-    monkeypatch.setattr(filearena, "FIRST_BYTES", 1 << 12)
     monkeypatch.setattr(filearena, "KEEP_BYTES", 1 << 16)
     small, huge = tmp_path / "small.bin", tmp_path / "huge.bin"
     small.write_bytes(b"s" * 3000)
