@@ -851,7 +851,7 @@ def test_files_read_into_pinned_memory_are_uploaded_from_where_they_lie_with_the
     copy into its staging): the same answers as the CPU path for JPEGs (one with an EXIF orientation), a PNG and a
     junk file; a call with a source that is not a file (bytes) copies the files as before, with the same answers."""
     from vggserve.decoding import decode_input
-    from vggserve.decoding.device import JpegDecoder, _file_arena, decode_inputs
+    from vggserve.decoding.device import JpegDecoder, decode_inputs
     from vggserve.decoding.device.onmodel import DeviceImage, window_for
 
     ctx, dev, queue = cl_setup
@@ -889,7 +889,7 @@ def test_files_read_into_pinned_memory_are_uploaded_from_where_they_lie_with_the
                 devices += 1
     assert [run.batch.staged for run in runs] == [True, False, True]
     assert devices == 5 + 4 + 5
-    arena = _file_arena(decoder)
+    arena = decoder.file_arena()  # this thread's, which decode_inputs read into
     assert len(arena.reads) == 1  # the last upload from it, which its next read waits for
     assert np.shares_memory(runs[-1].batch.data, arena.buffer)
 

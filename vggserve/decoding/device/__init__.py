@@ -20,7 +20,6 @@ Stages, one module or kernel file each, in libjpeg-turbo's layout:
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 import pyopencl as cl
@@ -113,25 +112,13 @@ def decode_on_device(datas, device="auto", *, max_pixels: int = DEFAULT_MAX_PIXE
 _arenas = threading.local()
 
 
-def _file_arena(decoder=None):
-    """This thread's FileArena: decode_inputs reads its paths into it, and nothing it answers refers to it. With
-    a JpegDecoder: this thread's arena of pinned memory of its context (`staging.pinned_arena`), which its uploads
-    read from as it is."""
-    if decoder is None:
-        arena = getattr(_arenas, "arena", None)
-        if arena is None:
-            from ...filearena import FileArena
-
-            arena = _arenas.arena = FileArena()
-        return arena
-    pinned = getattr(_arenas, "pinned", None)
-    if pinned is None:
-        pinned = _arenas.pinned = weakref.WeakKeyDictionary()
-    arena = pinned.get(decoder)
+def _file_arena():
+    """This thread's FileArena: decode_inputs reads its paths into it, and nothing it answers refers to it."""
+    arena = getattr(_arenas, "arena", None)
     if arena is None:
-        from .staging import pinned_arena
+        from ...filearena import FileArena
 
-        arena = pinned[decoder] = pinned_arena(decoder.context)
+        arena = _arenas.arena = FileArena()
     return arena
 
 
@@ -149,7 +136,7 @@ def decode_inputs(sources, model, mode: str, on_device: bool, **limits) -> list:
 
     out: list = [None] * len(sources)
     datas, where = [], []
-    arena = _file_arena(model.jpeg_decoder()[0] if on_device else None)
+    arena = model.jpeg_decoder()[0].file_arena() if on_device else _file_arena()  # on_device: pinned, uploaded as is
     for i, got in enumerate(arena.read(sources)):  # views of this thread's arena, done with on return
         if isinstance(got, ImageError):
             out[i] = (None, problem_of(got))

@@ -25,7 +25,7 @@ from ...images import ALLOWED_FORMATS, DEFAULT_MAX_PIXELS, _accepted_formats, ex
 from ...ops.launch import round_up
 from .exif import pillow_view
 from .parse import HEAD_BYTES, Frame, Refusal, parse
-from .staging import Grown, StagingRing
+from .staging import Grown, StagingRing, pinned_arena
 from .tables import TAB, WIN, Batch, find_restarts
 
 PROGRAMS = ("jpeg_huffman.cl", "jpeg_idct.cl", "jpeg_color.cl", "jpeg_entropy.cl")
@@ -281,6 +281,15 @@ class JpegDecoder:
         self._part = Grown(context, mf.READ_WRITE)  # the prefix sums' scratch: within work-groups, their totals
         self._sums = Grown(context, mf.READ_WRITE)
         self._staging = StagingRing(context)  # pinned host memory the uploads read, a slot per batch in flight
+        self._arenas = threading.local()  # each thread's pinned FileArena (file_arena)
+
+    def file_arena(self):
+        """The calling thread's FileArena of pinned memory of this decoder's context (`staging.pinned_arena`):
+        files read into it are uploaded from where they lie (`enqueue`'s `staged`)."""
+        arena = getattr(self._arenas, "arena", None)
+        if arena is None:
+            arena = self._arenas.arena = pinned_arena(self.context)
+        return arena
 
     def enqueue(self, queue, files: list[Prepared], windows: list[Window], out, wait_for=None, staged=None) -> Run:
         """Decode `files` into `out` (a device buffer) at their `windows`: upload, entropy decoding, IDCT, upsampling
