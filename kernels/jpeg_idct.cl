@@ -12,10 +12,16 @@
  *
  * Fixed point as in jidctint.c: CONST_BITS 13, PASS1_BITS 2. Pass 1 (columns) keeps int results scaled by 2^2;
  * pass 2 (rows) descales by 2^(13 + 2 + 3) and maps through libjpeg's range-limit table, which for an index x taken
- * modulo 1024 (RANGE_MASK) is clamp(x + 128) for x in [-512, 511]: written here as that arithmetic. Intermediates
- * are 64-bit like libjpeg's JLONG. Coefficients beyond JI_LIMIT never come from an encoder of 8-bit samples
- * (|value| <= 1024 + q/2); there libjpeg-turbo's 16-bit SIMD lanes and its C code may part, so such a file is left
- * to the CPU path.
+ * modulo 1024 (RANGE_MASK) is clamp(x + 128) for x in [-512, 511]: written here as that arithmetic. libjpeg's
+ * intermediates are 64-bit (JLONG); these are 32-bit, with the same results:
+ *   - pass 1: with every dequantised coefficient within JI_LIMIT, no intermediate exceeds 7.3e8 in magnitude (an
+ *     interval bound over every step), so 32-bit arithmetic is exact, its descaled results too;
+ *   - pass 2 is additions, subtractions and multiplications by constants (a ring's operations, exact modulo 2^32 in
+ *     unsigned arithmetic) up to the final descale, and the output reads only bits 18 to 27 of its sum (the shift
+ *     by 18, then modulo 1024): bits that the sum modulo 2^32 holds as the 64-bit sum does. (That is why
+ *     libjpeg-turbo's SIMD, with 32-bit lanes, matches its C code.)
+ * Coefficients beyond JI_LIMIT never come from an encoder of 8-bit samples (|value| <= 1024 + q/2); there
+ * libjpeg-turbo's 16-bit SIMD lanes and its C code may part, so such a file is left to the CPU path.
  * Grid: one work-item per block, the plane found by a binary search of p[0]; items past the end return at once.
  */
 
@@ -25,43 +31,45 @@
 
 #define CONST_BITS 13
 #define PASS1_BITS 2
-#define FIX_0_298631336 2446L
-#define FIX_0_390180644 3196L
-#define FIX_0_541196100 4433L
-#define FIX_0_765366865 6270L
-#define FIX_0_899976223 7373L
-#define FIX_1_175875602 9633L
-#define FIX_1_501321110 12299L
-#define FIX_1_847759065 15137L
-#define FIX_1_961570560 16069L
-#define FIX_2_053119869 16819L
-#define FIX_2_562915447 20995L
-#define FIX_3_072711026 25172L
-#define DESCALE(x, n) (((x) + (1L << ((n) - 1))) >> (n))
+#define FIX_0_298631336 2446u
+#define FIX_0_390180644 3196u
+#define FIX_0_541196100 4433u
+#define FIX_0_765366865 6270u
+#define FIX_0_899976223 7373u
+#define FIX_1_175875602 9633u
+#define FIX_1_501321110 12299u
+#define FIX_1_847759065 15137u
+#define FIX_1_961570560 16069u
+#define FIX_2_053119869 16819u
+#define FIX_2_562915447 20995u
+#define FIX_3_072711026 25172u
+#define DESCALE1(x) ((int)((x) + (1u << (CONST_BITS - PASS1_BITS - 1))) >> (CONST_BITS - PASS1_BITS))
 
-inline uchar ji_limit(const long x)
+/* pass 2's output from its 32-bit sum: bits 18..27 of sum + 2^17 (libjpeg's descale, then its index modulo 1024)
+ * as a signed 10-bit value, range-limited */
+inline uchar ji_limit(const uint x)
 {
-    const int v = (((int)x & 1023) ^ 512) - 512;  /* x modulo 1024, as a signed 10-bit value */
-    return (uchar)clamp(v + 128, 0, 255);
+    const int v = (int)(((x + (1u << (CONST_BITS + PASS1_BITS + 2))) >> (CONST_BITS + PASS1_BITS + 3)) & 1023u);
+    return (uchar)clamp(((v ^ 512) - 512) + 128, 0, 255);
 }
 
 /* the 1-D odd and even parts shared by both passes: in[0..7] -> out[0..7] before descaling */
-inline void ji_1d(const long i0, const long i1, const long i2, const long i3, const long i4, const long i5,
-                  const long i6, const long i7, long *o)
+inline void ji_1d(const uint i0, const uint i1, const uint i2, const uint i3, const uint i4, const uint i5,
+                  const uint i6, const uint i7, uint *o)
 {
-    long z2 = i2, z3 = i6;
-    long z1 = (z2 + z3) * FIX_0_541196100;
-    long tmp2 = z1 + z3 * (-FIX_1_847759065);
-    long tmp3 = z1 + z2 * FIX_0_765366865;
-    long tmp0 = (i0 + i4) << CONST_BITS;
-    long tmp1 = (i0 - i4) << CONST_BITS;
-    const long tmp10 = tmp0 + tmp3, tmp13 = tmp0 - tmp3, tmp11 = tmp1 + tmp2, tmp12 = tmp1 - tmp2;
+    uint z2 = i2, z3 = i6;
+    uint z1 = (z2 + z3) * FIX_0_541196100;
+    uint tmp2 = z1 + z3 * (-FIX_1_847759065);
+    uint tmp3 = z1 + z2 * FIX_0_765366865;
+    uint tmp0 = (i0 + i4) << CONST_BITS;
+    uint tmp1 = (i0 - i4) << CONST_BITS;
+    const uint tmp10 = tmp0 + tmp3, tmp13 = tmp0 - tmp3, tmp11 = tmp1 + tmp2, tmp12 = tmp1 - tmp2;
     tmp0 = i7; tmp1 = i5; tmp2 = i3; tmp3 = i1;
     z1 = tmp0 + tmp3;
     z2 = tmp1 + tmp2;
     z3 = tmp0 + tmp2;
-    long z4 = tmp1 + tmp3;
-    const long z5 = (z3 + z4) * FIX_1_175875602;
+    uint z4 = tmp1 + tmp3;
+    const uint z5 = (z3 + z4) * FIX_1_175875602;
     tmp0 = tmp0 * FIX_0_298631336;
     tmp1 = tmp1 * FIX_2_053119869;
     tmp2 = tmp2 * FIX_3_072711026;
@@ -97,34 +105,32 @@ __kernel void jpeg_idct(__global const short *coef, __global const int *meta, co
     const int br = local_block / bw, bc = local_block % bw;
     __global const short *in = coef + (long)g * 64;
     __global const int *q = quant + p[3] * 64;
-    int ws[64];
+    int d[64];  /* the dequantised block, natural order */
     int large = 0;
-    for (int c = 0; c < 8; ++c) {
-        long d[8];
-        for (int k = 0; k < 8; ++k) {
-            d[k] = (long)in[k * 8 + c] * q[k * 8 + c];
-            large |= (d[k] > JI_LIMIT) | (d[k] < -JI_LIMIT);
-        }
-        long o[8];
-        ji_1d(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], o);
-        for (int k = 0; k < 8; ++k) ws[k * 8 + c] = (int)DESCALE(o[k], CONST_BITS - PASS1_BITS);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int8 v = convert_int8(vload8(k, in)) * vload8(k, q);
+        large |= any((v > JI_LIMIT) | (v < -JI_LIMIT));
+        vstore8(v, k, d);
     }
     if (large) status[status_at + p[5]] = JI_TOO_LARGE;
+    int ws[64];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        uint o[8];
+        ji_1d(d[c], d[8 + c], d[16 + c], d[24 + c], d[32 + c], d[40 + c], d[48 + c], d[56 + c], o);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ws[k * 8 + c] = DESCALE1(o[k]);
+    }
     const int stride = bw * 8;
     __global uchar *dst = out + p[4] + (long)(br * 8) * stride + bc * 8;
+#pragma unroll
     for (int r = 0; r < 8; ++r) {
         const int *w = ws + r * 8;
-        long o[8];
+        uint o[8];
         ji_1d(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], o);
-        uchar8 row;
-        row.s0 = ji_limit(DESCALE(o[0], CONST_BITS + PASS1_BITS + 3));
-        row.s1 = ji_limit(DESCALE(o[1], CONST_BITS + PASS1_BITS + 3));
-        row.s2 = ji_limit(DESCALE(o[2], CONST_BITS + PASS1_BITS + 3));
-        row.s3 = ji_limit(DESCALE(o[3], CONST_BITS + PASS1_BITS + 3));
-        row.s4 = ji_limit(DESCALE(o[4], CONST_BITS + PASS1_BITS + 3));
-        row.s5 = ji_limit(DESCALE(o[5], CONST_BITS + PASS1_BITS + 3));
-        row.s6 = ji_limit(DESCALE(o[6], CONST_BITS + PASS1_BITS + 3));
-        row.s7 = ji_limit(DESCALE(o[7], CONST_BITS + PASS1_BITS + 3));
+        const uchar8 row = (uchar8)(ji_limit(o[0]), ji_limit(o[1]), ji_limit(o[2]), ji_limit(o[3]), ji_limit(o[4]),
+                                    ji_limit(o[5]), ji_limit(o[6]), ji_limit(o[7]));
         vstore8(row, 0, dst + (long)r * stride);
     }
 }

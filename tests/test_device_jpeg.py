@@ -219,8 +219,9 @@ def islow_numpy(coef: np.ndarray, quant: np.ndarray) -> np.ndarray:
     return np.clip(wrapped + 128, 0, 255).astype(np.uint8)
 
 
-@pytest.mark.parametrize("nblocks, bw", [(1, 1), (3, 3), (35, 7), (130, 13)])
-def test_the_idct_kernel_is_islow_exactly_on_awkward_block_counts(test_device, nblocks, bw):
+def idct_on_device(test_device, coefs: np.ndarray, quant: np.ndarray, bw: int):
+    """jpeg_idct over (n, 64) int16 coefficients laid out as one plane `bw` blocks wide (n a multiple of bw):
+    the (n, 8, 8) samples and the image's status."""
     from vggserve.decoding.device.decoder import JpegDecoder
     from vggserve.runtime import devices as devs
 
@@ -228,6 +229,26 @@ def test_the_idct_kernel_is_islow_exactly_on_awkward_block_counts(test_device, n
     ctx = cl.Context([dev])
     queue = cl.CommandQueue(ctx)
     decoder = JpegDecoder(ctx, dev)
+    total = coefs.shape[0]
+    bh = total // bw
+    plane = np.array([[0, bw, bh, 0, 0, 0, 0, 0, 1, 1, 0, 0]], np.int32)
+    meta = np.concatenate([plane.ravel(), quant.astype(np.int32)])
+    mf = cl.mem_flags
+    cbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(coefs, np.int16))
+    mbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=meta)
+    out = cl.Buffer(ctx, mf.READ_WRITE, total * 64)
+    status = np.zeros(1, np.int32)
+    sbuf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=status)
+    decoder.k_idct(queue, (64 * -(-total // 64),), (64,), cbuf, mbuf, np.int32(0), np.int32(plane.size), out,
+                   sbuf, np.int32(0), np.int32(1), np.int32(total))
+    host = np.empty((bh * 8, bw * 8), np.uint8)
+    cl.enqueue_copy(queue, host, out)
+    cl.enqueue_copy(queue, status, sbuf)
+    return host.reshape(bh, 8, bw, 8).transpose(0, 2, 1, 3).reshape(-1, 8, 8), int(status[0])
+
+
+@pytest.mark.parametrize("nblocks, bw", [(1, 1), (3, 3), (35, 7), (130, 13)])
+def test_the_idct_kernel_is_islow_exactly_on_awkward_block_counts(test_device, nblocks, bw):
     rng = np.random.default_rng(nblocks)
     coef = rng.integers(-60, 60, (nblocks, 64)).astype(np.int16)
     coef[:, 20:] *= rng.random((nblocks, 44)) < 0.2  # sparse high frequencies, some all-zero rows/columns
@@ -235,23 +256,30 @@ def test_the_idct_kernel_is_islow_exactly_on_awkward_block_counts(test_device, n
     quant = rng.integers(1, 60, 64).astype(np.int32)
     quant[0] = 8
     bh = -(-nblocks // bw)
-    plane = np.array([[0, bw, bh, 0, 0, 0, 0, 0, 1, 1, 0, 0]], np.int32)
-    meta = np.concatenate([plane.ravel(), quant])
-    mf = cl.mem_flags
-    total = bw * bh
-    coefs = np.zeros((total, 64), np.int16)
+    coefs = np.zeros((bw * bh, 64), np.int16)
     coefs[:nblocks] = coef
-    cbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=coefs)
-    mbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=meta)
-    out = cl.Buffer(ctx, mf.READ_WRITE, total * 64)
-    status = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.zeros(1, np.int32))
-    decoder.k_idct(queue, (64 * -(-total // 64),), (64,), cbuf, mbuf, np.int32(0), np.int32(plane.size), out,
-                   status, np.int32(0), np.int32(1), np.int32(total))
-    host = np.empty((bh * 8, bw * 8), np.uint8)
-    cl.enqueue_copy(queue, host, out)
-    want = islow_numpy(coefs, quant)
-    got = host.reshape(bh, 8, bw, 8).transpose(0, 2, 1, 3).reshape(-1, 8, 8)
-    assert np.array_equal(got, want)
+    got, status = idct_on_device(test_device, coefs, quant, bw)
+    assert np.array_equal(got, islow_numpy(coefs, quant))
+    assert status == 0
+
+
+def test_the_idct_kernel_is_islow_exactly_at_the_largest_coefficients_it_takes(test_device):
+    """The kernel's arithmetic is 32-bit where libjpeg's is 64-bit: blocks at the limit (every dequantised value
+    +-4096, signs chosen to push pass 2's sums past 2^31, and random ones), exact; one step past it is flagged."""
+    rng = np.random.default_rng(7)
+    signs = np.array([[1 if (r ^ c) & 1 else -1 for c in range(8)] for r in range(8)])
+    blocks = [np.full(64, 4096), np.full(64, -4096), 4096 * signs.ravel(), -4096 * signs.ravel(),
+              4096 * np.where(np.arange(64) % 9 == 0, 1, -1)]
+    blocks += list(rng.choice([-4096, 4096], (40, 64)))
+    blocks += list(rng.integers(-4096, 4097, (40, 64)))
+    coefs = np.array(blocks[:85], np.int16)
+    quant = np.ones(64, np.int32)
+    got, status = idct_on_device(test_device, coefs, quant, 5)
+    assert np.array_equal(got, islow_numpy(coefs, quant))
+    assert status == 0
+    quant[63] = 2  # 4096 * 2 in the last coefficient of every block: past the limit, the image left to the CPU
+    _, status = idct_on_device(test_device, coefs, quant, 5)
+    assert status == 5  # JI_TOO_LARGE
 
 
 def canonical_codes(counts, symbols):
