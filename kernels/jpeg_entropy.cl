@@ -367,9 +367,25 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
                         const int comp_at, const int tab_at, __global const int *chunk, const int nchunks,
                         __global const int *prev, __global int *next, __global int *used, __global int *settled,
                         const int round, const int last_round, const int lookback,
-                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume)
+                        __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume,
+                        const int compact, __global int *work)
 {
-    const int j = get_global_id(0);
+    const int g = get_global_id(0);
+    __global int *changed = work, *appended = work + (last_round + 1);
+    __global int *mark = work + 2 * (last_round + 1), *list = mark + 2 * nchunks;
+    int j = g;
+    if (round >= 2 && compact) {
+        /* no state changed last round: this round's states are the last's, which `next` holds already (the round
+         * before last wrote them there, and they have not changed since); a segment settled then stays settled */
+        if (changed[round - 1] == 0) return;
+        /* the chunks whose entry changed (their predecessor's exit did last round), packed at the grid's front;
+         * every other chunk keeps its exit */
+        if (g < nchunks && mark[(round & 1) * nchunks + g] != round + 1) {
+            for (int i = 0; i < JE_STATE; ++i) next[g * JE_STATE + i] = prev[g * JE_STATE + i];
+        }
+        if (g >= appended[round]) return;
+        j = list[(round & 1) * nchunks + g];
+    }
     if (j >= nchunks) return;
     __global const int *seg = meta + seg_at;
     __global const int *ch = chunk + j * JE_CHUNK_INTS;
@@ -419,9 +435,20 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
                again ? prev + j * JE_STATE : 0);
     }
     const int p = pos * 8 + bit;
-    if (round == last_round && round > 0 && (prev[j * JE_STATE] != p || prev[j * JE_STATE + 1] != u ||
-                                             prev[j * JE_STATE + 2] != k || prev[j * JE_STATE + 7] != valid))
-        settled[ch[0]] = 0;
+    __global const int *was = prev + j * JE_STATE;
+    if (round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[7] != valid)) {
+        if (round == last_round) settled[ch[0]] = 0;
+        if (round < last_round && j + 1 < s[6] + s[7]) {  /* the next chunk of the segment decodes next round */
+            const int nr = round + 1;
+            mark[(nr & 1) * nchunks + j + 1] = nr + 1;
+            list[(nr & 1) * nchunks + atomic_inc(appended + nr)] = j + 1;
+        }
+    }
+    /* any part of the state changed (the blocks and DC sums too, which a new entry moves even where the exit stays):
+     * the next round cannot be skipped (a flag: every writer writes the same) */
+    if (round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[3] != blocks || was[4] != d0 ||
+                      was[5] != d1 || was[6] != d2 || was[7] != valid))
+        changed[round] = 1;
     o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = d0; o[5] = d1; o[6] = d2; o[7] = valid;
 }
 

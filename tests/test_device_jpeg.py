@@ -731,6 +731,36 @@ def test_chunks_that_resume_their_last_decode_leave_the_exits_and_checkpoints_of
                                   checkpoints=checkpoints), queue, good)
 
 
+@pytest.mark.parametrize("chunk_bytes, rounds, lookback, checkpoints",
+                         [(8, 2, 0, 1), (8, 5, 0, 3), (37, 4, None, 3), (128, 6, None, 0), (64, 9, 300, 7),
+                          (192, 20, 0, 3)])
+def test_packed_rounds_leave_the_states_of_rounds_over_every_chunk(cl_setup, chunk_bytes, rounds, lookback,
+                                                                  checkpoints):
+    """From round 2 only the chunks whose entry changed decode (packed at the grid's front), and a round after one
+    that changed no state does nothing: every exit (blocks and DC sums too), entry used, settled flag and checkpoint
+    is what rounds over every chunk give, on good files and hostile ones, and the pixels are Pillow's."""
+    from vggserve.decoding.device import JpegDecoder
+
+    ctx, dev, queue = cl_setup
+    good = [d for _, d in corpus.pillow_corpus()[::3]]
+    good += [corpus.pillow_jpeg(corpus.picture(w, h, w), quality=q, subsampling=s, optimize=o,
+                                restart_marker_blocks=r)
+             for w, h, s, q, o, r in [(160, 120, 2, 95, False, 0), (99, 201, 1, 40, True, 5),
+                                      (250, 17, 0, 100, False, 0), (300, 200, 2, 75, True, 0), (64, 64, 0, 90, False, 0)]]
+    datas = good + [d for _, d in hostile_inputs() if prepare(d)]
+    states = []
+    for compact in (True, False):
+        decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
+                              checkpoints=checkpoints, compact=compact)
+        got = sync_states(decoder, queue, datas)
+        states.append(got + (checkpoints_of(decoder, queue, got[0].shape[0]),))
+    for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons", "checkpoints"), *states):
+        assert np.array_equal(a, b), name
+    assert states[0][2].any()  # some segments settled in the rounds (the rest: the serial kernel)
+    decoded_as_pillow(JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
+                                  checkpoints=checkpoints), queue, good)
+
+
 @pytest.mark.parametrize("chunk_bytes", [8, 64])
 def test_parallel_decoding_flags_hostile_streams_as_the_serial_one_does(cl_setup, chunk_bytes):
     from vggserve.decoding.device import JpegDecoder

@@ -47,6 +47,10 @@ CHECKPOINTS = 3
 # a chunk decoding again from a new entry stops at the first checkpoint where it meets its last decode's state, and
 # takes that decode's exit (False: every such chunk decodes whole, as before; benchmarks/device_decode.py --no-resume)
 RESUME = True
+# from round 2 on, only the chunks whose entry changed decode, packed at the front of the grid, and a round after one
+# that changed no state does nothing (False: every chunk checks its entry in every round, as before; the same states;
+# benchmarks/device_decode.py --no-compact)
+COMPACT = True
 MULTI_BITS = 14  # jpeg_entropy.cl's JE_MULTI: index bits of a Huffman table's multi-symbol table
 MULTI_ENTRIES = 1 << MULTI_BITS  # its entries (uint16)
 CHECKPOINT_INTS = 6  # jpeg_entropy.cl's JE_CK: ints per checkpoint
@@ -62,7 +66,7 @@ _HUFFMAN = (None, None, _I, _I, _I, _I, None, None, _I, None)
 _IDCT = (None, None, _I, _I, None, None, _I, _I, _I)
 _COLOR = (None, None, _I, _I, None, _I, _I)
 _COLOR_QUAD = (None, None, _I, _I, None, _I)
-_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I, None, _I)
+_SYNC = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, _I, _I, _I, None, _I, None, _I, _I, None)
 _MULTI = (None, _I, _I, None)
 _PREFIX = ((None, _I, None, None), (None, _I), (None, _I, None, _I, None, None, None))  # groups, totals, entry
 _DECODE = (None, None, _I, _I, _I, _I, None, _I, None, None, None, None, None, None)
@@ -216,7 +220,8 @@ class JpegDecoder:
     def __init__(self, context, device, cache=None, wg: int = 64, chunk_bytes: int = CHUNK_BYTES,
                  long_chunk_bytes: int | None = None,
                  rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad",
-                 multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None):
+                 multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None,
+                 compact: bool | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). long_chunk_bytes: the chunks of segments of
         LONG_SEGMENT_BYTES or more (None: LONG_CHUNK_BYTES with the default chunk_bytes, chunk_bytes with another;
@@ -227,7 +232,8 @@ class JpegDecoder:
         same exits, slower: kept to measure the difference); None: MULTI. checkpoints: the states each chunk's
         decode records, where the decoding pass splits the chunk into checkpoints + 1 parts (0: whole chunks).
         resume: a chunk decoding again stops where it meets its last decode at a checkpoint (the same exits; None:
-        RESUME)."""
+        RESUME). compact: later rounds decode only the chunks whose entry changed, packed together (the same exits;
+        None: COMPACT)."""
         from ...runtime.programs import ProgramCache
 
         if kernels not in KERNELS:
@@ -243,6 +249,7 @@ class JpegDecoder:
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
         self.multi = MULTI if multi is None else bool(multi)
         self.resume = RESUME if resume is None else bool(resume)
+        self.compact = COMPACT if compact is None else bool(compact)
         if not 0 <= checkpoints <= 15:
             raise ValueError(f"checkpoints must be 0 to 15, got {checkpoints}")
         self.checkpoints = checkpoints
@@ -276,6 +283,9 @@ class JpegDecoder:
         self._used = Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
         self._multi = Grown(context, mf.READ_WRITE)  # jpeg_multi's tables, per Huffman table of the batch
         self._ckpt = Grown(context, mf.READ_WRITE)  # each chunk's checkpoints, where the decoding pass splits it
+        # the rounds' bookkeeping (jpeg_sync's `work`): per round whether an exit changed and how many chunks decode
+        # next round, per chunk the round it decodes in (two of them), and those chunks' lists (two)
+        self._work = Grown(context, mf.READ_WRITE)
         self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
         self._entry = Grown(context, mf.READ_WRITE)
         self._part = Grown(context, mf.READ_WRITE)  # the prefix sums' scratch: within work-groups, their totals
@@ -356,9 +366,12 @@ class JpegDecoder:
         # the rounds differ in three arguments; with the scalars declared, setting all of them (1.3 us) costs less
         # than setting one int through Kernel.set_arg, and pyopencl's call path costs more than a direct launch
         k, sync = self.k_sync, self.events.setdefault("sync", [])
+        work = self._work.get(4 * (2 * self.rounds + 4 * n))
+        cl.enqueue_fill_buffer(queue, work, np.int32(0), 0, 4 * (2 * self.rounds + 2 * n))  # counts and marks
         for r in range(self.rounds):
             k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
-                       r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt, int(self.resume))
+                       r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt, int(self.resume),
+                       int(self.compact), work)
             sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
