@@ -86,10 +86,9 @@ def main() -> None:
     ap.add_argument("--no-resume", action="store_true",
                     help="a chunk decoding again from a new entry decodes whole, not stopping where it meets its last "
                          "decode at a checkpoint (the same exits; to measure what resuming saves)")
-    ap.add_argument("--no-compact", action="store_true",
-                    help="every chunk checks its entry in every synchronisation round, where by default rounds from "
-                         "the third decode only the chunks whose entry changed, packed together (the same exits; to "
-                         "measure what packing saves)")
+    ap.add_argument("--no-skip-quiet", action="store_true",
+                    help="every synchronisation round checks every chunk, where by default a round after one that "
+                         "moved no chunk's state returns at once (the same exits; to measure what skipping saves)")
     ap.add_argument("--variants", action="store_true",
                     help="also time each kernel variant's colour and resize on the same batches, and check they "
                          "write the same bytes")
@@ -114,10 +113,10 @@ def main() -> None:
         import vggserve.decoding.device.decoder as decoder_module
 
         decoder_module.RESUME = False
-    if args.no_compact:
+    if args.no_skip_quiet:
         import vggserve.decoding.device.decoder as decoder_module
 
-        decoder_module.COMPACT = False
+        decoder_module.SKIP_QUIET = False
 
     from vggserve.decoding import decode_pixels
     from vggserve.decoding.device import JpegDecoder, Window, prepare
@@ -159,7 +158,7 @@ def main() -> None:
     res["multi_symbol"] = decoder.multi
     res["checkpoints"] = decoder.checkpoints
     res["resume"] = decoder.resume
-    res["compact"] = decoder.compact
+    res["skip_quiet"] = decoder.skip_quiet
     res["kernels"] = args.kernels
     resize = DeviceResize(ctx, cache.build("resize.cl", {}), **({"variant": args.kernels} if args.kernels else {}))
     prepared = [prepare(f) for f in files]
@@ -191,7 +190,7 @@ def main() -> None:
     res["device_ok"] = sum(ok)
     res["segments_in_parallel"] = run.segments_in_parallel()
     way = (("multi-symbol" if decoder.multi else "one symbol at a time") + f", {decoder.checkpoints} checkpoints"
-           + ("" if decoder.resume else ", no resuming") + ("" if decoder.compact else ", not packed"))
+           + ("" if decoder.resume else ", no resuming") + ("" if decoder.skip_quiet else ", no round skipped"))
     print(f"chunks of {decoder.chunk_bytes} bytes ({decoder.long_chunk_bytes} in long segments), lookback "
           f"{decoder.lookback}, {decoder.rounds} rounds, {way}: device decode identical to Pillow: "
           f"{same}/{len(distinct)} distinct files (device status ok: {sum(ok)}; segments settled in parallel: "

@@ -59,8 +59,8 @@ def local_tables(src: str) -> tuple[str, str]:
             lt[i] = meta[tab_at + ids[i / JH_TAB] * JH_TAB + i % JH_TAB];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    const int g = get_global_id(0);"""
-    sync = sync.replace("\n    const int g = get_global_id(0);", load, 1).replace(
+    const int j = get_global_id(0);"""
+    sync = sync.replace("\n    const int j = get_global_id(0);", load, 1).replace(
         "je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]);",
         "je_mcu_init(&m, comp + im[2] * JH_COMP, im[1]); m.dc0 = 0; m.ac0 = 1; m.dc1 = m.dc2 = 2; m.ac1 = m.ac2 = 3;")
     sync = sync.replace("je_run_l(data, s[2], tab,", "je_run_l(data, s[2], lt,")
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
 
     ntab = batch.tab.size // TAB
     checkpoints = cl.Buffer(ctx, mf.READ_WRITE, n * 16 * 6 * 4)  # a kernel's checkpoints (up to 16 a chunk)
-    work = cl.Buffer(ctx, mf.READ_WRITE, 4 * (2 * 20 + 4 * n))  # the rounds' bookkeeping (jpeg_sync's last argument)
+    changed = cl.Buffer(ctx, mf.READ_WRITE, 4 * 20)  # the rounds' flags (jpeg_sync's last argument)
 
     def multi_tables(program, src: str):
         """This batch's multi-symbol tables as `program` (built from `src`) builds them, its JE_MULTI bits each (None
@@ -149,8 +149,8 @@ def main(argv=None) -> int:
         `multi`, used where multi_on)."""
         chunk_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(sub))
         m = sub.shape[0]
-        extra = (multi, np.int32(multi_on), checkpoints, np.int32(0), np.int32(0), work)[:kernel.num_args - 15]  # the arguments
-        # this kernel has (round 0 never resumes, nor reads or writes the rounds' bookkeeping in `work`)
+        extra = (multi, np.int32(multi_on), checkpoints, np.int32(0), np.int32(0), changed)[:kernel.num_args - 15]
+        # the arguments this kernel has (round 0 never resumes, nor reads or writes the rounds' flags)
         kernel.set_args(data_buf, meta_buf, *(np.int32(a) for a in at[:4]), chunk_buf, np.int32(m), states[0],
                         states[1], used, settled, np.int32(0), np.int32(19), np.int32(lookback), *extra)
         times = []

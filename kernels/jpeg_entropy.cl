@@ -17,7 +17,10 @@
  *       anywhere has mostly synchronised by then). From round 1 the entry is the previous round's exit of the
  *       chunk before; a chunk whose entry is the one it used last copies its exit instead of decoding again. Once a
  *       round changes no exit, every entry is the true one (the first is exact and each exit is a function of its
- *       entry); the last round's "changed" flag per segment says whether that happened.
+ *       entry); the last round's "changed" flag per segment says whether that happened. Each round from 1 also
+ *       raises its flag in `changed` (one int per round) where any chunk's state moved; a round after one that
+ *       moved none returns at once (`skip_quiet`), as its work would copy every state: the late rounds of a batch
+ *       that settled early then cost a launch each.
  *       A chunk that decodes again from a new entry (`resume`) stops at the first of its checkpoints where it is in
  *       the state its last decode recorded there (same bit, same block of the MCU, a block start): the rest of the
  *       decode would be that one's, so the exit and the later checkpoints are that decode's, their blocks and DC
@@ -368,24 +371,12 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
                         __global const int *prev, __global int *next, __global int *used, __global int *settled,
                         const int round, const int last_round, const int lookback,
                         __global const je_multi_t *multi, const int multi_on, __global int *ckpt, const int resume,
-                        const int compact, __global int *work)
+                        const int skip_quiet, __global int *changed)
 {
-    const int g = get_global_id(0);
-    __global int *changed = work, *appended = work + (last_round + 1);
-    __global int *mark = work + 2 * (last_round + 1), *list = mark + 2 * nchunks;
-    int j = g;
-    if (round >= 2 && compact) {
-        /* no state changed last round: this round's states are the last's, which `next` holds already (the round
-         * before last wrote them there, and they have not changed since); a segment settled then stays settled */
-        if (changed[round - 1] == 0) return;
-        /* the chunks whose entry changed (their predecessor's exit did last round), packed at the grid's front;
-         * every other chunk keeps its exit */
-        if (g < nchunks && mark[(round & 1) * nchunks + g] != round + 1) {
-            for (int i = 0; i < JE_STATE; ++i) next[g * JE_STATE + i] = prev[g * JE_STATE + i];
-        }
-        if (g >= appended[round]) return;
-        j = list[(round & 1) * nchunks + g];
-    }
+    const int j = get_global_id(0);
+    /* no state changed last round: this round's states are the last's, which `next` holds already (the round
+     * before last wrote them there, and they have not changed since); a segment settled then stays settled */
+    if (round >= 2 && skip_quiet && changed[round - 1] == 0) return;
     if (j >= nchunks) return;
     __global const int *seg = meta + seg_at;
     __global const int *ch = chunk + j * JE_CHUNK_INTS;
@@ -436,16 +427,10 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
     }
     const int p = pos * 8 + bit;
     __global const int *was = prev + j * JE_STATE;
-    if (round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[7] != valid)) {
-        if (round == last_round) settled[ch[0]] = 0;
-        if (round < last_round && j + 1 < s[6] + s[7]) {  /* the next chunk of the segment decodes next round */
-            const int nr = round + 1;
-            mark[(nr & 1) * nchunks + j + 1] = nr + 1;
-            list[(nr & 1) * nchunks + atomic_inc(appended + nr)] = j + 1;
-        }
-    }
+    if (round == last_round && round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[7] != valid))
+        settled[ch[0]] = 0;
     /* any part of the state changed (the blocks and DC sums too, which a new entry moves even where the exit stays):
-     * the next round cannot be skipped (a flag: every writer writes the same) */
+     * the next round has work (a flag: every writer writes the same) */
     if (round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[3] != blocks || was[4] != d0 ||
                       was[5] != d1 || was[6] != d2 || was[7] != valid))
         changed[round] = 1;

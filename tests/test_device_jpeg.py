@@ -734,11 +734,11 @@ def test_chunks_that_resume_their_last_decode_leave_the_exits_and_checkpoints_of
 @pytest.mark.parametrize("chunk_bytes, rounds, lookback, checkpoints",
                          [(8, 2, 0, 1), (8, 5, 0, 3), (37, 4, None, 3), (128, 6, None, 0), (64, 9, 300, 7),
                           (192, 20, 0, 3)])
-def test_packed_rounds_leave_the_states_of_rounds_over_every_chunk(cl_setup, chunk_bytes, rounds, lookback,
-                                                                  checkpoints):
-    """From round 2 only the chunks whose entry changed decode (packed at the grid's front), and a round after one
-    that changed no state does nothing: every exit (blocks and DC sums too), entry used, settled flag and checkpoint
-    is what rounds over every chunk give, on good files and hostile ones, and the pixels are Pillow's."""
+def test_rounds_after_a_quiet_one_leave_the_states_of_rounds_over_every_chunk(cl_setup, chunk_bytes, rounds, lookback,
+                                                                             checkpoints):
+    """A round after one that moved no chunk's state returns at once: every exit (blocks and DC sums too, which a
+    round may move where the exits stay), entry used, settled flag and checkpoint is what every round over every
+    chunk gives, on good files and hostile ones, and the pixels are Pillow's."""
     from vggserve.decoding.device import JpegDecoder
 
     ctx, dev, queue = cl_setup
@@ -749,9 +749,9 @@ def test_packed_rounds_leave_the_states_of_rounds_over_every_chunk(cl_setup, chu
                                       (250, 17, 0, 100, False, 0), (300, 200, 2, 75, True, 0), (64, 64, 0, 90, False, 0)]]
     datas = good + [d for _, d in hostile_inputs() if prepare(d)]
     states = []
-    for compact in (True, False):
+    for skip in (True, False):
         decoder = JpegDecoder(ctx, dev, chunk_bytes=chunk_bytes, rounds=rounds, lookback=lookback,
-                              checkpoints=checkpoints, compact=compact)
+                              checkpoints=checkpoints, skip_quiet=skip)
         got = sync_states(decoder, queue, datas)
         states.append(got + (checkpoints_of(decoder, queue, got[0].shape[0]),))
     for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons", "checkpoints"), *states):

@@ -47,10 +47,10 @@ CHECKPOINTS = 3
 # a chunk decoding again from a new entry stops at the first checkpoint where it meets its last decode's state, and
 # takes that decode's exit (False: every such chunk decodes whole, as before; benchmarks/device_decode.py --no-resume)
 RESUME = True
-# from round 2 on, only the chunks whose entry changed decode, packed at the front of the grid, and a round after one
-# that changed no state does nothing (False: every chunk checks its entry in every round, as before; the same states;
-# benchmarks/device_decode.py --no-compact)
-COMPACT = True
+# a synchronisation round after one that moved no chunk's state returns at once (False: every round checks every
+# chunk, as before; the same states; benchmarks/device_decode.py --no-skip-quiet). Packing the chunks that decode
+# again at the front of the grid was measured too, and taken back: slower (BENCHMARKS.md, 34th session)
+SKIP_QUIET = True
 MULTI_BITS = 14  # jpeg_entropy.cl's JE_MULTI: index bits of a Huffman table's multi-symbol table
 MULTI_ENTRIES = 1 << MULTI_BITS  # its entries (uint16)
 CHECKPOINT_INTS = 6  # jpeg_entropy.cl's JE_CK: ints per checkpoint
@@ -221,7 +221,7 @@ class JpegDecoder:
                  long_chunk_bytes: int | None = None,
                  rounds: int = ROUNDS, lookback: int | None = None, kernels: str = "quad",
                  multi: bool | None = None, checkpoints: int = CHECKPOINTS, resume: bool | None = None,
-                 compact: bool | None = None):
+                 skip_quiet: bool | None = None):
         """chunk_bytes, rounds: the parallel entropy decoding's chunk size and synchronisation rounds; rounds=0
         decodes every segment with one work-item (jpeg_huffman.cl alone). long_chunk_bytes: the chunks of segments of
         LONG_SEGMENT_BYTES or more (None: LONG_CHUNK_BYTES with the default chunk_bytes, chunk_bytes with another;
@@ -232,8 +232,8 @@ class JpegDecoder:
         same exits, slower: kept to measure the difference); None: MULTI. checkpoints: the states each chunk's
         decode records, where the decoding pass splits the chunk into checkpoints + 1 parts (0: whole chunks).
         resume: a chunk decoding again stops where it meets its last decode at a checkpoint (the same exits; None:
-        RESUME). compact: later rounds decode only the chunks whose entry changed, packed together (the same exits;
-        None: COMPACT)."""
+        RESUME). skip_quiet: a round after one that moved no state returns at once (the same exits; None:
+        SKIP_QUIET)."""
         from ...runtime.programs import ProgramCache
 
         if kernels not in KERNELS:
@@ -249,7 +249,7 @@ class JpegDecoder:
         self.context, self.wg, self.chunk_bytes, self.rounds = context, wg, chunk_bytes, rounds
         self.multi = MULTI if multi is None else bool(multi)
         self.resume = RESUME if resume is None else bool(resume)
-        self.compact = COMPACT if compact is None else bool(compact)
+        self.skip_quiet = SKIP_QUIET if skip_quiet is None else bool(skip_quiet)
         if not 0 <= checkpoints <= 15:
             raise ValueError(f"checkpoints must be 0 to 15, got {checkpoints}")
         self.checkpoints = checkpoints
@@ -283,9 +283,7 @@ class JpegDecoder:
         self._used = Grown(context, mf.READ_WRITE)  # the entry each chunk's last decode started from
         self._multi = Grown(context, mf.READ_WRITE)  # jpeg_multi's tables, per Huffman table of the batch
         self._ckpt = Grown(context, mf.READ_WRITE)  # each chunk's checkpoints, where the decoding pass splits it
-        # the rounds' bookkeeping (jpeg_sync's `work`): per round whether an exit changed and how many chunks decode
-        # next round, per chunk the round it decodes in (two of them), and those chunks' lists (two)
-        self._work = Grown(context, mf.READ_WRITE)
+        self._changed = Grown(context, mf.READ_WRITE)  # per round, whether it moved any chunk's state (jpeg_sync)
         self.events: dict = {}  # the last batch's kernel events by stage (benchmarks/device_decode.py times them)
         self._entry = Grown(context, mf.READ_WRITE)
         self._part = Grown(context, mf.READ_WRITE)  # the prefix sums' scratch: within work-groups, their totals
@@ -366,12 +364,12 @@ class JpegDecoder:
         # the rounds differ in three arguments; with the scalars declared, setting all of them (1.3 us) costs less
         # than setting one int through Kernel.set_arg, and pyopencl's call path costs more than a direct launch
         k, sync = self.k_sync, self.events.setdefault("sync", [])
-        work = self._work.get(4 * (2 * self.rounds + 4 * n))
-        cl.enqueue_fill_buffer(queue, work, np.int32(0), 0, 4 * (2 * self.rounds + 2 * n))  # counts and marks
+        changed = self._changed.get(4 * self.rounds)
+        cl.enqueue_fill_buffer(queue, changed, np.int32(0), 0, 4 * self.rounds)
         for r in range(self.rounds):
             k.set_args(data_buf, meta_buf, *tables, chunk_buf, n, states[(r + 1) % 2], states[r % 2], used, settled,
                        r, self.rounds - 1, self.lookback, multi, int(self.multi), ckpt, int(self.resume),
-                       int(self.compact), work)
+                       int(self.skip_quiet), changed)
             sync.append(cl.enqueue_nd_range_kernel(queue, k, grid, (wg,)))
         last = states[(self.rounds - 1) % 2]
         self._prefix(queue, n, meta_buf, at[0], chunk_buf, last, entry)
