@@ -22,10 +22,16 @@
  *     libjpeg-turbo's SIMD, with 32-bit lanes, matches its C code.)
  * Coefficients beyond JI_LIMIT never come from an encoder of 8-bit samples (|value| <= 1024 + q/2); there
  * libjpeg-turbo's 16-bit SIMD lanes and its C code may part, so such a file is left to the CPU path.
- * Grid: one work-item per block, the plane found by a binary search of p[0]; items past the end return at once.
+ * Grid: 8 work-items per block (JI_WG / 8 blocks per work-group), the block's plane found by a binary search of p[0].
+ * Work-item r of a block loads and dequantises the block's row r (the work-group's blocks are contiguous in coef),
+ * then through local memory takes column r for pass 1 and row r for pass 2, and stores that row's 8 samples.
+ * (One work-item per block, the first version, needed about 130 registers for the block: few of them ran at once.)
  */
 
 #define JI_PLANE 12
+#ifndef JI_WG
+#define JI_WG 64  /* work-items per work-group: 8 per block, so 8 blocks */
+#endif
 #define JI_LIMIT 4096
 #define JI_TOO_LARGE 5
 
@@ -88,49 +94,46 @@ inline void ji_1d(const uint i0, const uint i1, const uint i2, const uint i3, co
     o[3] = tmp13 + tmp0; o[4] = tmp13 - tmp0;
 }
 
-__kernel void jpeg_idct(__global const short *coef, __global const int *meta, const int plane_at, const int quant_at,
-                        __global uchar *out, __global int *status, const int status_at, const int nplanes,
-                        const int nblocks)
+__kernel __attribute__((reqd_work_group_size(JI_WG, 1, 1)))
+void jpeg_idct(__global const short *coef, __global const int *meta, const int plane_at, const int quant_at,
+               __global uchar *out, __global int *status, const int status_at, const int nplanes, const int nblocks)
 {
-    const int g = get_global_id(0);
-    if (g >= nblocks) return;
-    __global const int *plane = meta + plane_at, *quant = meta + quant_at;
-    int lo = 0, hi = nplanes - 1;
-    while (lo < hi) {  /* the last plane whose first block is <= g */
-        const int mid = (lo + hi + 1) >> 1;
-        if (plane[mid * JI_PLANE] <= g) lo = mid; else hi = mid - 1;
+    __local int t[JI_WG / 8][8][9];  /* each block's 8 x 8 values, rows padded to 9 ints: no bank conflicts */
+    const int lid = get_local_id(0), lb = lid >> 3, r = lid & 7;  /* the block of the group, and a row/column */
+    const int g = get_group_id(0) * (JI_WG / 8) + lb;
+    const int live = g < nblocks;
+    __global const int *p = meta + plane_at;
+    if (live) {
+        __global const int *plane = meta + plane_at, *quant = meta + quant_at;
+        int lo = 0, hi = nplanes - 1;
+        while (lo < hi) {  /* the last plane whose first block is <= g */
+            const int mid = (lo + hi + 1) >> 1;
+            if (plane[mid * JI_PLANE] <= g) lo = mid; else hi = mid - 1;
+        }
+        p = plane + lo * JI_PLANE;
+        /* row r of the block, dequantised (16 contiguous bytes per work-item: a warp reads 512) */
+        const int8 v = convert_int8(vload8(r, coef + (long)g * 64)) * vload8(r, quant + p[3] * 64);
+        if (any((v > JI_LIMIT) | (v < -JI_LIMIT))) status[status_at + p[5]] = JI_TOO_LARGE;
+        __local int *row = t[lb][r];
+        row[0] = v.s0; row[1] = v.s1; row[2] = v.s2; row[3] = v.s3;
+        row[4] = v.s4; row[5] = v.s5; row[6] = v.s6; row[7] = v.s7;
     }
-    __global const int *p = plane + lo * JI_PLANE;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint o[8];
+    if (live)  /* pass 1 on column r */
+        ji_1d(t[lb][0][r], t[lb][1][r], t[lb][2][r], t[lb][3][r], t[lb][4][r], t[lb][5][r], t[lb][6][r], t[lb][7][r],
+              o);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (live)
+        for (int k = 0; k < 8; ++k) t[lb][k][r] = DESCALE1(o[k]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!live) return;
+    /* pass 2 on row r, its 8 samples stored at once */
+    __local const int *w = t[lb][r];
+    ji_1d(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], o);
     const int local_block = g - p[0], bw = p[1];
-    const int br = local_block / bw, bc = local_block % bw;
-    __global const short *in = coef + (long)g * 64;
-    __global const int *q = quant + p[3] * 64;
-    int d[64];  /* the dequantised block, natural order */
-    int large = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const int8 v = convert_int8(vload8(k, in)) * vload8(k, q);
-        large |= any((v > JI_LIMIT) | (v < -JI_LIMIT));
-        vstore8(v, k, d);
-    }
-    if (large) status[status_at + p[5]] = JI_TOO_LARGE;
-    int ws[64];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-        uint o[8];
-        ji_1d(d[c], d[8 + c], d[16 + c], d[24 + c], d[32 + c], d[40 + c], d[48 + c], d[56 + c], o);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ws[k * 8 + c] = DESCALE1(o[k]);
-    }
-    const int stride = bw * 8;
-    __global uchar *dst = out + p[4] + (long)(br * 8) * stride + bc * 8;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-        const int *w = ws + r * 8;
-        uint o[8];
-        ji_1d(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], o);
-        const uchar8 row = (uchar8)(ji_limit(o[0]), ji_limit(o[1]), ji_limit(o[2]), ji_limit(o[3]), ji_limit(o[4]),
+    const int br = local_block / bw, bc = local_block - br * bw;
+    const uchar8 samples = (uchar8)(ji_limit(o[0]), ji_limit(o[1]), ji_limit(o[2]), ji_limit(o[3]), ji_limit(o[4]),
                                     ji_limit(o[5]), ji_limit(o[6]), ji_limit(o[7]));
-        vstore8(row, 0, dst + (long)r * stride);
-    }
+    vstore8(samples, 0, out + p[4] + (long)(br * 8 + r) * (bw * 8) + bc * 8);
 }

@@ -6,7 +6,7 @@ Stages, one module or kernel file each, in libjpeg-turbo's layout:
     exif.py                  what Pillow reads from the APP1/APP2 segments (EXIF orientation, MPO), without Pillow
     tables.py                the batch's layout for the kernels: segments, planes, Huffman lookup tables
     kernels/jpeg_huffman.cl  entropy decoding, one work-item per restart interval (jdhuff.c)
-    kernels/jpeg_idct.cl     dequantisation + ISLOW IDCT, one work-item per block (jidctint.c)
+    kernels/jpeg_idct.cl     dequantisation + ISLOW IDCT, 8 work-items per block (jidctint.c)
     kernels/jpeg_color.cl    upsampling + YCbCr->RGB + EXIF orientation into a window (jdsample.c, jdcolor.c)
     decoder.py               prepare() per file, JpegDecoder.enqueue() per batch
 

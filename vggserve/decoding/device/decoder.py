@@ -55,6 +55,7 @@ MULTI_BITS = 14  # jpeg_entropy.cl's JE_MULTI: index bits of a Huffman table's m
 MULTI_ENTRIES = 1 << MULTI_BITS  # its entries (uint16)
 CHECKPOINT_INTS = 6  # jpeg_entropy.cl's JE_CK: ints per checkpoint
 PREFIX_WG = 256  # jpeg_entropy.cl's JE_SCAN: chunks per work-group of the prefix sums
+IDCT_WG = 64  # jpeg_idct's work-group (JI_WG): 8 work-items per block, so 8 blocks
 COLOR_QX, COLOR_RB = 16, 4  # jpeg_color_quad's work-group: quads (4 pixels) along a row x rows (JC_QX, JC_RB)
 KERNELS = ("quad", "item")  # the colour kernel's variants: 4 pixels per work-item (default), one (the first version)
 SWAPS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
@@ -257,7 +258,8 @@ class JpegDecoder:
         if self.lookback < 0:
             raise ValueError(f"lookback must be 0 or more bytes, got {lookback}")
         colour = {"JC_QX": COLOR_QX, "JC_RB": COLOR_RB}
-        defines = {"jpeg_color.cl": colour, "jpeg_entropy.cl": {"JE_CKPTS": checkpoints, "JE_MULTI": MULTI_BITS}}
+        defines = {"jpeg_idct.cl": {"JI_WG": IDCT_WG}, "jpeg_color.cl": colour,
+                   "jpeg_entropy.cl": {"JE_CKPTS": checkpoints, "JE_MULTI": MULTI_BITS}}
         programs = [cache.build(name, defines.get(name, {})) for name in PROGRAMS]
         self.kernels = kernels
         self.k_huffman = cl.Kernel(programs[0], "jpeg_huffman")
@@ -330,8 +332,9 @@ class JpegDecoder:
             self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot)
         self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, *at[:4], coef_buf, status_buf, nseg,
                      settled)
-        self._launch("idct", queue, self.k_idct, batch.blocks, coef_buf, meta_buf, at[4], at[5], samples_buf,
-                     status_buf, nseg, nplanes, batch.blocks)
+        self.k_idct.set_args(coef_buf, meta_buf, at[4], at[5], samples_buf, status_buf, nseg, nplanes, batch.blocks)
+        self.events.setdefault("idct", []).append(
+            cl.enqueue_nd_range_kernel(queue, self.k_idct, idct_grid(batch.blocks), (IDCT_WG,)))
         done = self._colour(queue, samples_buf, meta_buf, at, meta[at[6]:].reshape(-1, WIN), out, pixels)
         # the statuses come back through non-blocking maps of the slot's own buffers (a read into host memory made
         # the NVIDIA driver wait for the batch on the host)
@@ -406,6 +409,11 @@ class JpegDecoder:
         event = cl.enqueue_nd_range_kernel(queue, kernel, (round_up(items, self.wg),), (self.wg,))
         self.events.setdefault(name, []).append(event)
         return event
+
+
+def idct_grid(blocks: int) -> tuple:
+    """jpeg_idct's grid for `blocks` blocks: 8 work-items each, in whole work-groups of IDCT_WG."""
+    return (round_up(8 * blocks, IDCT_WG),)
 
 
 def lay_out(files: list[Prepared], windows: list[Window], chunk_bytes, array, staged=None) -> tuple:
