@@ -28,7 +28,9 @@
  *     uchar4 where the row's quad starts on a 4-byte boundary, else byte by byte), a work-group a tile of JC_QX
  *     quads x JC_RB rows of one window; the windows' tiles back to back, w[14] a window's first: one binary search
  *     per work-group (the same on each of its work-items), no division by the window's width, each descriptor read
- *     once per 4 pixels.
+ *     once per 4 pixels. A whole quad of an upright window whose chroma is 4:2:0 (the common photo) reads its 4 luma
+ *     bytes as one vector and each chroma plane's 4 column sums once (jc_h2v2_quad: 8 samples per plane where the
+ *     pixels one by one read 16).
  *   jpeg_color ("item", the first version, kept to compare): one work-item per output pixel over all windows, the
  *     window found by a binary search of w[0].
  */
@@ -173,6 +175,31 @@ inline int jc_upsampled(const jc_plane c, const int x, const int y)
     return jc_at(s, stride, x / c.fh, y / c.fv);
 }
 
+/* the column sums 3 c(i, j) + c(i, jn) of a 2:1 x 2:1 plane for columns i0 - 1 .. i0 + 2 (clamped to the plane,
+ * as jc_upsampled clamps its neighbours), rows j and jn: 4 bytes from each row where all four lie inside it */
+inline int4 jc_colsums(const jc_plane c, const int i0, const int j, const int jn)
+{
+    __global const uchar *a = c.s + j * c.stride, *b = c.s + jn * c.stride;
+    if (i0 >= 1 && i0 + 2 < c.cw)
+        return 3 * convert_int4(vload4(0, a + i0 - 1)) + convert_int4(vload4(0, b + i0 - 1));
+    const int c0 = max(i0 - 1, 0), c1 = min(i0, c.cw - 1), c2 = min(i0 + 1, c.cw - 1), c3 = min(i0 + 2, c.cw - 1);
+    return (int4)(3 * a[c0] + b[c0], 3 * a[c1] + b[c1], 3 * a[c2] + b[c2], 3 * a[c3] + b[c3]);
+}
+
+/* jc_upsampled of a 2:1 x 2:1 plane (JC_H2V2) at the 4 stored pixels x .. x + 3 of row y, from 8 samples: pixel x + k
+ * is column i = (x + k) / 2 with its neighbour i -+ 1 (even or odd x + k), columns i0 - 1 .. i0 + 2 of cs */
+inline int4 jc_h2v2_quad(const jc_plane c, const int x, const int y)
+{
+    const int j = y >> 1, jn = (y & 1) ? min(j + 1, c.ch - 1) : max(j - 1, 0), i0 = x >> 1;
+    const int4 cs = jc_colsums(c, i0, j, jn);
+    if (x & 1)  /* x odd: columns i0, i0 + 1, i0 + 1, i0 + 2, neighbours i0 + 1, i0, i0 + 2, i0 + 1 */
+        return (int4)((3 * cs.s1 + cs.s2 + 7) >> 4, (3 * cs.s2 + cs.s1 + 8) >> 4, (3 * cs.s2 + cs.s3 + 7) >> 4,
+                      (3 * cs.s3 + cs.s2 + 8) >> 4);
+    /* x even: columns i0, i0, i0 + 1, i0 + 1, neighbours i0 - 1, i0 + 1, i0, i0 + 2 */
+    return (int4)((3 * cs.s1 + cs.s0 + 8) >> 4, (3 * cs.s1 + cs.s2 + 7) >> 4, (3 * cs.s2 + cs.s1 + 8) >> 4,
+                  (3 * cs.s2 + cs.s3 + 7) >> 4);
+}
+
 __kernel __attribute__((reqd_work_group_size(JC_QX, JC_RB, 1)))
 void jpeg_color_quad(__global const uchar *samples, __global const int *meta, const int plane_at,
                      const int win_at, __global uchar *out, const int nwin)
@@ -198,7 +225,17 @@ void jpeg_color_quad(__global const uchar *samples, __global const int *meta, co
         pr = jc_plane_of(samples, plane + w[12] * JC_PLANE);
     }
     uchar v[12];
-    for (int k = 0; k < 4; ++k) {
+    if (o == 1 && colour && live == 4 && pb.method == JC_H2V2 && pr.method == JC_H2V2) {
+        /* the common case (upright, 4:2:0, a whole quad): the row's 4 luma bytes at once, each chroma plane from
+         * 8 samples (2 x 4 bytes) where per pixel it takes 4 */
+        const int4 yy = convert_int4(vload4(0, py.s + uy * py.stride + x0));
+        const int4 cb = jc_h2v2_quad(pb, x0, uy) - 128, cr = jc_h2v2_quad(pr, x0, uy) - 128;
+        const int4 r = clamp(yy + ((91881 * cr + 32768) >> 16), 0, 255);
+        const int4 gg = clamp(yy + ((-22554 * cb + 32768 - 46802 * cr) >> 16), 0, 255);
+        const int4 b = clamp(yy + ((116130 * cb + 32768) >> 16), 0, 255);
+        v[0] = r.s0; v[1] = gg.s0; v[2] = b.s0; v[3] = r.s1; v[4] = gg.s1; v[5] = b.s1;
+        v[6] = r.s2; v[7] = gg.s2; v[8] = b.s2; v[9] = r.s3; v[10] = gg.s3; v[11] = b.s3;
+    } else for (int k = 0; k < 4; ++k) {
         const int2 st = jc_stored(o, x0 + min(k, live - 1), uy, W, H);  /* past the window: its last pixel again */
         const int y = jc_at(py.s, py.stride, st.x, st.y);
         int r = y, gg = y, b = y;

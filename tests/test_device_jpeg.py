@@ -222,7 +222,7 @@ def islow_numpy(coef: np.ndarray, quant: np.ndarray) -> np.ndarray:
 def idct_on_device(test_device, coefs: np.ndarray, quant: np.ndarray, bw: int):
     """jpeg_idct over (n, 64) int16 coefficients laid out as one plane `bw` blocks wide (n a multiple of bw):
     the (n, 8, 8) samples and the image's status."""
-    from vggserve.decoding.device.decoder import JpegDecoder
+    from vggserve.decoding.device.decoder import IDCT_WG, JpegDecoder, idct_grid
     from vggserve.runtime import devices as devs
 
     dev = devs.cl_device(devs.resolve(test_device))
@@ -239,8 +239,8 @@ def idct_on_device(test_device, coefs: np.ndarray, quant: np.ndarray, bw: int):
     out = cl.Buffer(ctx, mf.READ_WRITE, total * 64)
     status = np.zeros(1, np.int32)
     sbuf = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=status)
-    decoder.k_idct(queue, (64 * -(-total // 64),), (64,), cbuf, mbuf, np.int32(0), np.int32(plane.size), out,
-                   sbuf, np.int32(0), np.int32(1), np.int32(total))
+    decoder.k_idct(queue, idct_grid(total), (IDCT_WG,), cbuf, mbuf, np.int32(0), np.int32(plane.size), out, sbuf,
+                   np.int32(0), np.int32(1), np.int32(total))
     host = np.empty((bh * 8, bw * 8), np.uint8)
     cl.enqueue_copy(queue, host, out)
     cl.enqueue_copy(queue, status, sbuf)
@@ -560,7 +560,10 @@ def awkward_windows():
     cases = [(jpeg(pic(1, 1, 1)), None, 0), (jpeg(pic(2, 3, 2), subsampling=2), None, 0),
              (jpeg(pic(5, 1, 3), subsampling=1), None, 7), (jpeg(pic(17, 9, 4, gray=True)), (3, 1, 13, 5), 0),
              (jpeg(pic(41, 27, 5), subsampling=2), (1, 2, 38, 25), 41), (jpeg(pic(33, 31, 6), subsampling=0), None, 0),
-             (jpeg(pic(70, 50, 7), subsampling=1), (5, 3, 65, 1), 0), (jpeg(pic(130, 9, 8), subsampling=2), None, 0)]
+             (jpeg(pic(70, 50, 7), subsampling=1), (5, 3, 65, 1), 0), (jpeg(pic(130, 9, 8), subsampling=2), None, 0),
+             # 4:2:0 upright (the quad kernel's own path): quads at even and odd columns, at both edges of odd widths
+             (jpeg(pic(47, 21, 9), subsampling=2), (2, 3, 44, 17), 0), (jpeg(pic(47, 20, 10), subsampling=2), None, 0),
+             (jpeg(pic(45, 12, 11), subsampling=2), (1, 1, 44, 10), 47), (jpeg(pic(8, 4, 12), subsampling=2), None, 0)]
     for orientation in range(1, 9):
         data = with_exif_orientation(jpeg(pic(23, 11, orientation), subsampling=2), orientation)
         cases.append((data, (1, 1, 9, 5) if orientation % 2 else None, 11 if orientation > 4 else 0))
