@@ -34,11 +34,7 @@
  *     4-byte boundary of scratch and of out (CROP a multiple of 4). Pass 1's grid is the images' tiles back to
  *     back, d[14] the image's first tile (one binary search per work-group, its value the same on every
  *     work-item); pass 2's is (CROP / 4 rounded up to RS_QX, CROP rounded up to RS_RB, n). Where 4 outputs share
- *     their coefficients (order 0's pass 2, order 1's pass 1) a tap is one 12-byte read for all of them. Order 0's
- *     pass 1 first loads a tile's source pixels (its rows, from the first pixel its columns read to the last, each
- *     pixel packed in a uint) and its columns' entries into local memory, with the whole work-group, where they fit
- *     (RS_SPAN pixels a row, RS_KMAX taps: downscales up to about 4.5 times, as a 500x375 photo's 1.46); the taps
- *     then read one uint a pixel from there, where from global memory they read three bytes.
+ *     their coefficients (order 0's pass 2, order 1's pass 1) a tap is one 12-byte read for all of them.
  *   "item" (resize_pass1, resize_pass2: the first version, kept to compare): one work-item per pixel, 3 channels
  *     each. Pass 1 (sum of SR * SC rounded up to RS_WG), the image found by a binary search of p0 per work-item;
  *     pass 2 (CROP rounded up to RS_WX, CROP rounded up to RS_WY, n). d[14], d[15] unused, SP = SC.
@@ -59,13 +55,6 @@
 #endif
 #ifndef RS_RB
 #define RS_RB 16   /* variant quad: rows per work-group */
-#endif
-#ifndef RS_SPAN
-#define RS_SPAN 160  /* variant quad, order 0's pass 1: source pixels of a tile's row held in local memory */
-#endif
-#define RS_PITCH (RS_SPAN + 8)  /* their row pitch in uints: rows 8 banks apart */
-#ifndef RS_KMAX
-#define RS_KMAX 16   /* variant quad, order 0's pass 1: the most taps of a tile's entries held in local memory */
 #endif
 #ifndef CROP
 #define CROP 224
@@ -205,57 +194,10 @@ inline void rs_store_quad(__global uchar *o, const int *acc)
     q[2] = (uchar4)(rs_clip8(acc[8]), rs_clip8(acc[9]), rs_clip8(acc[10]), rs_clip8(acc[11]));
 }
 
-/* order 0's pass 1 for a tile whose source pixels fit in local memory: the tile's rows, from the first pixel its
- * columns read to the last (span), and its columns' entries, loaded by the whole work-group (pixels packed as one
- * uint each), then each work-item's 4 pixels from there. Returns 0, loading nothing, where they do not fit (the
- * same answer on every work-item: it depends on the tile only). */
-inline int rs_quad1_local(__global const uchar *restrict raw, const ulong off, __global const int *restrict tab,
-                          __global const int *d, const int band, const int tcol, const int r, const int s,
-                          __global uchar *restrict scratch, __local uint *lpx, __local int *lco)
-{
-    const int W = d[2], SC = d[5], SR = d[6], SP = d[15], K1 = d[10], E = 2 + K1;
-    __global const int *e0 = tab + d[9] + tcol * E;
-    const int ncol = min(tcol + RS_QX * 4, SC) - tcol;
-    __global const int *e1 = e0 + (ncol - 1) * E;
-    const int f0 = e0[0], span = e1[0] + e1[1] - f0;
-    if (span > RS_SPAN || K1 > RS_KMAX) return 0;
-    const int lid = get_local_id(1) * RS_QX + get_local_id(0), rows = min(RS_RB, SR - band * RS_RB);
-    __global const uchar *src = raw + off + ((size_t)(d[7] + band * RS_RB) * W + f0) * 3;
-    for (int i = lid; i < rows * span; i += RS_QX * RS_RB) {
-        const int rr = i / span, x = i - rr * span;
-        __global const uchar *q = src + ((size_t)rr * W + x) * 3;
-        lpx[rr * RS_PITCH + x] = (uint)q[0] | ((uint)q[1] << 8) | ((uint)q[2] << 16);
-    }
-    for (int i = lid; i < ncol * E; i += RS_QX * RS_RB) lco[i] = e0[i];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (r >= SR || s >= SP) return 1;
-    int acc[12];
-    for (int k = 0; k < 4; ++k) {
-        __local const int *e = lco + (s - tcol + k) * E;
-        __local const uint *p = lpx + (int)get_local_id(1) * RS_PITCH + (e[0] - f0);
-        const int taps = e[1];
-        int s0 = RS_HALF, s1 = RS_HALF, s2 = RS_HALF;
-        for (int j = 0; j < taps; ++j) {
-            const uint v = p[j];
-            const int c = e[2 + j];
-            s0 += (int)(v & 255u) * c;
-            s1 += (int)((v >> 8) & 255u) * c;
-            s2 += (int)(v >> 16) * c;
-        }
-        acc[3 * k] = s0;
-        acc[3 * k + 1] = s1;
-        acc[3 * k + 2] = s2;
-    }
-    rs_store_quad(scratch + ((size_t)d[4] + (size_t)r * SP + s) * 3, acc);
-    return 1;
-}
-
 __kernel __attribute__((reqd_work_group_size(RS_QX, RS_RB, 1)))
 void resize_quad1(__global const uchar *restrict raw, __global const int *restrict tab,
                   __global uchar *restrict scratch, const int n)
 {
-    __local uint lpx[RS_RB * RS_PITCH];
-    __local int lco[RS_QX * 4 * (RS_KMAX + 2)];
     const int g = get_group_id(0);
     int lo = 0, hi = n - 1;  /* the last image whose first tile <= g: the same on every work-item of the group */
     while (lo < hi) {
@@ -266,11 +208,9 @@ void resize_quad1(__global const uchar *restrict raw, __global const int *restri
     const int W = d[2], SC = d[5], SR = d[6], SP = d[15], K1 = d[10];
     const int across = (SP / 4 + RS_QX - 1) / RS_QX, t = g - d[14], band = t / across;
     const int r = band * RS_RB + (int)get_local_id(1);
-    const int tcol = (t - band * across) * RS_QX * 4;
-    const int s = tcol + (int)get_local_id(0) * 4;
-    const ulong off = (ulong)(uint)d[0] | ((ulong)(uint)d[1] << 32);
-    if (d[3] == 0 && rs_quad1_local(raw, off, tab, d, band, tcol, r, s, scratch, lpx, lco)) return;
+    const int s = ((t - band * across) * RS_QX + (int)get_local_id(0)) * 4;
     if (r >= SR || s >= SP) return;
+    const ulong off = (ulong)(uint)d[0] | ((ulong)(uint)d[1] << 32);
     const int live = min(4, SC - s);
     int acc[12];
     for (int c = 0; c < 12; ++c) acc[c] = 0;
