@@ -427,12 +427,11 @@ __kernel void jpeg_sync(__global const uchar *data, __global const int *meta, co
     }
     const int p = pos * 8 + bit;
     __global const int *was = prev + j * JE_STATE;
-    if (round == last_round && round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[7] != valid))
-        settled[ch[0]] = 0;
-    /* any part of the state changed (the blocks and DC sums too, which a new entry moves even where the exit stays):
+    const int exit_moved = was[0] != p || was[1] != u || was[2] != k || was[7] != valid;
+    if (round == last_round && round > 0 && exit_moved) settled[ch[0]] = 0;
+    /* any part of the state moved (the blocks and DC sums too, which a new entry moves even where the exit stays):
      * the next round has work (a flag: every writer writes the same) */
-    if (round > 0 && (was[0] != p || was[1] != u || was[2] != k || was[3] != blocks || was[4] != d0 ||
-                      was[5] != d1 || was[6] != d2 || was[7] != valid))
+    if (round > 0 && (exit_moved || was[3] != blocks || was[4] != d0 || was[5] != d1 || was[6] != d2))
         changed[round] = 1;
     o[0] = p; o[1] = u; o[2] = k; o[3] = blocks; o[4] = d0; o[5] = d1; o[6] = d2; o[7] = valid;
 }

@@ -102,9 +102,8 @@ void jpeg_idct(__global const short *coef, __global const int *meta, const int p
     const int lid = get_local_id(0), lb = lid >> 3, r = lid & 7;  /* the block of the group, and a row/column */
     const int g = get_group_id(0) * (JI_WG / 8) + lb;
     const int live = g < nblocks;
-    __global const int *p = meta + plane_at;
+    __global const int *plane = meta + plane_at, *p = plane;
     if (live) {
-        __global const int *plane = meta + plane_at, *quant = meta + quant_at;
         int lo = 0, hi = nplanes - 1;
         while (lo < hi) {  /* the last plane whose first block is <= g */
             const int mid = (lo + hi + 1) >> 1;
@@ -112,7 +111,7 @@ void jpeg_idct(__global const short *coef, __global const int *meta, const int p
         }
         p = plane + lo * JI_PLANE;
         /* row r of the block, dequantised (16 contiguous bytes per work-item: a warp reads 512) */
-        const int8 v = convert_int8(vload8(r, coef + (long)g * 64)) * vload8(r, quant + p[3] * 64);
+        const int8 v = convert_int8(vload8(r, coef + (long)g * 64)) * vload8(r, meta + quant_at + p[3] * 64);
         if (any((v > JI_LIMIT) | (v < -JI_LIMIT))) status[status_at + p[5]] = JI_TOO_LARGE;
         __local int *row = t[lb][r];
         row[0] = v.s0; row[1] = v.s1; row[2] = v.s2; row[3] = v.s3;

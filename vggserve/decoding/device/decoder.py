@@ -332,9 +332,8 @@ class JpegDecoder:
             self._parallel(queue, batch, at, data_buf, meta_buf, coef_buf, status_buf, settled, slot)
         self._launch("serial", queue, self.k_huffman, nseg, data_buf, meta_buf, *at[:4], coef_buf, status_buf, nseg,
                      settled)
-        self.k_idct.set_args(coef_buf, meta_buf, at[4], at[5], samples_buf, status_buf, nseg, nplanes, batch.blocks)
-        self.events.setdefault("idct", []).append(
-            cl.enqueue_nd_range_kernel(queue, self.k_idct, idct_grid(batch.blocks), (IDCT_WG,)))
+        self._enqueue("idct", queue, self.k_idct, idct_grid(batch.blocks), (IDCT_WG,), coef_buf, meta_buf, at[4],
+                      at[5], samples_buf, status_buf, nseg, nplanes, batch.blocks)
         done = self._colour(queue, samples_buf, meta_buf, at, meta[at[6]:].reshape(-1, WIN), out, pixels)
         # the statuses come back through non-blocking maps of the slot's own buffers (a read into host memory made
         # the NVIDIA driver wait for the batch on the host)
@@ -384,29 +383,26 @@ class JpegDecoder:
         groups = -(-n // PREFIX_WG)
         part, sums = self._part.get(n * 16), self._sums.get(groups * 16)
         k_groups, k_totals, k_entry = self.k_prefix
-        k_groups.set_args(last, n, part, sums)
-        k_totals.set_args(sums, groups)
-        k_entry.set_args(meta_buf, seg_at, chunk_buf, n, part, sums, entry)
-        events = self.events.setdefault("prefix", [])
-        events.append(cl.enqueue_nd_range_kernel(queue, k_groups, (groups * PREFIX_WG,), (PREFIX_WG,)))
-        events.append(cl.enqueue_nd_range_kernel(queue, k_totals, (PREFIX_WG,), (PREFIX_WG,)))
-        events.append(cl.enqueue_nd_range_kernel(queue, k_entry, (round_up(n, self.wg),), (self.wg,)))
+        self._enqueue("prefix", queue, k_groups, (groups * PREFIX_WG,), (PREFIX_WG,), last, n, part, sums)
+        self._enqueue("prefix", queue, k_totals, (PREFIX_WG,), (PREFIX_WG,), sums, groups)
+        self._launch("prefix", queue, k_entry, n, meta_buf, seg_at, chunk_buf, n, part, sums, entry)
 
     def _colour(self, queue, samples_buf, meta_buf, at, win, out, pixels: int):
         """jpeg_color.cl, the variant of `kernels`: quad over the windows' tiles, item over their pixels."""
         if self.kernels == "item":
             return self._launch("colour", queue, self.k_color, pixels, samples_buf, meta_buf, at[4], at[6], out,
                                 win.shape[0], pixels)
-        self.k_color.set_args(samples_buf, meta_buf, at[4], at[6], out, win.shape[0])
-        event = cl.enqueue_nd_range_kernel(queue, self.k_color, (color_tiles(win) * COLOR_QX, COLOR_RB),
-                                           (COLOR_QX, COLOR_RB))
-        self.events.setdefault("colour", []).append(event)
-        return event
+        return self._enqueue("colour", queue, self.k_color, (color_tiles(win) * COLOR_QX, COLOR_RB),
+                             (COLOR_QX, COLOR_RB), samples_buf, meta_buf, at[4], at[6], out, win.shape[0])
 
     def _launch(self, name: str, queue, kernel, items: int, *args):
-        """One launch of `items` work-items (rounded up to whole work-groups), noted in `events`."""
+        """One launch of `items` work-items (rounded up to whole work-groups of `wg`), noted in `events`."""
+        return self._enqueue(name, queue, kernel, (round_up(items, self.wg),), (self.wg,), *args)
+
+    def _enqueue(self, name: str, queue, kernel, grid: tuple, local: tuple, *args):
+        """One launch of `kernel` with `args` over `grid` in work-groups of `local`, noted in `events`."""
         kernel.set_args(*args)
-        event = cl.enqueue_nd_range_kernel(queue, kernel, (round_up(items, self.wg),), (self.wg,))
+        event = cl.enqueue_nd_range_kernel(queue, kernel, grid, local)
         self.events.setdefault(name, []).append(event)
         return event
 
