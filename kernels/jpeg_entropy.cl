@@ -78,50 +78,6 @@ inline int je_is_data(__global const uchar *d, const int q, const int end)
     return q < end && (d[q] != 0xFF || (q + 1 < end && d[q + 1] == 0));
 }
 
-/* the next 32 bits from bit `bit` of byte `pos`, stuffing removed; zeros from a marker or the end on. *clean is set
- * when the 5 bytes read hold no 0xFF and lie before the end (the common case: then a skip is plain arithmetic). */
-inline uint je_peek(__global const uchar *d, int q, const int bit, const int end, int *clean)
-{
-    if (q + 5 <= end) {
-        const uchar8 v = vload8(0, d + q);  /* may read 3 bytes past the 5 used: the buffer has padding */
-        const int ff = (v.s0 == 0xFF) | (v.s1 == 0xFF) | (v.s2 == 0xFF) | (v.s3 == 0xFF) | (v.s4 == 0xFF);
-        if (!ff) {
-            *clean = 1;
-            const ulong acc = ((ulong)v.s0 << 32) | ((ulong)v.s1 << 24) | ((ulong)v.s2 << 16) | ((ulong)v.s3 << 8) |
-                              (ulong)v.s4;
-            return (uint)(acc >> (8 - bit));
-        }
-    }
-    *clean = 0;
-    ulong acc = 0;
-    int live = 1;
-    for (int i = 0; i < 5; ++i) {
-        uint b = 0;
-        if (live && je_is_data(d, q, end)) {
-            b = d[q];
-            q += (b == 0xFF) ? 2 : 1;
-        } else {
-            live = 0;
-        }
-        acc = (acc << 8) | b;
-    }
-    return (uint)(acc >> (8 - bit));
-}
-
-/* advance (pos, bit) by n bits; returns 0 when a consumed bit was not data */
-inline int je_skip(__global const uchar *d, int *pos, int *bit, const int n, const int end)
-{
-    int ok = 1;
-    *bit += n;
-    while (*bit >= 8) {
-        if (je_is_data(d, *pos, end)) *pos += (d[*pos] == 0xFF) ? 2 : 1;
-        else ok = 0;
-        *bit -= 8;
-    }
-    if (*bit > 0 && !je_is_data(d, *pos, end)) ok = 0;
-    return ok;
-}
-
 /* decode one symbol (and its value bits) from word w with table t: returns the symbol, sets *len to the bits used
  * (code + value) and *val to the extended value; -1 for a code the table lacks */
 inline int je_symbol(const uint w, __global const int *t, const int dc, int *len, int *val)
@@ -165,26 +121,87 @@ inline void je_mcu_init(je_mcu *m, __global const int *cp, const int ncomp)
     m->dc2 = ncomp > 2 ? cp[2 * JH_COMP + 4] : 0; m->ac2 = ncomp > 2 ? cp[2 * JH_COMP + 5] : 0;
 }
 
-/* the big-endian value of bytes v, and whether one of them is 0xFF (a marker or a stuffed byte: the byte-wise way) */
-inline ulong je_be8(const uchar8 v) { return as_ulong(v.s76543210); }
+/* the big-endian value of 4 bytes, and whether one of them is 0xFF (a marker or a stuffed byte: loaded one by one) */
 inline uint je_be4(const uchar4 v) { return as_uint(v.s3210); }
-inline int je_has_ff8(const uchar8 v)
-{
-    const ulong x = ~as_ulong(v);  /* a 0xFF byte is now a zero byte */
-    return ((x - 0x0101010101010101UL) & ~x & 0x8080808080808080UL) != 0;
-}
 inline int je_has_ff4(const uchar4 v)
 {
     const uint x = ~as_uint(v);
     return ((x - 0x01010101U) & ~x & 0x80808080U) != 0;
 }
 
+/* je_run's bit buffer: `acc` holds the next `avail` bits of the scan's data, left-aligned, with stuffing removed (the
+ * 0x00 after each 0xFF byte dropped) and zeros from the data's end on (a marker, or the segment's end); `sm` marks,
+ * at the same bits, the last bit of each 0xFF byte whose 0x00 was dropped, so that consuming it moves the position p
+ * one byte further (p never points into a stuffed 0x00). `lpos` is the next byte to load, `pend` the first bit past
+ * the data (8 * the first byte that is not data; INT_MAX until a refill meets it): bits consumed past it are what
+ * libjpeg calls a premature end. Every symbol is then read from the register, stuffed bytes and the scan's end
+ * included, with one path for all. */
+typedef struct {
+    ulong acc, sm;
+    int avail, lpos, pend;
+} je_bits;
+
+/* top the buffer up past 56 bits: 4 bytes at once where they hold no 0xFF and lie before the end, else byte by byte
+ * (a stuffed pair, a marker, the end) */
+inline void je_fill(__global const uchar *d, const int end, je_bits *b)
+{
+    if (b->avail <= 32 && b->lpos + 4 <= end && b->pend == INT_MAX) {
+        const uchar4 v = vload4(0, d + b->lpos);
+        if (!je_has_ff4(v)) {
+            b->acc |= (ulong)je_be4(v) << (32 - b->avail);
+            b->avail += 32;
+            b->lpos += 4;
+            if (b->avail > 56) return;
+        }
+    }
+    while (b->avail <= 56) {
+        const int q = b->lpos;
+        uint x = 0;
+        if (b->pend == INT_MAX) {
+            if (q < end && d[q] != 0xFF) {
+                x = d[q];
+                b->lpos = q + 1;
+            } else if (q + 1 < end && d[q] == 0xFF && d[q + 1] == 0) {
+                x = 0xFF;
+                b->lpos = q + 2;
+                b->sm |= 1UL << (56 - b->avail);
+            } else {
+                b->pend = 8 * q;
+            }
+        }
+        b->acc |= (ulong)x << (56 - b->avail);
+        b->avail += 8;
+    }
+}
+
+/* the buffer at bit p (never inside a stuffed 0x00) */
+inline void je_start(__global const uchar *d, const int end, je_bits *b, const int p)
+{
+    b->acc = 0; b->sm = 0; b->avail = 0; b->lpos = p >> 3; b->pend = INT_MAX;
+    je_fill(d, end, b);
+    const int r = p & 7;
+    b->acc <<= r; b->sm <<= r; b->avail -= r;
+}
+
+/* the position after n (1 to 32) more bits from p, stuffed bytes passed over */
+inline int je_after(const je_bits *b, const int p, const int n)
+{
+    return p + n + 8 * (int)popcount(b->sm >> (64 - n));
+}
+
+/* consume n (1 to 32) bits at p; returns the new position */
+inline int je_take(je_bits *b, const int p, const int n)
+{
+    const int q = je_after(b, p, n);
+    b->acc <<= n; b->sm <<= n; b->avail -= n;
+    return q;
+}
+
 /* decode symbols starting before bit `stop_p`, from (p, u, k); with `coef` non-null also write the coefficients of
  * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code.
- * The bits come from a 64-bit register buffer, refilled 4 bytes at a time where the bytes hold no 0xFF (the bit
- * position is then plain arithmetic); near a 0xFF, and at the scan's last bytes, each symbol is read byte-wise
- * (je_peek, je_skip). What depends only on the block (its component, tables, DC predictor, coefficients' place)
- * is found once per block. `multi` (synchronising only, coef null; 0: one symbol at a time): the batch's jpeg_multi
+ * The bits come from a 64-bit register buffer (je_bits: stuffing removed as it is loaded, zeros past the data),
+ * so every symbol takes one path, next to a 0xFF byte and at the scan's end too. What depends only on the block (its
+ * component, tables, DC predictor, coefficients' place) is found once per block. `multi` (synchronising only, coef null; 0: one symbol at a time): the batch's jpeg_multi
  * tables, which take plain AC symbols several at a time from the register buffer. `ck` (synchronising only; 0:
  * none): the chunk's JE_CKPTS checkpoints, each written at the first block start at or past bit ck_from + (c + 1) *
  * ck_step (p, u, the blocks completed and the DC sums so far), -1 where the decode stops before it. `was` (with ck;
@@ -199,8 +216,8 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
     *blocks = 0;
     int p = *pos * 8 + *bit;  /* the next bit, 8 * byte + bit */
     const int stop = (int)min(stop_p, (long)0x7FFFFFFF);
-    ulong acc = 0;            /* the bits from p on, left-aligned; `avail` of them loaded, all from clean bytes */
-    int avail = 0, lpos = 0;  /* lpos: the next byte to load */
+    je_bits bb;
+    je_start(d, end, &bb, p);
     int c = 0, fresh = 1;
     __global const int *tdc = tab, *tac = tab;
     __global const je_multi_t *mac = 0;  /* the block's AC table's multi-symbol entries */
@@ -246,63 +263,35 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
         }
         const int dc = (*k == 0);
         __global const int *t = dc ? tdc : tac;
-        if (avail < 32) {
-            if (avail == 0) {  /* (re)start the buffer at p */
-                const int q = p >> 3;
-                if (q + 8 <= end) {
-                    const uchar8 v = vload8(0, d + q);
-                    if (!je_has_ff8(v)) {
-                        acc = je_be8(v) << (p & 7);
-                        avail = 64 - (p & 7);
-                        lpos = q + 8;
-                    }
-                }
-            } else if (lpos + 4 <= end) {  /* top it up */
-                const uchar4 v = vload4(0, d + lpos);
-                if (!je_has_ff4(v)) {
-                    acc |= (ulong)je_be4(v) << (32 - avail);
-                    avail += 32;
-                    lpos += 4;
-                }
-            }
-        }
-        const int fast = avail >= 32;  /* a symbol is at most 31 bits: all of them loaded, from clean bytes */
+        if (bb.avail < 32) je_fill(d, end, &bb);
         int took = 0;
-        if (mac && !dc && fast) {  /* plain AC symbols, as many as the next JE_MULTI bits hold, values skipped */
-            const uint e = mac[(uint)(acc >> (64 - JE_MULTI))];
+        if (mac && !dc) {  /* plain AC symbols, as many as the next JE_MULTI bits hold, values skipped */
+            const uint e = mac[(uint)(bb.acc >> (64 - JE_MULTI))];
             const int nb = (int)(e & 31), eob = (int)((e >> 11) & 1), kk = *k + (int)((e >> 5) & 63);
-            /* every symbol starts before the stop, and none but the last can end the block */
-            if (nb && kk <= 64 - eob && p + (int)((e >> 12) & 15) < stop) {
-                acc <<= nb;
-                avail -= nb;
-                p += nb;
+            const int last = (int)((e >> 12) & 15);
+            /* every symbol starts before the stop and ends within the data, and none but the last can end the
+             * block */
+            if (nb && kk <= 64 - eob && (last ? je_after(&bb, p, last) : p) < stop &&
+                je_after(&bb, p, nb) <= bb.pend) {
+                p = je_take(&bb, p, nb);
                 *k = eob ? 64 : kk;
                 took = 1;
             }
         }
         if (!took) {
-            int q = p >> 3, b = p & 7, clean = 1;
-            const uint word = fast ? (uint)(acc >> 32) : je_peek(d, q, b, end, &clean);
             int len, val;
-            int sym = je_symbol(word, t, dc, &len, &val);
+            int sym = je_symbol((uint)(bb.acc >> 32), t, dc, &len, &val);
             if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, 16 of them end the block */
                 if (coef) return JH_BAD_CODE;
                 sym = 0; len = 16; val = 0;
             }
-            if (fast) {
-                acc <<= len;
-                avail -= len;
-                p += len;
-            } else {
-                if (!je_skip(d, &q, &b, len, end)) {
-                    if (coef) return JH_PAST_DATA;
-                    *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
-                    *bit = 0;
-                    for (; ck && ci < JE_CKPTS; ++ci) ck[ci * JE_CK] = -1;
-                    return 0;
-                }
-                p = q * 8 + b;
-                avail = 0;
+            p = je_take(&bb, p, len);
+            if (p > bb.pend) {  /* it read past the data */
+                if (coef) return JH_PAST_DATA;
+                *pos = 0x7FFFFFF;  /* while synchronising: past the data, a state no true one equals; stop here */
+                *bit = 0;
+                for (; ck && ci < JE_CKPTS; ++ci) ck[ci * JE_CK] = -1;
+                return 0;
             }
             if (dc) {
                 int *dcp = (c == 0) ? dc0 : ((c == 1) ? dc1 : dc2);

@@ -678,6 +678,39 @@ def sync_states(decoder, queue, datas):
     return exits, used, run.parallel.copy(), ok, run.reasons()
 
 
+def stuffed_pairs(data: bytes) -> int:
+    """The stuffed pairs (0xFF 0x00) in a JPEG's scans."""
+    return data[data.index(b"\xff\xda"):].count(b"\xff\x00")
+
+
+@pytest.mark.parametrize("chunk_bytes, lookback", [(41, 0), (53, 3), (64, None), (96, 0)])
+def test_stuffed_bytes_at_every_place_of_the_bit_buffer(cl_setup, chunk_bytes, lookback):
+    """je_run's register buffer drops each 0xFF's stuffed 0x00 as it loads bytes (four at a time where no 0xFF is
+    among them, else one by one) and moves the position over it as the 0xFF's last bit is consumed. Noisy pictures
+    at quality 97 hold dozens of stuffed pairs a file; in chunks of odd sizes, pairs fall at every offset of a
+    refill, straddle refills, start chunks and end them. Every exit, entry used, settled flag and checkpoint is the
+    same with the multi-symbol tables (several symbols across a pair at once) as without, every segment settles in
+    the parallel decode, and the files decode as Pillow, those with restart markers too."""
+    rng = np.random.default_rng(7)
+
+    def noisy(w, h):
+        base = corpus.picture(w, h, w).astype(int)
+        return np.clip(base + rng.integers(-8, 9, base.shape), 0, 255).astype(np.uint8)
+
+    good = [corpus.pillow_jpeg(noisy(96, 64), quality=97, subsampling=0),
+            corpus.pillow_jpeg(noisy(67, 35), quality=97, subsampling=2),
+            corpus.pillow_jpeg(noisy(80, 48), quality=97, subsampling=1, restart_marker_blocks=3)]
+    assert all(stuffed_pairs(d) >= 10 for d in good), [stuffed_pairs(d) for d in good]
+    from vggserve.decoding.device import JpegDecoder
+
+    settings = dict(chunk_bytes=chunk_bytes, rounds=40, lookback=lookback)
+    either_way_the_same_states(cl_setup, good, "multi", **settings)
+    ctx, dev, queue = cl_setup
+    run = decoded_as_pillow(JpegDecoder(ctx, dev, **settings), queue, good)
+    # every segment's pixels come from the parallel decode, none from the serial kernel's
+    assert run.parallel.all(), f"{int((~run.parallel.astype(bool)).sum())} segments left to the serial kernel"
+
+
 @pytest.mark.parametrize("chunk_bytes, rounds, lookback", [(8, 2, 0), (37, 3, None), (128, 6, None), (64, 4, 300)])
 def test_multi_symbol_rounds_leave_the_exits_of_one_symbol_at_a_time(cl_setup, chunk_bytes, rounds, lookback):
     """Every chunk's exit (bit, block, coefficient, blocks and DC sums), every entry used and every settled flag after
@@ -1118,3 +1151,87 @@ def test_the_serial_latency_probe_runs_every_kernel_and_its_top_ups_read_the_sam
     out = capsys.readouterr().out
     assert all(name in out for name in serial_latency.KERNELS)
     sys.modules.pop("serial_latency", None)
+
+
+BITS_PROBE = """
+#include "jpeg_entropy.cl"
+/* je_bits from bit p of d: before each step the next 32 bits (after a refill where fewer than 32 are loaded), then
+ * the position after the step's n bits; pend last */
+__kernel void je_bits_probe(__global const uchar *d, const int end, const int p0, __global const int *steps,
+                            const int nsteps, __global uint *words, __global int *after)
+{
+    je_bits b;
+    int p = p0;
+    je_start(d, end, &b, p);
+    for (int i = 0; i < nsteps; ++i) {
+        if (b.avail < 32) je_fill(d, end, &b);
+        words[i] = (uint)(b.acc >> 32);
+        p = je_take(&b, p, steps[i]);
+        after[i] = p;
+    }
+    after[nsteps] = b.pend;
+}
+"""
+
+
+def bits_model(data: bytes, end: int, p0: int) -> tuple[list[int], list[int], int]:
+    """The data bits from byte p0 // 8 with stuffing removed, each with its position (8 * byte + bit; past a stuffed
+    pair, the byte after it), up to the first byte that is not data (a 0xFF not followed by 0x00, or the end); and
+    that byte's bit position."""
+    bits, where, q = [], [], p0 // 8
+    while q < end and (data[q] != 0xFF or (q + 1 < end and data[q + 1] == 0)):
+        for i in range(8):
+            bits.append((data[q] >> (7 - i)) & 1)
+            where.append(8 * q + i)
+        q += 2 if data[q] == 0xFF else 1
+    return bits, where, 8 * q
+
+
+def test_bit_buffer_drops_stuffing_and_reads_zeros_past_the_data(cl_setup):
+    """je_run's bit buffer against a Python model: byte strings dense with stuffed pairs, markers and ends at every
+    offset, read from every bit of their first bytes in steps of 1 to 32 bits. The next 32 bits before each step are
+    the data's with every stuffed 0x00 dropped and zeros past the data; the position after each step passes over a
+    stuffed 0x00 exactly when the step consumes its 0xFF's last bit (never pointing into it), and counts bit for bit
+    past the data's end; the end found is the first byte that is not data."""
+    from vggserve.runtime.programs import kernels_dir
+
+    ctx, dev, queue = cl_setup
+    program = cl.Program(ctx, BITS_PROBE).build(options=f"-I {kernels_dir()}")
+    probe = cl.Kernel(program, "je_bits_probe")
+    rng = np.random.default_rng(11)
+    mf = cl.mem_flags
+    checked = 0
+    for case in range(40):
+        n = int(rng.integers(6, 60))
+        raw = rng.choice(np.array([0x00, 0xFF, 0x12, 0xFE, 0x7F, 0x80, 0xA5], np.uint8), n).tolist()
+        out = []
+        for i, x in enumerate(raw):  # every 0xFF stuffed, except a marker now and then
+            out.append(x)
+            if x == 0xFF:
+                out.append(0xD0 if rng.random() < 0.1 else 0x00)
+        data = bytes(out)
+        end = int(rng.integers(max(1, len(data) - 4), len(data) + 1))
+        padded = np.frombuffer(data + bytes(16), np.uint8)
+        for p0 in range(0, 16):
+            if p0 // 8 >= end or (p0 // 8 > 0 and data[p0 // 8 - 1] == 0xFF and data[p0 // 8] == 0):
+                continue  # a position is never inside a stuffed pair
+            steps = rng.integers(1, 33, 12).astype(np.int32)
+            words, after = np.zeros(12, np.uint32), np.zeros(13, np.int32)
+            bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=padded),
+                    cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=steps),
+                    cl.Buffer(ctx, mf.WRITE_ONLY, words.nbytes), cl.Buffer(ctx, mf.WRITE_ONLY, after.nbytes)]
+            probe(queue, (1,), None, bufs[0], np.int32(end), np.int32(p0), bufs[1], np.int32(12), bufs[2], bufs[3])
+            cl.enqueue_copy(queue, words, bufs[2])
+            cl.enqueue_copy(queue, after, bufs[3])
+            bits, where, pend = bits_model(data, end, p0)
+            at = p0 % 8  # index into bits
+            for i, step in enumerate(steps.tolist()):
+                want = [bits[j] if j < len(bits) else 0 for j in range(at, at + 32)]
+                assert int(words[i]) == int("".join(map(str, want)), 2), (case, p0, i)
+                at += step
+                assert after[i] == (where[at] if at < len(bits) else pend + at - len(bits)), (case, p0, i)
+            assert after[12] in (pend, 2**31 - 1), (case, p0)  # found where the data ends, or not met yet
+            if at >= len(bits):  # the steps read past the data: its end was met
+                assert after[12] == pend, (case, p0)
+            checked += 1
+    assert checked > 200
