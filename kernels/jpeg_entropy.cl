@@ -201,8 +201,9 @@ inline int je_take(je_bits *b, const int p, const int n)
  * blocks from absolute block `b0`, DC predictors `dcp`, stopping at `total` blocks. Returns 0, or an error code.
  * The bits come from a 64-bit register buffer (je_bits: stuffing removed as it is loaded, zeros past the data),
  * so every symbol takes one path, next to a 0xFF byte and at the scan's end too. What depends only on the block (its
- * component, tables, DC predictor, coefficients' place) is found once per block. `multi` (synchronising only, coef null; 0: one symbol at a time): the batch's jpeg_multi
- * tables, which take plain AC symbols several at a time from the register buffer. `ck` (synchronising only; 0:
+ * component, tables, DC predictor, coefficients' place) is found once per block. `multi` (synchronising only, coef
+ * null; 0: one symbol at a time): the batch's jpeg_multi tables, which take plain AC symbols several at a time from
+ * the register buffer. `ck` (synchronising only; 0:
  * none): the chunk's JE_CKPTS checkpoints, each written at the first block start at or past bit ck_from + (c + 1) *
  * ck_step (p, u, the blocks completed and the DC sums so far), -1 where the decode stops before it. `was` (with ck;
  * 0: none): the exit of the chunk's last decode, whose checkpoints ck holds: at a checkpoint where this decode is in
