@@ -8,9 +8,11 @@ alone: what one chunk's serial decode costs, which is what each late synchronisa
 
 One batch of 500x375 q90 4:2:0 JPEGs (device_decode.py's corpus) is laid out as the decoder does, in chunks of 128
 bytes; `jpeg_sync`'s round 0 then runs on all chunks (lookback 128 and 0 bytes), on one chunk alone (lookback 0: one
-work-item decoding 128 bytes, the latency of a late round; 24 chunks, the median), on 32 chunks in one warp and on
-528 chunks one per warp. Each variant's exits after round 0 are compared with the first's. Symbols per chunk are
-counted on the same batch by an instrumented copy of the kernel (one symbol at a time). This tree's kernel runs twice:
+work-item decoding 128 bytes, the latency of a late round; 24 chunks, the median), on 32 chunks in one warp, on one
+chunk in all 32 lanes of a warp (no divergence: what 32 different chunks cost past it is their lanes' paths and
+addresses apart), and on 528 chunks (every 17th, 64 to a work-group). Each variant's exits after round 0 are compared
+with the first's. Symbols per chunk are counted on the same batch by an instrumented copy of the kernel (one symbol at
+a time). This tree's kernel runs twice:
 with its multi-symbol tables (`jpeg_multi`, several plain AC symbols a step) and one symbol at a time.
 
 `--local-tables` copies the Huffman tables of each work-group's first chunk into local memory and decodes every chunk
@@ -177,14 +179,19 @@ def main(argv=None) -> int:
         every = launch(kernel, chunk, 128, **way)
         cl.enqueue_copy(queue, exits, states[1])
         reference = exits.copy() if reference is None else reference
-        same = np.array_equal(exits, reference)
+        agree = np.array_equal(exits, reference)
         every0 = launch(kernel, chunk, 0, **way)
         one = [launch(kernel, chunk[j:j + 1], 0, repeats=5, **way) for j in alone]
         warp = [launch(kernel, chunk[j:j + 32], 0, repeats=5, **way) for j in alone[:8]]
         spread = launch(kernel, chunk[::17][:528], 0, **way)
+        # the same chunk in every lane of a warp: the same path and the same addresses, so what 32 different chunks
+        # cost past this is their lanes' divergence
+        same = [launch(kernel, np.ascontiguousarray(np.repeat(chunk[j:j + 1], 32, 0)), 0, repeats=5, **way)
+                for j in alone[:8]]
         print(f"{name}: round 0, every chunk: {every:.1f} us (lookback 128), {every0:.1f} us (lookback 0); one chunk "
               f"alone: median {np.median(one):.1f} us (range {min(one):.1f}-{max(one):.1f}); 32 chunks in one warp "
-              f"{np.median(warp):.1f} us; 528 chunks one per warp {spread:.1f} us; exits as the first: {same}",
+              f"{np.median(warp):.1f} us; one chunk in all 32 lanes of a warp {np.median(same):.1f} us; 528 chunks "
+              f"(every 17th) {spread:.1f} us; exits as the first: {agree}",
               flush=True)
     return 0
 

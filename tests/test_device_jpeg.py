@@ -1129,6 +1129,7 @@ def test_the_entropy_latency_benchmark_times_each_variant_and_their_exits_agree(
     rows = [line for line in out.splitlines() if "round 0, every chunk" in line]
     assert [r.split(":")[0] for r in rows] == ["this tree", "this tree, one symbol at a time", "local tables"]
     assert all(r.endswith("exits as the first: True") for r in rows), rows
+    assert all(re.search(r"one chunk in all 32 lanes of a warp [0-9.]+ us", r) for r in rows), rows
     sys.modules.pop("entropy_latency", None)
 
 
