@@ -42,10 +42,10 @@ def _function(src: str, start: str) -> str:
 
 def local_tables(src: str) -> tuple[str, str]:
     """(source, kernel name) of the variant whose rounds read the work-group's first chunk's tables from local
-    memory: je_symbol, je_run and jpeg_sync copied with their table pointers in __local."""
-    sym = _function(src, "inline int je_symbol(").replace("je_symbol(", "je_symbol_l(").replace(
+    memory: je_code, je_run and jpeg_sync copied with their table pointers in __local."""
+    sym = _function(src, "inline int je_code(").replace("je_code(", "je_code_l(").replace(
         "__global const int *t", "__local const int *t")
-    run = _function(src, "inline int je_run(").replace("je_run(", "je_run_l(").replace("je_symbol(", "je_symbol_l(")
+    run = _function(src, "inline int je_run(").replace("je_run(", "je_run_l(").replace("je_code(", "je_code_l(")
     for name in ("*tab", "*tdc = tab", "*t = dc"):
         run = run.replace(f"__global const int {name}", f"__local const int {name}")
     sync = _function(src, "__kernel void jpeg_sync(").replace("jpeg_sync(", "jpeg_sync_l(").replace("je_run(",

@@ -78,29 +78,38 @@ inline int je_is_data(__global const uchar *d, const int q, const int end)
     return q < end && (d[q] != 0xFF || (q + 1 < end && d[q + 1] == 0));
 }
 
+/* the symbol whose code starts word w and its length (*l), from table t and its first-level entry e = t[w >> 23]
+ * (codes of up to JH_LOOK bits); -1 for a code the table lacks (*l then 17) */
+inline int je_code(const uint w, __global const int *t, const int e, int *l)
+{
+    if (e) {
+        *l = e >> 8;
+        return e & 255;
+    }
+    int n = 10;
+    while (n <= 16 && (int)(w >> (32 - n)) > t[512 + n]) ++n;
+    *l = n;
+    return n > 16 ? -1 : t[547 + t[530 + n] + (int)(w >> (32 - n))] & 255;
+}
+
+/* the extended value of the s bits (0 to 16) that follow l code bits in word w (0 for s = 0) */
+inline int je_value(const uint w, const int l, const int s)
+{
+    const int sv = max(s, 1);
+    const int v = (int)((w << l) >> (32 - sv));
+    return s ? ((v < (1 << (sv - 1))) ? v - ((1 << sv) - 1) : v) : 0;
+}
+
 /* decode one symbol (and its value bits) from word w with table t: returns the symbol, sets *len to the bits used
  * (code + value) and *val to the extended value; -1 for a code the table lacks */
 inline int je_symbol(const uint w, __global const int *t, const int dc, int *len, int *val)
 {
-    int l, sym;
-    const int e = t[w >> 23];
-    if (e) {
-        l = e >> 8;
-        sym = e & 255;
-    } else {
-        l = 10;
-        while (l <= 16 && (int)(w >> (32 - l)) > t[512 + l]) ++l;
-        if (l > 16) return -1;
-        sym = t[547 + t[530 + l] + (int)(w >> (32 - l))] & 255;
-    }
+    int l;
+    const int sym = je_code(w, t, t[w >> 23], &l);
+    if (sym < 0) return -1;
     const int s = dc ? sym : (sym & 15);
-    int v = 0;
-    if (s) {
-        v = (int)((w << l) >> (32 - s));
-        if (v < (1 << (s - 1))) v -= (1 << s) - 1;
-    }
     *len = l + s;
-    *val = v;
+    *val = je_value(w, l, s);
     return sym;
 }
 
@@ -206,11 +215,11 @@ inline int je_take(je_bits *b, const int p, const int n)
  * bytes, 150 with the buffer, 118 with the selects (H200, entropy_latency). What depends only on the block (its
  * component, tables, DC predictor, coefficients' place) is found once per block. `multi` (synchronising only, coef
  * null; 0: one symbol at a time): the batch's jpeg_multi tables, which take plain AC symbols several at a time from
- * the register buffer. `ck` (synchronising only; 0:
- * none): the chunk's JE_CKPTS checkpoints, each written at the first block start at or past bit ck_from + (c + 1) *
- * ck_step (p, u, the blocks completed and the DC sums so far), -1 where the decode stops before it. `was` (with ck;
- * 0: none): the exit of the chunk's last decode, whose checkpoints ck holds: at a checkpoint where this decode is in
- * that decode's state, it takes that decode's exit and checkpoints, moved by the blocks and DC sums read before. */
+ * the register buffer. `ck` (synchronising only; 0: none): the chunk's JE_CKPTS checkpoints, each written at the
+ * first block start at or past bit ck_from + (c + 1) * ck_step (p, u, the blocks completed and the DC sums so far),
+ * -1 where the decode stops before it. `was` (with ck; 0: none): the exit of the chunk's last decode, whose
+ * checkpoints ck holds: at a checkpoint where this decode is in that decode's state, it takes that decode's exit and
+ * checkpoints, moved by the blocks and DC sums read before. */
 inline int je_run(__global const uchar *d, const int end, __global const int *tab, const je_mcu *m,
                   int *pos, int *bit, int *u, int *k, const long stop_p, int *blocks, int *dc0, int *dc1, int *dc2,
                   __global short *coef, const int b0, const int first_mcu, const int mcus_x, const int total,
@@ -279,20 +288,14 @@ inline int je_run(__global const uchar *d, const int end, __global const int *ta
                          je_after(&bb, p, nb) <= bb.pend;
         int l = es >> 8, sym = es & 255;
         if (!took && !es) {  /* a code longer than JH_LOOK bits, or none */
-            l = 10;
-            while (l <= 16 && (int)(w >> (32 - l)) > t[512 + l]) ++l;
-            if (l > 16) {  /* a wrong guess may read any bits: while synchronising, 16 of them end the block */
+            sym = je_code(w, t, es, &l);
+            if (sym < 0) {  /* a wrong guess may read any bits: while synchronising, 16 of them end the block */
                 if (coef) return JH_BAD_CODE;
                 l = 16; sym = 0;
-            } else {
-                sym = t[547 + t[530 + l] + (int)(w >> (32 - l))] & 255;
             }
         }
         const int sz = dc ? sym : (sym & 15);
-        const int sv = max(sz, 1);
-        int val = (int)((w << l) >> (32 - sv));
-        val = (val < (1 << (sv - 1))) ? val - ((1 << sv) - 1) : val;
-        val = sz ? val : 0;
+        const int val = je_value(w, l, sz);
         p = je_take(&bb, p, took ? nb : l + sz);
         if (p > bb.pend) {  /* it read past the data */
             if (coef) return JH_PAST_DATA;
