@@ -691,6 +691,8 @@ def test_stuffed_bytes_at_every_place_of_the_bit_buffer(cl_setup, chunk_bytes, l
     refill, straddle refills, start chunks and end them. Every exit, entry used, settled flag and checkpoint is the
     same with the multi-symbol tables (several symbols across a pair at once) as without, every segment settles in
     the parallel decode, and the files decode as Pillow, those with restart markers too."""
+    from vggserve.decoding.device import JpegDecoder
+
     rng = np.random.default_rng(7)
 
     def noisy(w, h):
@@ -701,8 +703,6 @@ def test_stuffed_bytes_at_every_place_of_the_bit_buffer(cl_setup, chunk_bytes, l
             corpus.pillow_jpeg(noisy(67, 35), quality=97, subsampling=2),
             corpus.pillow_jpeg(noisy(80, 48), quality=97, subsampling=1, restart_marker_blocks=3)]
     assert all(stuffed_pairs(d) >= 10 for d in good), [stuffed_pairs(d) for d in good]
-    from vggserve.decoding.device import JpegDecoder
-
     settings = dict(chunk_bytes=chunk_bytes, rounds=40, lookback=lookback)
     either_way_the_same_states(cl_setup, good, "multi", **settings)
     ctx, dev, queue = cl_setup
@@ -1206,7 +1206,7 @@ def test_bit_buffer_drops_stuffing_and_reads_zeros_past_the_data(cl_setup):
         n = int(rng.integers(6, 60))
         raw = rng.choice(np.array([0x00, 0xFF, 0x12, 0xFE, 0x7F, 0x80, 0xA5], np.uint8), n).tolist()
         out = []
-        for i, x in enumerate(raw):  # every 0xFF stuffed, except a marker now and then
+        for x in raw:  # every 0xFF stuffed, except a marker now and then
             out.append(x)
             if x == 0xFF:
                 out.append(0xD0 if rng.random() < 0.1 else 0x00)
