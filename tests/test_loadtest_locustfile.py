@@ -50,7 +50,9 @@ def test_locustfile_posts_images_to_classify(image_dir):
         stats = run_locust(server.url, image_dir, users=2)
         received = server.standin.received
     classify = stats["/classify"]
-    assert classify["num_requests"] > 10 and classify["num_failures"] == 0
+    # users post again and again; how many requests 2 s hold depends on the machine's load (a full suite run on two
+    # cores once saw 6), not on the locustfile, so no rate is asserted
+    assert classify["num_requests"] > 2 and classify["num_failures"] == 0  # 2 users: some posted more than once
     assert classify["num_requests"] <= received <= classify["num_requests"] + 2  # +2: cut off at the end
 
 
