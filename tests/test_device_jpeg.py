@@ -691,8 +691,6 @@ def test_stuffed_bytes_at_every_place_of_the_bit_buffer(cl_setup, chunk_bytes, l
     refill, straddle refills, start chunks and end them. Every exit, entry used, settled flag and checkpoint is the
     same with the multi-symbol tables (several symbols across a pair at once) as without, every segment settles in
     the parallel decode, and the files decode as Pillow, those with restart markers too."""
-    from vggserve.decoding.device import JpegDecoder
-
     rng = np.random.default_rng(7)
 
     def noisy(w, h):
@@ -703,10 +701,8 @@ def test_stuffed_bytes_at_every_place_of_the_bit_buffer(cl_setup, chunk_bytes, l
             corpus.pillow_jpeg(noisy(67, 35), quality=97, subsampling=2),
             corpus.pillow_jpeg(noisy(80, 48), quality=97, subsampling=1, restart_marker_blocks=3)]
     assert all(stuffed_pairs(d) >= 10 for d in good), [stuffed_pairs(d) for d in good]
-    settings = dict(chunk_bytes=chunk_bytes, rounds=40, lookback=lookback)
-    either_way_the_same_states(cl_setup, good, "multi", **settings)
-    ctx, dev, queue = cl_setup
-    run = decoded_as_pillow(JpegDecoder(ctx, dev, **settings), queue, good)
+    _, run = either_way_the_same_states(cl_setup, good, "multi", chunk_bytes=chunk_bytes, rounds=40,
+                                        lookback=lookback)
     # every segment's pixels come from the parallel decode, none from the serial kernel's
     assert run.parallel.all(), f"{int((~run.parallel.astype(bool)).sum())} segments left to the serial kernel"
 
@@ -751,7 +747,7 @@ def round_cases(n: int) -> list[bytes]:
 def either_way_the_same_states(cl_setup, good, option: str, **settings):
     """Decoders with `option` True and False leave the same exits, entries used, settled flags, statuses, reasons
     and checkpoints after the rounds, on `good` and the hostile inputs; the default decoder with `settings` decodes
-    `good` as Pillow. Returns the settled flags."""
+    `good` as Pillow. Returns the settled flags (of `good` and the hostile inputs) and that decode of `good`'s run."""
     from vggserve.decoding.device import JpegDecoder
 
     ctx, dev, queue = cl_setup
@@ -763,8 +759,7 @@ def either_way_the_same_states(cl_setup, good, option: str, **settings):
         states.append(got + (checkpoints_of(decoder, queue, got[0].shape[0]),))
     for name, a, b in zip(("exits", "entries used", "settled", "ok", "reasons", "checkpoints"), *states):
         assert np.array_equal(a, b), name
-    decoded_as_pillow(JpegDecoder(ctx, dev, **settings), queue, good)
-    return states[0][2]
+    return states[0][2], decoded_as_pillow(JpegDecoder(ctx, dev, **settings), queue, good)
 
 
 @pytest.mark.parametrize("chunk_bytes, rounds, lookback, checkpoints",
@@ -789,7 +784,7 @@ def test_rounds_after_a_quiet_one_leave_the_states_of_rounds_over_every_chunk(cl
     round may move where the exits stay), entry used, settled flag and checkpoint is what every round over every
     chunk gives, on good files and hostile ones, and the pixels are Pillow's."""
     good = [d for _, d in corpus.pillow_corpus()[::3]] + round_cases(5)
-    settled = either_way_the_same_states(cl_setup, good, "skip_quiet", chunk_bytes=chunk_bytes, rounds=rounds,
+    settled, _ = either_way_the_same_states(cl_setup, good, "skip_quiet", chunk_bytes=chunk_bytes, rounds=rounds,
                                          lookback=lookback, checkpoints=checkpoints)
     assert settled.any()  # some segments settled in the rounds (the rest: the serial kernel)
 

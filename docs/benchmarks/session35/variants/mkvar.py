@@ -1,3 +1,4 @@
+# run from the repository root with .whl/v/lockstep_entropy.cl = 7af81d8's kernels/jpeg_entropy.cl patched with lockstep_entropy.patch
 from pathlib import Path
 import sys
 src = Path('.whl/v/lockstep_entropy.cl').read_text()
